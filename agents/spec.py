@@ -1,0 +1,133 @@
+"""The agent format: ``agents/<name>/agent.yaml`` plus Markdown files for instructions.
+
+```yaml
+description: Answers questions about the sales data
+model: default            # a model named in pluto.yaml, or any litellm model string
+instructions: [instructions.md, persona.md]
+tools: [current_time]
+budget: {max_seconds: 120, max_tokens: 60000, max_tool_calls: 12}
+history: {max_messages: 40, max_tokens: 8000}
+```
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agents.yamlfile import ConfigError, YamlDoc
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+MAX_INSTRUCTIONS_BYTES = 256_000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Budget(_Strict):
+    max_seconds: float = Field(default=120.0, gt=0)
+    max_tokens: int = Field(default=100_000, gt=0)
+    max_tool_calls: int = Field(default=16, ge=0)
+
+
+class HistoryWindow(_Strict):
+    max_messages: int = Field(default=40, ge=0)
+    max_tokens: int = Field(default=8_000, ge=0)
+
+
+class AgentFile(_Strict):
+    """What ``agent.yaml`` may say."""
+
+    name: str | None = None
+    description: str = ""
+    model: str = "default"
+    api_base: str | None = None
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    instructions: list[str] | str = Field(default_factory=list)
+    tools: list[str] = Field(default_factory=list)
+    datasets: list[str] | str = Field(default_factory=list)
+    budget: Budget = Budget()
+    history: HistoryWindow = HistoryWindow()
+
+    @field_validator("api_base", mode="before")
+    @classmethod
+    def _empty_none(cls, v: Any) -> Any:
+        return v or None
+
+    @field_validator("instructions", mode="after")
+    @classmethod
+    def _as_list(cls, v: list[str] | str) -> list[str]:
+        return [v] if isinstance(v, str) else v
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSpec:
+    """A validated, loaded agent: everything the runtime needs, nothing it must read again."""
+
+    name: str
+    description: str
+    model: str
+    api_base: str | None
+    api_key_env: str | None
+    temperature: float | None
+    instructions: str
+    tools: tuple[str, ...]
+    datasets: tuple[str, ...] | str
+    budget: Budget
+    history: HistoryWindow
+    source: Path
+
+
+def load_agent(agent_dir: Path) -> AgentSpec:
+    """Load and validate one agent directory; errors name the file, line and field."""
+    name = agent_dir.name
+    path = agent_dir / "agent.yaml"
+    if not NAME_RE.match(name):
+        raise ConfigError([(str(agent_dir), None, "name",
+                            "agent directory names use a-z, 0-9, '-' and '_' (max 64)")])
+    doc = YamlDoc(path)
+    if doc.data is not None and not isinstance(doc.data, dict):
+        raise ConfigError([(doc.name, 1, "", "expected a mapping (description, model, ...)")])
+    spec = doc.validate(AgentFile)
+    if spec.name is not None and spec.name != name:
+        raise doc.problem(("name",), f"must match the directory name '{name}' (or be left out)")
+    return AgentSpec(
+        name=name,
+        description=spec.description.strip(),
+        model=spec.model,
+        api_base=spec.api_base,
+        api_key_env=spec.api_key_env,
+        temperature=spec.temperature,
+        instructions=_read_instructions(doc, agent_dir, spec.instructions),
+        tools=tuple(spec.tools),
+        datasets=spec.datasets if isinstance(spec.datasets, str) else tuple(spec.datasets),
+        budget=spec.budget,
+        history=spec.history,
+        source=agent_dir,
+    )
+
+
+def _read_instructions(doc: YamlDoc, agent_dir: Path, files: list[str]) -> str:
+    parts = []
+    root = agent_dir.resolve()
+    for i, rel in enumerate(files):
+        path = (agent_dir / rel).resolve()
+        if not path.is_relative_to(root):
+            raise doc.problem(("instructions", i), "must be a file inside the agent's directory")
+        try:
+            data = path.read_bytes()
+        except OSError:
+            raise doc.problem(("instructions", i), f"file not found: {rel}") from None
+        if len(data) > MAX_INSTRUCTIONS_BYTES:
+            raise doc.problem(("instructions", i), f"{rel} is larger than 256 kB")
+        try:
+            parts.append(data.decode("utf-8").strip())
+        except UnicodeDecodeError:
+            raise doc.problem(("instructions", i), f"{rel} is not UTF-8 text") from None
+    return "\n\n".join(p for p in parts if p)

@@ -1,0 +1,129 @@
+"""YAML files that admins edit: loaded with line numbers, validated into pydantic models, and
+every error reported as ``file:line: field: what was expected``.
+
+Environment interpolation: a string value may contain ``${NAME}`` or ``${NAME:-default}``; it is
+replaced from the environment when the file is loaded. Secrets are never interpolated into
+models (they are named by ``*_env`` fields and read when needed), so they never sit in config
+objects that could be logged.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ConfigError(Exception):
+    """A configuration file is wrong. ``problems`` lists each as (file, line, field, message)."""
+
+    def __init__(self, problems: list[tuple[str, int | None, str, str]]):
+        self.problems = problems
+        super().__init__("\n".join(_format(*p) for p in problems))
+
+
+def _format(file: str, line: int | None, field: str, message: str) -> str:
+    where = f"{file}:{line}" if line else file
+    return f"{where}: {field}: {message}" if field else f"{where}: {message}"
+
+
+def interpolate(value: str, env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+
+    def sub(m: re.Match[str]) -> str:
+        return env.get(m.group(1)) or (m.group(2) or "")
+
+    return _ENV_REF.sub(sub, value)
+
+
+class YamlDoc:
+    """A parsed YAML document that remembers where each value was written."""
+
+    def __init__(self, path: Path, text: str | None = None):
+        self.path = path
+        self.name = str(path)
+        try:
+            text = path.read_text(encoding="utf-8") if text is None else text
+        except FileNotFoundError:
+            raise ConfigError([(self.name, None, "", "file not found")]) from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError([(self.name, None, "", f"cannot read the file ({e})")]) from None
+        try:
+            self.node = yaml.compose(text, Loader=yaml.SafeLoader)
+            self.data = yaml.load(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            line = mark.line + 1 if mark is not None else None
+            reason = getattr(e, "problem", None) or str(e)
+            raise ConfigError([(self.name, line, "", f"invalid YAML: {reason}")]) from None
+
+    def line_of(self, loc: tuple[Any, ...]) -> int | None:
+        """The line of the value at ``loc`` (a pydantic error location), or of its nearest parent."""
+        node, line = self.node, None
+        if node is not None:
+            line = node.start_mark.line + 1
+        for key in loc:
+            if isinstance(node, yaml.MappingNode):
+                nxt = next((v for k, v in node.value if k.value == str(key)), None)
+                if nxt is None:
+                    break
+                line = next(k for k, v in node.value if v is nxt).start_mark.line + 1
+                node = nxt
+            elif isinstance(node, yaml.SequenceNode) and isinstance(key, int):
+                if key >= len(node.value):
+                    break
+                node = node.value[key]
+                line = node.start_mark.line + 1
+            else:
+                break
+        return line
+
+    def validate(self, model: type[M], *, data: Any = None, context: dict | None = None) -> M:
+        data = self.data if data is None else data
+        if data is None:
+            data = {}
+        try:
+            return model.model_validate(_interpolate_tree(data), context=context)
+        except ValidationError as e:
+            raise self.error_from(e) from None
+
+    def error_from(self, e: ValidationError) -> ConfigError:
+        problems = []
+        for err in e.errors():
+            loc = tuple(err["loc"])
+            field = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc)
+            field = field.replace(".[", "[")
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field (check the spelling)"
+            elif err["type"] == "missing":
+                msg = "required field is missing"
+            problems.append((self.name, self.line_of(loc), field, msg))
+        return ConfigError(problems)
+
+    def problem(self, loc: tuple[Any, ...], message: str) -> ConfigError:
+        field = ".".join(str(p) for p in loc)
+        return ConfigError([(self.name, self.line_of(loc), field, message)])
+
+
+def _interpolate_tree(value: Any) -> Any:
+    if isinstance(value, str):
+        return interpolate(value)
+    if isinstance(value, dict):
+        return {k: _interpolate_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate_tree(v) for v in value]
+    return value
+
+
+def load_model(path: Path, model: type[M], *, context: dict | None = None) -> M:
+    return YamlDoc(path).validate(model, context=context)

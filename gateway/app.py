@@ -1,0 +1,184 @@
+"""The gateway process: configuration, storage, providers, and the message pipeline.
+
+Where a message enters: :meth:`Gateway.handle` (each provider calls it).
+Where it is routed: :mod:`gateway.routing`. Where the model is called: :mod:`runtime.runner`.
+Where the reply leaves: :mod:`gateway.delivery`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agents.registry import AgentRegistry, UnknownAgent
+from agents.yamlfile import ConfigError
+from gateway.commands import Commands
+from gateway.config import PlutoConfig, load_pluto_config
+from gateway.delivery import deliver_run, reply_to, send_with_retry
+from gateway.lanes import SessionLanes
+from gateway.provider import Provider, ProviderError
+from gateway.routing import RoutingTable
+from gateway.supervisor import TaskHealth, supervise
+from gateway.types import IncomingMessage, Route
+from runtime.model import Model, ModelSettings, model_for
+from runtime.runner import INTERNAL_ERROR, Runner, RunRequest
+from runtime.tools import BUILTIN_TOOLS
+from storage.sqlite import SqliteStore
+
+log = logging.getLogger(__name__)
+
+BUSY = "I'm still working through your earlier messages; please wait a moment and try again."
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    msg: IncomingMessage
+    route: Route
+    provider: Provider
+    received: float
+
+
+class Gateway:
+    """One process: start it, feed it messages through providers, stop it.
+
+    ``async with Gateway(config_dir) as gw:`` loads and validates the configuration and opens
+    storage; :meth:`add_provider` starts a provider under supervision.
+    """
+
+    def __init__(self, config_dir: Path, *, data_dir: Path | None = None,
+                 model_factory: Callable[[ModelSettings], Model] = model_for,
+                 config: PlutoConfig | None = None):
+        self.config_dir = config_dir
+        self.config = config or load_pluto_config(config_dir)
+        self.data_dir = data_dir or self.config.data_dir
+        self.model_factory = model_factory
+        self.store = SqliteStore(self.data_dir / "pluto.db")
+        self.registry = AgentRegistry(config_dir / "agents", self.data_dir / "agents")
+        self.routes = self._load_routes()
+        self.providers: dict[str, Provider] = {}
+        self.health: dict[str, TaskHealth] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.lanes: SessionLanes[Job] = SessionLanes(
+            self._process, max_queued=self.config.gateway.max_queued_per_session)
+        self.commands = Commands(self.registry, self.store, self.lanes)
+        self.runner = Runner(self.store, models=self._model_settings(), tools=BUILTIN_TOOLS,
+                             data_dir=self.data_dir, model_factory=model_factory)
+        self.started_at = time.time()
+        self._stopping = False
+
+    # configuration ------------------------------------------------------------------------
+
+    def _load_routes(self) -> RoutingTable:
+        problems = [p for e in self.registry.check_all() for p in e.problems]
+        if problems:
+            raise ConfigError(problems)
+        return RoutingTable.load(self.config_dir / "routes.yaml", set(self.registry.names()))
+
+    def _model_settings(self) -> dict[str, ModelSettings]:
+        return {name: ModelSettings(model=m.model, api_base=m.api_base, api_key_env=m.api_key_env,
+                                    temperature=m.temperature,
+                                    max_output_tokens=m.max_output_tokens, timeout=m.timeout,
+                                    retries=m.retries)
+                for name, m in self.config.models.items()}
+
+    # lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.store.open()
+        interrupted = await self.store.recover_interrupted()
+        if interrupted:
+            log.warning("%d run(s) were interrupted by the last shutdown; marked as such",
+                        len(interrupted))
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def add_provider(self, provider: Provider, *, restart: bool = True) -> asyncio.Task[None]:
+        """Start a provider as a supervised task (restarted with backoff when it crashes)."""
+        self.providers[provider.name] = provider
+        health = self.health[provider.name] = TaskHealth(provider.name)
+        task = asyncio.create_task(
+            supervise(health, lambda: provider.run(self.handle),
+                      max_restarts=None if restart else 0),
+            name=f"provider:{provider.name}")
+        self._tasks[provider.name] = task
+        return task
+
+    async def stop(self) -> None:
+        """Graceful: stop receiving, let runs finish (or cancel them after the grace period),
+        close the providers, then storage."""
+        if self._stopping:
+            return
+        self._stopping = True
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        await self.lanes.close(self.config.gateway.shutdown_grace_seconds)
+        for provider in self.providers.values():
+            try:
+                await provider.close()
+            except Exception:
+                log.exception("closing %s failed", provider.name)
+        await self.store.close()
+
+    @property
+    def ready(self) -> bool:
+        return self.store.is_open and not self._stopping and all(
+            h.state in ("running", "done") for h in self.health.values())
+
+    # the pipeline -------------------------------------------------------------------------
+
+    async def handle(self, msg: IncomingMessage) -> None:
+        """Where every message enters: route, answer commands, queue the rest per session."""
+        provider = self.providers.get(msg.provider)
+        if provider is None:
+            log.error("message from unknown provider %r dropped", msg.provider)
+            return
+        route = self.routes.route(msg)
+        if route is None:
+            log.info("%s chat %s user %s: no route; ignored", msg.provider, msg.chat_id,
+                     msg.user_id)
+            return
+        reply = await self.commands.handle(msg, route)
+        if reply is not None:
+            await send_with_retry(provider, reply_to(msg, reply))
+            return
+        if not self.lanes.submit(route.session_key, Job(msg, route, provider, time.time())):
+            await send_with_retry(provider, reply_to(msg, BUSY, kind="notice"))
+
+    async def _process(self, job: Job) -> None:
+        msg, route, provider = job.msg, job.route, job.provider
+        try:
+            agent = self.registry.get(route.agent)
+        except (ConfigError, UnknownAgent) as e:
+            log.error("agent %s unavailable: %s", route.agent, e)
+            await send_with_retry(provider, reply_to(
+                msg, f"The agent '{route.agent}' is not available right now.", kind="error"))
+            return
+        session = await self.store.session(route.session_key, agent.name)
+        req = RunRequest(uuid.uuid4().hex, session, agent, msg.text, route.tools)
+        if provider.capabilities.has_typing:
+            await _quietly(provider.typing(msg.chat_id, msg.thread_id))
+        try:
+            await deliver_run(provider, msg, self.runner.run(req))
+        except ProviderError:
+            pass  # already logged by delivery; the run itself is recorded
+        except Exception:
+            log.exception("delivering run %s failed", req.run_id)
+            await _quietly(provider.send(reply_to(msg, INTERNAL_ERROR, kind="error")))
+
+
+async def _quietly(coro: object) -> None:
+    try:
+        await coro  # type: ignore[misc]
+    except Exception as e:
+        log.debug("ignored: %s", e)

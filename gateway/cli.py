@@ -1,0 +1,68 @@
+"""The ``pluto`` command. Only argparse is imported up front, so ``pluto --help`` is fast."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway import __version__
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+
+
+def _common(sub: argparse.ArgumentParser, top: bool = False) -> None:
+    default: Any = None if top else argparse.SUPPRESS
+    sub.add_argument("--config", metavar="DIR", type=Path, default=default,
+                     help="configuration directory (default: $PLUTO_CONFIG or ./config)")
+    sub.add_argument("--data-dir", metavar="DIR", type=Path, default=default,
+                     help="state directory (default: data_dir in pluto.yaml, ./.pluto)")
+    sub.add_argument("-v", "--verbose", action="store_true", default=False if top else default,
+                     help="log more (to stderr)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pluto", description="Pluto: a chat gateway for LLM agents.",
+        epilog="Start with 'pluto chat'. Each command takes --config DIR and --data-dir DIR.")
+    p.add_argument("--version", action="version", version=f"pluto {__version__}")
+    _common(p, top=True)
+    subs = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    chat = subs.add_parser("chat", help="chat with an agent in this terminal")
+    chat.add_argument("--agent", metavar="NAME", help="talk to this agent (default: routes.yaml)")
+
+    run = subs.add_parser("run", help="send one message, print the reply, exit (0 = answered)")
+    run.add_argument("message", help="the message, or - to read it from stdin")
+    run.add_argument("--agent", metavar="NAME", help="the agent to ask (default: routes.yaml)")
+    run.add_argument("--session", metavar="NAME",
+                     help="continue a named conversation (default: a fresh one each time)")
+
+    serve = subs.add_parser("serve", help="run the gateway with every enabled provider")
+    serve.add_argument("--host", help="HTTP bind address (default: http.host in pluto.yaml)")
+    serve.add_argument("--port", type=int, help="HTTP port (default: http.port in pluto.yaml)")
+
+    subs.add_parser("agents", help="list the agents and check their configuration")
+    for sub in (chat, run, serve, subs.choices["agents"]):
+        _common(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command is None:
+        build_parser().print_help()
+        return EXIT_OK
+    args.config = args.config or Path(os.environ.get("PLUTO_CONFIG", "config"))
+    from gateway import cli_commands  # the heavy imports start here
+
+    try:
+        return cli_commands.dispatch(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""One run at a time per session: messages for a busy session wait in order in its lane;
+different sessions run concurrently. A lane exists only while it has work, so idle sessions
+cost nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+J = TypeVar("J")
+
+
+@dataclass(slots=True)
+class _Lane(Generic[J]):
+    queue: deque[J] = field(default_factory=deque)
+    worker: asyncio.Task[None] | None = None
+    current: asyncio.Task[None] | None = None
+
+
+class SessionLanes(Generic[J]):
+    def __init__(self, handler: Callable[[J], Awaitable[None]], *, max_queued: int = 50):
+        self.handler = handler
+        self.max_queued = max_queued
+        self._lanes: dict[str, _Lane[J]] = {}
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._lanes)
+
+    def busy(self, key: str) -> bool:
+        return key in self._lanes
+
+    def submit(self, key: str, job: J) -> bool:
+        """Queue a job for a session; False when the session's queue is full or we are closing."""
+        if self._closed:
+            return False
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = _Lane()
+        if len(lane.queue) >= self.max_queued:
+            return False
+        lane.queue.append(job)
+        if lane.worker is None:
+            lane.worker = asyncio.create_task(self._work(key, lane), name=f"lane:{key}")
+        return True
+
+    async def _work(self, key: str, lane: _Lane[J]) -> None:
+        try:
+            while lane.queue:
+                job = lane.queue.popleft()
+                lane.current = asyncio.create_task(self._guarded(job))
+                await asyncio.wait({lane.current})  # a cancelled job does not stop the lane
+                lane.current = None
+        finally:
+            if self._lanes.get(key) is lane:
+                del self._lanes[key]
+
+    async def _guarded(self, job: J) -> None:
+        try:
+            await self.handler(job)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("a job failed in its session lane")
+
+    def cancel(self, key: str, *, drop_queued: bool = True) -> tuple[bool, int]:
+        """Cancel the session's running job; returns (was one running, queued jobs dropped)."""
+        lane = self._lanes.get(key)
+        if lane is None:
+            return False, 0
+        dropped = 0
+        if drop_queued:
+            dropped = len(lane.queue)
+            lane.queue.clear()
+        running = lane.current is not None and not lane.current.done()
+        if running:
+            assert lane.current is not None
+            lane.current.cancel()
+        return running, dropped
+
+    async def close(self, grace: float) -> None:
+        """Stop taking jobs; let queued and running ones finish for ``grace`` seconds, then
+        cancel what is left (a cancelled run is recorded as such by the runner)."""
+        self._closed = True
+        workers = [lane.worker for lane in self._lanes.values() if lane.worker]
+        if not workers:
+            return
+        _, pending = await asyncio.wait(workers, timeout=grace)
+        if pending:
+            log.warning("cancelling %d run(s) still going at shutdown", len(pending))
+            for lane in list(self._lanes.values()):
+                lane.queue.clear()
+                if lane.current:
+                    lane.current.cancel()
+            await asyncio.wait(pending, timeout=5)

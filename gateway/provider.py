@@ -1,0 +1,53 @@
+"""The provider interface: what every chat platform adapter implements.
+
+A provider only translates: platform events into :class:`IncomingMessage` (handed to the
+gateway's inbox) and :class:`OutgoingMessage` into platform calls. It raises on failure; retries
+and restarts live in the gateway.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from typing import ClassVar
+
+from gateway.types import Capabilities, IncomingMessage, OutgoingMessage
+
+Inbox = Callable[[IncomingMessage], Awaitable[None]]
+
+
+class ProviderError(Exception):
+    """A platform call failed. ``permanent`` errors (chat gone, bot blocked) are not retried."""
+
+    def __init__(self, message: str, *, permanent: bool = False,
+                 retry_after: float | None = None):
+        super().__init__(message)
+        self.permanent = permanent
+        self.retry_after = retry_after
+
+
+class Provider(ABC):
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    @abstractmethod
+    async def run(self, inbox: Inbox) -> None:
+        """Receive messages and pass each to ``inbox`` until cancelled.
+
+        Returning means the provider is done (a one-shot terminal turn, the user left the chat);
+        raising means it failed and the gateway restarts it with backoff.
+        """
+
+    @abstractmethod
+    async def send(self, message: OutgoingMessage) -> str | None:
+        """Send one message; return the platform's id for it (needed to edit it later)."""
+
+    async def edit(self, message: OutgoingMessage) -> None:
+        """Replace the text of ``message.edit_of``. Only called when ``can_edit`` is declared."""
+        await self.send(message)
+
+    async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
+        """Show that a reply is being written, where the platform can."""
+
+    async def close(self) -> None:
+        """Release connections. Called once, after ``run`` has ended."""

@@ -1,0 +1,100 @@
+"""The typed events a run yields: a tagged union dispatched with ``match``.
+
+Names are an API once a client uses them (the web widget, the SSE stream), so they follow the
+seed design: run.start, message.delta, tool.start, tool.end, message.final, run.end, run.error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Outcome = Literal["ok", "cancelled", "budget", "error", "interrupted"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStart:
+    type: Literal["run.start"] = "run.start"
+    run_id: str
+    session_id: str
+    agent: str
+    ts: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessageDelta:
+    type: Literal["message.delta"] = "message.delta"
+    run_id: str
+    text: str
+    ts: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolStart:
+    type: Literal["tool.start"] = "tool.start"
+    run_id: str
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    ts: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolEnd:
+    type: Literal["tool.end"] = "tool.end"
+    run_id: str
+    call_id: str
+    name: str
+    content: str
+    details: Any = None
+    is_error: bool = False
+    ts: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessageFinal:
+    type: Literal["message.final"] = "message.final"
+    run_id: str
+    text: str
+    ts: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunEnd:
+    type: Literal["run.end"] = "run.end"
+    run_id: str
+    outcome: Outcome
+    usage: dict[str, int] = field(default_factory=dict)
+    ts: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunError:
+    """A run that could not finish. ``message`` is one plain sentence fit for a chat user."""
+
+    type: Literal["run.error"] = "run.error"
+    run_id: str
+    message: str
+    kind: str = "error"
+    ts: float = field(default_factory=time.time)
+
+
+RunEvent = RunStart | MessageDelta | ToolStart | ToolEnd | MessageFinal | RunEnd | RunError
+
+_BY_TYPE: dict[str, type] = {
+    cls.__dataclass_fields__["type"].default: cls  # type: ignore[attr-defined]
+    for cls in (RunStart, MessageDelta, ToolStart, ToolEnd, MessageFinal, RunEnd, RunError)
+}
+
+
+def event_to_dict(event: RunEvent) -> dict[str, Any]:
+    return dataclasses.asdict(event)
+
+
+def event_from_dict(data: dict[str, Any]) -> RunEvent:
+    """Rebuild an event stored or sent as a dict; unknown keys are ignored."""
+    cls = _BY_TYPE[data["type"]]
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})

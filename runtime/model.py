@@ -1,0 +1,199 @@
+"""Models: anything that streams a turn. litellm for real models (imported lazily), and the
+built-in offline model that needs nothing.
+
+A model's ``stream`` yields text deltas (``str``) and, last, one :class:`ModelTurn`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from runtime.errors import ModelError
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    model: str = "offline"
+    api_base: str | None = None
+    api_key_env: str | None = None
+    temperature: float | None = None
+    max_output_tokens: int | None = None
+    timeout: float = 60.0
+    retries: int = 2
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) or None if self.api_key_env else None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # raw JSON text as the model wrote it (may be malformed)
+
+    def as_message(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTurn:
+    text: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=dict)
+    finish_reason: str | None = None
+
+
+class Model(Protocol):
+    def stream(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+               settings: ModelSettings) -> AsyncIterator[str | ModelTurn]: ...
+
+
+def load_litellm() -> Any:
+    """Import litellm on first use, offline: no price-list download, no telemetry."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("LITELLM_TELEMETRY", "False")
+    import litellm
+
+    litellm.telemetry = False
+    litellm.suppress_debug_info = True
+    return litellm
+
+
+class LiteLLMModel:
+    """Any model litellm knows (``openai/…``, ``anthropic/…``, ``ollama/…``), streamed."""
+
+    async def stream(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                     settings: ModelSettings) -> AsyncIterator[str | ModelTurn]:
+        litellm = load_litellm()
+        kwargs: dict[str, Any] = {
+            "model": settings.model, "messages": messages, "stream": True,
+            "stream_options": {"include_usage": True}, "timeout": settings.timeout,
+            "num_retries": 0, "max_retries": 0,
+        }
+        if tools:
+            kwargs["tools"] = tools
+        if settings.api_base:
+            kwargs["api_base"] = settings.api_base
+        if (key := settings.api_key()) is not None:
+            kwargs["api_key"] = key
+        if settings.temperature is not None:
+            kwargs["temperature"] = settings.temperature
+        if settings.max_output_tokens:
+            kwargs["max_tokens"] = settings.max_output_tokens
+        acc = _TurnBuilder()
+        try:
+            response = await litellm.acompletion(**kwargs)
+            async for chunk in response:
+                if text := acc.add(chunk):
+                    yield text
+        except ModelError:
+            raise
+        except Exception as e:  # litellm wraps every provider error; classify by status
+            raise classify_error(e, settings.model) from e
+        yield acc.turn()
+
+
+class _TurnBuilder:
+    """Assembles streamed chunks: text, tool calls arriving in pieces by index, usage."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.calls: dict[int, dict[str, str]] = {}
+        self.usage: dict[str, int] = {}
+        self.finish: str | None = None
+
+    def add(self, chunk: Any) -> str:
+        usage = getattr(chunk, "usage", None)
+        if usage:
+            self.usage = {"prompt_tokens": getattr(usage, "prompt_tokens", 0) or 0,
+                          "completion_tokens": getattr(usage, "completion_tokens", 0) or 0}
+        choices = getattr(chunk, "choices", None) or []
+        if not choices:
+            return ""
+        choice = choices[0]
+        self.finish = getattr(choice, "finish_reason", None) or self.finish
+        delta = getattr(choice, "delta", None)
+        if delta is None:
+            return ""
+        for tc in getattr(delta, "tool_calls", None) or []:
+            slot = self.calls.setdefault(getattr(tc, "index", 0) or 0,
+                                         {"id": "", "name": "", "arguments": ""})
+            slot["id"] = getattr(tc, "id", None) or slot["id"]
+            fn = getattr(tc, "function", None)
+            if fn is not None:
+                slot["name"] = getattr(fn, "name", None) or slot["name"]
+                slot["arguments"] += getattr(fn, "arguments", None) or ""
+        text = getattr(delta, "content", None) or ""
+        if text:
+            self.text.append(text)
+        return text
+
+    def turn(self) -> ModelTurn:
+        calls = [ToolCall(c["id"] or f"call_{i}", c["name"], c["arguments"] or "{}")
+                 for i, c in sorted(self.calls.items())]
+        return ModelTurn("".join(self.text), calls, self.usage, self.finish)
+
+
+def classify_error(e: Exception, model: str) -> ModelError:
+    """One plain sentence for people, and whether trying again may help."""
+    status = getattr(e, "status_code", None)
+    name = type(e).__name__
+    retry_after = _retry_after(e)
+    if "ContextWindow" in name:
+        return ModelError("The conversation is too long for the model; send /new to start afresh.")
+    if status == 429 or "RateLimit" in name:
+        return ModelError("The model is rate limited right now; please try again in a moment.",
+                          retryable=True, retry_after=retry_after)
+    if "Timeout" in name or status == 408:
+        return ModelError("The model did not answer in time.", retryable=True)
+    if status in (401, 403) or "Authentication" in name or "PermissionDenied" in name:
+        return ModelError("The model service rejected the API key; an admin should check it.")
+    if status == 404 or "NotFound" in name:
+        return ModelError(f"The model '{model}' was not found at the configured endpoint.")
+    if "APIConnectionError" in name and status is None:
+        return ModelError("Could not reach the model service.", retryable=True)
+    if status is not None and status >= 500 or "InternalServer" in name or "Unavailable" in name:
+        return ModelError("The model service had an error.", retryable=True)
+    if status == 400 or "BadRequest" in name:
+        return ModelError("The model service refused the request.")
+    return ModelError("The model call failed unexpectedly.", retryable=True)
+
+
+def _retry_after(e: Exception) -> float | None:
+    response = getattr(e, "response", None)
+    headers = getattr(response, "headers", None) or {}
+    try:
+        value = headers.get("retry-after")
+        return float(value) if value is not None else None
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+OFFLINE_REPLY = (
+    "I'm Pluto's built-in offline model, so I can't answer that myself. "
+    "To chat with a real model, set PLUTO_MODEL (for example openai/gpt-4o-mini) with its API key "
+    "in PLUTO_API_KEY (and PLUTO_API_BASE for any OpenAI-compatible server), or edit "
+    "config/pluto.yaml. Send /help to see what works without one."
+)
+
+
+class OfflineModel:
+    """Deterministic and offline: explains how to configure a real model."""
+
+    async def stream(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                     settings: ModelSettings) -> AsyncIterator[str | ModelTurn]:
+        words = OFFLINE_REPLY.split(" ")
+        for i, word in enumerate(words):
+            yield word if i == 0 else " " + word
+        prompt = sum(len(json.dumps(m.get("content") or "")) for m in messages) // 4
+        yield ModelTurn(OFFLINE_REPLY, [], {"prompt_tokens": prompt,
+                                            "completion_tokens": len(OFFLINE_REPLY) // 4}, "stop")
+
+
+def model_for(settings: ModelSettings) -> Model:
+    return OfflineModel() if settings.model == "offline" else LiteLLMModel()

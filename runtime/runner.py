@@ -1,0 +1,280 @@
+"""The Runner: one run is one turn of an agent for one session.
+
+It loads the session's history, builds the prompt, streams the model, executes the tool calls
+the model makes, feeds the results back and repeats until a final answer, within the agent's
+budgets. Every event is committed to storage before it is yielded, so the consumer (the gateway)
+never shows a person something that is not on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from agents.spec import AgentSpec
+from runtime.errors import BudgetExceeded, ModelError
+from runtime.events import (MessageDelta, MessageFinal, RunEnd, RunError, RunEvent, RunStart,
+                            ToolEnd, ToolStart)
+from runtime.model import Model, ModelSettings, ModelTurn, ToolCall, model_for
+from runtime.tools import Tool, ToolContext, ToolError, ToolResult
+from storage.base import SessionRow, estimate_tokens
+from storage.sqlite import SqliteStore
+
+log = logging.getLogger(__name__)
+
+INTERNAL_ERROR = "Something went wrong on our side while answering; the error has been logged."
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    run_id: str
+    session: SessionRow
+    agent: AgentSpec
+    text: str
+    tools: tuple[str, ...] | None = None  # the route's narrowing of the agent's tools
+
+
+@dataclass(slots=True)
+class _RunState:
+    req: RunRequest
+    deadline: float
+    messages: list[dict[str, Any]]
+    tools: dict[str, Tool]
+    settings: ModelSettings
+    usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 0,
+                                                           "completion_tokens": 0})
+    tool_calls: int = 0
+    partial: str = ""
+    ended: bool = False
+
+    @property
+    def total_tokens(self) -> int:
+        return self.usage["prompt_tokens"] + self.usage["completion_tokens"]
+
+
+class Runner:
+    def __init__(self, store: SqliteStore, *, models: Mapping[str, ModelSettings],
+                 tools: Mapping[str, Tool], data_dir: Path,
+                 services: dict[str, Any] | None = None,
+                 model_factory: Callable[[ModelSettings], Model] = model_for,
+                 retry_base_delay: float = 0.5):
+        self.store = store
+        self.models = models
+        self.tools = tools
+        self.data_dir = data_dir
+        self.services = services or {}
+        self.model_factory = model_factory
+        self.retry_base_delay = retry_base_delay
+
+    def settings_for(self, agent: AgentSpec) -> ModelSettings:
+        """An agent names a model from pluto.yaml, or gives a litellm model string itself."""
+        base = self.models.get(agent.model) or ModelSettings(model=agent.model)
+        changes: dict[str, Any] = {}
+        if agent.api_base:
+            changes["api_base"] = agent.api_base
+        if agent.api_key_env:
+            changes["api_key_env"] = agent.api_key_env
+        if agent.temperature is not None:
+            changes["temperature"] = agent.temperature
+        if not changes:
+            return base
+        return replace(base, **changes)
+
+    def tools_for(self, agent: AgentSpec, narrowed: tuple[str, ...] | None) -> dict[str, Tool]:
+        names = [n for n in agent.tools if narrowed is None or n in narrowed]
+        missing = [n for n in names if n not in self.tools]
+        if missing:
+            log.warning("agent %s lists unknown tools: %s", agent.name, ", ".join(missing))
+        return {n: self.tools[n] for n in names if n in self.tools}
+
+    async def run(self, req: RunRequest) -> AsyncIterator[RunEvent]:
+        """Run one turn; yields events, each already committed to storage."""
+        agent = req.agent
+        history = await self.store.history(req.session.id, agent.history.max_messages,
+                                           agent.history.max_tokens)
+        await self.store.start_run(req.run_id, req.session.id, agent.name, req.text)
+        await self.store.add_message(req.session.id, "user", req.text, run_id=req.run_id)
+        system = [{"role": "system", "content": agent.instructions}] if agent.instructions else []
+        state = _RunState(req, time.monotonic() + agent.budget.max_seconds,
+                          system + history + [{"role": "user", "content": req.text}],
+                          self.tools_for(agent, req.tools), self.settings_for(agent))
+        yield await self._commit(RunStart(run_id=req.run_id, session_id=req.session.id,
+                                          agent=agent.name))
+        try:
+            async for event in self._loop(state):
+                yield event
+        except (ModelError, BudgetExceeded) as e:
+            yield await self._fail(state, str(e), "budget" if isinstance(e, BudgetExceeded)
+                                   else "error")
+            yield await self._end(state, "budget" if isinstance(e, BudgetExceeded) else "error",
+                                  error=str(e))
+        except Exception:
+            log.exception("run %s failed", req.run_id)
+            yield await self._fail(state, INTERNAL_ERROR, "error")
+            yield await self._end(state, "error", error=INTERNAL_ERROR)
+        finally:
+            if not state.ended:  # cancelled (/stop, shutdown) or the consumer went away
+                await asyncio.shield(self._finish_cancelled(state))
+
+    async def _loop(self, state: _RunState) -> AsyncIterator[RunEvent]:
+        schemas = [t.schema() for t in state.tools.values()]
+        while True:
+            turn = None
+            async for item in self._model_turn(state, schemas):
+                if isinstance(item, ModelTurn):
+                    turn = item
+                else:
+                    state.partial += item
+                    yield await self._commit(MessageDelta(run_id=state.req.run_id, text=item))
+            assert turn is not None
+            self._account(state, turn)
+            if not turn.tool_calls:
+                await self.store.add_message(state.req.session.id, "assistant", turn.text,
+                                             run_id=state.req.run_id)
+                state.partial = ""
+                yield await self._commit(MessageFinal(run_id=state.req.run_id, text=turn.text))
+                yield await self._end(state, "ok")
+                return
+            if state.total_tokens >= state.req.agent.budget.max_tokens:
+                raise BudgetExceeded(_budget_msg("tokens", state), "tokens")
+            async for event in self._run_tools(state, turn):
+                yield event
+
+    async def _model_turn(self, state: _RunState,
+                          schemas: list[dict[str, Any]]) -> AsyncIterator[str | ModelTurn]:
+        """One model call, retried with backoff while nothing has been shown yet."""
+        model = self.model_factory(state.settings)
+        attempt = 0
+        while True:
+            shown = False
+            remaining = state.deadline - time.monotonic()
+            if remaining <= 0:
+                raise BudgetExceeded(_budget_msg("seconds", state), "seconds")
+            try:
+                async with asyncio.timeout(remaining):
+                    async for item in model.stream(state.messages, schemas, state.settings):
+                        shown = shown or isinstance(item, str)
+                        yield item
+                return
+            except TimeoutError:
+                raise BudgetExceeded(_budget_msg("seconds", state), "seconds") from None
+            except ModelError as e:
+                if not e.retryable or shown or attempt >= state.settings.retries:
+                    raise
+                attempt += 1
+                delay = e.retry_after or self.retry_base_delay * 2 ** (attempt - 1)
+                if time.monotonic() + delay >= state.deadline:
+                    raise
+                log.warning("model %s: %s; retry %d in %.1fs", state.settings.model, e,
+                            attempt, delay)
+                await asyncio.sleep(delay)
+
+    def _account(self, state: _RunState, turn: ModelTurn) -> None:
+        usage = turn.usage or {
+            "prompt_tokens": sum(estimate_tokens(json.dumps(m)) for m in state.messages),
+            "completion_tokens": estimate_tokens(turn.text)}
+        for key in ("prompt_tokens", "completion_tokens"):
+            state.usage[key] += int(usage.get(key, 0))
+
+    async def _run_tools(self, state: _RunState, turn: ModelTurn) -> AsyncIterator[RunEvent]:
+        req = state.req
+        calls = [c.as_message() for c in turn.tool_calls]
+        await self.store.add_message(req.session.id, "assistant", turn.text or None,
+                                     run_id=req.run_id, tool_calls=calls)
+        state.messages.append({"role": "assistant", "content": turn.text or None,
+                               "tool_calls": calls})
+        state.partial = ""
+        for call in turn.tool_calls:
+            if state.tool_calls >= req.agent.budget.max_tool_calls:
+                raise BudgetExceeded(_budget_msg("tool_calls", state), "tool_calls")
+            state.tool_calls += 1
+            args, problem = _parse_arguments(call)
+            yield await self._commit(ToolStart(run_id=req.run_id, call_id=call.id,
+                                               name=call.name, arguments=args or {}))
+            result = problem or await self._call_tool(state, call, args or {})
+            await self.store.add_message(req.session.id, "tool", result.content,
+                                         run_id=req.run_id, tool_call_id=call.id, name=call.name)
+            state.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
+                                   "content": result.content})
+            yield await self._commit(ToolEnd(run_id=req.run_id, call_id=call.id, name=call.name,
+                                             content=result.content, details=result.details,
+                                             is_error=result.is_error))
+
+    async def _call_tool(self, state: _RunState, call: ToolCall,
+                         args: dict[str, Any]) -> ToolResult:
+        tool = state.tools.get(call.name)
+        if tool is None:
+            known = ", ".join(state.tools) or "none"
+            return ToolResult(f"There is no tool named '{call.name}'. Available tools: {known}.",
+                              is_error=True)
+        req = state.req
+        ctx = ToolContext(req.run_id, req.session.id, req.session.key, req.agent.name,
+                          self.data_dir, self.services)
+        try:
+            async with asyncio.timeout(max(0.0, state.deadline - time.monotonic())):
+                return await tool(ctx, args)
+        except TimeoutError:
+            raise BudgetExceeded(_budget_msg("seconds", state), "seconds") from None
+        except ToolError as e:
+            return ToolResult(f"Error: {e}", is_error=True)
+        except Exception as e:
+            log.exception("tool %s failed in run %s", call.name, req.run_id)
+            return ToolResult(f"The tool failed: {type(e).__name__}: {e}", is_error=True)
+
+    async def _commit(self, event: RunEvent) -> RunEvent:
+        await self.store.add_event(event)
+        return event
+
+    async def _fail(self, state: _RunState, message: str, kind: str) -> RunEvent:
+        await self._keep_partial(state)
+        return await self._commit(RunError(run_id=state.req.run_id, message=message, kind=kind))
+
+    async def _end(self, state: _RunState, outcome: Any, error: str | None = None) -> RunEvent:
+        state.ended = True
+        usage = dict(state.usage, total_tokens=state.total_tokens, tool_calls=state.tool_calls)
+        event = await self._commit(RunEnd(run_id=state.req.run_id, outcome=outcome, usage=usage))
+        await self.store.end_run(state.req.run_id, outcome, error=error, usage=usage)
+        return event
+
+    async def _keep_partial(self, state: _RunState) -> None:
+        """What a person already saw of an answer stays in the history."""
+        if state.partial:
+            await self.store.add_message(state.req.session.id, "assistant", state.partial,
+                                         run_id=state.req.run_id)
+            state.partial = ""
+
+    async def _finish_cancelled(self, state: _RunState) -> None:
+        await self._keep_partial(state)
+        await self._end(state, "cancelled", error="stopped by the user")
+
+
+def _parse_arguments(call: ToolCall) -> tuple[dict[str, Any] | None, ToolResult | None]:
+    try:
+        args = json.loads(call.arguments or "{}")
+    except json.JSONDecodeError as e:
+        return None, ToolResult(f"Your arguments for {call.name} were not valid JSON ({e.msg} at "
+                                f"position {e.pos}). Call the tool again with a JSON object.",
+                                is_error=True)
+    if not isinstance(args, dict):
+        return None, ToolResult(f"The arguments for {call.name} must be a JSON object.",
+                                is_error=True)
+    return args, None
+
+
+def _budget_msg(budget: str, state: _RunState) -> str:
+    b = state.req.agent.budget
+    match budget:
+        case "seconds":
+            return f"I stopped: this answer took longer than the {b.max_seconds:g}-second limit."
+        case "tokens":
+            return (f"I stopped: this answer used more than the {b.max_tokens:,}-token limit "
+                    f"({state.total_tokens:,} used).")
+        case _:
+            return (f"I stopped: this answer needed more than the {b.max_tool_calls} tool calls "
+                    f"allowed.")
