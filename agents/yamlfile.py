@@ -64,6 +64,9 @@ class YamlDoc:
             mark = getattr(e, "problem_mark", None)
             line = mark.line + 1 if mark is not None else None
             reason = getattr(e, "problem", None) or str(e)
+            context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
+            if context and cmark is not None:
+                reason = f"{reason} ({context} started on line {cmark.line + 1})"
             raise ConfigError([(self.name, line, "", f"invalid YAML: {reason}")]) from None
 
     def line_of(self, loc: tuple[Any, ...]) -> int | None:

@@ -1,0 +1,203 @@
+"""The Runner's loop, budgets, errors and cancellation, with an in-process scripted model."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agents.spec import AgentSpec, Budget, HistoryWindow
+from runtime.errors import ModelError
+from runtime.events import MessageDelta, MessageFinal, RunEnd, RunError, RunStart, ToolEnd, ToolStart
+from runtime.model import ToolCall
+from runtime.runner import Runner, RunRequest
+from runtime.testing import Scripted, ScriptedModel
+from runtime.tools import BUILTIN_TOOLS, ToolContext, ToolError, tool
+from storage.sqlite import SqliteStore
+
+
+@tool
+async def boom(ctx: ToolContext) -> str:
+    """Always fails."""
+    raise RuntimeError("kaput")
+
+
+@tool
+async def refuse(ctx: ToolContext, why: str) -> str:
+    """Raises a ToolError.
+
+    Args:
+        why: the reason
+    """
+    raise ToolError(why)
+
+
+@tool
+async def slow(ctx: ToolContext, seconds: float) -> str:
+    """Sleeps."""
+    await asyncio.sleep(seconds)
+    return "done"
+
+
+TOOLS = {**BUILTIN_TOOLS, "boom": boom, "refuse": refuse, "slow": slow}
+
+
+def agent(tmp: Path, **budget: float) -> AgentSpec:
+    return AgentSpec(name="a", description="", model="scripted", api_base=None, api_key_env=None,
+                     temperature=None, instructions="Be brief.",
+                     tools=("current_time", "boom", "refuse", "slow"), datasets=(),
+                     budget=Budget(**budget), history=HistoryWindow(), source=tmp)
+
+
+@pytest.fixture
+async def store(tmp_path: Path):
+    async with SqliteStore(tmp_path / "p.db") as s:
+        yield s
+
+
+async def run(store: SqliteStore, model: ScriptedModel, spec: AgentSpec, text: str = "hi",
+              key: str = "k") -> list:
+    runner = Runner(store, models={}, tools=TOOLS, data_dir=Path("."), model_factory=model,
+                    retry_base_delay=0.01)
+    session = await store.session(key, spec.name)
+    req = RunRequest(uuid.uuid4().hex, session, spec, text)
+    return [e async for e in runner.run(req)]
+
+
+def call(name: str, args: object, id: str = "c1") -> ToolCall:
+    return ToolCall(id, name, args if isinstance(args, str) else json.dumps(args))
+
+
+async def test_plain_answer_streams_and_is_persisted(store, tmp_path):
+    model = ScriptedModel(Scripted(text="Hello there, friend.", chunk=5))
+    events = await run(store, model, agent(tmp_path))
+    assert isinstance(events[0], RunStart)
+    deltas = [e.text for e in events if isinstance(e, MessageDelta)]
+    assert "".join(deltas) == "Hello there, friend." and len(deltas) == 4
+    assert isinstance(events[-2], MessageFinal) and events[-2].text == "Hello there, friend."
+    assert isinstance(events[-1], RunEnd) and events[-1].outcome == "ok"
+    stored = await store.events(events[0].run_id)
+    assert [e for _, e in stored] == events  # every event committed, in order
+    run_row = await store.run(events[0].run_id)
+    assert run_row.status == "ok" and run_row.usage["total_tokens"] > 0
+
+
+async def test_tool_loop_feeds_results_back(store, tmp_path):
+    model = ScriptedModel(
+        Scripted(tool_calls=[call("current_time", {"timezone": "UTC"})]),
+        Scripted(text="It is now."))
+    events = await run(store, model, agent(tmp_path))
+    kinds = [e.type for e in events]
+    assert kinds[:3] == ["run.start", "tool.start", "tool.end"]
+    end = next(e for e in events if isinstance(e, ToolEnd))
+    assert not end.is_error and end.content.endswith("+00:00")
+    second_call = model.calls[1]
+    assert second_call[-2]["tool_calls"][0]["function"]["name"] == "current_time"
+    assert second_call[-1] == {"role": "tool", "tool_call_id": "c1", "name": "current_time",
+                               "content": end.content}
+
+
+@pytest.mark.parametrize("bad_call, expected", [
+    (call("current_time", '{"timezone": "UTC"'), "not valid JSON"),
+    (call("current_time", "[1, 2]"), "must be a JSON object"),
+    (call("no_such_tool", {}), "There is no tool named 'no_such_tool'"),
+    (call("current_time", {"tz": "UTC"}), "unknown argument(s): tz"),
+    (call("current_time", {"timezone": 5}), "timezone must be of type string"),
+    (call("current_time", {"timezone": "Mars/Base"}), "unknown time zone"),
+    (call("refuse", {"why": "no way"}), "Error: no way"),
+    (call("boom", {}), "The tool failed: RuntimeError: kaput"),
+])
+async def test_bad_tool_calls_go_back_to_the_model(store, tmp_path, bad_call, expected):
+    model = ScriptedModel(Scripted(tool_calls=[bad_call]), Scripted(text="Sorry, fixed."))
+    events = await run(store, model, agent(tmp_path))
+    end = next(e for e in events if isinstance(e, ToolEnd))
+    assert end.is_error and expected in end.content
+    assert model.calls[1][-1]["content"] == end.content  # the model sees the error and recovers
+    assert events[-1].outcome == "ok" and events[-2].text == "Sorry, fixed."
+
+
+async def test_tool_call_budget(store, tmp_path):
+    looping = ScriptedModel(fallback=lambda m: Scripted(
+        tool_calls=[call("current_time", {}, id=f"c{len(m)}")]))
+    events = await run(store, looping, agent(tmp_path, max_tool_calls=3))
+    assert sum(isinstance(e, ToolEnd) for e in events) == 3
+    err = next(e for e in events if isinstance(e, RunError))
+    assert err.kind == "budget" and "3 tool calls" in err.message
+    assert events[-1].outcome == "budget"
+
+
+async def test_token_budget(store, tmp_path):
+    model = ScriptedModel(fallback=lambda m: Scripted(
+        tool_calls=[call("current_time", {}, id=f"c{len(m)}")],
+        usage={"prompt_tokens": 600, "completion_tokens": 100}))
+    events = await run(store, model, agent(tmp_path, max_tokens=2000))
+    err = next(e for e in events if isinstance(e, RunError))
+    assert "2,000-token limit" in err.message and events[-1].outcome == "budget"
+
+
+async def test_wall_time_budget_during_model_and_tool(store, tmp_path):
+    slow_model = ScriptedModel(Scripted(text="a" * 50, chunk=1, delay=0.05))
+    events = await run(store, slow_model, agent(tmp_path, max_seconds=0.3))
+    assert events[-1].outcome == "budget"
+    assert "0.3-second limit" in next(e for e in events if isinstance(e, RunError)).message
+    slow_tool = ScriptedModel(Scripted(tool_calls=[call("slow", {"seconds": 5})]))
+    events = await run(store, slow_tool, agent(tmp_path, max_seconds=0.3), key="k2")
+    assert events[-1].outcome == "budget"
+
+
+async def test_retryable_model_error_is_retried(store, tmp_path):
+    model = ScriptedModel(
+        Scripted(error=ModelError("The model is rate limited", retryable=True)),
+        Scripted(error=ModelError("The model service had an error.", retryable=True)),
+        Scripted(text="third time lucky"))
+    events = await run(store, model, agent(tmp_path))
+    assert events[-2].text == "third time lucky" and len(model.calls) == 3
+
+
+async def test_permanent_model_error_is_one_plain_sentence(store, tmp_path):
+    model = ScriptedModel(Scripted(error=ModelError("The model service rejected the API key.")))
+    events = await run(store, model, agent(tmp_path))
+    err = next(e for e in events if isinstance(e, RunError))
+    assert err.message == "The model service rejected the API key."
+    assert events[-1].outcome == "error" and len(model.calls) == 1
+
+
+async def test_cancellation_is_recorded_and_keeps_what_was_shown(store, tmp_path):
+    model = ScriptedModel(Scripted(text="partial answer that goes on", chunk=4, delay=0.05))
+    spec = agent(tmp_path)
+    runner = Runner(store, models={}, tools=TOOLS, data_dir=Path("."), model_factory=model)
+    session = await store.session("k", "a")
+    seen: list = []
+
+    async def consume() -> None:
+        async for e in runner.run(RunRequest("r1", session, spec, "hi")):
+            seen.append(e)
+
+    task = asyncio.create_task(consume())
+    while sum(isinstance(e, MessageDelta) for e in seen) < 2:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await store.run("r1")).status == "cancelled"
+    last = (await store.events("r1"))[-1][1]
+    assert isinstance(last, RunEnd) and last.outcome == "cancelled"
+    history = await store.history(session.id, 10, 1000)
+    assert history[-1]["role"] == "assistant" and history[-1]["content"].startswith("part")
+
+
+async def test_history_window_and_continuity(store, tmp_path):
+    model = ScriptedModel()
+    spec = agent(tmp_path)
+    for i in range(3):
+        await run(store, model, spec, text=f"message {i}")
+    last_prompt = model.calls[-1]
+    assert [m["content"] for m in last_prompt if m["role"] == "user"] == [
+        "message 0", "message 1", "message 2"]
+    narrow = dataclasses.replace(spec, history=HistoryWindow(max_messages=2))
+    await run(store, model, narrow, text="message 3")
+    assert [m["role"] for m in model.calls[-1]] == ["system", "user", "assistant", "user"]
