@@ -77,10 +77,16 @@ class LiteLLMModel:
         }
         if tools:
             kwargs["tools"] = tools
+            # Our tools run in-process; without this flag litellm 1.106 routes every call with
+            # tools through its MCP proxy handler, which imports the optional `mcp` package.
+            kwargs["_skip_mcp_handler"] = True
         if settings.api_base:
             kwargs["api_base"] = settings.api_base
         if (key := settings.api_key()) is not None:
             kwargs["api_key"] = key
+        elif settings.api_base and settings.model.startswith("openai/") and not os.environ.get(
+                "OPENAI_API_KEY"):
+            kwargs["api_key"] = "no-key"  # local OpenAI-compatible servers often need none
         if settings.temperature is not None:
             kwargs["temperature"] = settings.temperature
         if settings.max_output_tokens:
@@ -144,6 +150,9 @@ def classify_error(e: Exception, model: str) -> ModelError:
     status = getattr(e, "status_code", None)
     name = type(e).__name__
     retry_after = _retry_after(e)
+    if "Missing credentials" in str(e) or "api_key client option must be set" in str(e):
+        return ModelError("No API key is set for the model; an admin should set the variable "
+                          "named by api_key_env in pluto.yaml.")
     if "ContextWindow" in name:
         return ModelError("The conversation is too long for the model; send /new to start afresh.")
     if status == 429 or "RateLimit" in name:
@@ -155,7 +164,7 @@ def classify_error(e: Exception, model: str) -> ModelError:
         return ModelError("The model service rejected the API key; an admin should check it.")
     if status == 404 or "NotFound" in name:
         return ModelError(f"The model '{model}' was not found at the configured endpoint.")
-    if "APIConnectionError" in name and status is None:
+    if "APIConnectionError" in name or "Connection error" in str(e):
         return ModelError("Could not reach the model service.", retryable=True)
     if status is not None and status >= 500 or "InternalServer" in name or "Unavailable" in name:
         return ModelError("The model service had an error.", retryable=True)
@@ -165,8 +174,8 @@ def classify_error(e: Exception, model: str) -> ModelError:
 
 
 def _retry_after(e: Exception) -> float | None:
-    response = getattr(e, "response", None)
-    headers = getattr(response, "headers", None) or {}
+    headers = getattr(e, "litellm_response_headers", None) or getattr(
+        getattr(e, "response", None), "headers", None) or {}
     try:
         value = headers.get("retry-after")
         return float(value) if value is not None else None
