@@ -1,0 +1,22 @@
+# Pluto gateway: `docker build -t pluto . && docker run -p 8000:8000 -v pluto-data:/data pluto`
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+    PLUTO_DATA_DIR=/data PLUTO_HTTP_HOST=0.0.0.0 PLUTO_HTTP_PORT=8000 \
+    LITELLM_LOCAL_MODEL_COST_MAP=True
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY gateway ./gateway
+COPY providers ./providers
+COPY agents ./agents
+COPY runtime ./runtime
+COPY storage ./storage
+RUN pip install --no-cache-dir . && useradd --create-home --uid 10001 pluto \
+    && mkdir -p /data && chown pluto:pluto /data
+COPY config ./config
+
+USER pluto
+VOLUME ["/data"]
+EXPOSE 8000
+CMD ["pluto", "serve", "--config", "/app/config"]
