@@ -11,7 +11,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from contextlib import aclosing
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,11 +21,14 @@ from agents.yamlfile import ConfigError
 from gateway.commands import Commands
 from gateway.config import PlutoConfig, load_pluto_config
 from gateway.delivery import deliver_run, reply_to, send_with_retry
+from gateway.http import HttpServer
+from gateway.hub import EventHub
 from gateway.lanes import SessionLanes
-from gateway.provider import Provider, ProviderError
+from gateway.provider import Provider, ProviderContext, ProviderError
+from gateway.providers import build_provider, enabled
 from gateway.routing import RoutingTable
 from gateway.supervisor import TaskHealth, supervise
-from gateway.types import IncomingMessage, Route
+from gateway.types import IncomingMessage, Route, RunEvent
 from runtime.model import Model, ModelSettings, model_for
 from runtime.runner import INTERNAL_ERROR, Runner, RunRequest
 from runtime.tools import BUILTIN_TOOLS
@@ -47,12 +51,14 @@ class Gateway:
     """One process: start it, feed it messages through providers, stop it.
 
     ``async with Gateway(config_dir) as gw:`` loads and validates the configuration and opens
-    storage; :meth:`add_provider` starts a provider under supervision.
+    storage; :meth:`add_provider` starts a provider under supervision. With ``serve=True`` it
+    also starts the HTTP server and every provider enabled in ``pluto.yaml``.
     """
 
     def __init__(self, config_dir: Path, *, data_dir: Path | None = None,
                  model_factory: Callable[[ModelSettings], Model] = model_for,
-                 config: PlutoConfig | None = None):
+                 config: PlutoConfig | None = None, serve: bool = False,
+                 http_bind: tuple[str, int] | None = None):
         self.config_dir = config_dir
         self.config = config or load_pluto_config(config_dir)
         self.data_dir = data_dir or self.config.data_dir
@@ -68,6 +74,10 @@ class Gateway:
         self.commands = Commands(self.registry, self.store, self.lanes)
         self.runner = Runner(self.store, models=self._model_settings(), tools=BUILTIN_TOOLS,
                              data_dir=self.data_dir, model_factory=model_factory)
+        self.hub = EventHub()
+        self.serve = serve
+        bind = http_bind or (self.config.http.host, self.config.http.port)
+        self.http = HttpServer(self, *bind) if serve else None
         self.started_at = time.time()
         self._stopping = False
 
@@ -94,6 +104,15 @@ class Gateway:
         if interrupted:
             log.warning("%d run(s) were interrupted by the last shutdown; marked as such",
                         len(interrupted))
+        if not self.serve:
+            return
+        configured = [build_provider(name, ProviderContext(self.config.providers[name],
+                                                           self.data_dir, self.http))
+                      for name in enabled(self.config.providers)]  # they mount their routes
+        if self.http is not None:
+            await self.http.start()
+        for provider in configured:
+            self.add_provider(provider)
 
     async def __aenter__(self) -> Gateway:
         await self.start()
@@ -123,6 +142,8 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         await self.lanes.close(self.config.gateway.shutdown_grace_seconds)
+        if self.http is not None:
+            await self.http.stop()
         for provider in self.providers.values():
             try:
                 await provider.close()
@@ -169,12 +190,20 @@ class Gateway:
         if provider.capabilities.has_typing:
             await _quietly(provider.typing(msg.chat_id, msg.thread_id))
         try:
-            await deliver_run(provider, msg, self.runner.run(req))
+            await deliver_run(provider, msg, self._published(self.runner.run(req)))
         except ProviderError:
             pass  # already logged by delivery; the run itself is recorded
         except Exception:
             log.exception("delivering run %s failed", req.run_id)
             await _quietly(provider.send(reply_to(msg, INTERNAL_ERROR, kind="error")))
+
+
+    async def _published(self, events: AsyncIterator[RunEvent]) -> AsyncIterator[RunEvent]:
+        """Pass a run's events on, and to live watchers (SSE, dashboards) on the way."""
+        async with aclosing(events):  # type: ignore[type-var]
+            async for event in events:
+                self.hub.publish(event)
+                yield event
 
 
 async def _quietly(coro: object) -> None:

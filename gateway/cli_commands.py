@@ -109,7 +109,8 @@ async def _run(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) ->
 
 
 async def _serve(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
-    gw = _gateway(args, config, data_dir)
+    bind = (args.host or config.http.host, config.http.port if args.port is None else args.port)
+    gw = Gateway(args.config, data_dir=data_dir, config=config, serve=True, http_bind=bind)
     stop = asyncio.Event()
 
     def on_signal() -> None:
@@ -121,7 +122,9 @@ async def _serve(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) 
 
     _on_signals(on_signal, signal.SIGINT, signal.SIGTERM)
     async with gw:
-        log.info("pluto %s serving; config %s, data %s", __version__, args.config, data_dir)
+        assert gw.http is not None
+        log.info("pluto %s serving on %s; config %s, data %s", __version__, gw.http.url,
+                 args.config, data_dir)
         await stop.wait()
     log.info("stopped")
     return EXIT_OK

@@ -7,11 +7,18 @@ and restarts live in the gateway.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
-from typing import ClassVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from gateway.config import ProviderConfig
 from gateway.types import Capabilities, IncomingMessage, OutgoingMessage
+
+if TYPE_CHECKING:
+    from gateway.http import HttpServer
 
 Inbox = Callable[[IncomingMessage], Awaitable[None]]
 
@@ -51,3 +58,20 @@ class Provider(ABC):
 
     async def close(self) -> None:
         """Release connections. Called once, after ``run`` has ended."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderContext:
+    """What a provider gets from the gateway when it is built from ``pluto.yaml``."""
+
+    config: ProviderConfig
+    data_dir: Path
+    http: HttpServer | None  # mount webhooks / websockets here (``pluto serve`` only)
+
+    def secret(self, field: str, default_env: str) -> str | None:
+        """The secret named by ``<field>`` in the provider's config (an env var name)."""
+        extra = self.config.model_extra or {}
+        return os.environ.get(str(extra.get(field) or default_env)) or None
+
+    def option(self, name: str, default: Any = None) -> Any:
+        return (self.config.model_extra or {}).get(name, default)

@@ -116,6 +116,27 @@ class SqliteStore:
             await self.db.executescript(
                 f"BEGIN; {MIGRATIONS[i]} PRAGMA user_version = {i + 1}; COMMIT;")
             log.info("storage: migrated %s to schema %d", self.path, i + 1)
+        await self.db.execute(
+            "CREATE TABLE IF NOT EXISTS schema_versions (component TEXT PRIMARY KEY,"
+            " version INTEGER NOT NULL)")
+        await self.db.commit()
+
+    async def migrate_component(self, component: str, migrations: list[str]) -> None:
+        """Schema of a feature that keeps its own tables (the outbox, pairing, ...).
+
+        Each component's migrations are versioned on their own, so features can evolve apart.
+        """
+        row = await (await self.db.execute(
+            "SELECT version FROM schema_versions WHERE component = ?", (component,))).fetchone()
+        version = row[0] if row else 0
+        if version > len(migrations):
+            raise RuntimeError(f"{component} tables were written by a newer Pluto")
+        for i in range(version, len(migrations)):
+            await self.db.executescript(
+                f"BEGIN; {migrations[i]} INSERT INTO schema_versions (component, version) "
+                f"VALUES ('{component}', {i + 1}) ON CONFLICT(component) DO UPDATE SET "
+                f"version = excluded.version; COMMIT;")
+            log.info("storage: migrated %s to %s schema %d", self.path, component, i + 1)
 
     # sessions ---------------------------------------------------------------------------------
 
