@@ -38,7 +38,7 @@ def _tokens(markdown: str, dialect: str) -> list[Token]:
 
 def render(markdown: str, dialect: str) -> str:
     """Render Markdown in a dialect as one string. Raises ValueError for an unknown dialect."""
-    return concat(_tokens(markdown, dialect)).strip()
+    return concat(_tokens(markdown, dialect)).lstrip("\n").rstrip()
 
 
 def render_chunks(markdown: str, dialect: str, limit: int) -> list[str]:

@@ -111,17 +111,18 @@ class MarkdownEmitter(Emitter):
         rows = [[self.escape(cell).replace("|", "\\|") for cell in row] for row in rows]
         widths = [max(3, *(display_width(row[c]) for row in rows)) for c in range(len(aligns))]
         rule = [{"right": "-" * (w - 1) + ":", "center": ":" + "-" * (w - 2) + ":"}
-                .get(a, "-" * w) for w, a in zip(widths, aligns)]
+                .get(a, "-" * w) for w, a in zip(widths, aligns, strict=True)]
 
         def line(cells: list[str]) -> str:
-            return "| " + " | ".join(pad(c, w, a) for c, w, a in zip(cells, widths, aligns)) + " |"
+            padded = (pad(c, w, a) for c, w, a in zip(cells, widths, aligns, strict=True))
+            return "| " + " | ".join(padded) + " |"
 
         return [Out("\n".join([line(rows[0]), "| " + " | ".join(rule) + " |",
                                *(line(row) for row in rows[1:])]))]
 
 
 class DiscordEmitter(MarkdownEmitter):
-    """Discord markdown: headings up to ``###``, no tables (a code block instead), ``||`` spoilers."""
+    """Discord markdown: headings up to ``###``, tables as code blocks, ``||`` is a spoiler."""
 
     rule_text = "──────────"
     hard_break = "\n"

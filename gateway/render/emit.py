@@ -10,8 +10,21 @@ import unicodedata
 from collections.abc import Sequence
 
 from .ir import (
-    Block, Break, Code, CodeBlock, Heading, Inline, Link, ListBlock, Paragraph, Quote, Rule, Span,
-    Table, Text, plain_text,
+    Block,
+    Break,
+    Code,
+    CodeBlock,
+    Heading,
+    Inline,
+    Link,
+    ListBlock,
+    Paragraph,
+    Quote,
+    Rule,
+    Span,
+    Table,
+    Text,
+    plain_text,
 )
 from .stream import Open, Token, prefix_lines, wrap
 from .stream import Text as Out
@@ -161,7 +174,7 @@ def table_cells(table: Table) -> tuple[list[list[str]], list[str]]:
     rows = [[" ".join(plain_text(cell).split()) for cell in row] for row in table.rows]
     ncols = max(len(row) for row in rows)
     rows = [row + [""] * (ncols - len(row)) for row in rows]
-    aligns = list(table.aligns[:ncols]) + ["left"] * (ncols - len(table.aligns))
+    aligns: list[str] = [*table.aligns[:ncols], *["left"] * (ncols - len(table.aligns))]
     return rows, aligns
 
 
@@ -171,7 +184,8 @@ def table_lines(table: Table) -> list[str]:
     widths = [max(display_width(row[c]) for row in rows) for c in range(len(aligns))]
 
     def line(row: list[str]) -> str:
-        return " | ".join(pad(cell, w, a) for cell, w, a in zip(row, widths, aligns)).rstrip()
+        padded = (pad(cell, w, a) for cell, w, a in zip(row, widths, aligns, strict=True))
+        return " | ".join(padded).rstrip()
 
     rule = "-+-".join("-" * w for w in widths)
     return [line(rows[0]), rule, *(line(row) for row in rows[1:])]

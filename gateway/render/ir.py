@@ -7,11 +7,10 @@ dataclasses that each dialect emitter walks with ``match``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
-
-import re
 
 from markdown_it import MarkdownIt
 from markdown_it.rules_inline import StateInline
@@ -132,16 +131,25 @@ def _bare_url(state: StateInline, silent: bool) -> bool:
     return True
 
 
-_MD = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
+_MAX_NESTING = 40
+_MD = MarkdownIt("commonmark", {"html": False, "maxNesting": _MAX_NESTING})
+_MD.enable(["table", "strikethrough"])
 _MD.inline.ruler.after("text", "bare_url", _bare_url)
+MAX_SPAN_DEPTH = 8  # deeper emphasis is flattened (keeps the walk shallow; nobody sees 9 levels)
 _SPAN_KINDS: dict[str, Literal["bold", "italic", "strike"]] = {
     "strong": "bold", "em": "italic", "s": "strike",
 }
 
 
 def parse(markdown: str) -> tuple[Block, ...]:
-    """Parse Markdown into the IR."""
-    return _BlockReader(_MD.parse(markdown)).read_until(None)
+    """Parse Markdown into the IR.
+
+    Raises ValueError for nesting so deep that markdown-it would silently drop what is inside.
+    """
+    tokens = _MD.parse(markdown)
+    if any(token.level >= _MAX_NESTING - 1 for token in tokens):
+        raise ValueError(f"Markdown nested more than {_MAX_NESTING - 2} levels deep")
+    return _BlockReader(tokens).read_until(None)
 
 
 def plain_text(inlines: Sequence[Inline]) -> str:
@@ -250,6 +258,7 @@ class _BlockReader:
 def _inlines(children: list[Token]) -> tuple[Inline, ...]:
     """Fold inline tokens (text, *_open/*_close pairs, code, breaks, links) into IR inlines."""
     stack: list[tuple[str, str, list[Inline]]] = [("root", "", [])]
+    flattened = 0  # spans opened beyond MAX_SPAN_DEPTH, kept as plain text
     for token in children:
         out = stack[-1][2]
         kind = token.type.removesuffix("_open").removesuffix("_close")
@@ -265,9 +274,15 @@ def _inlines(children: list[Token]) -> tuple[Inline, ...]:
                 url = str(token.attrGet("src") or "")
                 out.append(Link(url, (Text(token.content or url),)))
             case "strong_open" | "em_open" | "s_open" | "link_open":
-                stack.append((kind, str(token.attrGet("href") or ""), []))
-            case "strong_close" | "em_close" | "s_close" | "link_close" if len(stack) > 1:
-                _pop_into(stack)
+                if len(stack) > MAX_SPAN_DEPTH:
+                    flattened += 1
+                else:
+                    stack.append((kind, str(token.attrGet("href") or ""), []))
+            case "strong_close" | "em_close" | "s_close" | "link_close":
+                if flattened:
+                    flattened -= 1
+                elif len(stack) > 1:
+                    _pop_into(stack)
     while len(stack) > 1:
         _pop_into(stack)
     return _merge_text(stack[0][2])

@@ -1,7 +1,7 @@
-"""Make a still-streaming Markdown text well-formed: close the fence, code span or emphasis it is in.
+"""Make a still-streaming Markdown text well-formed: close its open fence, code span, emphasis.
 
-A model's reply arrives in pieces; a preview of ``"```py\\nx = 1"`` or ``"it is **very"`` must render
-as a code block and as bold, not as stray backticks and asterisks.
+A model's reply arrives in pieces; a preview of ``"```py\\nx = 1"`` or ``"it is **very"`` must
+render as a code block and as bold, not as stray backticks and asterisks.
 """
 
 from __future__ import annotations
@@ -21,22 +21,21 @@ def close_open_markup(markdown: str) -> str:
     if fence:
         return markdown.rstrip("\n") + "\n" + fence
     text = markdown.rstrip()
-    paragraph = text[text.rfind("\n\n") + 1:]
-    without_code = _CODE_SPAN.sub("", paragraph)
-    ticks = re.search(r"`+", without_code)
-    if ticks:  # an unclosed code span: nothing after its backticks is markup
-        return text + ticks.group()
+    paragraph = _CODE_SPAN.sub("", text[text.rfind("\n\n") + 1:])
+    ticks = re.search(r"`+", paragraph)  # an unclosed code span: no markup after it
     opened: list[str] = []
-    for delim in _DELIMS.finditer(without_code):
+    for delim in _DELIMS.finditer(paragraph[: ticks.start()] if ticks else paragraph):
         if delim.group() in opened:
             del opened[len(opened) - 1 - opened[::-1].index(delim.group()):]
         else:
             opened.append(delim.group())
-    for delim in reversed(opened):
-        if text.endswith(delim):  # opened with nothing after it yet: drop it
-            text = text[: -len(delim)].rstrip()
+    if ticks:
+        return text + ticks.group() + "".join(reversed(opened))
+    for closer in reversed(opened):
+        if text.endswith(closer):  # opened with nothing after it yet: drop it
+            text = text[: -len(closer)].rstrip()
         else:
-            text += delim
+            text += closer
     return text
 
 

@@ -7,10 +7,11 @@ at the end of one chunk and reopened at the start of the next, so every chunk is
 
 Cuts go, in order of preference, at a blank line, a line end, a sentence end, a space: the
 furthest such boundary that fits and leaves the chunk at least ``MIN_FILL`` full wins; else the
-furthest space of any kind; a chunk is cut hard (mid-word) only where there is no space at all. Chunks never end inside a tag
-(markup strings are never cut), an entity like ``&amp;``, a backslash escape, or right after an
-opening tag. Markup whose own open+close text would not leave room for text (a link with a
-URL near the limit) is dropped and its ``fallback`` text (the URL) is shown instead.
+furthest space of any kind; a chunk is cut mid-word only where there is no space at all.
+Chunks never end inside a tag (markup strings are never cut), an entity like ``&amp;``, a
+backslash escape, or right after an opening tag. Markup whose own open+close text would not
+leave room for text (a link with a URL near the limit) is dropped, and its ``fallback`` text
+(the URL) is shown instead.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ __all__ = ["SplitError", "split"]
 MIN_FILL = 0.3          # a preferred break must leave the chunk at least this full
 MARKUP_SHARE = 0.75     # markup open at once may take at most this share of a chunk
 
-_ATOMS = re.compile(r"&#?\w+;|\\.")           # never cut inside these
+_ATOMS = re.compile(r"&#?\w+;|\\.", re.DOTALL)  # never cut inside these (nor a "\\\n" break)
 _SPACE = re.compile(r"\s+")
 _SENTENCE_END = re.compile(r"[.!?…][\"')\]»”’]?$")
 
@@ -45,6 +46,7 @@ class _Layout:
     stacks: list[tuple[Open, ...]] = field(default_factory=lambda: [()])
     closers_at: dict[int, int] = field(default_factory=dict)   # closer start -> its end
     skippable: bytearray = field(default_factory=bytearray)   # per char: ws a chunk may drop
+    visible: bytearray = field(default_factory=bytearray)     # per char: text that shows
     cands: list[tuple[int, int, int]] = field(default_factory=list)    # (end, resume, priority)
     tail: str = ""      # the last two characters of text, to spot sentence ends
     close_len: list[int] = field(default_factory=list)           # per stack: its closers' length
@@ -56,6 +58,7 @@ class _Layout:
         self.stack_at.extend([len(self.stacks) - 1] * len(s))
         self.cut.extend([1 if text else 0] * len(s))
         self.skippable.extend(bytes(len(s)))
+        self.visible.extend(bytes(0 if not text or ch.isspace() else 1 for ch in s))
         if text:
             for atom in _ATOMS.finditer(s):
                 for k in range(atom.start() + 1, atom.end()):
@@ -115,7 +118,8 @@ def _candidate(lay: _Layout, s: str, start: int, run: re.Match[str], verbatim: b
     if not verbatim:
         return start + run.start(), start + run.end(), priority
     if newlines:  # keep indentation and trailing spaces of code lines; drop only the line breaks
-        return start + run.start() + ws.index("\n"), start + run.start() + ws.rindex("\n") + 1, priority
+        at = start + run.start()
+        return at + ws.index("\n"), at + ws.rindex("\n") + 1, priority
     return start + run.end(), start + run.end(), priority
 
 
@@ -129,9 +133,8 @@ def split(tokens: Iterable[Token], limit: int) -> list[str]:
     start = _skip(lay, 0)
     while start < lay.size:
         end, resume = _next_cut(lay, ends, start, limit)
-        chunk = _reopen(lay, start) + full[start:end] + _close(lay, end)
-        if chunk.strip():
-            chunks.append(chunk)
+        if any(lay.visible[start:end]):  # not just markup, like an empty code block
+            chunks.append(_reopen(lay, start) + full[start:end] + _close(lay, end))
         start = _skip(lay, max(resume, end))
     return chunks
 

@@ -83,7 +83,7 @@ def merge(tokens: Iterable[Token]) -> Iterator[Token]:
 
 
 def prefix_lines(tokens: Iterable[Token], first: str, rest: str, blank: str = "") -> list[Token]:
-    """Prefix the first line with ``first``, later lines with ``rest`` and blank lines with ``blank``.
+    """Prefix the first line with ``first``, later ones with ``rest``, blank ones with ``blank``.
 
     Used for list indentation and ``> `` quotes. Verbatim (code) content is left untouched.
     """
