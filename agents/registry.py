@@ -1,14 +1,25 @@
 """The agent registry: finds agent directories, loads them lazily, keeps the recently used.
 
-Listing reads only directory names; an agent's files are read the first time it is needed, and
-again only when its ``agent.yaml`` or Markdown files change (checked by modification time).
+Listing reads only directory names, so a gateway with 10,000 agents starts at once; an agent's
+files are read the first time it is needed, and again only when they change (checked by
+modification time). At most ``cache_size`` agents are held in memory (least recently used go).
+
 A run holds the :class:`AgentSpec` it started with, so a reload never changes a run mid-way.
+An edit that breaks an agent does not take it down: the last good definition keeps serving and
+the error is kept in :attr:`AgentRegistry.errors` (and logged once) until the files are fixed.
+
+Agents deployed through the admin API live in the last directory (``<data_dir>/agents``) and
+override a file-based agent of the same name; :func:`save_agent` writes them atomically.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import uuid
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 from agents.spec import NAME_RE, AgentSpec, load_agent
@@ -16,16 +27,27 @@ from agents.yamlfile import ConfigError
 
 log = logging.getLogger(__name__)
 
+Stamp = tuple[str, int, int, int, int]  # resolved dir, its inode, newest mtime, files, bytes
+
 
 class UnknownAgent(LookupError):
     pass
 
 
+@dataclass(slots=True)
+class _Entry:
+    stamp: Stamp
+    spec: AgentSpec
+    source: Path
+
+
 class AgentRegistry:
     def __init__(self, *dirs: Path, cache_size: int = 256):
-        self.dirs = [d for d in dirs]
+        self.dirs = list(dirs)
         self.cache_size = cache_size
-        self._cache: OrderedDict[str, tuple[float, AgentSpec]] = OrderedDict()
+        self._cache: OrderedDict[str, _Entry] = OrderedDict()
+        self.errors: dict[str, ConfigError] = {}  # agents whose files are broken right now
+        self._reported: dict[str, Stamp] = {}
 
     def names(self) -> list[str]:
         found: set[str] = set()
@@ -36,9 +58,12 @@ class AgentRegistry:
         return sorted(found)
 
     def __contains__(self, name: str) -> bool:
-        return self._dir_of(name) is not None
+        return self.dir_of(name) is not None
 
-    def _dir_of(self, name: str) -> Path | None:
+    def __len__(self) -> int:
+        return len(self._cache)  # agents held in memory
+
+    def dir_of(self, name: str) -> Path | None:
         if not NAME_RE.match(name):
             return None
         for d in reversed(self.dirs):  # later dirs (dynamic agents) override earlier ones
@@ -47,34 +72,170 @@ class AgentRegistry:
         return None
 
     def get(self, name: str) -> AgentSpec:
-        agent_dir = self._dir_of(name)
+        """The agent's current definition, or the last good one while its files are broken.
+
+        Raises :class:`UnknownAgent`, or :class:`ConfigError` when it has never loaded."""
+        agent_dir = self.dir_of(name)
+        entry = self._cache.get(name)
+        if agent_dir is None and entry is not None and entry.source.is_dir():
+            agent_dir = entry.source  # agent.yaml is gone mid-edit: a broken edit, not a removal
         if agent_dir is None:
+            self._cache.pop(name, None)
+            self.errors.pop(name, None)
             raise UnknownAgent(name)
         stamp = _stamp(agent_dir)
-        cached = self._cache.get(name)
-        if cached and cached[0] == stamp and cached[1].source == agent_dir:
+        if entry is not None and entry.source == agent_dir and entry.stamp == stamp:
             self._cache.move_to_end(name)
-            return cached[1]
-        spec = load_agent(agent_dir)
-        self._cache[name] = (stamp, spec)
+            return entry.spec
+        try:
+            spec = load_checked(agent_dir)
+        except ConfigError as e:
+            self.errors[name] = e
+            if self._reported.get(name) != stamp:
+                self._reported[name] = stamp
+                log.error("agent %s: its files have errors%s:\n%s", name,
+                          "; the last good definition keeps serving"
+                          if entry is not None and entry.source == agent_dir else "", e)
+            if entry is not None and entry.source == agent_dir:
+                self._cache.move_to_end(name)
+                return entry.spec
+            raise
+        if name in self.errors:
+            log.info("agent %s: fixed, reloaded", name)
+        elif entry is not None:
+            log.info("agent %s: changed, reloaded", name)
+        self.errors.pop(name, None)
+        self._reported.pop(name, None)
+        self._cache[name] = _Entry(stamp, spec, agent_dir)
         self._cache.move_to_end(name)
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return spec
 
+    def load_fresh(self, name: str) -> AgentSpec:
+        """Load from the files, ignoring the cache; raises on any error (for checks)."""
+        agent_dir = self.dir_of(name)
+        if agent_dir is None:
+            raise UnknownAgent(name)
+        return load_checked(agent_dir)
+
+    def refresh(self) -> dict[str, ConfigError]:
+        """Reload the agents in memory whose files changed; return the current errors."""
+        for name in list(self._cache):
+            try:
+                self.get(name)
+            except (UnknownAgent, ConfigError):
+                self._cache.pop(name, None)
+        for name in [n for n in self.errors if n not in self._cache]:
+            if self.dir_of(name) is None:
+                del self.errors[name]
+        return dict(self.errors)
+
     def check_all(self) -> list[ConfigError]:
-        """Load every agent; return the errors (for ``pluto agents`` and config checks)."""
+        """Load every agent from its files; return the errors (for checks, not for serving)."""
         errors = []
         for name in self.names():
             try:
-                self.get(name)
+                self.load_fresh(name)
             except ConfigError as e:
                 errors.append(e)
         return errors
 
+    def is_dynamic(self, name: str) -> bool:
+        """Whether the agent comes from the last directory (the admin API's)."""
+        found = self.dir_of(name)
+        return found is not None and len(self.dirs) > 1 and found.parent == self.dirs[-1]
 
-def _stamp(agent_dir: Path) -> float:
+
+def load_checked(agent_dir: Path) -> AgentSpec:
+    """:func:`load_agent`, with any failure reported as a :class:`ConfigError` naming the file
+    (a YAML nested too deeply, an unreadable path), never as a crash."""
     try:
-        return max(p.stat().st_mtime_ns for p in agent_dir.iterdir() if p.is_file())
-    except (OSError, ValueError):
-        return 0.0
+        return load_agent(agent_dir)
+    except ConfigError:
+        raise
+    except RecursionError:
+        problem = "the YAML is nested too deeply"
+    except (OSError, ValueError, TypeError) as e:
+        problem = f"cannot load the agent: {e}"
+    raise ConfigError([(str(agent_dir / "agent.yaml"), None, "", problem)])
+
+
+def _stamp(agent_dir: Path) -> Stamp:
+    newest = count = size = 0
+    try:
+        for p in agent_dir.iterdir():
+            if p.is_file():
+                st = p.stat()
+                newest, count, size = max(newest, st.st_mtime_ns), count + 1, size + st.st_size
+        return (str(agent_dir.resolve()), agent_dir.stat().st_ino, newest, count, size)
+    except OSError:
+        return (str(agent_dir), 0, 0, 0, 0)
+
+
+# agents written through the admin API ----------------------------------------------------------
+
+def stage_agent(root: Path, name: str, files: dict[str, bytes]) -> Path:
+    """Write an agent's files into a fresh staging directory under ``root`` (not yet live).
+
+    Returns ``<root>/.staging/<id>/<name>``, which :func:`load_agent` can validate and
+    :func:`publish_agent` puts in place."""
+    if not NAME_RE.match(name):
+        raise ValueError(f"invalid agent name {name!r}")
+    staged = root / ".staging" / uuid.uuid4().hex / name
+    staged.mkdir(parents=True)
+    for filename, data in files.items():
+        path = staged / filename
+        if path.parent != staged:
+            raise ValueError(f"invalid file name {filename!r}")
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    return staged
+
+
+def publish_agent(root: Path, staged: Path) -> bool:
+    """Put a staged agent in place of ``<root>/<name>``; True when it replaced one.
+
+    Two renames within one call: nothing else in this process runs in between."""
+    final = root / staged.name
+    old = None
+    if final.exists():
+        old = root / ".staging" / f"old-{uuid.uuid4().hex}"
+        os.rename(final, old)
+    os.rename(staged, final)
+    shutil.rmtree(staged.parent, ignore_errors=True)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(root)
+    return old is not None
+
+
+def remove_agent(root: Path, name: str) -> bool:
+    final = root / name
+    if not NAME_RE.match(name) or not final.is_dir():
+        return False
+    trash = root / ".staging" / f"old-{uuid.uuid4().hex}"
+    trash.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(final, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+    _fsync_dir(root)
+    return True
+
+
+def discard_staged(staged: Path) -> None:
+    shutil.rmtree(staged.parent, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

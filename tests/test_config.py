@@ -26,7 +26,8 @@ def test_example_config_loads(config_dir: Path) -> None:
     cfg = load_pluto_config(config_dir)
     assert cfg.models["default"].model == "offline"
     assert cfg.http.port == 8000
-    assert AgentRegistry(config_dir / "agents").get("default").tools == ("current_time",)
+    assert AgentRegistry(config_dir / "agents").get("default").tools == (
+        "current_time", "list_datasets", "describe_dataset", "run_sql", "make_chart")
 
 
 def test_environment_interpolation(config_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,6 +98,8 @@ def test_agent_errors(config_dir: Path, yaml_text: str, field: str, words: str) 
 
 def test_gateway_refuses_to_start_with_a_broken_agent(config_dir: Path, data_dir: Path) -> None:
     write_agent(config_dir, "broken", "budget: {max_tool_calls: many}\n")
+    # startup loads the agents the table routes to (others load when first used)
+    (config_dir / "routes.yaml").write_text("default: broken\n")
     with pytest.raises(ConfigError, match=r"broken/agent.yaml:1: budget.max_tool_calls"):
         Gateway(config_dir, config=PlutoConfig(data_dir=data_dir))
 
