@@ -59,7 +59,13 @@ class YamlDoc:
             raise ConfigError([(self.name, None, "", f"cannot read the file ({e})")]) from None
         try:
             self.node = yaml.compose(text, Loader=yaml.SafeLoader)
-            self.data = yaml.load(text, Loader=yaml.SafeLoader)
+            if self.node is not None:
+                _expanded_size(self.node, {}, set())
+            self.data = _construct(self.node)
+        except RecursionError:
+            raise ConfigError([(self.name, None, "", "the YAML is nested too deeply")]) from None
+        except _TooBig as e:
+            raise ConfigError([(self.name, e.line, "", str(e))]) from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             line = mark.line + 1 if mark is not None else None
@@ -116,6 +122,48 @@ class YamlDoc:
     def problem(self, loc: tuple[Any, ...], message: str) -> ConfigError:
         field = ".".join(str(p) for p in loc)
         return ConfigError([(self.name, self.line_of(loc), field, message)])
+
+
+MAX_VALUES = 100_000  # YAML aliases can multiply a small file into a huge document
+
+
+class _TooBig(Exception):
+    def __init__(self, message: str, line: int):
+        super().__init__(message)
+        self.line = line
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], active: set[int]) -> int:
+    """How many values the document expands to; refuses self-containing aliases."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in active:
+        raise _TooBig("a YAML alias (*name) refers to a value that contains it",
+                      node.start_mark.line + 1)
+    active.add(id(node))
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(n, sizes, active) for n in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, sizes, active) + _expanded_size(v, sizes, active)
+                    for k, v in node.value)
+    if size > MAX_VALUES:
+        raise _TooBig(f"the file expands to more than {MAX_VALUES} values (YAML aliases?)",
+                      node.start_mark.line + 1)
+    active.discard(id(node))
+    sizes[id(node)] = size
+    return size
+
+
+def _construct(node: yaml.Node | None) -> Any:
+    """Python values from an already composed (and checked) node: the text is parsed once."""
+    if node is None:
+        return None
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def _interpolate_tree(value: Any) -> Any:

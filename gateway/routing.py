@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from agents.yamlfile import ConfigError, YamlDoc
@@ -229,7 +228,7 @@ class RoutingTable:
     def load(cls, path: Path, agents: set[str] | None = None) -> RoutingTable:
         if not path.exists():
             return cls(RoutesFile.model_validate({}, context={"agents": agents}))
-        doc = guarded_yaml(path)
+        doc = YamlDoc(path)
         if doc.data is not None and not isinstance(doc.data, dict):
             raise ConfigError([(doc.name, 1, "", "expected 'routes:' (a list) and 'default:'")])
         spec = doc.validate(RoutesFile, context={"agents": agents})
@@ -303,50 +302,6 @@ class RoutingTable:
         """The route for a message, or None when it must get nothing."""
         decision = self.decide(m)
         return decision.route if decision.outcome == "route" else None
-
-
-MAX_VALUES = 100_000
-
-
-def guarded_yaml(path: Path) -> YamlDoc:
-    """A YAML file that is safe to validate: not nested too deeply, no alias that contains
-    itself, and no aliases that multiply into more than ``MAX_VALUES`` values."""
-    try:
-        doc = YamlDoc(path)
-        if doc.node is not None:
-            _expanded_size(doc.node, {}, set())
-        return doc
-    except RecursionError:
-        raise ConfigError([(str(path), None, "", "the YAML is nested too deeply")]) from None
-    except _TooBig as e:
-        raise ConfigError([(str(path), e.line, "", str(e))]) from None
-
-
-class _TooBig(Exception):
-    def __init__(self, message: str, line: int):
-        super().__init__(message)
-        self.line = line
-
-
-def _expanded_size(node: yaml.Node, sizes: dict[int, int], active: set[int]) -> int:
-    if id(node) in sizes:
-        return sizes[id(node)]
-    if id(node) in active:
-        raise _TooBig("a YAML alias (*name) refers to a value that contains it",
-                      node.start_mark.line + 1)
-    active.add(id(node))
-    size = 1
-    if isinstance(node, yaml.SequenceNode):
-        size += sum(_expanded_size(n, sizes, active) for n in node.value)
-    elif isinstance(node, yaml.MappingNode):
-        size += sum(_expanded_size(k, sizes, active) + _expanded_size(v, sizes, active)
-                    for k, v in node.value)
-    if size > MAX_VALUES:
-        raise _TooBig(f"the file expands to more than {MAX_VALUES} values (YAML aliases?)",
-                      node.start_mark.line + 1)
-    active.discard(id(node))
-    sizes[id(node)] = size
-    return size
 
 
 def session_key(agent: str, scope: SessionScope, m: IncomingMessage) -> str:
