@@ -1,12 +1,13 @@
-"""Benchmark: one aggregation through Pluto's SQL sandbox against the same in pandas.
+"""Benchmark: one aggregation through the agents' `run_sql` tool against the same in pandas.
 
     python bench/bench_duckdb.py [--rows N]      (default 10,000,000)
 
 Generates a deterministic Parquet file of N rows (region, product, date, amount) with
 DuckDB in a temp dir, ingests it as a warehouse dataset, then times, best of 3 each:
 
-- `run_query` (a fresh sandboxed child process per query, so the time includes starting
-  it; DuckDB's own time is shown apart), with 1 thread and with 2;
+- the `run_sql` tool as an agent calls it (scope, gate, a fresh sandboxed child process per
+  query, so the time includes starting it, the model's table and the CSV artifact), with
+  1 thread and with 2;
 - pandas: `pd.read_parquet` + groupby, on the same file.
 """
 
@@ -24,7 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import duckdb  # noqa: E402
 
-from runtime.data import DatasetInfo, Warehouse, run_query  # noqa: E402
+from runtime.data import DataService, QueryLimits  # noqa: E402
+from runtime.data_tools import run_sql  # noqa: E402
+from runtime.tools import ToolContext  # noqa: E402
 
 SQL = ("SELECT region, product, sum(amount) AS total, avg(amount) AS mean, count(*) AS n "
        "FROM sales GROUP BY ALL")
@@ -46,24 +49,26 @@ def generate(path: Path, rows: int) -> None:
             ) TO '{path}' (FORMAT parquet)""")
 
 
-def best(fn: Callable[[], float | None]) -> tuple[float, float | None]:
-    """Best wall time of ROUNDS runs, and the best inner time fn reports (if any)."""
-    walls, inners = [], []
+def best(fn: Callable[[], None]) -> float:
+    """Best wall time of ROUNDS runs."""
+    walls = []
     for _ in range(ROUNDS):
         started = time.perf_counter()
-        inner = fn()
+        fn()
         walls.append(time.perf_counter() - started)
-        if inner is not None:
-            inners.append(inner)
-    return min(walls), min(inners) if inners else None
+    return min(walls)
 
 
-def sandbox_run(info: DatasetInfo, threads: int, check: dict[str, int]) -> Callable[[], float]:
-    def run() -> float:
-        result = asyncio.run(run_query(SQL, [info], timeout=120, memory_limit="1GB",
-                                       threads=threads))
-        check["duckdb"] = sum(row[4] for row in result.rows)
-        return result.elapsed
+def tool_run(data_dir: Path, threads: int, check: dict[str, int]) -> Callable[[], None]:
+    service = DataService(data_dir, demo=False,
+                          limits=QueryLimits(timeout=120, memory_limit="1GB", threads=threads))
+    ctx = ToolContext("bench", "bench", "bench", "bench", data_dir, {"data": service}, "*")
+
+    def run() -> None:
+        result = asyncio.run(run_sql(ctx, {"sql": SQL}))
+        if result.is_error:
+            raise SystemExit(f"run_sql failed: {result.content}")
+        check["duckdb"] = sum(int(row[4]) for row in result.details["table"]["rows"])
     return run
 
 
@@ -87,25 +92,23 @@ def main() -> int:
         generate(parquet, args.rows)
         print(f"generated {args.rows:,} rows: {parquet.stat().st_size / 2**20:.1f} MB Parquet "
               f"in {time.perf_counter() - started:.2f} s")
-        warehouse = Warehouse(Path(tmp) / "datasets", max_file_bytes=8 * 2**30)
         started = time.perf_counter()
-        info = warehouse.ingest(parquet, "sales")
+        info = DataService(Path(tmp), demo=False).warehouse().ingest(parquet, "sales")
         print(f"ingested as dataset 'sales' ({info.size_bytes / 2**20:.1f} MB DuckDB file) "
               f"in {time.perf_counter() - started:.2f} s")
         print(f"query: {SQL}")
         check: dict[str, int] = {}
-        timings = {f"sandbox, {n} thread{'s' if n > 1 else ''}": best(sandbox_run(info, n, check))
-                   for n in (1, 2)}
+        timings = {f"run_sql, {n} thread{'s' if n > 1 else ''}":
+                   best(tool_run(Path(tmp), n, check)) for n in (1, 2)}
         try:
             timings["pandas read_parquet + groupby"] = best(pandas_run(parquet, check))
         except ImportError:
             print("pandas is not installed: skipping it")
-        for label, (wall, inner) in timings.items():
-            inside = f"  (DuckDB itself {inner:.3f} s)" if inner is not None else ""
-            print(f"{label:32} best of {ROUNDS}: {wall:.3f} s{inside}")
-        pandas_time = timings.get("pandas read_parquet + groupby", (None, None))[0]
+        for label, wall in timings.items():
+            print(f"{label:32} best of {ROUNDS}: {wall:.3f} s")
+        pandas_time = timings.get("pandas read_parquet + groupby")
         if pandas_time:
-            for label, (wall, _) in list(timings.items())[:2]:
+            for label, wall in list(timings.items())[:2]:
                 print(f"pandas / {label}: {pandas_time / wall:.1f}x")
         if len(set(check.values())) != 1:
             print(f"row counts differ: {check}")

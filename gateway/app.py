@@ -12,29 +12,39 @@ import logging
 import time
 import uuid
 from contextlib import aclosing
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from agents.registry import AgentRegistry, UnknownAgent
 from agents.yamlfile import ConfigError
+from gateway.access import Access
+from gateway.admin import mount_admin
 from gateway.commands import Commands
 from gateway.config import PlutoConfig, load_pluto_config
-from gateway.delivery import deliver_run, reply_to, send_with_retry
+from gateway.data_commands import DataCommands, data_service
+from gateway.dedupe import InboundDedupe
+from gateway.delivery import Delivery, reply_to
 from gateway.http import HttpServer
 from gateway.hub import EventHub
 from gateway.lanes import SessionLanes
+from gateway.metrics import Metrics
 from gateway.provider import Provider, ProviderContext, ProviderError
 from gateway.providers import build_provider, enabled
+from gateway.reload import ConfigWatcher, load_routes
 from gateway.routing import RoutingTable
 from gateway.supervisor import TaskHealth, supervise
-from gateway.types import IncomingMessage, Route, RunEvent
+from gateway.types import IncomingMessage, Route, RunEnd, RunEvent
 from runtime.model import Model, ModelSettings, model_for
 from runtime.runner import INTERNAL_ERROR, Runner, RunRequest
+from runtime.data_tools import DATA_TOOLS
 from runtime.tools import BUILTIN_TOOLS
 from storage.sqlite import SqliteStore
 
 log = logging.getLogger(__name__)
+
+# Called as each run starts, before its first event: (the message it answers, the run id).
+RunListener = Callable[[IncomingMessage, str], Awaitable[None]]
 
 BUSY = "I'm still working through your earlier messages; please wait a moment and try again."
 
@@ -72,9 +82,22 @@ class Gateway:
         self.lanes: SessionLanes[Job] = SessionLanes(
             self._process, max_queued=self.config.gateway.max_queued_per_session)
         self.commands = Commands(self.registry, self.store, self.lanes)
-        self.runner = Runner(self.store, models=self._model_settings(), tools=BUILTIN_TOOLS,
-                             data_dir=self.data_dir, model_factory=model_factory)
+        self.data = DataCommands(data_service(self.config, config_dir, self.data_dir),
+                                 self.registry, self.store)  # /sql, /datasets, uploads
+        self.data.register(self.commands)
+        self.access = Access(self.store, lambda: self.config.access, self._notice,
+                             is_command=self.commands.knows)
+        self.watcher = ConfigWatcher(self)  # live reload of the config dir (serve only)
+        self.runner = Runner(self.store, models=self._model_settings(),
+                             tools={**BUILTIN_TOOLS, **DATA_TOOLS}, data_dir=self.data_dir,
+                             services={"data": self.data.service}, model_factory=model_factory)
         self.hub = EventHub()
+        self.dedupe = InboundDedupe(self.store)
+        self.delivery = Delivery(  # the interval is read live: pluto.yaml reloads apply
+            self.store, data_dir=self.data_dir,
+            edit_interval=lambda: self.config.gateway.stream_edit_interval_seconds)
+        self.metrics = Metrics()
+        self.run_listeners: list[RunListener] = []  # watchers that want run ids (web, API)
         self.serve = serve
         bind = http_bind or (self.config.http.host, self.config.http.port)
         self.http = HttpServer(self, *bind) if serve else None
@@ -84,10 +107,7 @@ class Gateway:
     # configuration ------------------------------------------------------------------------
 
     def _load_routes(self) -> RoutingTable:
-        problems = [p for e in self.registry.check_all() for p in e.problems]
-        if problems:
-            raise ConfigError(problems)
-        return RoutingTable.load(self.config_dir / "routes.yaml", set(self.registry.names()))
+        return load_routes(self.config_dir, self.registry)  # and the agents it routes to
 
     def _model_settings(self) -> dict[str, ModelSettings]:
         return {name: ModelSettings(model=m.model, api_base=m.api_base, api_key_env=m.api_key_env,
@@ -100,19 +120,25 @@ class Gateway:
 
     async def start(self) -> None:
         await self.store.open()
+        await self.dedupe.open()
+        await self.delivery.open()
+        await self.access.open()
         interrupted = await self.store.recover_interrupted()
         if interrupted:
             log.warning("%d run(s) were interrupted by the last shutdown; marked as such",
                         len(interrupted))
         if not self.serve:
             return
+        self.data.prepare_soon()  # load registered datasets now rather than on first question
         configured = [build_provider(name, ProviderContext(self.config.providers[name],
                                                            self.data_dir, self.http))
                       for name in enabled(self.config.providers)]  # they mount their routes
         if self.http is not None:
+            mount_admin(self.http.app, self)
             await self.http.start()
         for provider in configured:
             self.add_provider(provider)
+        self.watcher.start()
 
     async def __aenter__(self) -> Gateway:
         await self.start()
@@ -126,7 +152,7 @@ class Gateway:
         self.providers[provider.name] = provider
         health = self.health[provider.name] = TaskHealth(provider.name)
         task = asyncio.create_task(
-            supervise(health, lambda: provider.run(self.handle),
+            supervise(health, lambda: self.delivery.attend(provider, provider.run(self.handle)),
                       max_restarts=None if restart else 0),
             name=f"provider:{provider.name}")
         self._tasks[provider.name] = task
@@ -138,6 +164,7 @@ class Gateway:
         if self._stopping:
             return
         self._stopping = True
+        await self.watcher.stop()
         for task in self._tasks.values():
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
@@ -161,20 +188,28 @@ class Gateway:
     async def handle(self, msg: IncomingMessage) -> None:
         """Where every message enters: route, answer commands, queue the rest per session."""
         provider = self.providers.get(msg.provider)
+        self.metrics.message_in(msg.provider)
         if provider is None:
             log.error("message from unknown provider %r dropped", msg.provider)
             return
-        route = self.routes.route(msg)
+        if not await self.dedupe.first_time(msg):
+            return  # a redelivery of a message already handled
+        route = await self.access.admit(msg, self.routes)  # rules, mention, pairing, limits
         if route is None:
-            log.info("%s chat %s user %s: no route; ignored", msg.provider, msg.chat_id,
-                     msg.user_id)
             return
         reply = await self.commands.handle(msg, route)
         if reply is not None:
-            await send_with_retry(provider, reply_to(msg, reply))
+            self.metrics.message_out(provider.name, "command")
+            await self.delivery.reply(provider, msg, reply)
             return
         if not self.lanes.submit(route.session_key, Job(msg, route, provider, time.time())):
-            await send_with_retry(provider, reply_to(msg, BUSY, kind="notice"))
+            await self.delivery.reply(provider, msg, BUSY, kind="notice")
+
+    async def _notice(self, msg: IncomingMessage, text: str) -> None:
+        """The gateway's own one-line notice (refusal, pairing code, rate limit)."""
+        provider = self.providers.get(msg.provider)
+        if provider is not None:
+            await _quietly(self.delivery.reply(provider, msg, text, kind="notice"))
 
     async def _process(self, job: Job) -> None:
         msg, route, provider = job.msg, job.route, job.provider
@@ -182,28 +217,53 @@ class Gateway:
             agent = self.registry.get(route.agent)
         except (ConfigError, UnknownAgent) as e:
             log.error("agent %s unavailable: %s", route.agent, e)
-            await send_with_retry(provider, reply_to(
-                msg, f"The agent '{route.agent}' is not available right now.", kind="error"))
+            await self.delivery.reply(
+                provider, msg, f"The agent '{route.agent}' is not available right now.",
+                kind="error")
             return
         session = await self.store.session(route.session_key, agent.name)
-        req = RunRequest(uuid.uuid4().hex, session, agent, msg.text, route.tools)
-        if provider.capabilities.has_typing:
-            await _quietly(provider.typing(msg.chat_id, msg.thread_id))
+        text = await self.data.take_uploads(msg, route, session.id, lambda text, kind: (
+            self.delivery.reply(provider, msg, text, kind=kind)))  # files sent become datasets
+        if text is None:
+            return  # only files were sent, or one could not be read: the user was told
+        req = RunRequest(uuid.uuid4().hex, session, agent, text, route.tools)
+        for listener in self.run_listeners:
+            await _quietly(listener(msg, req.run_id))
         try:
-            await deliver_run(provider, msg, self._published(self.runner.run(req)))
+            await self.delivery.run(provider, msg, self._published(
+                req.run_id, provider.name, self.runner.run(req)))
         except ProviderError:
-            pass  # already logged by delivery; the run itself is recorded
+            self.metrics.error("delivery")  # already logged by delivery; the run is recorded
         except Exception:
+            self.metrics.error("delivery")
             log.exception("delivering run %s failed", req.run_id)
             await _quietly(provider.send(reply_to(msg, INTERNAL_ERROR, kind="error")))
 
 
-    async def _published(self, events: AsyncIterator[RunEvent]) -> AsyncIterator[RunEvent]:
-        """Pass a run's events on, and to live watchers (SSE, dashboards) on the way."""
-        async with aclosing(events):  # type: ignore[type-var]
-            async for event in events:
-                self.hub.publish(event)
-                yield event
+    async def _published(self, run_id: str, provider: str,
+                         events: AsyncIterator[RunEvent]) -> AsyncIterator[RunEvent]:
+        """Pass a run's events on, and to live watchers (SSE, web) and metrics on the way."""
+        seen, last = 0, None
+        try:
+            async with aclosing(events):  # type: ignore[type-var]
+                async for event in events:
+                    seen, last = seen + 1, event
+                    self._announce(event, provider)
+                    yield event
+        finally:
+            # A stopped run records its end without yielding it: announce what was not seen.
+            try:
+                for _, event in await self.store.events(run_id, after=seen):
+                    last = event
+                    self._announce(event, provider)
+            except Exception as e:
+                log.debug("run %s: trailing events not announced: %s", run_id, e)
+            if not isinstance(last, RunEnd):  # it failed before recording an end: end it for
+                self._announce(RunEnd(run_id=run_id, outcome="error"), provider)  # watchers
+
+    def _announce(self, event: RunEvent, provider: str) -> None:
+        self.hub.publish(event)
+        self.metrics.observe(event, provider)
 
 
 async def _quietly(coro: object) -> None:

@@ -45,9 +45,38 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="HTTP port (default: http.port in pluto.yaml)")
 
     subs.add_parser("agents", help="list the agents and check their configuration")
-    for sub in (chat, run, serve, subs.choices["agents"]):
+    from gateway.data_cli import add_parser as data_parser  # argparse only
+
+    for sub in (chat, run, serve, subs.choices["agents"], *_routes_and_pairing(subs),
+                *data_parser(subs)):
         _common(sub)
     return p
+
+
+def _routes_and_pairing(subs: Any) -> list[argparse.ArgumentParser]:
+    routes = subs.add_parser("routes", help="check routes.yaml, or explain where a message goes")
+    actions = routes.add_subparsers(dest="routes_command", metavar="ACTION", required=True)
+    check = actions.add_parser("check", help="validate routes.yaml and the agents (exit 2 on "
+                               "errors)")
+    ex = actions.add_parser("explain", help="which rule, agent and session a message gets, and "
+                            "why (exit 1 when it gets nothing)")
+    ex.add_argument("--provider", required=True, help="e.g. telegram, discord, slack, web, cli")
+    ex.add_argument("--chat", required=True, help="the chat / channel id")
+    ex.add_argument("--user", required=True, help="the user id")
+    ex.add_argument("--group", action="store_true", help="a group message (default: direct)")
+    ex.add_argument("--mention", action="store_true", help="the message mentions the bot")
+    ex.add_argument("--thread", metavar="ID", help="the thread id")
+    ex.add_argument("--guild", metavar="ID", help="the guild (Discord) or team (Slack) id")
+    ex.add_argument("--text", default="", help="the message text (for text_prefix/text_regex)")
+    pairing = subs.add_parser("pairing", help="approve users who asked for access by DM")
+    acts = pairing.add_subparsers(dest="pairing_command", metavar="ACTION", required=True)
+    approve = acts.add_parser("approve", help="approve the user who was given CODE")
+    approve.add_argument("code", help="the pairing code, e.g. ABCD-2345")
+    listed = acts.add_parser("list", help="pending codes and approved users")
+    revoke = acts.add_parser("revoke", help="withdraw a user's approval")
+    revoke.add_argument("--provider", required=True)
+    revoke.add_argument("--user", required=True)
+    return [check, ex, approve, listed, revoke]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,7 @@ def dispatch(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _config_failed(e)
     data_dir = args.data_dir or Path(os.environ.get("PLUTO_DATA_DIR") or config.data_dir)
-    quiet = args.command in ("chat", "run", "agents")
+    quiet = args.command in ("chat", "run", "agents", "routes", "pairing", "data")
     setup_logging("DEBUG" if args.verbose else config.log_level,
                   secret_env_names=config.secret_names(),
                   log_file=data_dir / "pluto.log" if quiet else None,
@@ -42,6 +42,15 @@ def dispatch(args: argparse.Namespace) -> int:
             return _guarded(_run(args, config, data_dir))
         case "serve":
             return _guarded(_serve(args, config, data_dir))
+        case "routes":
+            from gateway.explain import routes_command
+            return routes_command(args, config, data_dir)
+        case "pairing":
+            from gateway.access import pairing_command
+            return _guarded(pairing_command(args, config, data_dir))
+        case "data":
+            from gateway.data_cli import data_command
+            return data_command(args, config, args.config, data_dir)
     return EXIT_CONFIG
 
 

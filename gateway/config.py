@@ -62,6 +62,52 @@ class ProviderConfig(BaseModel):
 class GatewayLimits(Strict):
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
     max_queued_per_session: int = Field(default=50, ge=1)
+    # platforms that edit: at most one edit of a streamed reply per chat this often
+    stream_edit_interval_seconds: float = Field(default=1.0, ge=0, le=60)
+    reload_interval_seconds: float = Field(default=0.25, ge=0, le=60)  # 0: no live reload
+
+
+class AccessConfig(Strict):
+    """Who gets an answer besides what routes.yaml admits (see gateway/access.py)."""
+
+    refusal: str | None = Field(default=None, max_length=500)  # to refused direct messages
+    pairing_ttl_seconds: float = Field(default=3600.0, gt=0, le=7 * 86400)
+
+    @field_validator("refusal", mode="before")
+    @classmethod
+    def _one_line(cls, v: Any) -> Any:
+        if isinstance(v, str) and "\n" in v.strip():
+            raise ValueError("the refusal is one line of text")
+        return v.strip() or None if isinstance(v, str) else v
+
+
+class AdminConfig(Strict):
+    api_key_env: str | None = Field(default=None, pattern=ENV_NAME)  # unset: no admin API
+
+
+class DatasetFile(Strict):
+    """A file (CSV, TSV, Parquet, JSON, NDJSON) or a folder of them, loaded as a dataset."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")
+    path: Path  # relative to the config directory
+
+
+class DataConfig(Strict):
+    """The data tools: datasets registered here (loaded when missing or changed), limits."""
+
+    datasets: list[DatasetFile] = Field(default_factory=list)
+    demo: bool = True  # a `sales` demo dataset, made on first use
+    max_upload_mb: float = Field(default=100, gt=0, le=100_000)  # files sent in a chat
+    query_timeout_seconds: float = Field(default=10, gt=0, le=3600)
+    query_memory_mb: int = Field(default=256, ge=16, le=1_000_000)
+
+    @field_validator("datasets")
+    @classmethod
+    def _unique(cls, v: list[DatasetFile]) -> list[DatasetFile]:
+        names = [d.name for d in v]
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"dataset names must be unique; repeated: {', '.join(dupes)}")
+        return v
 
 
 class PlutoConfig(Strict):
@@ -70,6 +116,9 @@ class PlutoConfig(Strict):
     models: dict[str, ModelConfig] = Field(default_factory=lambda: {"default": ModelConfig()})
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     gateway: GatewayLimits = GatewayLimits()
+    access: AccessConfig = AccessConfig()
+    admin: AdminConfig = AdminConfig()
+    data: DataConfig = DataConfig()
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
 
     @field_validator("data_dir", mode="before")
@@ -80,6 +129,7 @@ class PlutoConfig(Strict):
     def secret_names(self) -> list[str]:
         """Environment variables that hold secrets (for log redaction)."""
         names = [m.api_key_env for m in self.models.values() if m.api_key_env]
+        names += [self.admin.api_key_env] if self.admin.api_key_env else []
         for p in self.providers.values():
             names += [v for k, v in (p.model_extra or {}).items() if k.endswith("_env") and v]
         return names

@@ -24,6 +24,7 @@ class HttpServer:
         self.app[GATEWAY_KEY] = gateway
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/readyz", self._readyz)
+        self.app.router.add_get("/metrics", self._metrics)
         self._runner: web.AppRunner | None = None
 
     @property
@@ -46,6 +47,10 @@ class HttpServer:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body, content_type = request.app[GATEWAY_KEY].metrics.render()
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def _readyz(self, request: web.Request) -> web.Response:
         gw = request.app[GATEWAY_KEY]

@@ -8,7 +8,11 @@ from gateway.config import ProviderConfig
 from gateway.provider import Provider, ProviderContext
 
 # name in pluto.yaml → "module:Class"; the class has ``from_context(ctx) -> Provider``
-PROVIDERS: dict[str, str] = {}
+PROVIDERS: dict[str, str] = {
+    "web": "providers.web:WebProvider",
+    "telegram": "providers.telegram:TelegramProvider",
+    "api": "gateway.api:ApiProvider",  # the HTTP API acts as a provider of its own
+}
 
 
 def build_provider(name: str, ctx: ProviderContext) -> Provider:

@@ -187,7 +187,9 @@ OFFLINE_REPLY = (
     "I'm Pluto's built-in offline model, so I can't answer that myself. "
     "To chat with a real model, set PLUTO_MODEL (for example openai/gpt-4o-mini) with its API key "
     "in PLUTO_API_KEY (and PLUTO_API_BASE for any OpenAI-compatible server), or edit "
-    "config/pluto.yaml. Send /help to see what works without one."
+    "config/pluto.yaml. Without one, /datasets lists the data you can query and /sql runs "
+    "a query, e.g. /sql SELECT region, sum(amount) FROM sales GROUP BY 1 (/help lists every "
+    "command)."
 )
 
 

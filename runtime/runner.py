@@ -215,7 +215,7 @@ class Runner:
                               is_error=True)
         req = state.req
         ctx = ToolContext(req.run_id, req.session.id, req.session.key, req.agent.name,
-                          self.data_dir, self.services)
+                          self.data_dir, self.services, req.agent.datasets)
         try:
             async with asyncio.timeout(max(0.0, state.deadline - time.monotonic())):
                 return await tool(ctx, args)

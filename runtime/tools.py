@@ -45,6 +45,7 @@ class ToolContext:
     agent: str
     data_dir: Path
     services: dict[str, Any] = field(default_factory=dict)  # e.g. the data warehouse
+    datasets: tuple[str, ...] | str = ()  # global datasets the agent may query ("*": all)
 
 
 ToolFn = Callable[..., Awaitable[ToolResult | str]]
@@ -66,6 +67,8 @@ class Tool:
         problem = check_arguments(self.parameters, arguments)
         if problem:
             return ToolResult(f"Invalid arguments for {self.name}: {problem}", is_error=True)
+        required = self.parameters.get("required", [])
+        arguments = {k: v for k, v in arguments.items() if v is not None or k in required}
         out = await self.fn(ctx, **arguments)
         return out if isinstance(out, ToolResult) else ToolResult(str(out))
 
@@ -146,6 +149,8 @@ def check_arguments(schema: dict[str, Any], args: dict[str, Any]) -> str | None:
         return f"unknown argument(s): {', '.join(unknown)}; expected: {', '.join(props) or 'none'}"
     for key, value in args.items():
         prop = props[key]
+        if value is None and key not in schema.get("required", []):
+            continue  # null for an optional argument: not given
         if "enum" in prop and value not in prop["enum"]:
             return f"{key} must be one of {prop['enum']}"
         check = _CHECKS.get(prop.get("type", ""))

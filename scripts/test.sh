@@ -4,4 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
+# The browser test drives Debian's Chromium (never a downloaded one: no `playwright install`).
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ]; then SUDO=""; elif command -v sudo >/dev/null; then SUDO="sudo"; else
+    echo "scripts/test.sh: /usr/bin/chromium is missing; install it: apt-get install -y chromium" >&2
+    SUDO=none
+  fi
+  if [ "$SUDO" != none ]; then
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium
+  fi
+fi
 exec python3 -m pytest "$@"

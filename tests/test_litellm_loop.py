@@ -60,7 +60,8 @@ async def test_streams_the_answer_token_by_token(setup, fake):
     assert body["stream"] is True and body["model"] == "fake"
     assert body["messages"][0]["role"] == "system" and body["messages"][-1] == {
         "role": "user", "content": "question?"}
-    assert [t["function"]["name"] for t in body["tools"]] == ["current_time"]
+    assert [t["function"]["name"] for t in body["tools"]] == [
+        "current_time", "list_datasets", "describe_dataset", "run_sql", "make_chart"]
     assert fake.request_headers[0]["Authorization"] == "Bearer sk-test-key"
     usage = await ended_usage(gw)
     assert usage["total_tokens"] > 0 and usage["prompt_tokens"] > 0

@@ -34,7 +34,7 @@ from runtime.data import (
     run_query,
     write_csv,
 )
-from runtime.data import sandbox
+from runtime.data import child, sandbox
 
 MARK = f"pluto_escape_{uuid.uuid4().hex[:8]}"  # in every path the corpus tries to write
 
@@ -135,7 +135,7 @@ def test_parse_errors_are_query_errors_without_traceback() -> None:
 
 def test_too_long_and_empty_sql_are_refused() -> None:
     with pytest.raises(QueryRefused, match="longer than"):
-        check_sql("SELECT 1" + " " * sandbox.MAX_SQL_CHARS)
+        check_sql("SELECT 1" + " " * child.MAX_SQL_CHARS)
     with pytest.raises(QueryRefused, match="empty"):
         check_sql(" ; -- nothing")
 
@@ -144,7 +144,7 @@ def test_denied_functions_cover_their_aliases() -> None:
     with duckdb.connect() as con:
         rows = con.execute("SELECT DISTINCT function_name, alias_of FROM duckdb_functions() "
                            "WHERE alias_of IS NOT NULL").fetchall()
-    denied = sandbox.DENIED_FUNCTIONS
+    denied = child.DENIED_FUNCTIONS
     missing = {name for name, alias in rows if alias in denied} - denied
     assert not missing
 
@@ -238,7 +238,7 @@ LOCKED = [
 @pytest.mark.parametrize("template", LOCKED)
 def test_duckdb_alone_also_refuses(env: Env, template: str) -> None:
     """Layer 3 without the gate: the locked-down connection the child uses."""
-    con = sandbox._connect({"memory_limit": "256MB", "threads": 1,
+    con = child.connect({"memory_limit": "256MB", "threads": 1,
                             "attach": [("sales", str(env.wh.get("sales").path))]})
     before = snapshot(env.base)
     with con, pytest.raises(duckdb.Error):
@@ -248,9 +248,9 @@ def test_duckdb_alone_also_refuses(env: Env, template: str) -> None:
 
 def test_the_child_cannot_write_a_byte_to_a_file(tmp_path: Path) -> None:
     code = ("import runpy, sys; worker = runpy.run_path(sys.argv[1]); "
-            "worker['_limit_resources']({'memory_limit': '256MB', 'timeout': 5, 'threads': 1}); "
+            "worker['limit_resources']({'memory_limit': '256MB', 'timeout': 5, 'threads': 1}); "
             "f = open(sys.argv[2], 'w'); f.write('x'); f.close()")
-    done = subprocess.run([sys.executable, "-I", "-c", code, sandbox.__file__, str(tmp_path / "f")],
+    done = subprocess.run([sys.executable, "-I", "-c", code, child.__file__, str(tmp_path / "f")],
                           capture_output=True, timeout=30)
     assert done.returncode != 0 and b"File too large" in done.stderr
     assert (tmp_path / "f").stat().st_size == 0
@@ -338,6 +338,6 @@ def sandbox_children() -> list[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"sandbox.py" in cmdline:
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"child.py" in cmdline:
             found.append(int(pid))
     return found

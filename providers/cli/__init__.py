@@ -12,6 +12,7 @@ import getpass
 import itertools
 import signal
 import sys
+import uuid
 from pathlib import Path
 from typing import TextIO
 
@@ -34,6 +35,7 @@ class CliProvider(Provider):
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self._ids = itertools.count(1)
+        self._process = uuid.uuid4().hex[:8]  # ids stay unique across runs (dedupe)
         self._replied = asyncio.Event()
         self._streamed: set[str] = set()
         self.errors = 0
@@ -42,7 +44,8 @@ class CliProvider(Provider):
     def message(self, text: str) -> IncomingMessage:
         return IncomingMessage(provider=self.name, chat_id=self.chat_id, user_id=self.user_id,
                                user_name=self.user_id, text=text, is_direct=True,
-                               message_id=f"{self.chat_id}:{next(self._ids)}")
+                               message_id=f"{self.chat_id}:{self._process}:"
+                                          f"{next(self._ids)}")
 
     async def run(self, inbox: Inbox) -> None:
         reader = _TtyReader(self.history_file) if sys.stdin.isatty() else _PipeReader()
@@ -100,6 +103,9 @@ class CliProvider(Provider):
                     self._streamed.discard(run_id)
                     self.out.write("\n")
                 else:
+                    if self._streamed:  # an answer (e.g. to /stop) ends a stopped stream's line
+                        self._streamed.clear()
+                        self.out.write("\n")
                     self.out.write(self._label() + message.text + "\n")
         self.out.flush()
         self.err.flush()

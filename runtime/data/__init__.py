@@ -1,37 +1,51 @@
 """Data tools' library: the DuckDB warehouse of datasets and the read-only SQL sandbox.
 
 No dependency on the rest of Pluto. The runtime's data tools are built on these names.
+Modules: `warehouse` (datasets, scopes, the catalog), `ingest` (files into DuckDB),
+`sandbox` (a query in a locked-down child process), `child` (the gate and that process),
+`format` (results as text), `demo` (the demo dataset), `service` (one gateway's data).
+
+Names are imported on first use, so importing this package (or `service`) does not import
+DuckDB: start-up stays fast for commands that never touch data.
 """
 
-from .demo import ensure_demo
-from .sandbox import (
-    CSV_MAX_ROWS,
-    DataError,
-    QueryError,
-    QueryMemoryError,
-    QueryRefused,
-    QueryResult,
-    QueryTimeout,
-    cell_text,
-    check_sql,
-    format_table,
-    run_query,
-    write_csv,
-)
-from .warehouse import (
-    Column,
-    DatasetError,
-    DatasetInfo,
-    DatasetNotFound,
-    Scope,
-    Warehouse,
-    check_name,
-    dataset_name,
-)
+from __future__ import annotations
 
-__all__ = [
-    "CSV_MAX_ROWS", "Column", "DataError", "DatasetError", "DatasetInfo", "DatasetNotFound",
-    "QueryError", "QueryMemoryError", "QueryRefused", "QueryResult", "QueryTimeout", "Scope",
-    "Warehouse", "cell_text", "check_name", "check_sql", "dataset_name", "ensure_demo",
-    "format_table", "run_query", "write_csv",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_HOMES = {
+    "child": ("DataError", "QueryError", "QueryMemoryError", "QueryRefused", "QueryTimeout",
+              "cell_text", "check_sql"),
+    "sandbox": ("CSV_MAX_ROWS", "QueryResult", "run_query"),
+    "format": ("counted", "format_table", "markdown_table", "result_markdown", "write_csv"),
+    "ingest": ("DatasetError",),
+    "warehouse": ("Column", "DatasetInfo", "DatasetNotFound", "Scope", "Warehouse", "check_name",
+                  "dataset_name"),
+    "demo": ("ensure_demo",),
+    "service": ("DataService", "DatasetSource", "QueryLimits"),
+}
+_WHERE = {name: module for module, names in _HOMES.items() for name in names}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from .child import (DataError, QueryError, QueryMemoryError, QueryRefused, QueryTimeout,
+                        cell_text, check_sql)
+    from .demo import ensure_demo
+    from .format import counted, format_table, markdown_table, result_markdown, write_csv
+    from .ingest import DatasetError
+    from .sandbox import CSV_MAX_ROWS, QueryResult, run_query
+    from .service import DataService, DatasetSource, QueryLimits
+    from .warehouse import (Column, DatasetInfo, DatasetNotFound, Scope, Warehouse, check_name,
+                            dataset_name)

@@ -6,23 +6,33 @@ import asyncio
 import itertools
 from pathlib import Path
 
-from gateway.provider import Inbox, Provider
+from gateway.provider import Inbox, Provider, ProviderError
 from gateway.types import Capabilities, IncomingMessage, OutgoingMessage
 
 _ids = itertools.count(1)
 
 
 class RecordingProvider(Provider):
-    """A provider whose platform is a list: what the gateway sends is recorded."""
+    """A provider whose platform is a list: what the gateway sends is recorded.
+
+    Its dialect is Markdown, so recorded texts read as the agent wrote them. ``edits`` and
+    ``typing_calls`` record edits and typing indicators; ``fail_next`` scripts send errors.
+    """
 
     name = "test"
-    capabilities = Capabilities(max_message_length=200, streams_deltas=False)
+    capabilities = Capabilities(max_message_length=200, streams_deltas=False, markup="markdown")
 
-    def __init__(self, name: str = "test", *, streams: bool = False):
+    def __init__(self, name: str = "test", *, streams: bool = False,
+                 capabilities: Capabilities | None = None):
         self.name = name  # type: ignore[misc]
         if streams:
             self.capabilities = Capabilities(streams_deltas=True)  # type: ignore[misc]
+        if capabilities is not None:
+            self.capabilities = capabilities  # type: ignore[misc]
         self.sent: list[OutgoingMessage] = []
+        self.edits: list[OutgoingMessage] = []
+        self.typing_calls: list[str] = []
+        self.failures: list[ProviderError] = []
         self.inbox: Inbox | None = None
         self._changed = asyncio.Event()
         self.running = asyncio.Event()
@@ -33,9 +43,24 @@ class RecordingProvider(Provider):
         await asyncio.Event().wait()
 
     async def send(self, message: OutgoingMessage) -> str | None:
+        if self.failures:
+            raise self.failures.pop(0)
         self.sent.append(message)
         self._changed.set()
         return str(len(self.sent))
+
+    async def edit(self, message: OutgoingMessage) -> None:
+        if self.failures:
+            raise self.failures.pop(0)
+        self.edits.append(message)
+        self._changed.set()
+
+    async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
+        self.typing_calls.append(chat_id)
+
+    def fail_next(self, error: ProviderError, times: int = 1) -> None:
+        """The next ``times`` sends or edits raise ``error``."""
+        self.failures += [error] * times
 
     def msg(self, text: str, *, chat: str = "c1", user: str = "u1", **kw: object) -> IncomingMessage:
         return IncomingMessage(provider=self.name, chat_id=chat, user_id=user, text=text,

@@ -1,0 +1,98 @@
+"""The HTTP API's settings (``providers.api`` in ``pluto.yaml``) and its bearer-key guard."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from agents.yamlfile import ConfigError
+from gateway.api_views import ApiError, only_query
+
+log = logging.getLogger(__name__)
+
+MIN_KEY_CHARS = 16
+CALLER: web.RequestKey[str | None] = web.RequestKey("pluto_api_caller", str)  # type: ignore[arg-type]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ApiSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    keys_env: list[str] = Field(default_factory=lambda: ["PLUTO_API_KEYS"])
+    max_input_chars: int = Field(default=32_000, ge=1, le=1_000_000)
+
+    @field_validator("keys_env", mode="before")
+    @classmethod
+    def _names(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+
+def load_settings(raw: dict[str, Any]) -> ApiSettings:
+    try:
+        return ApiSettings.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError([("pluto.yaml", None, "providers.api." + ".".join(
+            str(p) for p in err["loc"]), err["msg"]) for err in e.errors()]) from None
+
+
+def load_keys(settings: ApiSettings) -> list[bytes]:
+    """SHA-256 digests of the keys in the named variables (comma-separated; never logged)."""
+    keys = [k.strip() for name in settings.keys_env
+            for k in (os.environ.get(name) or "").split(",") if k.strip()]
+    if any(len(k) < MIN_KEY_CHARS for k in keys):
+        raise ConfigError([("pluto.yaml", None, "providers.api.keys_env",
+                            f"every API key must have at least {MIN_KEY_CHARS} characters")])
+    return [hashlib.sha256(k.encode()).digest() for k in keys]
+
+
+class Guard:
+    """Wraps a handler: a valid bearer key first, then the handler, whose failures become one
+    JSON error (never a stack trace)."""
+
+    def __init__(self, keys: list[bytes], ready: asyncio.Event):
+        self._keys = keys
+        self._ready = ready
+
+    def caller(self, request: web.Request) -> str | None:
+        """Who sent the request: ``key-<12 hex>`` (from the key's hash), or None when its key
+        is missing or unknown. Every configured key is compared, in constant time."""
+        scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            return None
+        digest = hashlib.sha256(key.strip().encode()).digest()
+        found = False
+        for known in self._keys:
+            found |= hmac.compare_digest(digest, known)
+        return f"key-{digest[:6].hex()}" if found else None
+
+    def __call__(self, handler: Handler, query: tuple[str, ...] = ()) -> Handler:
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            try:
+                request[CALLER] = self.caller(request)
+                if request[CALLER] is None:
+                    raise ApiError(401, "unauthorized", "A valid API key is required: send "
+                                   "'Authorization: Bearer <key>'." if self._keys else
+                                   "The HTTP API has no keys configured on this gateway.")
+                try:
+                    async with asyncio.timeout(10):
+                        await self._ready.wait()
+                except TimeoutError:
+                    raise ApiError(503, "unavailable", "The API is starting; try again.") from None
+                only_query(request, *query)
+                return await handler(request)
+            except ApiError as e:
+                return e.response()
+            except Exception:
+                log.exception("api: %s %s failed", request.method, request.path)
+                return ApiError(500, "internal", "Something went wrong on our side; the error "
+                                "has been logged.").response()
+        return guarded

@@ -1,0 +1,83 @@
+"""Prometheus metrics of one gateway, served at ``/metrics``.
+
+Each :class:`Metrics` has its own ``CollectorRegistry`` (not the process-global one), so several
+gateways in one process (tests, benchmarks) count apart. Labels are kept to small sets: provider
+names, outcomes, tool names and error kinds, never agent names, chat ids or user ids (there can be
+thousands of those).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from runtime.events import MessageFinal, RunEnd, RunError, RunEvent, RunStart, ToolEnd
+
+# seconds; a run is one turn of an agent (model calls and tools), from a blink to minutes
+RUN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
+
+
+class Metrics:
+    """Counters of the message pipeline. :meth:`observe` reads a run's events as they pass."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.messages_in = Counter("pluto_messages_in", "Messages received, per provider.",
+                                   ["provider"], registry=r)
+        self.messages_out = Counter(
+            "pluto_messages_out", "Messages sent: answers, errors and command replies.",
+            ["provider", "kind"], registry=r)
+        self.runs = Counter("pluto_runs", "Runs finished, by outcome.", ["outcome"], registry=r)
+        self.runs_active = Gauge("pluto_runs_active", "Runs in progress.", registry=r)
+        self.run_seconds = Histogram("pluto_run_duration_seconds",
+                                     "Wall time of a run, from start to end.",
+                                     buckets=RUN_BUCKETS, registry=r)
+        self.tokens = Counter("pluto_model_tokens", "Model tokens used, prompt and completion.",
+                              ["kind"], registry=r)
+        self.tool_calls = Counter("pluto_tool_calls", "Tool calls, by tool and result.",
+                                  ["tool", "outcome"], registry=r)
+        self.errors = Counter("pluto_errors", "Errors: failed runs by kind, failed deliveries.",
+                              ["kind"], registry=r)
+        self._started: dict[str, float] = {}
+
+    def message_in(self, provider: str) -> None:
+        self.messages_in.labels(provider=provider).inc()
+
+    def message_out(self, provider: str, kind: str) -> None:
+        self.messages_out.labels(provider=provider, kind=kind).inc()
+
+    def error(self, kind: str) -> None:
+        self.errors.labels(kind=kind).inc()
+
+    def observe(self, event: RunEvent, provider: str) -> None:
+        """Count one run event on its way from the runner to ``provider``."""
+        match event:
+            case RunStart(run_id=run_id, ts=ts):
+                self._started[run_id] = ts
+                self.runs_active.inc()
+            case ToolEnd(name=name, is_error=is_error):
+                self.tool_calls.labels(tool=name, outcome="error" if is_error else "ok").inc()
+            case MessageFinal():
+                self.message_out(provider, "reply")
+            case RunError(kind=kind):
+                self.message_out(provider, "error")
+                self.error(f"run_{kind}")
+            case RunEnd(run_id=run_id, outcome=outcome, usage=usage, ts=ts):
+                self.runs.labels(outcome=outcome).inc()
+                started = self._started.pop(run_id, None)
+                if started is not None:
+                    self.runs_active.dec()
+                    self.run_seconds.observe(max(0.0, ts - started))
+                for kind in ("prompt", "completion"):
+                    self.tokens.labels(kind=kind).inc(max(0, int(usage.get(f"{kind}_tokens", 0))))
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,99 @@
+"""Telegram's errors as :class:`ProviderError`s, and a bot token that never reaches a log line.
+
+python-telegram-bot puts the token into request URLs (which httpx logs) and into the message of
+:class:`telegram.error.InvalidToken`; the errors made here never carry it, and
+:func:`redact_token_in_logs` masks it in every record of the libraries' loggers.
+"""
+
+from __future__ import annotations
+
+import datetime as dtm
+import logging
+import warnings
+
+from telegram.error import (BadRequest, ChatMigrated, Conflict, Forbidden, InvalidToken,
+                            NetworkError, RetryAfter, TelegramError, TimedOut)
+
+from gateway.provider import ProviderError
+
+# PTB 22 warns whenever a RetryAfter is built (its int becomes a timedelta in a future major);
+# retry_seconds below reads either.
+warnings.filterwarnings("ignore", message=r".*`retry_after` will be of type",
+                        category=DeprecationWarning)
+
+NOT_MODIFIED = "message is not modified"
+CANT_PARSE = "can't parse entities"
+
+
+def retry_seconds(exc: RetryAfter) -> float:
+    """``retry_after`` is an int in PTB 22 (a timedelta later); it warns when read."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        value = exc.retry_after
+    return value.total_seconds() if isinstance(value, dtm.timedelta) else float(value)
+
+
+def provider_error(exc: TelegramError) -> ProviderError:
+    """One plain sentence, and whether retrying can help."""
+    match exc:
+        case RetryAfter():
+            seconds = retry_seconds(exc)
+            return ProviderError(f"Telegram asked to slow down for {seconds:g}s",
+                                 retry_after=seconds)
+        case Forbidden():
+            return ProviderError(f"Telegram refused: {_reason(exc)}", permanent=True)
+        case InvalidToken():
+            return ProviderError("Telegram rejected the bot token", permanent=True)
+        case ChatMigrated():
+            return ProviderError("the group became a supergroup with a new chat id "
+                                 f"({exc.new_chat_id})", permanent=True)
+        case BadRequest():
+            return ProviderError(f"Telegram rejected the request: {_reason(exc)}",
+                                 permanent=True)
+        case TimedOut():
+            return ProviderError("Telegram did not answer in time")
+        case Conflict():
+            return ProviderError(f"Telegram reported a conflict: {_reason(exc)}")
+        case NetworkError():
+            return ProviderError(f"could not reach Telegram ({_reason(exc)})")
+    return ProviderError(f"Telegram error: {_reason(exc)}")
+
+
+def _reason(exc: TelegramError) -> str:
+    text = exc.message.strip().rstrip(".")
+    for prefix in ("Forbidden: ", "Bad Request: "):
+        text = text.removeprefix(prefix)
+    return text or type(exc).__name__
+
+
+class _MaskToken(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        exc = record.exc_text or ""
+        if any(t in text or t in exc for t in self.tokens):
+            for token in self.tokens:
+                text, exc = text.replace(token, "<token>"), exc.replace(token, "<token>")
+            record.msg, record.args, record.exc_text = text, None, exc or None
+        return True
+
+
+_MASK = _MaskToken()
+_LIBRARIES = ("httpx", "httpcore", "telegram")
+
+
+def redact_token_in_logs(token: str) -> None:
+    """Mask ``token`` in records of httpx and every python-telegram-bot logger."""
+    _MASK.tokens.add(token)
+    names = [n for n in logging.root.manager.loggerDict
+             if n in _LIBRARIES or n.startswith(tuple(f"{lib}." for lib in _LIBRARIES))]
+    for name in {*names, *_LIBRARIES}:
+        logger = logging.getLogger(name)
+        if _MASK not in logger.filters:
+            logger.addFilter(_MASK)
+    logging.getLogger("httpx").setLevel(max(logging.getLogger("httpx").level, logging.WARNING))

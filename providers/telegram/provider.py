@@ -1,0 +1,210 @@
+"""The Telegram provider (python-telegram-bot's :class:`telegram.Bot` over the Bot API).
+
+Receiving: long polling (``getUpdates`` in our own loop, so a failure reaches the gateway's
+supervisor) or a webhook mounted on the gateway's HTTP server with Telegram's secret-token
+header checked. Each update is handled in order; its offset is confirmed only after the gateway
+took the message, and a redelivery is caught by the gateway's dedupe.
+Sending: HTML (the gateway renders it), photos and documents, edits for streamed replies, the
+typing indicator. Errors become :class:`ProviderError`s: flood control with its retry-after,
+blocked bots and unknown chats as permanent. The bot token never appears in a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dtm
+import hmac
+import logging
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from telegram import Bot, BotCommand, Message, Update
+from telegram.error import InvalidToken, RetryAfter, TelegramError, TimedOut
+from telegram.request import HTTPXRequest
+
+from gateway.provider import Inbox, Provider, ProviderContext, ProviderError
+from gateway.types import Capabilities, OutgoingMessage
+from providers.telegram.errors import provider_error, redact_token_in_logs, retry_seconds
+from providers.telegram.inbound import Downloads, command_target, to_incoming
+from providers.telegram.outbound import Outbound
+from providers.telegram.settings import TelegramSettings, load_settings
+
+log = logging.getLogger(__name__)
+
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+UPDATES = ["message"]
+COMMANDS = [BotCommand("help", "what I can do"), BotCommand("new", "start a fresh conversation"),
+            BotCommand("stop", "stop the answer in progress")]
+
+
+class TelegramProvider(Provider):
+    name = "telegram"
+    capabilities = Capabilities(max_message_length=4096, markup="telegram_html", can_edit=True,
+                                can_send_images=True, can_send_files=True, has_typing=True)
+
+    def __init__(self, settings: TelegramSettings, token: str, *, data_dir: Path,
+                 webhook_secret: str | None = None, http_app: web.Application | None = None):
+        redact_token_in_logs(token)
+        self.settings = settings
+        self.bot = Bot(token, base_url=settings.api_url, base_file_url=settings.file_url,
+                       request=HTTPXRequest(connection_pool_size=8),
+                       get_updates_request=HTTPXRequest(connection_pool_size=1))
+        self.outbound = Outbound(self.bot)
+        self.downloads = Downloads(data_dir, settings.max_download_mb)
+        self.secret = webhook_secret or ""
+        self._inbox: Inbox | None = None
+        self._init_lock = asyncio.Lock()
+        self._connected = False
+        if http_app is not None and settings.mode == "webhook":
+            http_app.router.add_post(settings.webhook_path, self._on_webhook)
+
+    @classmethod
+    def from_context(cls, ctx: ProviderContext) -> TelegramProvider:
+        settings, token, secret = load_settings(ctx)
+        return cls(settings, token, data_dir=ctx.data_dir, webhook_secret=secret,
+                   http_app=ctx.http.app if ctx.http is not None else None)
+
+    # lifecycle ---------------------------------------------------------------------------
+
+    async def _ready(self) -> None:
+        """Connect once (getMe: the bot's id and username, needed to see mentions)."""
+        async with self._init_lock:
+            if self._connected:
+                return
+            try:
+                await self.bot.initialize()
+                self._connected = True
+            except InvalidToken:
+                raise ProviderError(f"Telegram rejected the bot token (check "
+                                    f"{self.settings.token_env})", permanent=True) from None
+            except TelegramError as e:
+                raise provider_error(e) from None
+
+    async def run(self, inbox: Inbox) -> None:
+        await self._ready()
+        try:
+            await self.bot.set_my_commands(COMMANDS)
+        except TelegramError as e:
+            log.warning("telegram: could not set the command menu: %s", provider_error(e))
+        log.info("telegram: @%s connected (%s)", self.bot.username, self.settings.mode)
+        if self.settings.mode == "webhook":
+            await self._serve_webhook(inbox)
+        else:
+            await self._poll(inbox)
+
+    async def _serve_webhook(self, inbox: Inbox) -> None:
+        await self._call(self.bot.set_webhook(self.settings.webhook_url, secret_token=self.secret,
+                                              allowed_updates=UPDATES))
+        self._inbox = inbox
+        try:
+            await asyncio.Event().wait()  # updates arrive through _on_webhook until cancelled
+        finally:
+            self._inbox = None
+
+    async def _poll(self, inbox: Inbox) -> None:
+        await self._call(self.bot.delete_webhook())  # getUpdates fails while one is set
+        offset: int | None = None
+        failures = 0
+        timeout = dtm.timedelta(seconds=self.settings.poll_timeout)
+        while True:
+            try:
+                updates = await self.bot.get_updates(offset=offset, timeout=timeout,
+                                                     allowed_updates=UPDATES)
+                failures = 0
+            except TimedOut:
+                continue
+            except RetryAfter as e:
+                await asyncio.sleep(retry_seconds(e))
+                continue
+            except InvalidToken:
+                raise ProviderError("Telegram rejected the bot token", permanent=True) from None
+            except TelegramError as e:
+                failures += 1
+                delay = min(30.0, 2.0 ** failures)
+                log.warning("telegram: polling failed (%s); retrying in %.0fs",
+                            provider_error(e), delay)
+                await asyncio.sleep(delay)
+                continue
+            for update in updates:
+                await self._dispatch(update, inbox)
+                offset = update.update_id + 1  # confirmed with the next getUpdates
+
+    async def close(self) -> None:
+        try:
+            self._connected = False
+            await self.bot.shutdown()
+        except Exception as e:
+            log.debug("telegram: closing: %s", e)
+
+    # receiving ---------------------------------------------------------------------------
+
+    async def _on_webhook(self, request: web.Request) -> web.Response:
+        given = request.headers.get(SECRET_HEADER, "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(given, self.secret.encode()):
+            return web.Response(status=401, text="wrong secret token")
+        inbox = self._inbox
+        if inbox is None:
+            return web.Response(status=503, text="not ready")  # Telegram retries later
+        try:
+            update = Update.de_json(await request.json(), self.bot)
+        except Exception:
+            return web.Response(status=400, text="not a Telegram update")
+        await self._dispatch(update, inbox)
+        return web.Response(text="ok")
+
+    async def _dispatch(self, update: Update, inbox: Inbox) -> None:
+        """Hand one update to the gateway; a failure is logged, never fatal to receiving."""
+        message = update.message
+        if message is None or message.from_user is None or message.from_user.is_bot:
+            return
+        try:
+            await self._receive(message, inbox)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("telegram: handling update %d failed", update.update_id)
+
+    async def _receive(self, message: Message, inbox: Inbox) -> None:
+        bot_id, username = self.bot.id, self.bot.username
+        target = command_target(message)
+        if target and target.lower() != username.lower():
+            return  # a command for another bot in the group
+        incoming = to_incoming(message, bot_id, username)
+        if (not incoming.is_direct and not incoming.mentions_bot
+                and self.settings.group_messages == "mentions"):
+            return
+        attachments, problem = await self.downloads.fetch(self.bot, message)
+        if problem:
+            await self._quiet_notice(incoming.chat_id, problem, incoming.thread_id)
+        if attachments:
+            incoming = to_incoming(message, bot_id, username, attachments)
+        if incoming.text or incoming.attachments:
+            await inbox(incoming)
+
+    async def _quiet_notice(self, chat_id: str, text: str, thread_id: str | None) -> None:
+        try:
+            await self.send(OutgoingMessage(chat_id=chat_id, text=text, thread_id=thread_id,
+                                            kind="notice"))
+        except ProviderError as e:
+            log.warning("telegram: could not tell chat %s: %s", chat_id, e)
+
+    # sending -----------------------------------------------------------------------------
+
+    async def send(self, message: OutgoingMessage) -> str | None:
+        await self._ready()
+        return await self.outbound.send(message)
+
+    async def edit(self, message: OutgoingMessage) -> None:
+        await self._ready()
+        await self.outbound.edit(message)
+
+    async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
+        await self._ready()
+        await self.outbound.typing(chat_id, thread_id)
+
+    async def _call(self, coro: Any) -> Any:
+        try:
+            return await coro
+        except TelegramError as e:
+            raise provider_error(e) from None

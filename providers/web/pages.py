@@ -1,0 +1,71 @@
+"""What the web provider serves over plain HTTP: the widget, the demo page, chart files."""
+
+from __future__ import annotations
+
+import html
+import mimetypes
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from providers.web.provider import WebProvider
+
+STATIC = Path(__file__).parent / "static"
+ASSETS = {
+    "/widget.js": ("widget.js", "application/javascript; charset=utf-8"),
+    "/widget.css": ("widget.css", "text/css; charset=utf-8"),
+    "/demo.css": ("demo.css", "text/css; charset=utf-8"),
+}
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")  # never SVG: it runs script
+DOWNLOADS = ("text/csv",)  # served as attachments, never shown in the gateway's origin
+DEMO_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self' ws: wss:; "
+            "img-src 'self' data: https: http:; frame-ancestors 'none'; base-uri 'none'; "
+            "form-action 'none'")
+
+
+def mount(app: web.Application, provider: WebProvider) -> None:
+    assets = {path: ((STATIC / name).read_bytes(), ctype) for path, (name, ctype) in ASSETS.items()}
+    demo = (STATIC / "index.html").read_text().replace(
+        "{{title}}", html.escape(provider.settings.title, quote=True))
+
+    def asset(path: str) -> web.Response:
+        body, ctype = assets[path]
+        return web.Response(body=body, headers={
+            "Content-Type": ctype, "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff",
+            "Access-Control-Allow-Origin": "*",  # the widget's files are public, like any CDN's
+        })
+
+    async def static(request: web.Request) -> web.Response:
+        return asset(request.path)
+
+    async def index(request: web.Request) -> web.Response:
+        origin = html.escape(f"{request.scheme}://{request.host}", quote=True)
+        return web.Response(body=demo.replace("{{origin}}", origin).encode(), headers={
+            "Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-cache",
+            "Content-Security-Policy": DEMO_CSP, "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer"})
+
+    async def file(request: web.Request) -> web.StreamResponse:
+        path = provider.links.open(request.match_info["sig"], request.match_info["path"])
+        ctype = mimetypes.guess_type(path.name)[0] if path else None
+        if path is None or ctype not in IMAGE_TYPES + DOWNLOADS:
+            return web.json_response({"error": "No such file."}, status=404)
+        disposition = "attachment" if ctype in DOWNLOADS else "inline"
+        return web.FileResponse(path, headers={
+            "Content-Type": ctype, "X-Content-Type-Options": "nosniff",
+            "Content-Disposition": f'{disposition}; filename="{_safe(path.name)}"',
+            "Content-Security-Policy": "default-src 'none'",
+            "Cache-Control": "private, max-age=3600",
+            "Cross-Origin-Resource-Policy": "cross-origin"})
+
+    for path in assets:
+        app.router.add_get(path, static)
+    app.router.add_get("/", index)
+    app.router.add_get("/web/file/{sig}/{path:.+}", file)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:100]

@@ -1,0 +1,242 @@
+"""The chat socket's JSON protocol: client frames checked strictly, server frames built here.
+
+Client → server (the first frame must be ``hello``)::
+
+    {"type": "hello", "token": "<session token or null>", "agent": "default"}
+    {"type": "message", "id": "<client id, optional>", "text": "…"}
+    {"type": "stop"}
+
+Server → client: ``ready``, ``history``, ``ack``, ``message.user`` (sent from another tab),
+``run.start``, ``message.delta``, ``tool.start``, ``tool.end``, ``message.final``, ``run.end``,
+``notice``, ``error``. Every frame has an ``id``; frames of a run carry ``run_id`` and ``seq``.
+See the README for the full description.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.types import (
+    MessageDelta,
+    MessageFinal,
+    RunEnd,
+    RunError,
+    RunEvent,
+    RunStart,
+    ToolEnd,
+    ToolStart,
+)
+
+CLIENT_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MAX_TABLE_ROWS, MAX_TABLE_COLUMNS, MAX_CELL_CHARS = 200, 50, 500
+MAX_DETAIL_TEXT = 4000
+MAX_IMAGE_URL = 2048
+
+
+class ProtocolError(Exception):
+    """A client frame we refuse; ``message`` is one sentence for the visitor."""
+
+    def __init__(self, code: str, message: str, *, reply_to: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reply_to = reply_to
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    token: str | None
+    agent: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    pass
+
+
+ClientFrame = Hello | Message | Stop
+
+
+def _field(data: dict[str, Any], name: str, kind: type, *, optional: bool = True) -> Any:
+    value = data.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        names: dict[type, str] = {str: "a string", dict: "an object"}
+        wanted = names.get(kind, kind.__name__)
+        raise ProtocolError("bad_frame", f"'{name}' must be {wanted}.")
+    return value
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")  # lone surrogates (from JSON escapes) cannot be stored
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def parse_frame(raw: str, max_chars: int) -> ClientFrame:
+    """One client frame, or :class:`ProtocolError` saying what is wrong with it."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise ProtocolError("bad_json", "That frame was not valid JSON.") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("bad_frame", "A frame must be a JSON object with a 'type'.")
+    kind = _field(data, "type", str, optional=False)
+    client_id = data.get("id")
+    if client_id is not None and (not isinstance(client_id, str) or not CLIENT_ID.match(client_id)):
+        raise ProtocolError("bad_frame", "'id' must be up to 64 letters, digits or _.:-")
+    match kind:
+        case "hello":
+            agent = _field(data, "agent", str)
+            if agent is not None and not AGENT_NAME.match(agent):
+                raise ProtocolError("bad_frame", "'agent' is not a valid agent name.")
+            token = _field(data, "token", str)
+            return Hello(token=token[:512] if token else None, agent=agent or None)
+        case "message":
+            text = _field(data, "text", str, optional=False)
+            if not text.strip():
+                raise ProtocolError("empty", "The message is empty.", reply_to=client_id)
+            if not _is_text(text):
+                raise ProtocolError("bad_frame", "The message is not valid Unicode text.",
+                                    reply_to=client_id)
+            if len(text) > max_chars:
+                raise ProtocolError("too_long", f"The message is too long ({len(text):,} "
+                                    f"characters; the limit is {max_chars:,}).",
+                                    reply_to=client_id)
+            return Message(id=client_id or uuid.uuid4().hex, text=text)
+        case "stop":
+            return Stop()
+        case _:
+            shown = kind if len(kind) <= 40 else kind[:40] + "…"
+            raise ProtocolError("unknown_type", f"Unknown frame type '{shown}'; expected hello, "
+                                "message or stop.")
+
+
+class TokenBucket:
+    """``count`` frames, refilled evenly over ``seconds``: the per-connection rate limit."""
+
+    def __init__(self, count: int, seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.count, self.seconds, self.clock = count, seconds, clock
+        self.tokens = float(count)
+        self.updated = clock()
+
+    def take(self) -> float:
+        """0 when a frame may pass now; else the seconds until one may."""
+        now = self.clock()
+        refill = (now - self.updated) * self.count / self.seconds
+        self.tokens = min(self.count, self.tokens + refill)
+        self.updated = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) * self.seconds / self.count
+
+
+# server frames ---------------------------------------------------------------------------------
+
+def frame(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"type": kind, "id": fields.pop("id", None) or uuid.uuid4().hex, **fields}
+
+
+def error(code: str, message: str, *, reply_to: str | None = None,
+          **extra: Any) -> dict[str, Any]:
+    return frame("error", code=code, message=message, reply_to=reply_to, **extra)
+
+
+Linker = Callable[[str], str | None]
+
+
+def run_frame(seq: int, event: RunEvent, link: Linker) -> dict[str, Any] | None:
+    """The frame that shows one run event to the visitor (None for events they don't see)."""
+    base = {"id": f"{event.run_id}:{seq}", "run_id": event.run_id, "seq": seq}
+    match event:
+        case RunStart():
+            return frame("run.start", **base)
+        case MessageDelta(text=text):
+            return frame("message.delta", text=text, **base)
+        case ToolStart(name=name, call_id=call_id):
+            return frame("tool.start", name=name, call_id=call_id, **base)
+        case ToolEnd(name=name, call_id=call_id, is_error=is_error, details=details):
+            return frame("tool.end", name=name, call_id=call_id, is_error=is_error,
+                         details=display_details(details, link), **base)
+        case MessageFinal(text=text):
+            return frame("message.final", text=text, **base)
+        case RunError(message=message, kind=kind):
+            return frame("error", code=f"run_{kind}", message=message, reply_to=None, **base)
+        case RunEnd(outcome=outcome):
+            return frame("run.end", outcome=outcome, **base)
+    return None
+
+
+def _cell(value: Any) -> str | int | float | bool | None:
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    text = str(value)
+    return text if len(text) <= MAX_CELL_CHARS else text[:MAX_CELL_CHARS - 1] + "…"
+
+
+def _table(table: Any) -> dict[str, Any] | None:
+    if not isinstance(table, dict) or not isinstance(table.get("columns"), list):
+        return None
+    columns = [str(c)[:MAX_CELL_CHARS] for c in table["columns"][:MAX_TABLE_COLUMNS]]
+    rows = []
+    for row in table.get("rows") or []:
+        if isinstance(row, dict):
+            row = [row.get(c) for c in columns]
+        if isinstance(row, list | tuple):
+            rows.append([_cell(v) for v in list(row)[:len(columns)]])
+        if len(rows) >= MAX_TABLE_ROWS:
+            break
+    total = table.get("total_rows")
+    total = total if isinstance(total, int) and not isinstance(total, bool) else len(
+        table.get("rows") or [])
+    total = max(total, len(rows))
+    return {"columns": columns, "rows": rows, "total_rows": total,
+            "truncated": bool(table.get("truncated")) or total > len(rows)}
+
+
+def _image(value: Any, link: Linker) -> str | None:
+    if not isinstance(value, str) or len(value) > 5_000_000:
+        return None
+    if value.startswith(("https://", "http://")) and len(value) <= MAX_IMAGE_URL:
+        return value
+    if re.match(r"^data:image/(png|jpeg|gif|webp);base64,[A-Za-z0-9+/=]+$", value):
+        return value
+    if ":" in value.split("/", 1)[0]:
+        return None  # another scheme: not shown
+    return link(value)
+
+
+def display_details(details: Any, link: Linker) -> dict[str, Any] | None:
+    """What a tool's ``details`` may show in the widget: a table, an image, a CSV to download,
+    a text, a title — checked, capped, file paths turned into signed links. None when nothing
+    is left."""
+    if not isinstance(details, dict):
+        return None
+    out: dict[str, Any] = {}
+    if (table := _table(details.get("table"))) is not None:
+        out["table"] = table
+    if (image := _image(details.get("image"), link)) is not None:
+        out["image"] = image
+    if isinstance(details.get("csv"), str) and (csv := link(details["csv"])) is not None:
+        out["csv"] = csv  # the whole result, to download
+    for key in ("text", "title"):
+        if isinstance(details.get(key), str) and details[key].strip():
+            out[key] = details[key][:MAX_DETAIL_TEXT]
+    return out or None

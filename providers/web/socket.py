@@ -1,0 +1,239 @@
+"""One chat socket (``GET /ws``): the origin check, ``hello``, then the visitor's frames.
+
+Bad input never ends the connection with a stack trace: each wrong frame gets one ``error``
+frame saying what was wrong. Only a frame over the hard size cap (closed by aiohttp with 1009),
+a flood that goes on after the rate-limit notice, or a missing ``hello`` close it (1008).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from gateway.types import IncomingMessage
+from gateway.watch import TranscriptItem, chat_transcript
+from providers.web import protocol
+from providers.web.protocol import Hello, Message, ProtocolError, Stop, TokenBucket
+from providers.web.rooms import Client
+
+if TYPE_CHECKING:
+    from providers.web.provider import WebProvider
+
+log = logging.getLogger(__name__)
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+HEARTBEAT_SECONDS = 30.0
+
+
+def origin_allowed(request: web.Request, allowed: list[str]) -> bool:
+    """Browsers always send ``Origin`` on a WebSocket handshake; other clients may not (and
+    could forge it anyway). Allowed: the gateway's own origin, loopback, the configured ones."""
+    origin = request.headers.get("Origin")
+    if origin is None or "*" in allowed:
+        return True
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return False
+    if f"{parts.scheme}://{parts.netloc.lower()}" in allowed or parts.hostname in LOCAL_HOSTS:
+        return True
+    return parts.netloc.lower() == (request.host or "").lower()
+
+
+async def serve_socket(provider: WebProvider, request: web.Request) -> web.StreamResponse:
+    if not origin_allowed(request, provider.settings.allowed_origins):
+        log.info("web: refused a chat socket from origin %r", request.headers.get("Origin"))
+        return web.json_response({"error": "This page's origin may not open the chat."},
+                                 status=403)
+    ws = web.WebSocketResponse(max_msg_size=provider.settings.max_frame_bytes,
+                               heartbeat=HEARTBEAT_SECONDS)
+    await ws.prepare(request)
+    provider.sockets.add(ws)
+    conn = Connection(provider, ws)
+    try:
+        await conn.serve()
+    except Exception:
+        log.exception("web: a chat socket failed")
+    finally:
+        provider.sockets.discard(ws)
+        await conn.cleanup()
+    return ws
+
+
+class Connection:
+    def __init__(self, provider: WebProvider, ws: web.WebSocketResponse):
+        self.p = provider
+        self.ws = ws
+        s = provider.settings
+        self.bucket = TokenBucket(s.rate_messages, s.rate_seconds)
+        self.dropped = 0
+        self.client: Client | None = None
+        self.closing = False
+        self.visitor = ""
+        self.agent: str | None = None
+
+    def send(self, frame: dict[str, Any]) -> None:
+        """After ``hello``: in order with the chat's other frames."""
+        assert self.client is not None
+        self.client.push(frame)
+
+    async def _texts(self) -> str | None:
+        """The next text frame that passes the rate limit; None when the socket closed."""
+        while not self.closing:
+            msg = await self.ws.receive()
+            if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED,
+                            WSMsgType.ERROR):
+                return None
+            if not await self._admitted():
+                continue
+            if msg.type == WSMsgType.TEXT:
+                return msg.data
+            await self._reply(protocol.error("bad_frame", "Frames must be JSON text, "
+                                             "not binary."))
+        return None
+
+    async def _admitted(self) -> bool:
+        wait = self.bucket.take()
+        if wait == 0:
+            self.dropped = 0
+            return True
+        self.dropped += 1
+        if self.dropped == 1:  # one notice per streak, not one per dropped frame
+            await self._reply(protocol.error(
+                "rate_limited", "You are sending messages too fast; please wait a few seconds.",
+                retry_after=round(wait, 1)))
+        elif self.dropped > 2 * self.p.settings.rate_messages:
+            log.warning("web: closing a flooding chat socket (chat %s)",
+                        self.client.chat_id if self.client else "before hello")
+            self.closing = True
+            if self.client is not None:
+                self.client.stop(WSCloseCode.POLICY_VIOLATION, b"too many messages")
+            else:
+                await self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"too many messages")
+        return False
+
+    async def _reply(self, frame: dict[str, Any]) -> None:
+        if self.client is not None:
+            self.send(frame)
+        elif not self.ws.closed:
+            await self.ws.send_json(frame)
+
+    async def serve(self) -> None:
+        hello = await self._hello()
+        if hello is None or not await self._join(hello):
+            return
+        max_chars = self.p.settings.max_message_chars
+        while (raw := await self._texts()) is not None:
+            try:
+                frame = protocol.parse_frame(raw, max_chars)
+            except ProtocolError as e:
+                self.send(protocol.error(e.code, e.message, reply_to=e.reply_to))
+                continue
+            match frame:
+                case Message():
+                    await self._message(frame)
+                case Stop():
+                    await self._deliver("/stop", uuid.uuid4().hex)
+                case Hello():
+                    self.send(protocol.error("bad_frame", "This connection already said hello."))
+
+    async def _hello(self) -> Hello | None:
+        try:
+            async with asyncio.timeout(self.p.settings.hello_timeout_seconds):
+                while (raw := await self._texts()) is not None:
+                    try:
+                        frame = protocol.parse_frame(raw, self.p.settings.max_message_chars)
+                    except ProtocolError as e:
+                        await self._reply(protocol.error(e.code, e.message, reply_to=e.reply_to))
+                        continue
+                    if isinstance(frame, Hello):
+                        return frame
+                    await self._reply(protocol.error("hello_required",
+                                                     "Say hello first (send a 'hello' frame)."))
+        except TimeoutError:
+            await self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"expected hello")
+        return None
+
+    async def _join(self, hello: Hello) -> bool:
+        verified = self.p.signer.verify(hello.token)
+        self.visitor = verified.visitor or self.p.signer.new_visitor()
+        self.agent = hello.agent
+        chat_id = self.visitor if not self.agent else f"{self.visitor}:{self.agent}"
+        if self.p.rooms.count(chat_id) >= self.p.settings.max_sockets_per_visitor:
+            await self.ws.send_json(protocol.error(
+                "too_many_tabs", "This chat is open in too many tabs; close one and reload."))
+            await self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"too many tabs")
+            return False
+        self.client = Client(self.ws, chat_id)
+        self.p.rooms.join(self.client)  # frames from now on are held until the history is out
+        probe = self._incoming("", None)
+        route = self.p.route(probe)
+        ready = protocol.frame(
+            "ready", token=self.p.signer.issue(self.visitor), agent=route.agent if route else None,
+            title=self.p.settings.title, reset=verified.problem if hello.token else None,
+            limits={"max_message_chars": self.p.settings.max_message_chars})
+        history = await self._history(probe)
+        first = [ready, history]
+        if route is None:
+            first.append(protocol.error("no_agent", "This chat is not connected to an agent."))
+        self.client.start(first)
+        return True
+
+    async def _history(self, probe: IncomingMessage) -> dict[str, Any]:
+        try:
+            items = await chat_transcript(self.p.backend, probe)
+        except Exception:
+            log.exception("web: reading the history of chat %s failed", probe.chat_id)
+            items = []
+        assert self.client is not None
+        live = self.client.held_runs()  # these come as frames after the history: not twice
+        return protocol.frame("history", messages=[
+            d for item in items if not (item.role != "user" and item.run_id in live)
+            if (d := self._shown(item)) is not None])
+
+    def _shown(self, item: TranscriptItem) -> dict[str, Any] | None:
+        out: dict[str, Any] = {"role": item.role, "text": item.text, "run_id": item.run_id,
+                               "ts": item.ts}
+        if item.role == "tool":
+            details = protocol.display_details(item.details, self.p.links.link)
+            if details is None:
+                return None
+            out |= {"name": item.name, "details": details}
+        return out
+
+    def _incoming(self, text: str, message_id: str | None) -> IncomingMessage:
+        assert self.client is not None
+        return IncomingMessage(provider=self.p.name, chat_id=self.client.chat_id,
+                               user_id=self.visitor, user_name="web visitor", text=text,
+                               message_id=message_id, guild_id=self.agent, is_direct=True)
+
+    async def _message(self, frame: Message) -> None:
+        assert self.client is not None
+        if self.p.route(self._incoming(frame.text, None)) is None:
+            self.send(protocol.error("no_agent", "This chat is not connected to an agent.",
+                                     reply_to=frame.id))
+            return
+        self.send(protocol.frame("ack", reply_to=frame.id))
+        self.p.rooms.broadcast(self.client.chat_id, protocol.frame(
+            "message.user", id=frame.id, text=frame.text), skip=self.client)
+        await self._deliver(frame.text, frame.id)
+
+    async def _deliver(self, text: str, client_id: str) -> None:
+        assert self.client is not None
+        try:
+            await self.p.deliver(self._incoming(text, f"{self.client.chat_id}:{client_id}"))
+        except Exception:
+            log.exception("web: handling a message of chat %s failed", self.client.chat_id)
+            self.send(protocol.error("internal", "Something went wrong on our side; "
+                                     "please try again.", reply_to=client_id))
+
+    async def cleanup(self) -> None:
+        if self.client is not None:
+            self.p.rooms.leave(self.client)
+            await self.client.close()
+        if not self.ws.closed:
+            await self.ws.close()

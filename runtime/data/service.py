@@ -1,0 +1,208 @@
+"""One gateway's data: the warehouse made on first use, queried within a scope.
+
+The warehouse is opened, and prepared, the first time anything needs it: the datasets the
+configuration registers are loaded when missing or changed, and on the very first run the
+demo dataset is made (once: removing it keeps it removed). Nothing here is imported or done
+at start-up, so a gateway that never touches data pays nothing for it.
+
+Files sent in a chat belong to that conversation: the owner of such a dataset is the
+session key of the chat it was sent in, so it stays with the chat across `/new`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import shutil
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # DuckDB is imported on first use, not with this module
+    from .sandbox import QueryResult
+    from .warehouse import DatasetInfo, Scope, Warehouse
+
+log = logging.getLogger(__name__)
+
+MIME_FORMATS = {"text/csv": ".csv", "application/csv": ".csv", "text/x-csv": ".csv",
+                "text/tab-separated-values": ".tsv", "application/json": ".json",
+                "application/x-ndjson": ".ndjson", "application/jsonl": ".jsonl",
+                "application/vnd.apache.parquet": ".parquet", "application/x-parquet": ".parquet"}
+SPREADSHEETS = frozenset({".xlsx", ".xls", ".xlsm", ".ods", ".numbers"})
+DEMO_MARK = ".demo-made"
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetSource:
+    """A file or folder the configuration registers as a global dataset."""
+
+    name: str
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class QueryLimits:
+    timeout: float = 10.0  # seconds per query
+    memory_limit: str = "256MB"  # per query
+    threads: int = 1
+    csv_max_rows: int = 1_000_000  # rows kept in a query's CSV artifact
+
+
+class DataService:
+    def __init__(self, data_dir: Path, sources: Sequence[DatasetSource] = (), *,
+                 demo: bool = True, max_upload_bytes: int = 100 * 2**20,
+                 limits: QueryLimits = QueryLimits()) -> None:
+        self.data_dir = Path(data_dir)
+        self.root = self.data_dir / "datasets"
+        self.artifacts = self.data_dir / "artifacts"
+        self.sources = tuple(sources)
+        self.demo = demo
+        self.max_upload_bytes = max_upload_bytes
+        self.limits = limits
+        self.problems: list[str] = []  # registered datasets that could not be loaded
+        self._warehouse: Warehouse | None = None
+        self._lock = threading.Lock()
+
+    # ---- the warehouse, prepared once --------------------------------------------------
+
+    def warehouse(self) -> Warehouse:
+        """The warehouse, prepared on the first call (blocking: from async code use `ready`)."""
+        with self._lock:
+            if self._warehouse is None:
+                from .warehouse import Warehouse
+
+                warehouse = Warehouse(self.root, max_file_bytes=2**40)  # admins' files: no cap
+                self._load_sources(warehouse)
+                self._make_demo(warehouse)
+                self._warehouse = warehouse
+            return self._warehouse
+
+    async def ready(self) -> Warehouse:
+        return await asyncio.to_thread(self.warehouse)
+
+    def _load_sources(self, warehouse: Warehouse) -> None:
+        from .ingest import DatasetError, source_fingerprint
+
+        for source in self.sources:
+            try:
+                current = source_fingerprint(source.path)
+                known = {d.name: d for d in warehouse.list()}.get(source.name)
+                if known is not None and known.owner is None and known.fingerprint == current:
+                    continue
+                info = warehouse.ingest(source.path, source.name, replace=True)
+                log.info("dataset %s loaded from %s: %d rows", info.name, source.path, info.rows)
+            except (DatasetError, OSError) as e:
+                problem = f"dataset {source.name} ({source.path}): {e}"
+                self.problems.append(problem)
+                log.error("%s", problem)
+
+    def _make_demo(self, warehouse: Warehouse) -> None:
+        mark = self.root / DEMO_MARK
+        if not self.demo or mark.exists():
+            return
+        from .demo import ensure_demo
+        from .ingest import DatasetError
+
+        try:
+            ensure_demo(warehouse)
+        except DatasetError as e:  # e.g. another process made it at the same moment
+            log.info("demo dataset not made: %s", e)
+        except Exception:
+            log.exception("the demo dataset could not be made")
+            return
+        mark.touch()
+
+    # ---- reading -----------------------------------------------------------------------
+
+    @staticmethod
+    def scope(owner: str | None, allowed: Sequence[str] | str) -> Scope:
+        """What a conversation sees: its own uploads, and the global datasets its agent lists
+        (``"*"``: all of them)."""
+        from .warehouse import Scope
+
+        if isinstance(allowed, str):
+            allowed = "*" if allowed == "*" else (allowed,)
+        return Scope(owner, allowed)
+
+    async def visible(self, scope: Scope | None) -> list[DatasetInfo]:
+        warehouse = await self.ready()
+        return await asyncio.to_thread(warehouse.list, scope)
+
+    async def get(self, name: str, scope: Scope | None) -> DatasetInfo:
+        warehouse = await self.ready()
+        return await asyncio.to_thread(warehouse.get, name, scope)
+
+    async def query(self, sql: str, scope: Scope | None, *, max_rows: int = 1000,
+                    csv_path: Path | None = None) -> QueryResult:
+        warehouse = await self.ready()
+        limits = self.limits
+        return await warehouse.query(sql, scope, timeout=limits.timeout, max_rows=max_rows,
+                                     memory_limit=limits.memory_limit, threads=limits.threads,
+                                     csv_path=csv_path, csv_max_rows=limits.csv_max_rows)
+
+    def artifact(self, run_id: str, stem: str, suffix: str) -> Path:
+        """A new file path under ``artifacts/<run_id>/`` (the directory is made)."""
+        folder = self.artifacts / (re.sub(r"[^A-Za-z0-9_-]", "_", run_id)[:64] or "run")
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / f"{stem}-{uuid.uuid4().hex[:8]}{suffix}"
+
+    # ---- changing ----------------------------------------------------------------------
+
+    async def add_upload(self, path: Path, filename: str, mime_type: str,
+                         owner: str) -> DatasetInfo:
+        """A file sent in a chat, as a dataset of that conversation. Sending a file of the
+        same name again replaces the conversation's own dataset of that name."""
+        return await asyncio.to_thread(self._add_upload, Path(path), filename, mime_type, owner)
+
+    def _add_upload(self, path: Path, filename: str, mime_type: str, owner: str) -> DatasetInfo:
+        from .ingest import DatasetError, human_size
+        from .warehouse import dataset_name
+
+        warehouse = self.warehouse()
+        filename = upload_filename(filename, mime_type)
+        size = path.stat().st_size if path.is_file() else 0
+        if size > self.max_upload_bytes:
+            raise DatasetError(f"{filename} is {human_size(size)}; files sent in a chat may be "
+                               f"at most {human_size(self.max_upload_bytes)}.")
+        staging = self.root / f".upload-{uuid.uuid4().hex}"
+        staging.mkdir()
+        try:
+            staged = staging / filename
+            os.symlink(path.resolve(), staged)
+            name = dataset_name(staged)
+            mine = {d.name: d for d in warehouse.list()}.get(name)
+            replace = mine is not None and mine.owner == owner
+            return warehouse.ingest(staged, name if replace else None, owner=owner,
+                                    replace=replace)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    async def remove(self, name: str, scope: Scope | None) -> None:
+        warehouse = await self.ready()
+        await asyncio.to_thread(warehouse.remove, name, scope)
+
+
+def is_data_file(filename: str, mime_type: str) -> bool:
+    """Whether a file sent in a chat is meant as data (or is a spreadsheet to refuse)."""
+    from .ingest import FORMATS
+
+    suffix = Path(filename).suffix.lower()
+    return suffix in FORMATS or suffix in SPREADSHEETS or mime_type.lower() in MIME_FORMATS
+
+
+def upload_filename(filename: str, mime_type: str) -> str:
+    """A safe file name that keeps what the user called it, with a suffix DuckDB can read."""
+    from .ingest import FORMATS
+
+    name = re.sub(r"[\x00-\x1f/\\]+", "_", Path(filename.replace("\\", "/")).name).strip(" .")
+    name = name or "upload"
+    stem, suffix = os.path.splitext(name)
+    if suffix.lower() not in FORMATS and suffix.lower() not in SPREADSHEETS:
+        extra = MIME_FORMATS.get(mime_type.lower())
+        stem, suffix = (name, extra) if extra else (stem, suffix)
+    return f"{stem[:100]}{suffix}"
