@@ -59,8 +59,7 @@ class ApiProvider(Provider):
         backend = ctx.http.app[GATEWAY_KEY]
         keys = load_keys(settings)
         if not keys:
-            log.warning("api: no keys in $%s; every API call will get 401",
-                        " / $".join(settings.keys_env))
+            log.warning("api: no keys in $%s; every API call will get 401", settings.keys_env)
         provider = cls(settings, backend, keys)
         provider.mount(ctx.http.app)
         backend.run_listeners.append(provider.on_run)

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.yamlfile import ConfigError
 from gateway.api_views import ApiError, only_query
@@ -27,13 +27,8 @@ class ApiSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = False
-    keys_env: list[str] = Field(default_factory=lambda: ["PLUTO_API_KEYS"])
+    keys_env: str = Field(default="PLUTO_API_KEYS", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     max_input_chars: int = Field(default=32_000, ge=1, le=1_000_000)
-
-    @field_validator("keys_env", mode="before")
-    @classmethod
-    def _names(cls, v: Any) -> Any:
-        return [v] if isinstance(v, str) else v
 
 
 def load_settings(raw: dict[str, Any]) -> ApiSettings:
@@ -45,9 +40,8 @@ def load_settings(raw: dict[str, Any]) -> ApiSettings:
 
 
 def load_keys(settings: ApiSettings) -> list[bytes]:
-    """SHA-256 digests of the keys in the named variables (comma-separated; never logged)."""
-    keys = [k.strip() for name in settings.keys_env
-            for k in (os.environ.get(name) or "").split(",") if k.strip()]
+    """SHA-256 digests of the keys in the named variable (comma-separated; never logged)."""
+    keys = [k.strip() for k in (os.environ.get(settings.keys_env) or "").split(",") if k.strip()]
     if any(len(k) < MIN_KEY_CHARS for k in keys):
         raise ConfigError([("pluto.yaml", None, "providers.api.keys_env",
                             f"every API key must have at least {MIN_KEY_CHARS} characters")])

@@ -206,5 +206,20 @@ class OfflineModel:
                                             "completion_tokens": len(OFFLINE_REPLY) // 4}, "stop")
 
 
+class EchoModel:
+    """``model: echo`` answers at once with the user's own words, in one piece: for smoke
+    tests of a deployment and for benchmarks of the gateway itself."""
+
+    async def stream(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                     settings: ModelSettings) -> AsyncIterator[str | ModelTurn]:
+        text = str(messages[-1].get("content") or "") if messages else ""
+        yield text
+        yield ModelTurn(text, [], {"prompt_tokens": len(text) // 4 + 1,
+                                   "completion_tokens": len(text) // 4 + 1}, "stop")
+
+
+_BUILT_IN: dict[str, Model] = {"offline": OfflineModel(), "echo": EchoModel()}
+
+
 def model_for(settings: ModelSettings) -> Model:
-    return OfflineModel() if settings.model == "offline" else LiteLLMModel()
+    return _BUILT_IN.get(settings.model) or LiteLLMModel()

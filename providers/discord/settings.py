@@ -1,0 +1,77 @@
+"""``providers.discord`` in ``pluto.yaml``, validated once into typed settings.
+
+```yaml
+providers:
+  discord:
+    enabled: true
+    token_env: DISCORD_BOT_TOKEN         # the variable that holds the bot token
+    guild_messages: mentions             # mentions: in servers, answer when @mentioned or
+                                         # replied to; all: every message goes to routes.yaml
+    message_content_intent: true         # needs "Message Content Intent" on in the portal
+    max_download_mb: 25                  # files users send, larger ones are refused
+    # another Discord API / gateway: a proxy, a test fake (process-wide for discord.py)
+    api_base: https://discord.com/api/v10
+    gateway_url: wss://gateway.discord.gg/
+```
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from agents.yamlfile import ConfigError
+from gateway.provider import ProviderContext
+
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+WHERE = "pluto.yaml"
+
+
+class DiscordSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    token_env: str = Field(default="DISCORD_BOT_TOKEN", pattern=ENV_NAME)
+    guild_messages: Literal["mentions", "all"] = "mentions"
+    message_content_intent: bool = True
+    max_download_mb: float = Field(default=25, gt=0, le=500)
+    api_base: str | None = None
+    gateway_url: str | None = None
+    guild_ready_timeout: float = Field(default=2.0, ge=0, le=60)
+
+    @field_validator("api_base")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        v = v.strip().rstrip("/")
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return v if "/api/v" in v else f"{v}/api/v10"
+
+    @field_validator("gateway_url")
+    @classmethod
+    def _ws_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        v = v.strip()
+        if not v.startswith(("ws://", "wss://")):
+            raise ValueError("must be a ws:// or wss:// URL")
+        return v if v.endswith("/") else f"{v}/"
+
+
+def load_settings(ctx: ProviderContext) -> tuple[DiscordSettings, str]:
+    """The settings and the bot token; ConfigError naming the field when something is off."""
+    try:
+        settings = DiscordSettings.model_validate(ctx.config.model_dump())
+    except ValidationError as e:
+        raise ConfigError([(WHERE, None, "providers.discord." + ".".join(map(str, err["loc"])),
+                            err["msg"]) for err in e.errors()]) from None
+    token = os.environ.get(settings.token_env, "").strip()
+    if not token:
+        raise ConfigError([(WHERE, None, "providers.discord.token_env",
+                            f"the environment variable {settings.token_env} that should hold the "
+                            "bot token is not set")])
+    return settings, token
