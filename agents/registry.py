@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -39,12 +40,14 @@ class _Entry:
     stamp: Stamp
     spec: AgentSpec
     source: Path
+    checked: float = 0.0  # monotonic time of the last look at the files
 
 
 class AgentRegistry:
-    def __init__(self, *dirs: Path, cache_size: int = 256):
+    def __init__(self, *dirs: Path, cache_size: int = 256, recheck_seconds: float = 0.25):
         self.dirs = list(dirs)
         self.cache_size = cache_size
+        self.recheck_seconds = recheck_seconds  # files are looked at no more often than this
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self.errors: dict[str, ConfigError] = {}  # agents whose files are broken right now
         self._reported: dict[str, Stamp] = {}
@@ -75,8 +78,12 @@ class AgentRegistry:
         """The agent's current definition, or the last good one while its files are broken.
 
         Raises :class:`UnknownAgent`, or :class:`ConfigError` when it has never loaded."""
-        agent_dir = self.dir_of(name)
         entry = self._cache.get(name)
+        now = time.monotonic()
+        if entry is not None and now - entry.checked < self.recheck_seconds:
+            self._cache.move_to_end(name)  # looked at a moment ago: no file system calls
+            return entry.spec
+        agent_dir = self.dir_of(name)
         if agent_dir is None and entry is not None and entry.source.is_dir():
             agent_dir = entry.source  # agent.yaml is gone mid-edit: a broken edit, not a removal
         if agent_dir is None:
@@ -85,6 +92,7 @@ class AgentRegistry:
             raise UnknownAgent(name)
         stamp = _stamp(agent_dir)
         if entry is not None and entry.source == agent_dir and entry.stamp == stamp:
+            entry.checked = now
             self._cache.move_to_end(name)
             return entry.spec
         try:
@@ -106,7 +114,7 @@ class AgentRegistry:
             log.info("agent %s: changed, reloaded", name)
         self.errors.pop(name, None)
         self._reported.pop(name, None)
-        self._cache[name] = _Entry(stamp, spec, agent_dir)
+        self._cache[name] = _Entry(stamp, spec, agent_dir, now)
         self._cache.move_to_end(name)
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
@@ -119,9 +127,15 @@ class AgentRegistry:
             raise UnknownAgent(name)
         return load_checked(agent_dir)
 
+    def forget(self, name: str) -> None:
+        """Look at the agent's files again on its next use (they were just written)."""
+        if (entry := self._cache.get(name)) is not None:
+            entry.checked = 0.0
+
     def refresh(self) -> dict[str, ConfigError]:
         """Reload the agents in memory whose files changed; return the current errors."""
         for name in list(self._cache):
+            self.forget(name)
             try:
                 self.get(name)
             except (UnknownAgent, ConfigError):

@@ -111,6 +111,7 @@ async def save(gw: Gateway, agent: AgentFiles) -> bool:
                              problems=problems_json(problems)) from None
         created = not (root / agent.name).is_dir()
         publish_agent(root, staged)  # no await in between: atomic for this process
+    gw.registry.forget(agent.name)
     gw.watcher.reload_now()
     return created
 
@@ -131,6 +132,7 @@ async def delete(gw: Gateway, name: str) -> None:
                          f"{', '.join(rules)}); change the routes first", 409)
     async with _lock(gw):
         remove_agent(registry.dirs[-1], name)
+    registry.forget(name)
     gw.watcher.reload_now()
 
 

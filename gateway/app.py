@@ -251,15 +251,20 @@ class Gateway:
                     self._announce(event, provider)
                     yield event
         finally:
-            # A stopped run records its end without yielding it: announce what was not seen.
-            try:
-                for _, event in await self.store.events(run_id, after=seen):
-                    last = event
-                    self._announce(event, provider)
-            except Exception as e:
-                log.debug("run %s: trailing events not announced: %s", run_id, e)
-            if not isinstance(last, RunEnd):  # it failed before recording an end: end it for
-                self._announce(RunEnd(run_id=run_id, outcome="error"), provider)  # watchers
+            if not isinstance(last, RunEnd):
+                await self._announce_unseen(run_id, provider, seen)
+
+    async def _announce_unseen(self, run_id: str, provider: str, seen: int) -> None:
+        """A stopped run records its end without yielding it: announce what was not seen."""
+        last: RunEvent | None = None
+        try:
+            for _, event in await self.store.events(run_id, after=seen):
+                last = event
+                self._announce(event, provider)
+        except Exception as e:
+            log.debug("run %s: trailing events not announced: %s", run_id, e)
+        if not isinstance(last, RunEnd):  # it failed before recording an end: end it for
+            self._announce(RunEnd(run_id=run_id, outcome="error"), provider)  # watchers
 
     def _announce(self, event: RunEvent, provider: str) -> None:
         self.hub.publish(event)

@@ -11,6 +11,8 @@ from gateway.provider import Provider, ProviderContext
 PROVIDERS: dict[str, str] = {
     "web": "providers.web:WebProvider",
     "telegram": "providers.telegram:TelegramProvider",
+    "discord": "providers.discord:DiscordProvider",
+    "slack": "providers.slack:SlackProvider",
     "api": "gateway.api:ApiProvider",  # the HTTP API acts as a provider of its own
 }
 

@@ -98,14 +98,13 @@ class Runner:
         agent = req.agent
         history = await self.store.history(req.session.id, agent.history.max_messages,
                                            agent.history.max_tokens)
-        await self.store.start_run(req.run_id, req.session.id, agent.name, req.text)
-        await self.store.add_message(req.session.id, "user", req.text, run_id=req.run_id)
+        start = RunStart(run_id=req.run_id, session_id=req.session.id, agent=agent.name)
+        await self.store.start_run(req.run_id, req.session.id, agent.name, req.text, event=start)
         system = [{"role": "system", "content": agent.instructions}] if agent.instructions else []
         state = _RunState(req, time.monotonic() + agent.budget.max_seconds,
                           system + history + [{"role": "user", "content": req.text}],
                           self.tools_for(agent, req.tools), self.settings_for(agent))
-        yield await self._commit(RunStart(run_id=req.run_id, session_id=req.session.id,
-                                          agent=agent.name))
+        yield start
         try:
             async for event in self._loop(state):
                 yield event
@@ -135,10 +134,11 @@ class Runner:
             assert turn is not None
             self._account(state, turn)
             if not turn.tool_calls:
+                final = MessageFinal(run_id=state.req.run_id, text=turn.text)
                 await self.store.add_message(state.req.session.id, "assistant", turn.text,
-                                             run_id=state.req.run_id)
+                                             run_id=state.req.run_id, event=final)
                 state.partial = ""
-                yield await self._commit(MessageFinal(run_id=state.req.run_id, text=turn.text))
+                yield final
                 yield await self._end(state, "ok")
                 return
             if state.total_tokens >= state.req.agent.budget.max_tokens:
@@ -238,8 +238,8 @@ class Runner:
     async def _end(self, state: _RunState, outcome: Any, error: str | None = None) -> RunEvent:
         state.ended = True
         usage = dict(state.usage, total_tokens=state.total_tokens, tool_calls=state.tool_calls)
-        event = await self._commit(RunEnd(run_id=state.req.run_id, outcome=outcome, usage=usage))
-        await self.store.end_run(state.req.run_id, outcome, error=error, usage=usage)
+        event = RunEnd(run_id=state.req.run_id, outcome=outcome, usage=usage)
+        await self.store.end_run(state.req.run_id, outcome, error=error, usage=usage, event=event)
         return event
 
     async def _keep_partial(self, state: _RunState) -> None:

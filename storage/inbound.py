@@ -39,11 +39,10 @@ class InboundStore:
 
     async def first_time(self, provider: str, message_id: str) -> bool:
         """Record the message; False when it was recorded before (a redelivery)."""
-        cur = await self.store.db.execute(
+        inserted = await self.store.write((
             "INSERT OR IGNORE INTO inbound_seen (provider, message_id, seen_at) VALUES (?,?,?)",
-            (provider, message_id, time.time()))
-        await self.store.db.commit()
-        if cur.rowcount == 0:
+            (provider, message_id, time.time())))
+        if inserted == 0:
             return False
         self._since_prune += 1
         if self._since_prune >= self.prune_every:

@@ -7,8 +7,10 @@ disk before the run continues.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import sqlite3
 import time
 import uuid
 from pathlib import Path
@@ -70,11 +72,50 @@ MIGRATIONS: list[str] = [
 ]
 
 
+Statement = tuple[str, tuple[Any, ...]]
+
+
+def _message_stmt(session_id: str, role: str, content: str | None, run_id: str | None,
+                  tool_calls: list[dict] | None, tool_call_id: str | None,
+                  name: str | None) -> Statement:
+    tokens = estimate_tokens(content or "") + estimate_tokens(json.dumps(tool_calls or ""))
+    return ("INSERT INTO messages (session_id, run_id, role, content, tool_calls, tool_call_id,"
+            " name, tokens, created_at) VALUES (?,?,?,?,?,?,?,?,?)",
+            (session_id, run_id, role, content, json.dumps(tool_calls) if tool_calls else None,
+             tool_call_id, name, tokens, time.time()))
+
+
+def _apply_batch(conn: sqlite3.Connection,
+                 batch: list[list[Statement]]) -> list[int | Exception]:
+    """In the database thread: each group of statements in its own savepoint (so one failing
+    write does not undo the others), then one commit for all."""
+    results: list[int | Exception] = []
+    if not conn.in_transaction:
+        conn.execute("BEGIN")
+    for stmts in batch:
+        conn.execute("SAVEPOINT w")
+        try:
+            count = 0
+            for sql, params in stmts:
+                count = conn.execute(sql, params).rowcount
+        except Exception as e:
+            conn.execute("ROLLBACK TO w")
+            results.append(e)
+        else:
+            results.append(count)
+        conn.execute("RELEASE w")
+    conn.commit()
+    return results
+
+
 class SqliteStore:
     def __init__(self, path: Path):
         self.path = path
         self._db: aiosqlite.Connection | None = None
         self._seq: dict[str, int] = {}
+        self._pending: list[tuple[list[Statement], asyncio.Future[int]]] = []
+        self._sessions: dict[str, SessionRow] = {}  # active session by key (bounded cache)
+        self._flusher: asyncio.Task[None] | None = None
 
     @property
     def db(self) -> aiosqlite.Connection:
@@ -97,6 +138,8 @@ class SqliteStore:
         await self._migrate()
 
     async def close(self) -> None:
+        if self._flusher is not None:
+            await asyncio.wait({self._flusher})
         if self._db is not None:
             await self._db.close()
             self._db = None
@@ -138,43 +181,80 @@ class SqliteStore:
                 f"version = excluded.version; COMMIT;")
             log.info("storage: migrated %s to %s schema %d", self.path, component, i + 1)
 
+    # group commit -----------------------------------------------------------------------------
+
+    async def write(self, *statements: Statement) -> int:
+        """Run statements atomically and return once they are committed.
+
+        Writes that arrive while a commit is in progress are committed together in the next
+        one (group commit): one trip to the database thread and one commit for many runs,
+        while each caller still continues only after its own write is durable. Returns the
+        row count of the last statement.
+        """
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending.append((list(statements), fut))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        return await fut  # the row count of the last statement
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                # aiosqlite runs every call in its own thread; ``_execute`` runs one function
+                # there, so the whole batch costs one hop (aiosqlite 0.22, pinned).
+                results = await self.db._execute(_apply_batch, self.db._conn,
+                                                 [stmts for stmts, _ in batch])
+            except Exception as e:  # the commit itself failed: nobody's write is durable
+                results = [e] * len(batch)
+            for (_, fut), result in zip(batch, results):
+                if fut.done():
+                    continue
+                if isinstance(result, Exception):
+                    fut.set_exception(result)
+                else:
+                    fut.set_result(result)
+
     # sessions ---------------------------------------------------------------------------------
 
     async def session(self, key: str, agent: str) -> SessionRow:
         """The active session for ``key``, created when there is none."""
+        if (cached := self._sessions.get(key)) is not None:
+            return cached
         row = await (await self.db.execute(
             "SELECT id, key, agent, created_at FROM sessions WHERE key = ? AND active = 1",
             (key,))).fetchone()
         if row is not None:
-            return SessionRow(row["id"], row["key"], row["agent"], row["created_at"])
-        now = time.time()
-        sid = uuid.uuid4().hex
-        await self.db.execute(
-            "INSERT INTO sessions (id, key, agent, created_at, updated_at) VALUES (?,?,?,?,?)",
-            (sid, key, agent, now, now))
-        await self.db.commit()
-        return SessionRow(sid, key, agent, now)
+            session = SessionRow(row["id"], row["key"], row["agent"], row["created_at"])
+        else:
+            session = SessionRow(uuid.uuid4().hex, key, agent, time.time())
+            await self.write(("INSERT INTO sessions (id, key, agent, created_at, updated_at)"
+                              " VALUES (?,?,?,?,?)", (session.id, key, agent, session.created_at,
+                                                      session.created_at)))
+        if len(self._sessions) >= 10_000:
+            self._sessions.clear()
+        self._sessions[key] = session
+        return session
 
     async def reset_session(self, key: str) -> bool:
         """Start afresh: the active session for ``key`` is closed (kept, no longer used)."""
-        cur = await self.db.execute(
+        self._sessions.pop(key, None)
+        changed = await self.write((
             "UPDATE sessions SET active = 0, updated_at = ? WHERE key = ? AND active = 1",
-            (time.time(), key))
-        await self.db.commit()
-        return cur.rowcount > 0
+            (time.time(), key)))
+        return changed > 0
 
     # messages ---------------------------------------------------------------------------------
 
     async def add_message(self, session_id: str, role: str, content: str | None, *,
                           run_id: str | None = None, tool_calls: list[dict] | None = None,
-                          tool_call_id: str | None = None, name: str | None = None) -> None:
-        tokens = estimate_tokens(content or "") + estimate_tokens(json.dumps(tool_calls or ""))
-        await self.db.execute(
-            "INSERT INTO messages (session_id, run_id, role, content, tool_calls, tool_call_id,"
-            " name, tokens, created_at) VALUES (?,?,?,?,?,?,?,?,?)",
-            (session_id, run_id, role, content, json.dumps(tool_calls) if tool_calls else None,
-             tool_call_id, name, tokens, time.time()))
-        await self.db.commit()
+                          tool_call_id: str | None = None, name: str | None = None,
+                          event: RunEvent | None = None) -> None:
+        """Append a message (and, atomically with it, the run event that shows it)."""
+        stmts = [_message_stmt(session_id, role, content, run_id, tool_calls, tool_call_id, name)]
+        if event is not None:
+            stmts.append(self._event_stmt(event))
+        await self.write(*stmts)
 
     async def messages(self, session_id: str, limit: int = 1000) -> list[MessageRow]:
         rows = await (await self.db.execute(
@@ -202,29 +282,37 @@ class SqliteStore:
 
     # runs and events --------------------------------------------------------------------------
 
-    async def start_run(self, run_id: str, session_id: str, agent: str, input_text: str) -> None:
+    async def start_run(self, run_id: str, session_id: str, agent: str, input_text: str,
+                        event: RunEvent | None = None) -> None:
+        """Record a run and its user message (and its ``run.start``) in one commit."""
         now = time.time()
-        await self.db.execute(
-            "INSERT INTO runs (id, session_id, agent, status, input, started_at)"
-            " VALUES (?,?,?,?,?,?)", (run_id, session_id, agent, "running", input_text, now))
-        await self.db.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id))
-        await self.db.commit()
         self._seq[run_id] = 0
+        stmts = [
+            ("INSERT INTO runs (id, session_id, agent, status, input, started_at)"
+             " VALUES (?,?,?,?,?,?)", (run_id, session_id, agent, "running", input_text, now)),
+            ("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id)),
+            _message_stmt(session_id, "user", input_text, run_id, None, None, None),
+        ]
+        if event is not None:
+            stmts.append(self._event_stmt(event))
+        await self.write(*stmts)
 
-    async def add_event(self, event: RunEvent) -> None:
+    def _event_stmt(self, event: RunEvent) -> Statement:
         seq = self._seq.get(event.run_id, 0) + 1
         self._seq[event.run_id] = seq
-        await self.db.execute(
-            "INSERT INTO run_events (run_id, seq, type, data) VALUES (?,?,?,?)",
-            (event.run_id, seq, event.type, json.dumps(event_to_dict(event), default=str)))
-        await self.db.commit()
+        return ("INSERT INTO run_events (run_id, seq, type, data) VALUES (?,?,?,?)",
+                (event.run_id, seq, event.type, json.dumps(event_to_dict(event), default=str)))
+
+    async def add_event(self, event: RunEvent) -> None:
+        await self.write(self._event_stmt(event))
 
     async def end_run(self, run_id: str, status: str, *, error: str | None = None,
-                      usage: dict[str, int] | None = None) -> None:
-        await self.db.execute(
-            "UPDATE runs SET status = ?, error = ?, usage = ?, ended_at = ? WHERE id = ?",
-            (status, error, json.dumps(usage or {}), time.time(), run_id))
-        await self.db.commit()
+                      usage: dict[str, int] | None = None, event: RunEvent | None = None) -> None:
+        """Close a run (and record its ``run.end``) in one commit."""
+        stmts = [self._event_stmt(event)] if event is not None else []
+        stmts.append(("UPDATE runs SET status = ?, error = ?, usage = ?, ended_at = ? WHERE id = ?",
+                      (status, error, json.dumps(usage or {}), time.time(), run_id)))
+        await self.write(*stmts)
         self._seq.pop(run_id, None)
 
     async def run(self, run_id: str) -> RunRow | None:
@@ -250,8 +338,8 @@ class SqliteStore:
                 "SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE run_id = ?",
                 (run_id,))).fetchone()
             self._seq[run_id] = seq
-            await self.add_event(RunEnd(run_id=run_id, outcome="interrupted"))
-            await self.end_run(run_id, "interrupted", error="the gateway stopped during this run")
+            await self.end_run(run_id, "interrupted", error="the gateway stopped during this run",
+                               event=RunEnd(run_id=run_id, outcome="interrupted"))
         return ids
 
     async def stats(self) -> dict[str, Any]:

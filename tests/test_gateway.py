@@ -134,6 +134,7 @@ async def test_long_replies_are_split_for_the_platform(gw):
 
 
 async def test_broken_agent_edit_keeps_the_last_good_definition(gw, config_dir, caplog):
+    gw.registry.recheck_seconds = 0  # look at the files on every message
     p = await start(gw)
     (config_dir / "agents" / "default" / "agent.yaml").write_text("budget: {max_seconds: -1}\n")
     await p.say("hello")

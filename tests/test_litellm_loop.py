@@ -126,6 +126,7 @@ async def test_slow_model_hits_the_wall_time_budget(setup, fake, config_dir):
     gw, p = setup
     agent_yaml = config_dir / "agents" / "default" / "agent.yaml"
     agent_yaml.write_text(agent_yaml.read_text().replace("max_seconds: 120", "max_seconds: 0.5"))
+    gw.registry.forget("default")  # the edit takes effect now, not at the next look
     fake.script(Reply(text="slow " * 40, chunk_size=5, chunk_delay=0.1))
     [msg] = await ask(p, "hi")
     assert "0.5-second limit" in msg

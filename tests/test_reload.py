@@ -76,6 +76,7 @@ async def serving(config: Path, data_dir: Path, interval: float = 0.05,
 @pytest.fixture
 async def gw_p(config: Path, data_dir: Path):
     gw, p = await serving(config, data_dir)
+    gw.registry.recheck_seconds = 0  # these tests edit files and ask at once
     yield gw, p
     await gw.stop()
 

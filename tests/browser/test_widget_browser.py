@@ -91,8 +91,8 @@ async def _converse(page: Any, gw: Any, model: GatedModel, frames: list[dict[str
     model.gate.set()
     table = page.locator(".pluto-bot table")
     await expect(table).to_be_visible()
-    assert await table.locator("th").all_inner_texts() == ["Region", "Sales"]
-    assert await table.locator("td").all_inner_texts() == ["North", "120", "South", "80"]
+    await expect(table.locator("th")).to_have_text(["Region", "Sales"])
+    await expect(table.locator("td")).to_have_text(["North", "120", "South", "80"])  # streamed
     await expect(answer).to_contain_text("North leads.")
     await expect(page.locator(".pluto-stop")).to_be_hidden()
     assert sum(f["type"] == "message.delta" for f in frames) > 10
