@@ -20,7 +20,7 @@ from agents.registry import AgentRegistry, UnknownAgent
 from agents.yamlfile import ConfigError
 from gateway.access import Access
 from gateway.admin import mount_admin
-from gateway.commands import Commands
+from gateway.commands import Commands, Failed
 from gateway.config import PlutoConfig, load_pluto_config
 from gateway.data_commands import DataCommands, data_service
 from gateway.dedupe import InboundDedupe
@@ -200,7 +200,8 @@ class Gateway:
         reply = await self.commands.handle(msg, route)
         if reply is not None:
             self.metrics.message_out(provider.name, "command")
-            await self.delivery.reply(provider, msg, reply)
+            await self.delivery.reply(provider, msg, reply,
+                                      kind="error" if isinstance(reply, Failed) else "reply")
             return
         if not self.lanes.submit(route.session_key, Job(msg, route, provider, time.time())):
             await self.delivery.reply(provider, msg, BUSY, kind="notice")

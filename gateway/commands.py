@@ -19,6 +19,10 @@ from storage.sqlite import SqliteStore
 _COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_]{0,31})(?:@\S+)?(?:\s+(.*))?$", re.S)
 
 
+class Failed(str):
+    """A command's answer that reports a failure (sent as an error: ``pluto run`` exits 1)."""
+
+
 def parse_command(text: str) -> tuple[str, str] | None:
     """``/name@bot args`` → (name, args), lower-cased name; None when not a command."""
     m = _COMMAND.match(text.strip())

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from agents.registry import AgentRegistry
 from agents.yamlfile import ConfigError
-from gateway.commands import Commands
+from gateway.commands import Commands, Failed
 from gateway.config import PlutoConfig
 from gateway.types import Attachment, IncomingMessage, Route
 from runtime.data.service import DataService, DatasetSource, QueryLimits, is_data_file
@@ -103,7 +103,7 @@ class DataCommands:
             info = await self.service.get(name, self.scope(route))
             return description_markdown(await describe(info, self.service.limits))
         except DataError as e:
-            return one_line(str(e))
+            return Failed(one_line(str(e)))
 
     async def _sql(self, msg: IncomingMessage, route: Route, args: str) -> str:
         from runtime.data import DataError, QueryRefused, result_markdown
@@ -114,9 +114,9 @@ class DataCommands:
         try:
             result = await self.service.query(sql, self.scope(route), max_rows=SQL_ROWS)
         except QueryRefused as e:
-            return f"The query was refused: {one_line(str(e))}"
+            return Failed(f"The query was refused: {one_line(str(e))}")
         except DataError as e:
-            return f"The query failed: {one_line(str(e))}"
+            return Failed(f"The query failed: {one_line(str(e))}")
         return result_markdown(result, max_rows=SQL_ROWS)
 
     # files sent in a chat ---------------------------------------------------------------

@@ -52,7 +52,8 @@ def setup_logging(level: str, *, secret_env_names: Iterable[str] = (),
         h.addFilter(redact)
         root.addHandler(h)
     root.setLevel(level)
-    for noisy in ("LiteLLM", "litellm", "httpx", "httpcore", "aiosqlite", "asyncio"):
+    for noisy in ("LiteLLM", "litellm", "httpx", "httpcore", "aiosqlite", "asyncio",
+                  "discord.gateway", "discord.http", "slack_sdk", "slack_bolt"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

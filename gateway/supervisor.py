@@ -38,6 +38,10 @@ async def supervise(health: TaskHealth, start: Callable[[], Awaitable[None]], *,
             raise
         except Exception as e:
             health.last_error = f"{type(e).__name__}: {e}"
+            if getattr(e, "permanent", False):  # e.g. a rejected token: restarting cannot help
+                health.state = "failed"
+                log.error("%s stopped: %s", health.name, e)
+                return
             if max_restarts is not None and health.restarts >= max_restarts:
                 health.state = "failed"
                 log.error("%s failed and will not be restarted: %s", health.name,
@@ -47,7 +51,8 @@ async def supervise(health: TaskHealth, start: Callable[[], Awaitable[None]], *,
                 backoff = min_backoff  # it ran fine for a while: a fresh failure
             health.state = "restarting"
             health.restarts += 1
+            expected = isinstance(e, (OSError, TimeoutError)) or hasattr(e, "permanent")
             log.error("%s crashed (%s); restart %d in %.0fs", health.name, health.last_error,
-                      health.restarts, backoff, exc_info=True)
+                      health.restarts, backoff, exc_info=not expected)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, max_backoff)

@@ -189,3 +189,25 @@ def test_serve_stops_gracefully_on_sigterm(env, config_dir) -> None:
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "stopped" in err
+
+
+def test_run_shows_where_a_chart_was_saved(model_env, config_dir, fake, data_dir) -> None:
+    sql = "SELECT region, sum(amount) AS total FROM sales GROUP BY 1 ORDER BY 2 DESC"
+    fake.script(Reply(tool_calls=[ToolCall("make_chart", {"sql": sql, "kind": "bar",
+                                                          "x": "region", "y": ["total"]})]),
+                Reply(text="Here is the chart."))
+    out = pluto("run", "chart sales by region", env=model_env, config=config_dir)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "Here is the chart." and lines[1].startswith("[image: ")
+    png = Path(lines[1].removeprefix("[image: ").removesuffix("]"))
+    assert png.is_relative_to(data_dir) and png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_a_failed_sql_command_exits_non_zero(env, config_dir) -> None:
+    good = pluto("run", "/sql SELECT count(*) AS n FROM sales", env=env, config=config_dir)
+    assert good.returncode == 0 and "n" in good.stdout
+    refused = pluto("run", "/sql DROP TABLE sales", env=env, config=config_dir)
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("! The query was refused: ")
+    assert "Traceback" not in refused.stderr

@@ -245,7 +245,8 @@ def test_pluto_run_answers_sql_and_stays_lazy(data_dir: Path) -> None:
     assert out.stdout.splitlines()[:3] == ["| region |     total |", "| ------ | --------: |",
                                            "| East   | 131597.06 |"]
     bad = pluto("run", "/sql COPY sales TO '/tmp/out.csv'", data_dir=data_dir)
-    assert bad.stdout.strip() == ("The query was refused: Only a single read-only SELECT is "
+    assert bad.returncode == 1  # a failed command fails the script
+    assert bad.stderr.strip() == ("! The query was refused: Only a single read-only SELECT is "
                                   "allowed; got COPY.")
     assert "Traceback" not in bad.stdout + bad.stderr
 

@@ -170,3 +170,19 @@ async def test_supervisor_restarts_a_crashing_provider():
     await supervise(health, flaky, min_backoff=0.01)
     assert attempts == 3 and health.restarts == 2 and health.state == "done"
     assert health.last_error == "ConnectionError: platform went away"
+
+
+async def test_supervisor_does_not_restart_a_permanent_failure():
+    from gateway.provider import ProviderError
+
+    attempts = 0
+
+    async def bad_token() -> None:
+        nonlocal attempts
+        attempts += 1
+        raise ProviderError("the bot token was rejected", permanent=True)
+
+    health = TaskHealth("platform")
+    await supervise(health, bad_token, min_backoff=0.01)
+    assert attempts == 1 and health.state == "failed"
+    assert health.last_error == "ProviderError: the bot token was rejected"

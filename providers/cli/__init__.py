@@ -107,6 +107,8 @@ class CliProvider(Provider):
                         self._streamed.clear()
                         self.out.write("\n")
                     self.out.write(self._label() + message.text + "\n")
+                for attachment in message.attachments:  # a terminal shows where the file is
+                    self.out.write(f"[{attachment.kind}: {attachment.path or attachment.filename}]\n")
         self.out.flush()
         self.err.flush()
         if message.kind in TERMINAL_KINDS:

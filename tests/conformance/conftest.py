@@ -9,13 +9,18 @@ from typing import Any
 import pytest
 
 from tests.conformance.cli_harness import CliHarness
+from tests.conformance.discord_harness import DiscordHarness
 from tests.conformance.harness import Harness
+from tests.conformance.slack_harness import SlackHttpHarness, SlackSocketHarness
 from tests.conformance.telegram_harness import TelegramHarness
 
 # One entry per provider. Adding a provider to the suite = adding its harness here.
 HARNESSES: dict[str, type[Harness]] = {
     "telegram": TelegramHarness,
     "cli": CliHarness,
+    "discord": DiscordHarness,
+    "slack-http": SlackHttpHarness,
+    "slack-socket": SlackSocketHarness,
 }
 
 

@@ -1,0 +1,141 @@
+"""Discord's errors as :class:`ProviderError`s, and a bot token that never reaches a log line.
+
+Rate limits: discord.py waits out a 429 by itself (per route and global, from the body's
+``retry_after``) when the wait is at most :data:`LIBRARY_WAIT` seconds, and pre-emptively when a
+bucket is exhausted; a longer per-route wait raises :class:`discord.RateLimited`, which becomes
+``ProviderError(retry_after=…)`` so that the outbox (which keeps the message across restarts)
+waits instead of a request held open in memory.
+
+discord.py sends the token only in headers and the IDENTIFY/RESUME frames, which it does not log;
+:func:`redact_token_in_logs` masks it in its loggers anyway, in case an error ever quotes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+import discord
+
+from gateway.provider import ProviderError
+
+LIBRARY_WAIT = 30.0  # discord.py's documented minimum for max_ratelimit_timeout
+
+# Discord's JSON error codes that no retry can fix
+# (https://discord.com/developers/docs/topics/opcodes-and-status-codes#json)
+PERMANENT_CODES = {
+    10003: "the channel no longer exists",
+    10008: "the message no longer exists",
+    50001: "the bot has no access to the channel",
+    50007: "Discord does not let the bot message this user (their DMs may be closed)",
+    50013: "the bot lacks the permission to post there",
+    50083: "the thread is archived",
+    40005: "the file is too large for Discord",
+}
+
+
+def provider_error(exc: BaseException) -> ProviderError:
+    """One plain sentence, and whether retrying can help."""
+    match exc:
+        case discord.RateLimited():
+            return ProviderError(f"Discord asked to slow down for {exc.retry_after:.3g}s",
+                                 retry_after=exc.retry_after)
+        case discord.HTTPException():
+            return _http_error(exc)
+        case discord.LoginFailure():
+            return ProviderError("Discord rejected the bot token")
+        case discord.PrivilegedIntentsRequired():
+            return ProviderError(
+                "Discord refused the Message Content intent: turn on \"Message Content Intent\" "
+                "under Bot → Privileged Gateway Intents in the developer portal, or set "
+                "providers.discord.message_content_intent: false")
+        case discord.ConnectionClosed():
+            if exc.code == 4004:
+                return ProviderError("Discord rejected the bot token")
+            return ProviderError(f"the Discord gateway closed the connection ({exc.code})")
+        case discord.GatewayNotFound():
+            return ProviderError("the Discord gateway could not be found")
+        case asyncio.TimeoutError():
+            return ProviderError("Discord did not answer in time")
+        case aiohttp.ClientError() | OSError():
+            return ProviderError(f"could not reach Discord ({type(exc).__name__})")
+    return ProviderError(f"Discord error: {type(exc).__name__}")
+
+
+def _http_error(exc: discord.HTTPException) -> ProviderError:
+    reason = _reason(exc)
+    if exc.status == 429:  # no Via header: Cloudflare, not Discord's rate limiter
+        retry = _header_seconds(exc, "Retry-After") or 60.0
+        return ProviderError(f"Discord's edge refused too many requests; retry in {retry:g}s",
+                             retry_after=retry)
+    if exc.code in PERMANENT_CODES:
+        return ProviderError(PERMANENT_CODES[exc.code], permanent=True)
+    if exc.status == 401:
+        return ProviderError("Discord rejected the bot token")
+    if exc.status >= 500:
+        return ProviderError(f"Discord had a server error ({exc.status})")
+    if 400 <= exc.status < 500:
+        return ProviderError(f"Discord refused the message: {reason}", permanent=True)
+    return ProviderError(f"Discord error {exc.status}: {reason}")
+
+
+def _reason(exc: discord.HTTPException) -> str:
+    text = " ".join(line.strip() for line in (exc.text or "").splitlines() if line.strip())
+    return text.rstrip(".") or f"HTTP {exc.status}"
+
+
+def _header_seconds(exc: discord.HTTPException, name: str) -> float | None:
+    headers = getattr(exc.response, "headers", None) or {}
+    try:
+        return float(headers.get(name, ""))
+    except ValueError:
+        return None
+
+
+RECONNECTING = "Attempting a reconnect in %.2fs"  # discord.Client.connect's log line
+
+
+class _MaskToken(logging.Filter):
+    """Replaces the token in a record's message and traceback; drops the voice-support notes
+    discord.py logs when a client is made (this bot never joins voice); turns its reconnect
+    tracebacks into one line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "voice will NOT be supported" in text:
+            return False
+        if record.msg == RECONNECTING and record.exc_info and record.exc_info[1] is not None:
+            # discord.py logs each failed reconnect with a traceback; one line says it all
+            record.msg = (f"discord: the gateway connection failed "
+                          f"({type(record.exc_info[1]).__name__}); reconnecting in %.2fs")
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info = record.exc_text = None
+            text = record.getMessage()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        exc = record.exc_text or ""
+        if any(t in text or t in exc for t in self.tokens):
+            for token in self.tokens:
+                text, exc = text.replace(token, "<token>"), exc.replace(token, "<token>")
+            record.msg, record.args, record.exc_text = text, None, exc or None
+        return True
+
+
+_MASK = _MaskToken()
+
+
+def redact_token_in_logs(token: str) -> None:
+    """Mask ``token`` in the records of every discord.py logger."""
+    _MASK.tokens.add(token)
+    names = [n for n in logging.root.manager.loggerDict if n == "discord"
+             or n.startswith("discord.")]
+    for name in {*names, "discord", "discord.client", "discord.http", "discord.gateway",
+                 "discord.state"}:
+        logger = logging.getLogger(name)
+        if _MASK not in logger.filters:
+            logger.addFilter(_MASK)

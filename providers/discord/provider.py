@@ -1,0 +1,209 @@
+"""The Discord provider (discord.py's :class:`discord.Client` over REST and the gateway).
+
+Receiving: the gateway websocket. discord.py keeps the session alive: it heartbeats, and after a
+disconnect, an op 7 RECONNECT or a resumable INVALID_SESSION it RESUMEs, and Discord replays what
+the session missed — sometimes events already delivered too. Each message is queued in the
+order Discord sent it and handed to the gateway one by one; a replay carries the same message id
+and is dropped (here for this process, by the gateway's persistent dedupe across restarts).
+A non-resumable INVALID_SESSION makes discord.py IDENTIFY anew (after the 5 s Discord asks for).
+Direct messages are for the bot; in servers, messages that mention it or reply to it (see
+``inbound.py``), or every message with ``guild_messages: all``.
+
+Sending: Discord markdown (the gateway renders it, 2000 characters a message), edits for
+streamed replies, files and images, the typing indicator (``outbound.py``). Rate limits are
+discord.py's up to 30 s, then the outbox's (``errors.py``). The token never appears in a log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import discord
+
+from gateway.provider import Inbox, Provider, ProviderContext, ProviderError
+from gateway.types import Capabilities, IncomingMessage, OutgoingMessage
+from providers.discord import outbound
+from providers.discord.errors import LIBRARY_WAIT, provider_error, redact_token_in_logs
+from providers.discord.inbound import USER_MESSAGES, Downloads, to_incoming
+from providers.discord.redirect import point_discord_at
+from providers.discord.settings import DiscordSettings, load_settings
+
+log = logging.getLogger(__name__)
+
+MAX_QUEUED = 10_000  # messages received and not yet handed to the gateway
+RECENT = 4096  # message ids remembered to drop replays without downloading files again
+
+
+class _Client(discord.Client):
+    """discord.py's client; every user message goes to ``queue``, in the order received."""
+
+    def __init__(self, queue: asyncio.Queue[discord.Message], **options: Any):
+        super().__init__(**options)
+        self.queue = queue
+
+    async def on_message(self, message: discord.Message) -> None:
+        own = self.user is not None and message.author.id == self.user.id
+        if own or message.author.bot or message.webhook_id or message.type not in USER_MESSAGES:
+            return
+        try:
+            self.queue.put_nowait(message)
+        except asyncio.QueueFull:
+            log.warning("discord: %d messages wait to be handled; message %d dropped",
+                        self.queue.qsize(), message.id)
+
+    async def on_ready(self) -> None:
+        log.info("discord: connected as %s (id %s) in %d server(s)", self.user,
+                 self.user.id if self.user else "?", len(self.guilds))
+
+    async def on_resumed(self) -> None:
+        log.info("discord: gateway session resumed")
+
+
+async def _close(client: discord.Client) -> None:
+    # discord.py dispatches on_ready up to guild_ready_timeout after READY, from a task that
+    # close() leaves running: a client closed before that would dispatch into a closed client
+    ready = getattr(client._connection, "_ready_task", None)  # noqa: SLF001
+    if isinstance(ready, asyncio.Task):
+        ready.cancel()
+    try:
+        await client.close()
+    except Exception as e:
+        log.debug("discord: closing: %s", type(e).__name__)
+
+
+class DiscordProvider(Provider):
+    name = "discord"
+    capabilities = Capabilities(max_message_length=2000, markup="discord", can_edit=True,
+                                can_send_images=True, can_send_files=True, has_typing=True)
+
+    def __init__(self, settings: DiscordSettings, token: str, *, data_dir: Path):
+        redact_token_in_logs(token)
+        point_discord_at(settings.api_base, settings.gateway_url)
+        self.settings = settings
+        self._token = token
+        self.downloads = Downloads(data_dir, settings.max_download_mb)
+        self._queue: asyncio.Queue[discord.Message] = asyncio.Queue(maxsize=MAX_QUEUED)
+        self._client: _Client | None = None
+        self._lock = asyncio.Lock()
+        self._recent: OrderedDict[int, None] = OrderedDict()
+        self._closed = False
+
+    @classmethod
+    def from_context(cls, ctx: ProviderContext) -> DiscordProvider:
+        settings, token = load_settings(ctx)
+        return cls(settings, token, data_dir=ctx.data_dir)
+
+    # lifecycle ---------------------------------------------------------------------------
+
+    def _new_client(self) -> _Client:
+        intents = discord.Intents.none()
+        intents.guilds = intents.guild_messages = intents.dm_messages = True
+        intents.message_content = self.settings.message_content_intent
+        return _Client(self._queue, intents=intents, max_ratelimit_timeout=LIBRARY_WAIT,
+                       guild_ready_timeout=self.settings.guild_ready_timeout,
+                       max_messages=None, chunk_guilds_at_startup=False)
+
+    async def _logged_in(self) -> _Client:
+        """The client, logged in (REST works; the gateway connects in :meth:`run`)."""
+        async with self._lock:
+            if self._closed:
+                raise ProviderError("the Discord provider is closed")
+            if self._client is not None and not self._client.is_closed():
+                return self._client
+            client = self._new_client()
+            try:
+                await client.login(self._token)
+            except BaseException as e:
+                await _close(client)
+                if isinstance(e, outbound.FAILURES):
+                    raise self._error(e) from None
+                raise
+            self._client = client
+            return client
+
+    async def run(self, inbox: Inbox) -> None:
+        client = await self._logged_in()
+        consumer = asyncio.create_task(self._consume(client, inbox), name="discord:inbox")
+        try:
+            await client.connect(reconnect=True)
+        except outbound.FAILURES as e:
+            await _close(client)
+            raise self._error(e) from None
+        finally:
+            consumer.cancel()
+            await asyncio.gather(consumer, return_exceptions=True)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._client is not None:
+            await _close(self._client)
+
+    def _error(self, exc: BaseException) -> ProviderError:
+        error = provider_error(exc)
+        if (isinstance(exc, discord.LoginFailure)
+                or (isinstance(exc, discord.ConnectionClosed) and exc.code == 4004)
+                or (isinstance(exc, discord.HTTPException) and exc.status == 401)):
+            return ProviderError(f"{error} (check {self.settings.token_env})")
+        return error
+
+    # receiving ---------------------------------------------------------------------------
+
+    async def _consume(self, client: _Client, inbox: Inbox) -> None:
+        """Hand queued messages to the gateway in order; a failure is logged, never fatal."""
+        while True:
+            message = await self._queue.get()
+            try:
+                await self._receive(client, message, inbox)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("discord: handling message %d failed", message.id)
+
+    def _replayed(self, message_id: int) -> bool:
+        if message_id in self._recent:
+            return True
+        self._recent[message_id] = None
+        if len(self._recent) > RECENT:
+            self._recent.popitem(last=False)
+        return False
+
+    async def _receive(self, client: _Client, message: discord.Message, inbox: Inbox) -> None:
+        if client.user is None:
+            return
+        if self._replayed(message.id):
+            log.info("discord: message %d was delivered again; ignored", message.id)
+            return
+        incoming = to_incoming(message, client.user.id)
+        if (not incoming.is_direct and not incoming.mentions_bot
+                and self.settings.guild_messages == "mentions"):
+            return
+        attachments, problems = await self.downloads.fetch(message)
+        for problem in problems:
+            await self._quiet_notice(incoming, problem)
+        if attachments:
+            incoming = replace(incoming, attachments=attachments)
+        if incoming.text or incoming.attachments:
+            await inbox(incoming)
+
+    async def _quiet_notice(self, to: IncomingMessage, text: str) -> None:
+        try:
+            await self.send(OutgoingMessage(chat_id=to.chat_id, text=text, kind="notice",
+                                            reply_to=None if to.is_direct else to.message_id))
+        except ProviderError as e:
+            log.warning("discord: could not tell channel %s: %s", to.chat_id, e)
+
+    # sending -----------------------------------------------------------------------------
+
+    async def send(self, message: OutgoingMessage) -> str | None:
+        return await outbound.send(await self._logged_in(), message)
+
+    async def edit(self, message: OutgoingMessage) -> None:
+        await outbound.edit(await self._logged_in(), message)
+
+    async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
+        await outbound.typing(await self._logged_in(), chat_id, thread_id)

@@ -1,0 +1,127 @@
+"""Slack's errors as :class:`ProviderError`s, and credentials that never reach a log line.
+
+The Web API answers ``{"ok": false, "error": "<code>"}``; slack_sdk raises
+:class:`SlackApiError` with that response. A 429 carries ``Retry-After``: it becomes
+``ProviderError(retry_after=…)`` so the outbox (the one place retries live) waits as long as
+Slack asked, records the attempt, and survives a restart while waiting; the live preview pushes
+its next edit back by the same amount. Codes that no retry can fix are permanent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+from slack_sdk.errors import SlackApiError, SlackClientError
+
+from gateway.provider import ProviderError
+
+# error code → what it means for a person reading the log; all of these are permanent
+PERMANENT: dict[str, str] = {
+    "channel_not_found": "the channel was not found (or the bot cannot see it)",
+    "not_in_channel": "the bot is not a member of the channel",
+    "is_archived": "the channel is archived",
+    "invalid_auth": "the bot token was rejected",
+    "not_authed": "no bot token was sent",
+    "account_inactive": "the bot token belongs to a deactivated app or user",
+    "token_revoked": "the bot token was revoked",
+    "token_expired": "the bot token expired",
+    "missing_scope": "the app lacks a permission (scope) this needs",
+    "not_allowed_token_type": "this token type cannot call that method",
+    "restricted_action": "the workspace does not allow this action",
+    "msg_too_long": "the message is too long",
+    "no_text": "the message was empty",
+    "invalid_blocks": "the message layout was rejected",
+    "message_not_found": "the message to edit no longer exists",
+    "cant_update_message": "the message cannot be edited by the bot",
+    "edit_window_closed": "the message can no longer be edited",
+    "file_not_found": "the file was not found",
+    "channel_is_archived": "the channel is archived",
+    "team_access_not_granted": "the app is not installed in that workspace",
+    "ekm_access_denied": "the workspace's key management denied access",
+}
+
+
+def error_code(exc: SlackApiError) -> str:
+    data = getattr(exc.response, "data", None)
+    code = data.get("error") if isinstance(data, dict) else None
+    return str(code or "unknown_error")
+
+
+def retry_after(exc: SlackApiError) -> float | None:
+    """Seconds Slack asked to wait (``Retry-After``), for a rate-limited call."""
+    if getattr(exc.response, "status_code", 0) != 429 and error_code(exc) != "ratelimited":
+        return None
+    headers = getattr(exc.response, "headers", None) or {}
+    for name, value in dict(headers).items():
+        if str(name).lower() == "retry-after":
+            try:
+                return max(0.0, float(value))
+            except (TypeError, ValueError):
+                break
+    return 1.0  # Slack always sends one; if not, wait a little rather than hammer it
+
+
+def provider_error(exc: BaseException) -> ProviderError:
+    """One plain sentence, and whether retrying can help."""
+    if isinstance(exc, SlackApiError):
+        code = error_code(exc)
+        wait = retry_after(exc)
+        if wait is not None:
+            return ProviderError(f"Slack asked to slow down for {wait:g}s", retry_after=wait)
+        if code in PERMANENT:
+            return ProviderError(f"Slack refused: {PERMANENT[code]} ({code})", permanent=True)
+        status = getattr(exc.response, "status_code", 200)
+        return ProviderError(f"Slack answered with an error ({code}, HTTP {status})")
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        return ProviderError("Slack did not answer in time")
+    if isinstance(exc, (aiohttp.ClientError, OSError)):
+        return ProviderError(f"could not reach Slack ({type(exc).__name__})")
+    if isinstance(exc, SlackClientError):
+        return ProviderError(f"the Slack request failed ({_first_line(exc)})")
+    return ProviderError(f"Slack error: {type(exc).__name__}")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+class _MaskSecrets(logging.Filter):
+    """Replaces known secrets with ``<secret>`` in a record's message and traceback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.secrets:
+            return True
+        text = record.getMessage()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        exc = record.exc_text or ""
+        if any(s in text or s in exc for s in self.secrets):
+            for secret in sorted(self.secrets, key=len, reverse=True):
+                text, exc = text.replace(secret, "<secret>"), exc.replace(secret, "<secret>")
+            record.msg, record.args, record.exc_text = text, None, exc or None
+        return True
+
+
+_MASK = _MaskSecrets()
+_LIBRARIES = ("slack_sdk", "slack_bolt", "providers.slack")
+
+
+def redact_secrets_in_logs(secrets: list[str]) -> None:
+    """Mask ``secrets`` in the records of slack_sdk, slack_bolt and this provider.
+
+    (A filter on a logger sees only records made at that logger, so it goes on each one.)
+    ``pluto serve`` masks every configured secret at its handlers as well.
+    """
+    _MASK.secrets.update(s for s in secrets if len(s) >= 6)
+    names = [n for n in logging.root.manager.loggerDict
+             if n in _LIBRARIES or n.startswith(tuple(f"{lib}." for lib in _LIBRARIES))]
+    for name in {*names, *_LIBRARIES}:
+        logger = logging.getLogger(name)
+        if _MASK not in logger.filters:
+            logger.addFilter(_MASK)

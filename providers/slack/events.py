@@ -1,0 +1,128 @@
+"""How events reach the provider: a slack-bolt app, fed over HTTP (the Events API, mounted on
+the gateway's aiohttp server) or by Socket Mode.
+
+Bolt checks each HTTP request's signature (``v0=`` HMAC-SHA256 of ``v0:<ts>:<body>`` with the
+signing secret) and refuses requests older than five minutes (401); it answers
+``url_verification``; and it acknowledges an event before the listener runs
+(``process_before_response=False``), so Slack gets its 200 (or its Socket Mode ack) at once and
+the work happens after. The signature is checked before anything else is read, so a forged or
+malformed request learns nothing (401, then 400 for a signed body that is not an event).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response
+from slack_bolt.async_app import AsyncApp
+from slack_bolt.authorization import AuthorizeResult
+from slack_bolt.logger.messages import warning_client_prioritized_and_token_skipped
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_sdk.signature import SignatureVerifier
+from slack_sdk.web.async_client import AsyncWebClient
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 1024 * 1024  # Slack's event posts are a few kilobytes
+BOLT_LOG = logging.getLogger("providers.slack.bolt")
+Authorize = Callable[[], Awaitable[AuthorizeResult]]
+OnEvent = Callable[[dict[str, Any], str | None], Awaitable[None]]  # (payload, retry number)
+
+
+class _NotTheTokenNotice(logging.Filter):
+    """Bolt reads ``SLACK_BOT_TOKEN`` itself and warns that the client given wins: it does, on
+    purpose (the token named by ``bot_token_env`` is used, through ``authorize``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != warning_client_prioritized_and_token_skipped()
+
+
+BOLT_LOG.addFilter(_NotTheTokenNotice())
+
+
+def build_app(*, api_base: str, signing_secret: str | None, authorize: Authorize,
+              on_event: OnEvent) -> AsyncApp:
+    """The bolt app: message and app_mention events go to ``on_event``; others are ignored."""
+    app = AsyncApp(
+        client=AsyncWebClient(base_url=api_base, timeout=30),  # no token: bolt needs none
+        signing_secret=signing_secret or "",
+        request_verification_enabled=signing_secret is not None,
+        authorize=_authorizer(authorize), logger=BOLT_LOG,
+        process_before_response=False, name="pluto")
+
+    async def on_message(body: dict[str, Any], request: AsyncBoltRequest) -> None:
+        retry = request.headers.get("x-slack-retry-num")  # HTTP only: bolt drops Socket Mode's
+        await on_event(body, retry[0] if retry else None)
+
+    async def ignore(body: dict[str, Any]) -> None:
+        return None  # another event the app is subscribed to: nothing to do
+
+    async def on_error(error: Exception, body: dict[str, Any]) -> None:
+        log.warning("slack: event %s not handled: %s", _event_id(body), _sentence(error))
+
+    app.event("message")(on_message)
+    app.event("app_mention")(on_message)
+    app.event(re.compile(".*"))(ignore)
+    app.error(on_error)
+    return app
+
+
+def _authorizer(authorize: Authorize) -> Callable[..., Awaitable[AuthorizeResult]]:
+    async def authorize_request(enterprise_id: str | None, team_id: str | None) -> AuthorizeResult:
+        return await authorize()
+    return authorize_request
+
+
+class HttpEvents:
+    """The Events API endpoint (``POST <events_path>``) on the gateway's HTTP server."""
+
+    def __init__(self, app: AsyncApp, signing_secret: str, ready: Callable[[], bool]):
+        self.app = app
+        self.verifier = SignatureVerifier(signing_secret)
+        self.ready = ready
+
+    async def handle(self, request: web.Request) -> web.Response:
+        raw = await _read_limited(request)
+        if raw is None:
+            return web.Response(status=413, text="too large")
+        headers = request.headers
+        if not self.verifier.is_valid(raw, headers.get("X-Slack-Request-Timestamp", ""),
+                                      headers.get("X-Slack-Signature", "")):
+            log.warning("slack: refused an event post with a bad or stale signature")
+            return web.json_response({"error": "invalid request"}, status=401)
+        try:
+            bolt_request = AsyncBoltRequest(body=raw.decode("utf-8"),
+                                            query=request.query_string,
+                                            headers={k: v for k, v in headers.items()})
+            kind = bolt_request.body.get("type")
+        except (ValueError, AttributeError, TypeError):
+            log.warning("slack: a signed event post was not valid JSON; refused")
+            return web.json_response({"error": "not a Slack event"}, status=400)
+        if kind != "url_verification" and not self.ready():
+            return web.json_response({"error": "not ready"}, status=503)  # Slack retries
+        response = await self.app.async_dispatch(bolt_request)
+        return await to_aiohttp_response(response)
+
+
+async def _read_limited(request: web.Request) -> bytes | None:
+    """The body, or None when it is over :data:`MAX_BODY` (read no further than that)."""
+    if (request.content_length or 0) > MAX_BODY:
+        return None
+    body = bytearray()
+    async for block in request.content.iter_chunked(64 * 1024):
+        body += block
+        if len(body) > MAX_BODY:
+            return None
+    return bytes(body)
+
+
+def _event_id(body: Any) -> str:
+    return str(body.get("event_id") or "?") if isinstance(body, dict) else "?"
+
+
+def _sentence(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]

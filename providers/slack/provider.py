@@ -1,0 +1,246 @@
+"""The Slack provider: a bot in one workspace, through slack-bolt (async) and the Web API.
+
+Receiving, chosen by ``mode``: the Events API over HTTP, mounted on the gateway's aiohttp
+server (``events.py``), or Socket Mode with the app-level token. Either way each event is
+acknowledged at once and handled after; copies of a message (``app_mention`` + ``message``, a
+redelivery) start one run (``inbound.py``; the gateway's dedupe keeps that across restarts).
+Direct messages are always for the bot; in channels, mentions and threads it takes part in.
+Sending (``outbound.py``): mrkdwn into the message's thread, edits for streamed replies, files
+through the external upload flow. Errors become :class:`ProviderError`s: 429s with Slack's
+``Retry-After`` for the outbox to honour, gone channels and bad tokens as permanent.
+The tokens and the signing secret never appear in a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from slack_bolt.authorization import AuthorizeResult
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.http_retry.builtin_async_handlers import (
+    AsyncConnectionErrorRetryHandler,
+    AsyncRateLimitErrorRetryHandler,
+)
+from slack_sdk.web.async_client import AsyncWebClient
+
+from gateway.provider import Inbox, Provider, ProviderContext, ProviderError
+from gateway.types import Attachment, Capabilities, OutgoingMessage
+from providers.slack.errors import provider_error, redact_secrets_in_logs
+from providers.slack.events import HttpEvents, build_app
+from providers.slack.files import Downloads, FileProblem
+from providers.slack.inbound import (
+    Addressed,
+    Identity,
+    RecentKeys,
+    Threads,
+    is_direct,
+    is_from_people,
+    mentions,
+    message_key,
+    to_incoming,
+)
+from providers.slack.outbound import Outbound
+from providers.slack.settings import SlackSecrets, SlackSettings, load_settings
+from providers.slack.socket_mode import serve_socket_mode
+
+log = logging.getLogger(__name__)
+
+
+class SlackProvider(Provider):
+    name = "slack"
+    # Slack takes 40,000 characters, but its clients fold long messages and its guidance is to
+    # keep a message under 4,000: a long answer reads better as a few messages of ~3,900.
+    capabilities = Capabilities(max_message_length=3900, markup="slack_mrkdwn", can_edit=True,
+                                can_send_images=True, can_send_files=True)
+
+    def __init__(self, settings: SlackSettings, secrets: SlackSecrets, *, data_dir: Path,
+                 http_app: web.Application | None = None):
+        redact_secrets_in_logs(secrets.values())
+        self.settings = settings
+        self._secrets = secrets
+        self.client = AsyncWebClient(token=secrets.bot_token, base_url=settings.api_base,
+                                     timeout=30)  # sends: the outbox retries, honouring 429s
+        self.reader = AsyncWebClient(  # lookups while receiving (after the ack): wait out 429s
+            token=secrets.bot_token, base_url=settings.api_base, timeout=30, retry_handlers=[
+                AsyncConnectionErrorRetryHandler(), AsyncRateLimitErrorRetryHandler(
+                    max_retry_count=2)])
+        self.threads = Threads()
+        self.recent = RecentKeys()
+        self.outbound = Outbound(self.client, self.threads.join)
+        self.downloads = Downloads(data_dir, settings.max_download_mb, secrets.bot_token,
+                                   settings.api_base)
+        self.app = build_app(api_base=settings.api_base,
+                             signing_secret=secrets.signing_secret if settings.mode == "http"
+                             else None, authorize=self._authorize, on_event=self._on_event)
+        redact_secrets_in_logs(secrets.values())  # bolt made its loggers just now
+        self._inbox: Inbox | None = None
+        self._identity_lock = asyncio.Lock()
+        self._who: Identity | None = None
+        self._handling: set[asyncio.Task[Any]] = set()
+        if http_app is not None and settings.mode == "http" and secrets.signing_secret:
+            endpoint = HttpEvents(self.app, secrets.signing_secret, lambda: self._inbox is not None)
+            http_app.router.add_post(settings.events_path, endpoint.handle)
+
+    @classmethod
+    def from_context(cls, ctx: ProviderContext) -> SlackProvider:
+        settings, secrets = load_settings(ctx)
+        return cls(settings, secrets, data_dir=ctx.data_dir,
+                   http_app=ctx.http.app if ctx.http is not None else None)
+
+    # lifecycle ---------------------------------------------------------------------------
+
+    async def identity(self) -> Identity:
+        """Who the bot is (``auth.test``, once): needed to see mentions and its own threads."""
+        async with self._identity_lock:
+            if self._who is None:
+                try:
+                    found = await self.reader.auth_test()
+                except SlackApiError as e:
+                    raise _named(provider_error(e), self.settings.bot_token_env) from None
+                except (SlackClientError, OSError, asyncio.TimeoutError) as e:
+                    raise provider_error(e) from None
+                self._who = Identity(user_id=str(found.get("user_id") or ""),
+                                     bot_id=str(found.get("bot_id") or ""),
+                                     team_id=str(found.get("team_id") or ""))
+            return self._who
+
+    async def run(self, inbox: Inbox) -> None:
+        self._inbox = inbox  # events that arrive while connecting wait for the identity
+        try:
+            who = await self.identity()
+            log.info("slack: connected to team %s as %s (%s mode)", who.team_id, who.user_id,
+                     self.settings.mode)
+            if self.settings.mode == "socket":
+                assert self._secrets.app_token is not None
+                await serve_socket_mode(self.app, self.client, self._secrets.app_token,
+                                        self.settings.app_token_env)
+            else:
+                await asyncio.Event().wait()  # events arrive through the HTTP endpoint
+        finally:
+            self._inbox = None
+
+    async def close(self) -> None:
+        for task in list(self._handling):
+            task.cancel()
+        await asyncio.gather(*self._handling, return_exceptions=True)
+        await self.downloads.close()
+
+    # receiving ---------------------------------------------------------------------------
+
+    async def _authorize(self) -> AuthorizeResult:
+        who = await self.identity()  # a failure answers 500: Slack delivers the event again
+        return AuthorizeResult(enterprise_id=None, team_id=who.team_id, bot_user_id=who.user_id,
+                               bot_id=who.bot_id)
+
+    async def _on_event(self, body: dict[str, Any], retry: str | None) -> None:
+        """One event, after it was acknowledged; a failure is logged, never fatal."""
+        event = body.get("event")
+        if not isinstance(event, dict) or not is_from_people(event):
+            return
+        key = message_key(str(event["channel"]), str(event["ts"]))
+        if not self.recent.claim(key):
+            log.debug("slack: message %s arrived again (%s); ignored", key,
+                      f"retry {retry}" if retry else event.get("type"))
+            return
+        task = asyncio.current_task()
+        if task is not None:
+            self._handling.add(task)
+        try:
+            await self._receive(event, body)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.recent.release(key)  # let a redelivery try again
+            log.exception("slack: handling message %s failed", key)
+        finally:
+            if task is not None:
+                self._handling.discard(task)
+
+    async def _receive(self, event: dict[str, Any], body: dict[str, Any]) -> None:
+        inbox = self._inbox
+        if inbox is None:
+            return
+        who = await self.identity()
+        addressed = await self._addressed(event, who)
+        if addressed is None:
+            return
+        attachments: tuple[Attachment, ...] = ()
+        problems: list[str] = []
+        if event.get("files"):
+            attachments, problems = await self.downloads.fetch(event, self._file_info)
+        for problem in problems:
+            await self._quiet_notice(str(event["channel"]), problem, addressed.thread_ts)
+        incoming = to_incoming(event, who, addressed, team_id=body.get("team_id"),
+                               attachments=attachments)
+        if incoming.text or incoming.attachments:
+            await inbox(incoming)
+
+    async def _addressed(self, event: dict[str, Any], who: Identity) -> Addressed | None:
+        """Whether the bot should see the message, and where an answer goes."""
+        channel, ts = str(event["channel"]), str(event["ts"])
+        thread_ts = str(event["thread_ts"]) if event.get("thread_ts") else None
+        if is_direct(event):
+            return Addressed(direct=True, mentioned=True, thread_ts=thread_ts)
+        mentioned = (event.get("type") == "app_mention"
+                     or mentions(str(event.get("text") or ""), who.user_id))
+        if thread_ts and thread_ts != ts and not mentioned:
+            mentioned = await self._in_thread(channel, thread_ts, event, who)
+        if not mentioned and self.settings.channel_messages == "mentions":
+            return None
+        reply_ts = thread_ts or (ts if self.settings.reply_in_thread else None)
+        if mentioned and reply_ts:
+            self.threads.join(channel, reply_ts)
+        return Addressed(direct=False, mentioned=mentioned, thread_ts=reply_ts)
+
+    async def _in_thread(self, channel: str, thread_ts: str, event: dict[str, Any],
+                         who: Identity) -> bool:
+        """Whether the bot takes part in a thread: it started it, wrote or was mentioned in it."""
+        if event.get("parent_user_id") == who.user_id:
+            self.threads.join(channel, thread_ts)
+            return True
+        known = self.threads.known(channel, thread_ts)
+        if known is not None:
+            return known
+        try:
+            found = await self.reader.conversations_replies(channel=channel, ts=thread_ts,
+                                                            limit=200)
+        except (SlackClientError, OSError, asyncio.TimeoutError) as e:
+            log.warning("slack: could not read thread %s in %s: %s", thread_ts, channel,
+                        provider_error(e))
+            return False
+        return self.threads.learn(channel, thread_ts, list(found.get("messages") or []), who)
+
+    async def _file_info(self, file_id: str) -> dict[str, Any]:
+        try:
+            found = await self.reader.files_info(file=file_id)
+        except (SlackClientError, OSError, asyncio.TimeoutError) as e:
+            log.warning("slack: files.info for %s failed: %s", file_id, provider_error(e))
+            raise FileProblem("I could not read a file you sent; please send it again.") from None
+        info = found.get("file")
+        return info if isinstance(info, dict) else {}
+
+    async def _quiet_notice(self, chat_id: str, text: str, thread_id: str | None) -> None:
+        try:
+            await self.send(OutgoingMessage(chat_id=chat_id, text=text, thread_id=thread_id,
+                                            kind="notice"))
+        except ProviderError as e:
+            log.warning("slack: could not tell channel %s: %s", chat_id, e)
+
+    # sending -----------------------------------------------------------------------------
+
+    async def send(self, message: OutgoingMessage) -> str | None:
+        return await self.outbound.send(message)
+
+    async def edit(self, message: OutgoingMessage) -> None:
+        await self.outbound.edit(message)
+
+
+def _named(error: ProviderError, env: str) -> ProviderError:
+    """The bot token refused: say which environment variable holds it."""
+    if error.permanent:
+        return ProviderError(f"{error} (the bot token in {env})", permanent=True)
+    return error
