@@ -11,26 +11,53 @@ from pathlib import Path
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-class RedactSecrets(logging.Filter):
-    """Replaces the values of the given environment variables with ``***`` in every record."""
+def mask_record(record: logging.LogRecord, secrets: Iterable[str], placeholder: str) -> None:
+    """Replace each secret in a record's message and traceback (longest first)."""
+    text = record.getMessage()
+    if record.exc_info and not record.exc_text:
+        record.exc_text = logging.Formatter().formatException(record.exc_info)
+    exc = record.exc_text or ""
+    found = [s for s in secrets if s in text or s in exc]
+    if found:
+        for secret in sorted(found, key=len, reverse=True):
+            text, exc = text.replace(secret, placeholder), exc.replace(secret, placeholder)
+        record.msg, record.args, record.exc_text = text, None, exc or None
 
-    def __init__(self, env_names: Iterable[str]):
+
+class MaskSecrets(logging.Filter):
+    """A filter that masks known secret values (too short ones, under 6 characters, are not
+    treated as secrets: they would mask ordinary words)."""
+
+    def __init__(self, secrets: Iterable[str] = (), placeholder: str = "***"):
         super().__init__()
-        self.secrets = sorted({v for n in env_names if len(v := os.environ.get(n, "")) >= 6},
-                              key=len, reverse=True)
+        self.placeholder = placeholder
+        self.secrets: set[str] = set()
+        self.add(*secrets)
+
+    def add(self, *secrets: str) -> None:
+        self.secrets.update(s for s in secrets if s and len(s) >= 6)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self.secrets:
-            return True
-        text = record.getMessage()
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        exc = record.exc_text or ""
-        if any(s in text or s in exc for s in self.secrets):
-            for s in self.secrets:
-                text, exc = text.replace(s, "***"), exc.replace(s, "***")
-            record.msg, record.args, record.exc_text = text, None, exc or None
+        if self.secrets:
+            mask_record(record, self.secrets, self.placeholder)
         return True
+
+    def attach(self, *prefixes: str) -> None:
+        """Put the filter on every logger under these names (a filter on a logger sees only
+        the records made at that very logger, so it goes on each one)."""
+        names = [n for n in logging.root.manager.loggerDict
+                 if n in prefixes or n.startswith(tuple(f"{p}." for p in prefixes))]
+        for name in {*names, *prefixes}:
+            logger = logging.getLogger(name)
+            if self not in logger.filters:
+                logger.addFilter(self)
+
+
+class RedactSecrets(MaskSecrets):
+    """Masks the values of the given environment variables with ``***`` in every record."""
+
+    def __init__(self, env_names: Iterable[str]):
+        super().__init__(os.environ.get(n, "") for n in env_names)
 
 
 def setup_logging(level: str, *, secret_env_names: Iterable[str] = (),

@@ -18,6 +18,7 @@ import logging
 import aiohttp
 import discord
 
+from gateway.logs import MaskSecrets
 from gateway.provider import ProviderError
 
 LIBRARY_WAIT = 30.0  # discord.py's documented minimum for max_ratelimit_timeout
@@ -96,18 +97,15 @@ def _header_seconds(exc: discord.HTTPException, name: str) -> float | None:
 RECONNECTING = "Attempting a reconnect in %.2fs"  # discord.Client.connect's log line
 
 
-class _MaskToken(logging.Filter):
-    """Replaces the token in a record's message and traceback; drops the voice-support notes
-    discord.py logs when a client is made (this bot never joins voice); turns its reconnect
-    tracebacks into one line."""
+class _MaskToken(MaskSecrets):
+    """Masks the token; drops the voice-support notes discord.py logs when a client is made
+    (this bot never joins voice); turns its reconnect tracebacks into one line."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.tokens: set[str] = set()
+        super().__init__(placeholder="<token>")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        if "voice will NOT be supported" in text:
+        if "voice will NOT be supported" in record.getMessage():
             return False
         if record.msg == RECONNECTING and record.exc_info and record.exc_info[1] is not None:
             # discord.py logs each failed reconnect with a traceback; one line says it all
@@ -115,15 +113,7 @@ class _MaskToken(logging.Filter):
                           f"({type(record.exc_info[1]).__name__}); reconnecting in %.2fs")
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             record.exc_info = record.exc_text = None
-            text = record.getMessage()
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        exc = record.exc_text or ""
-        if any(t in text or t in exc for t in self.tokens):
-            for token in self.tokens:
-                text, exc = text.replace(token, "<token>"), exc.replace(token, "<token>")
-            record.msg, record.args, record.exc_text = text, None, exc or None
-        return True
+        return super().filter(record)
 
 
 _MASK = _MaskToken()
@@ -131,11 +121,5 @@ _MASK = _MaskToken()
 
 def redact_token_in_logs(token: str) -> None:
     """Mask ``token`` in the records of every discord.py logger."""
-    _MASK.tokens.add(token)
-    names = [n for n in logging.root.manager.loggerDict if n == "discord"
-             or n.startswith("discord.")]
-    for name in {*names, "discord", "discord.client", "discord.http", "discord.gateway",
-                 "discord.state"}:
-        logger = logging.getLogger(name)
-        if _MASK not in logger.filters:
-            logger.addFilter(_MASK)
+    _MASK.add(token)
+    _MASK.attach("discord", "discord.client", "discord.http", "discord.gateway", "discord.state")

@@ -10,11 +10,11 @@ its next edit back by the same amount. Codes that no retry can fix are permanent
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
 
+from gateway.logs import MaskSecrets
 from gateway.provider import ProviderError
 
 # error code → what it means for a person reading the log; all of these are permanent
@@ -87,28 +87,7 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
-class _MaskSecrets(logging.Filter):
-    """Replaces known secrets with ``<secret>`` in a record's message and traceback."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.secrets: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not self.secrets:
-            return True
-        text = record.getMessage()
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        exc = record.exc_text or ""
-        if any(s in text or s in exc for s in self.secrets):
-            for secret in sorted(self.secrets, key=len, reverse=True):
-                text, exc = text.replace(secret, "<secret>"), exc.replace(secret, "<secret>")
-            record.msg, record.args, record.exc_text = text, None, exc or None
-        return True
-
-
-_MASK = _MaskSecrets()
+_MASK = MaskSecrets(placeholder="<secret>")
 _LIBRARIES = ("slack_sdk", "slack_bolt", "providers.slack")
 
 
@@ -118,10 +97,5 @@ def redact_secrets_in_logs(secrets: list[str]) -> None:
     (A filter on a logger sees only records made at that logger, so it goes on each one.)
     ``pluto serve`` masks every configured secret at its handlers as well.
     """
-    _MASK.secrets.update(s for s in secrets if len(s) >= 6)
-    names = [n for n in logging.root.manager.loggerDict
-             if n in _LIBRARIES or n.startswith(tuple(f"{lib}." for lib in _LIBRARIES))]
-    for name in {*names, *_LIBRARIES}:
-        logger = logging.getLogger(name)
-        if _MASK not in logger.filters:
-            logger.addFilter(_MASK)
+    _MASK.add(*secrets)
+    _MASK.attach(*_LIBRARIES)

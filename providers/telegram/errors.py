@@ -14,6 +14,7 @@ import warnings
 from telegram.error import (BadRequest, ChatMigrated, Conflict, Forbidden, InvalidToken,
                             NetworkError, RetryAfter, TelegramError, TimedOut)
 
+from gateway.logs import MaskSecrets
 from gateway.provider import ProviderError
 
 # PTB 22 warns whenever a RetryAfter is built (its int becomes a timedelta in a future major);
@@ -66,34 +67,12 @@ def _reason(exc: TelegramError) -> str:
     return text or type(exc).__name__
 
 
-class _MaskToken(logging.Filter):
-    def __init__(self) -> None:
-        super().__init__()
-        self.tokens: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        exc = record.exc_text or ""
-        if any(t in text or t in exc for t in self.tokens):
-            for token in self.tokens:
-                text, exc = text.replace(token, "<token>"), exc.replace(token, "<token>")
-            record.msg, record.args, record.exc_text = text, None, exc or None
-        return True
-
-
-_MASK = _MaskToken()
+_MASK = MaskSecrets(placeholder="<token>")
 _LIBRARIES = ("httpx", "httpcore", "telegram")
 
 
 def redact_token_in_logs(token: str) -> None:
     """Mask ``token`` in records of httpx and every python-telegram-bot logger."""
-    _MASK.tokens.add(token)
-    names = [n for n in logging.root.manager.loggerDict
-             if n in _LIBRARIES or n.startswith(tuple(f"{lib}." for lib in _LIBRARIES))]
-    for name in {*names, *_LIBRARIES}:
-        logger = logging.getLogger(name)
-        if _MASK not in logger.filters:
-            logger.addFilter(_MASK)
+    _MASK.add(token)
+    _MASK.attach(*_LIBRARIES)
     logging.getLogger("httpx").setLevel(max(logging.getLogger("httpx").level, logging.WARNING))
