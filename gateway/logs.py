@@ -80,7 +80,7 @@ def setup_logging(level: str, *, secret_env_names: Iterable[str] = (),
         root.addHandler(h)
     root.setLevel(level)
     for noisy in ("LiteLLM", "litellm", "httpx", "httpcore", "aiosqlite", "asyncio",
-                  "discord.gateway", "discord.http", "slack_sdk", "slack_bolt"):
+                  "discord.gateway"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
