@@ -24,14 +24,15 @@ async def _idle_cost(server: Server, n: int) -> float:
 
 
 def idle_connections(report: Report, counts: tuple[int, ...]) -> None:
+    idle: dict[str, float] = {}
     for kind in ("pluto", "echo"):
         with Server(kind) as server:
             time.sleep(1.0)
-            idle = server.rss_mb()
-            if kind == "pluto":
-                report.add(Figure("memory", "RSS idle, pluto serve", idle, "MB"))
-            costs[kind] = {n: (asyncio.run(_idle_cost(server, n)) - idle) * 1024 / n
+            idle[kind] = server.rss_mb()
+            costs[kind] = {n: (asyncio.run(_idle_cost(server, n)) - idle[kind]) * 1024 / n
                            for n in counts}
+    report.add(Figure("memory", "RSS idle, pluto serve", idle["pluto"], "MB",
+                      "bare aiohttp echo", idle["echo"]))
     for n in counts:
         report.add(Figure("memory", f"per idle WebSocket client, {n:,} clients",
                           costs["pluto"][n], "kB", "bare echo", costs["echo"][n]))
