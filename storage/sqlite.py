@@ -88,24 +88,33 @@ def _message_stmt(session_id: str, role: str, content: str | None, run_id: str |
 def _apply_batch(conn: sqlite3.Connection,
                  batch: list[list[Statement]]) -> list[int | Exception]:
     """In the database thread: each group of statements in its own savepoint (so one failing
-    write does not undo the others), then one commit for all."""
+    write does not undo the others), then one commit for all. If the commit itself fails,
+    everything is rolled back and the caller reports the error to every writer."""
     results: list[int | Exception] = []
     if not conn.in_transaction:
         conn.execute("BEGIN")
-    for stmts in batch:
-        conn.execute("SAVEPOINT w")
-        try:
-            count = 0
-            for sql, params in stmts:
-                count = conn.execute(sql, params).rowcount
-        except Exception as e:
-            conn.execute("ROLLBACK TO w")
-            results.append(e)
-        else:
-            results.append(count)
-        conn.execute("RELEASE w")
-    conn.commit()
+    try:
+        for stmts in batch:
+            results.append(_apply_group(conn, stmts))
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
     return results
+
+
+def _apply_group(conn: sqlite3.Connection, stmts: list[Statement]) -> int | Exception:
+    conn.execute("SAVEPOINT w")
+    try:
+        count = 0
+        for sql, params in stmts:
+            count = conn.execute(sql, params).rowcount
+    except sqlite3.Error as e:
+        conn.execute("ROLLBACK TO w")
+        conn.execute("RELEASE w")
+        return e
+    conn.execute("RELEASE w")
+    return count
 
 
 class SqliteStore:

@@ -201,3 +201,18 @@ async def test_history_window_and_continuity(store, tmp_path):
     narrow = dataclasses.replace(spec, history=HistoryWindow(max_messages=2))
     await run(store, model, narrow, text="message 3")
     assert [m["role"] for m in model.calls[-1]] == ["system", "user", "assistant", "user"]
+
+
+async def test_group_commit_isolates_a_failing_write(store):
+    ok = ("INSERT INTO sessions (id, key, agent, created_at, updated_at) VALUES (?,?,?,?,?)",
+          ("s-ok", "k-ok", "a", 1.0, 1.0))
+    dup = ("INSERT INTO sessions (id, key, agent, created_at, updated_at) VALUES (?,?,?,?,?)",
+           ("s-ok", "k-dup", "a", 1.0, 1.0))
+    other = ("INSERT INTO sessions (id, key, agent, created_at, updated_at) VALUES (?,?,?,?,?)",
+             ("s-2", "k-2", "a", 1.0, 1.0))
+    results = await asyncio.gather(store.write(ok), store.write(dup), store.write(other),
+                                   return_exceptions=True)
+    assert results[0] == 1 and results[2] == 1
+    assert isinstance(results[1], Exception) and "UNIQUE" in str(results[1])
+    rows = await store.db.execute_fetchall("SELECT id FROM sessions ORDER BY id")
+    assert [r[0] for r in rows] == ["s-2", "s-ok"]
