@@ -11,10 +11,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from agents.yamlfile import ConfigError
 from gateway.api_views import ApiError, only_query
+from gateway.provider import provider_settings
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +33,7 @@ class ApiSettings(BaseModel):
 
 
 def load_settings(raw: dict[str, Any]) -> ApiSettings:
-    try:
-        return ApiSettings.model_validate(raw)
-    except ValidationError as e:
-        raise ConfigError([("pluto.yaml", None, "providers.api." + ".".join(
-            str(p) for p in err["loc"]), err["msg"]) for err in e.errors()]) from None
+    return provider_settings(ApiSettings, raw, "api")
 
 
 def load_keys(settings: ApiSettings) -> list[bytes]:

@@ -12,8 +12,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from pydantic import BaseModel, ValidationError
+
+from agents.yamlfile import ConfigError
 from gateway.config import ProviderConfig
 from gateway.types import Capabilities, IncomingMessage, OutgoingMessage
 
@@ -75,3 +78,25 @@ class ProviderContext:
 
     def option(self, name: str, default: Any = None) -> Any:
         return (self.config.model_extra or {}).get(name, default)
+
+
+S = TypeVar("S", bound=BaseModel)
+
+
+def provider_settings(model: type[S], raw: dict[str, Any], name: str) -> S:
+    """A provider's ``pluto.yaml`` block validated into its settings model; errors name
+    ``providers.<name>.<field>``."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError([("pluto.yaml", None, f"providers.{name}." + ".".join(
+            str(p) for p in err["loc"]), err["msg"]) for err in e.errors()]) from None
+
+
+def required_env(env: str, name: str, field: str, what: str) -> str:
+    """The value of a secret's environment variable; a ConfigError naming it when unset."""
+    value = os.environ.get(env, "").strip()
+    if not value:
+        raise ConfigError([("pluto.yaml", None, f"providers.{name}.{field}",
+                            f"the environment variable {env} that should hold {what} is not set")])
+    return value

@@ -17,16 +17,13 @@ providers:
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agents.yamlfile import ConfigError
-from gateway.provider import ProviderContext
+from gateway.provider import ProviderContext, provider_settings, required_env
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-WHERE = "pluto.yaml"
 
 
 class DiscordSettings(BaseModel):
@@ -64,14 +61,5 @@ class DiscordSettings(BaseModel):
 
 def load_settings(ctx: ProviderContext) -> tuple[DiscordSettings, str]:
     """The settings and the bot token; ConfigError naming the field when something is off."""
-    try:
-        settings = DiscordSettings.model_validate(ctx.config.model_dump())
-    except ValidationError as e:
-        raise ConfigError([(WHERE, None, "providers.discord." + ".".join(map(str, err["loc"])),
-                            err["msg"]) for err in e.errors()]) from None
-    token = os.environ.get(settings.token_env, "").strip()
-    if not token:
-        raise ConfigError([(WHERE, None, "providers.discord.token_env",
-                            f"the environment variable {settings.token_env} that should hold the "
-                            "bot token is not set")])
-    return settings, token
+    settings = provider_settings(DiscordSettings, ctx.config.model_dump(), "discord")
+    return settings, required_env(settings.token_env, "discord", "token_env", "the bot token")

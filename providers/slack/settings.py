@@ -21,14 +21,13 @@ providers:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agents.yamlfile import ConfigError
-from gateway.provider import ProviderContext
+from gateway.provider import ProviderContext, provider_settings, required_env
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 WHERE = "pluto.yaml"
@@ -72,11 +71,7 @@ class SlackSecrets:
 
 def load_settings(ctx: ProviderContext) -> tuple[SlackSettings, SlackSecrets]:
     """The settings and the credentials their mode needs; ConfigError when something is off."""
-    try:
-        settings = SlackSettings.model_validate(ctx.config.model_dump())
-    except ValidationError as e:
-        raise ConfigError([(WHERE, None, f"{FIELD}." + ".".join(map(str, err["loc"])),
-                            err["msg"]) for err in e.errors()]) from None
+    settings = provider_settings(SlackSettings, ctx.config.model_dump(), "slack")
     bot_token = _required(settings.bot_token_env, "bot_token_env", "the bot token (xoxb-…)")
     if settings.mode == "socket":
         app_token = _required(settings.app_token_env, "app_token_env",
@@ -92,8 +87,4 @@ def load_settings(ctx: ProviderContext) -> tuple[SlackSettings, SlackSecrets]:
 
 
 def _required(env: str, field: str, what: str) -> str:
-    value = os.environ.get(env, "").strip()
-    if not value:
-        raise ConfigError([(WHERE, None, f"{FIELD}.{field}",
-                            f"the environment variable {env} that should hold {what} is not set")])
-    return value
+    return required_env(env, "slack", field, what)

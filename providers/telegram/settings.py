@@ -22,10 +22,10 @@ import os
 import secrets
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agents.yamlfile import ConfigError
-from gateway.provider import ProviderContext
+from gateway.provider import ProviderContext, provider_settings, required_env
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 WHERE = "pluto.yaml"
@@ -77,16 +77,8 @@ class TelegramSettings(BaseModel):
 
 def load_settings(ctx: ProviderContext) -> tuple[TelegramSettings, str, str]:
     """The settings, the bot token and the webhook secret; ConfigError when something is off."""
-    try:
-        settings = TelegramSettings.model_validate(ctx.config.model_dump())
-    except ValidationError as e:
-        raise ConfigError([(WHERE, None, "providers.telegram." + ".".join(map(str, err["loc"])),
-                            err["msg"]) for err in e.errors()]) from None
-    token = os.environ.get(settings.token_env, "").strip()
-    if not token:
-        raise ConfigError([(WHERE, None, "providers.telegram.token_env",
-                            f"the environment variable {settings.token_env} that should hold the "
-                            "bot token is not set")])
+    settings = provider_settings(TelegramSettings, ctx.config.model_dump(), "telegram")
+    token = required_env(settings.token_env, "telegram", "token_env", "the bot token")
     if settings.mode == "webhook":
         if not settings.public_url:
             raise ConfigError([(WHERE, None, "providers.telegram.public_url",

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agents.yamlfile import ConfigError
+from gateway.provider import provider_settings
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
@@ -51,9 +51,4 @@ class WebSettings(BaseModel):
 
 
 def load_settings(raw: dict[str, Any]) -> WebSettings:
-    try:
-        return WebSettings.model_validate(raw)
-    except ValidationError as e:
-        raise ConfigError([("pluto.yaml", None,
-                            "providers.web." + ".".join(str(p) for p in err["loc"]),
-                            err["msg"]) for err in e.errors()]) from None
+    return provider_settings(WebSettings, raw, "web")

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
+import playwright.async_api as playwright_api
 
 from runtime.model import ModelSettings, ModelTurn
 from runtime.testing import ScriptedModel
@@ -23,9 +23,6 @@ CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
-                                reason="needs Debian's chromium: apt-get install -y chromium")
-playwright_api = pytest.importorskip("playwright.async_api")
 
 INTRO = "Here are the **sales** by region:\n\n"
 TABLE = "| Region | Sales |\n|---|---:|\n| North | 120 |\n| South | 80 |\n\nNorth leads."
@@ -57,6 +54,8 @@ async def test_chat_in_the_browser(config_dir, data_dir, tmp_path):
     model = GatedModel()
     async with served(config_dir, data_dir, model) as gw, \
             playwright_api.async_playwright() as pw:
+        assert CHROMIUM.exists(), "needs Debian's chromium: apt-get install -y chromium " \
+            "(scripts/test.sh installs it)"
         browser = await pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         try:
             page = await browser.new_page(viewport={"width": 1200, "height": 800})
