@@ -23,8 +23,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents.spec import NAME_RE, AgentSpec, load_agent
-from agents.yamlfile import ConfigError
+from pluto.agents.spec import NAME_RE, AgentSpec, load_agent
+from pluto.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agents.yamlfile import ConfigError, YamlDoc
+from pluto.errors import ConfigError
+from pluto.yamldoc import YamlDoc
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 MAX_INSTRUCTIONS_BYTES = 256_000

@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import duckdb  # noqa: E402
 
-from runtime.data import DataService, QueryLimits  # noqa: E402
-from runtime.data_tools import run_sql  # noqa: E402
-from runtime.tools import ToolContext  # noqa: E402
+from pluto.runtime.data import DataService, QueryLimits  # noqa: E402
+from pluto.runtime.data_tools import run_sql  # noqa: E402
+from pluto.runtime.tools import ToolContext  # noqa: E402
 
 SQL = ("SELECT region, product, sum(amount) AS total, avg(amount) AS mean, count(*) AS n "
        "FROM sales GROUP BY ALL")

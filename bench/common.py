@@ -116,4 +116,4 @@ def pluto_exe() -> list[str]:
     import shutil
 
     exe = shutil.which("pluto")
-    return [exe] if exe else [sys.executable, "-m", "gateway.cli"]
+    return [exe] if exe else [sys.executable, "-m", "pluto.gateway.cli"]

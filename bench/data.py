@@ -11,7 +11,7 @@ from bench.common import Figure, Report
 
 def run(report: Report, quick: bool = False) -> None:
     from bench.bench_duckdb import best, generate, pandas_run, tool_run
-    from runtime.data import DataService
+    from pluto.runtime.data import DataService
 
     rows = 1_000_000 if quick else 10_000_000
     with tempfile.TemporaryDirectory(prefix="pluto-bench-data-") as tmp:

@@ -16,30 +16,31 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents.registry import AgentRegistry, UnknownAgent
-from agents.yamlfile import ConfigError
-from gateway.access import Access
-from gateway.admin import mount_admin
-from gateway.commands import Commands, Failed
-from gateway.config import PlutoConfig, load_pluto_config
-from gateway.data_commands import DataCommands, data_service
-from gateway.dedupe import InboundDedupe
-from gateway.delivery import Delivery, reply_to
-from gateway.http import HttpServer
-from gateway.hub import EventHub
-from gateway.lanes import SessionLanes
-from gateway.metrics import Metrics
-from gateway.provider import Provider, ProviderContext, ProviderError
-from gateway.providers import build_provider, enabled
-from gateway.reload import ConfigWatcher, load_routes
-from gateway.routing import RoutingTable
-from gateway.supervisor import TaskHealth, supervise
-from gateway.types import IncomingMessage, Route, RunEnd, RunEvent
-from runtime.model import Model, ModelSettings, model_for
-from runtime.runner import INTERNAL_ERROR, Runner, RunRequest
-from runtime.data_tools import DATA_TOOLS
-from runtime.tools import BUILTIN_TOOLS
-from storage.sqlite import SqliteStore
+from pluto.agents.registry import AgentRegistry, UnknownAgent
+from pluto.errors import ConfigError
+from pluto.gateway.pipeline.access import Access
+from pluto.gateway.http.admin import mount_admin
+from pluto.gateway.pipeline.commands import Commands, Failed
+from pluto.settings import PlutoConfig, load_pluto_config
+from pluto.gateway.pipeline.data_commands import DataCommands, data_service
+from pluto.gateway.pipeline.dedupe import InboundDedupe
+from pluto.gateway.delivery.delivery import Delivery, reply_to
+from pluto.gateway.http.server import HttpServer
+from pluto.gateway.feed import EventHub
+from pluto.gateway.pipeline.lanes import SessionLanes
+from pluto.gateway.metrics import Metrics
+from pluto.errors import ProviderError
+from pluto.gateway.ports import Provider, ProviderContext
+from pluto.gateway.provider_registry import build_provider, enabled
+from pluto.gateway.reload import ConfigWatcher, load_routes
+from pluto.gateway.pipeline.routing import RoutingTable
+from pluto.gateway.supervisor import TaskHealth, supervise
+from pluto.types import IncomingMessage, Route, RunEnd, RunEvent
+from pluto.runtime.model import Model, ModelSettings, model_for
+from pluto.runtime.runner import INTERNAL_ERROR, Runner, RunRequest
+from pluto.runtime.data_tools import DATA_TOOLS
+from pluto.runtime.tools import BUILTIN_TOOLS
+from pluto.storage.sqlite import SqliteStore
 
 log = logging.getLogger(__name__)
 

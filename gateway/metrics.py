@@ -17,7 +17,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from runtime.events import MessageFinal, RunEnd, RunError, RunEvent, RunStart, ToolEnd
+from pluto.events import MessageFinal, RunEnd, RunError, RunEvent, RunStart, ToolEnd
 
 # seconds; a run is one turn of an agent (model calls and tools), from a blink to minutes
 RUN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)

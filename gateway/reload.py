@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agents.registry import AgentRegistry, UnknownAgent
-from agents.yamlfile import ConfigError
-from gateway.config import PlutoConfig, load_pluto_config
-from gateway.logs import RedactSecrets
-from gateway.routing import RoutingTable
+from pluto.agents.registry import AgentRegistry, UnknownAgent
+from pluto.errors import ConfigError
+from pluto.settings import PlutoConfig, load_pluto_config
+from pluto.gateway.logs import RedactSecrets
+from pluto.gateway.pipeline.routing import RoutingTable
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from pluto.gateway.app import Gateway
 
 log = logging.getLogger(__name__)
 

@@ -9,6 +9,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from pluto.errors import ConfigError, DeliveryRefused, PlutoError, ProviderUnusable
+
+# failures that restarting cannot fix: the task is reported and stopped
+PERMANENT = (ProviderUnusable, DeliveryRefused, ConfigError)
+
 log = logging.getLogger(__name__)
 
 
@@ -38,7 +43,7 @@ async def supervise(health: TaskHealth, start: Callable[[], Awaitable[None]], *,
             raise
         except Exception as e:
             health.last_error = f"{type(e).__name__}: {e}"
-            if getattr(e, "permanent", False):  # e.g. a rejected token: restarting cannot help
+            if isinstance(e, PERMANENT):  # e.g. a rejected token: restarting cannot help
                 health.state = "failed"
                 log.error("%s stopped: %s", health.name, e)
                 return
@@ -51,7 +56,7 @@ async def supervise(health: TaskHealth, start: Callable[[], Awaitable[None]], *,
                 backoff = min_backoff  # it ran fine for a while: a fresh failure
             health.state = "restarting"
             health.restarts += 1
-            expected = isinstance(e, (OSError, TimeoutError)) or hasattr(e, "permanent")
+            expected = isinstance(e, (OSError, TimeoutError, PlutoError))
             log.error("%s crashed (%s); restart %d in %.0fs", health.name, health.last_error,
                       health.restarts, backoff, exc_info=not expected)
             await asyncio.sleep(backoff)

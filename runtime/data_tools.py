@@ -13,10 +13,10 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any, Literal
 
-from runtime.tools import Tool, ToolContext, ToolError, ToolResult, tool
+from pluto.runtime.tools import Tool, ToolContext, ToolError, ToolResult, tool
 
 if TYPE_CHECKING:
-    from runtime.data import DataService, QueryResult, Scope
+    from pluto.runtime.data import DataService, QueryResult, Scope
 
 MODEL_ROWS = 100  # rows fetched for the model's table (which is also capped in bytes)
 MODEL_BYTES = 4000
@@ -33,7 +33,7 @@ def _service(ctx: ToolContext) -> tuple[DataService, Scope]:
 
 def table_details(result: QueryResult, rows: int = PEOPLE_ROWS) -> dict[str, Any]:
     """A result as JSON-safe text cells, for people."""
-    from runtime.data import cell_text
+    from pluto.runtime.data import cell_text
 
     return {"columns": list(result.columns),
             "rows": [[cell_text(v) for v in row] for row in result.rows[:rows]],
@@ -41,7 +41,7 @@ def table_details(result: QueryResult, rows: int = PEOPLE_ROWS) -> dict[str, Any
 
 
 def _failed(error: Exception, what: str) -> ToolResult:
-    from runtime.data import QueryRefused
+    from pluto.runtime.data import QueryRefused
 
     lead = "The query was refused" if isinstance(error, QueryRefused) else f"{what} failed"
     return ToolResult(f"{lead}: {error}", is_error=True)
@@ -51,7 +51,7 @@ def _failed(error: Exception, what: str) -> ToolResult:
 async def list_datasets(ctx: ToolContext) -> ToolResult:
     """List the datasets you can query with run_sql (each is a table of the same name), with
     their rows and columns. Files the user sends in this chat appear here too."""
-    from runtime.data import counted
+    from pluto.runtime.data import counted
 
     service, scope = _service(ctx)
     found = await service.visible(scope)
@@ -77,8 +77,8 @@ async def describe_dataset(ctx: ToolContext, name: str) -> ToolResult:
     Args:
         name: The dataset's name, as list_datasets shows it.
     """
-    from runtime.data import DataError
-    from runtime.data.describe import STATS, describe, description_text
+    from pluto.runtime.data import DataError
+    from pluto.runtime.data.describe import STATS, describe, description_text
 
     service, scope = _service(ctx)
     try:
@@ -104,7 +104,7 @@ async def run_sql(ctx: ToolContext, sql: str) -> ToolResult:
     Args:
         sql: The query, e.g. SELECT region, sum(amount) AS total FROM sales GROUP BY 1.
     """
-    from runtime.data import DataError, format_table
+    from pluto.runtime.data import DataError, format_table
 
     service, scope = _service(ctx)
     csv_path = service.artifact(ctx.run_id, "result", ".csv")
@@ -135,8 +135,8 @@ async def make_chart(ctx: ToolContext, sql: str,
         group: A column whose values become separate series (lines, bar groups, colours).
         title: The chart's title.
     """
-    from runtime.data import DataError, format_table
-    from runtime.data.chart import draw, plan
+    from pluto.runtime.data import DataError, format_table
+    from pluto.runtime.data.chart import draw, plan
 
     service, scope = _service(ctx)
     try:

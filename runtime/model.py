@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from runtime.errors import ModelError
+from pluto.runtime.errors import ModelError
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from agents.spec import AgentSpec
-from runtime.errors import BudgetExceeded, ModelError
-from runtime.events import (MessageDelta, MessageFinal, RunEnd, RunError, RunEvent, RunStart,
+from pluto.agents.spec import AgentSpec
+from pluto.runtime.errors import BudgetExceeded, ModelError
+from pluto.events import (MessageDelta, MessageFinal, RunEnd, RunError, RunEvent, RunStart,
                             ToolEnd, ToolStart)
-from runtime.model import Model, ModelSettings, ModelTurn, ToolCall, model_for
-from runtime.tools import Tool, ToolContext, ToolError, ToolResult
-from storage.base import SessionRow, estimate_tokens
-from storage.sqlite import SqliteStore
+from pluto.runtime.model import Model, ModelSettings, ModelTurn, ToolCall, model_for
+from pluto.runtime.tools import Tool, ToolContext, ToolError, ToolResult
+from pluto.storage.base import SessionRow, estimate_tokens
+from pluto.storage.sqlite import SqliteStore
 
 log = logging.getLogger(__name__)
 

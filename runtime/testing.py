@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.errors import ModelError
-from runtime.model import ModelSettings, ModelTurn, ToolCall
+from pluto.runtime.errors import ModelError
+from pluto.runtime.model import ModelSettings, ModelTurn, ToolCall
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from storage.sqlite import SqliteStore
+from pluto.storage.sqlite import SqliteStore
 
 COMPONENT = "access"
 MIGRATIONS = [

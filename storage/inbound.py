@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from storage.sqlite import SqliteStore
+from pluto.storage.sqlite import SqliteStore
 
 MIGRATIONS: list[str] = [
     """

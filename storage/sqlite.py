@@ -18,8 +18,8 @@ from typing import Any
 
 import aiosqlite
 
-from runtime.events import RunEnd, RunEvent, event_from_dict, event_to_dict
-from storage.base import MessageRow, RunRow, SessionRow, estimate_tokens, sanitize_history
+from pluto.events import RunEnd, RunEvent, event_from_dict, event_to_dict
+from pluto.storage.base import MessageRow, RunRow, SessionRow, estimate_tokens, sanitize_history
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from storage.sqlite import SqliteStore
+from pluto.storage.sqlite import SqliteStore
 
 MIGRATIONS: list[str] = [
     """

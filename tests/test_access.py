@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from gateway.app import Gateway
-from gateway.config import PlutoConfig
-from gateway.ratelimit import OncePer, Rate, RateLimiter, parse_rate
-from runtime.testing import ScriptedModel
-from storage.access import PairingError, PairingStore, format_code, normalize_code
-from storage.sqlite import SqliteStore
+from pluto.gateway.app import Gateway
+from pluto.settings import PlutoConfig
+from pluto.gateway.pipeline.ratelimit import OncePer, Rate, RateLimiter, parse_rate
+from pluto.runtime.testing import ScriptedModel
+from pluto.storage.access import PairingError, PairingStore, format_code, normalize_code
+from pluto.storage.sqlite import SqliteStore
 from tests.helpers.gateway import RecordingProvider
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,7 +171,7 @@ def test_pairing_cli_approves_and_lists(config_dir: Path, data_dir: Path) -> Non
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLUTO_")}
 
     def pluto(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "gateway.cli", "pairing", *args,
+        return subprocess.run([sys.executable, "-m", "pluto.gateway.cli", "pairing", *args,
                                "--config", str(config_dir), "--data-dir", str(data_dir)],
                               capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
 

@@ -11,9 +11,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.app import Gateway
-from gateway.config import PlutoConfig
-from runtime.testing import Scripted, ScriptedModel
+from pluto.gateway.app import Gateway
+from pluto.settings import PlutoConfig
+from pluto.runtime.testing import Scripted, ScriptedModel
 from tests.helpers.gateway import RecordingProvider
 
 KEY = "a-very-long-admin-key-0123456789"

@@ -17,10 +17,10 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from openapi_spec_validator import validate
 
-from agents.yamlfile import ConfigError
-from gateway.api_auth import ApiSettings, load_keys
-from runtime.model import ToolCall
-from runtime.testing import Scripted, ScriptedModel
+from pluto.errors import ConfigError
+from pluto.providers.api.auth import ApiSettings, load_keys
+from pluto.runtime.model import ToolCall
+from pluto.runtime.testing import Scripted, ScriptedModel
 from tests.helpers.gateway import write_agent
 from tests.helpers.served import API_KEY, served, url, wait_for
 

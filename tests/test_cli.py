@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.model import OFFLINE_REPLY
+from pluto.runtime.model import OFFLINE_REPLY
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,7 +25,7 @@ def pluto_cmd() -> list[str]:
     if exe is None:
         if os.environ.get("CI"):
             pytest.fail("the pluto console script is not installed (pip install -e .)")
-        return [sys.executable, "-m", "gateway.cli"]
+        return [sys.executable, "-m", "pluto.gateway.cli"]
     return [exe]
 
 
@@ -56,7 +56,7 @@ def model_env(env: dict[str, str], fake) -> dict[str, str]:
 
 
 def test_help_is_light_and_version_works() -> None:
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "gateway.cli", "--help"],
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "pluto.gateway.cli", "--help"],
                          capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert out.returncode == 0 and "chat" in out.stdout and "serve" in out.stdout
     imported = out.stderr

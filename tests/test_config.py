@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from agents.registry import AgentRegistry
-from agents.spec import load_agent
-from agents.yamlfile import ConfigError
-from gateway.app import Gateway
-from gateway.config import PlutoConfig, load_pluto_config
-from gateway.logs import setup_logging
-from gateway.routing import RoutingTable
-from gateway.types import IncomingMessage
+from pluto.agents.registry import AgentRegistry
+from pluto.agents.spec import load_agent
+from pluto.errors import ConfigError
+from pluto.gateway.app import Gateway
+from pluto.settings import PlutoConfig, load_pluto_config
+from pluto.gateway.logs import setup_logging
+from pluto.gateway.pipeline.routing import RoutingTable
+from pluto.types import IncomingMessage
 from tests.helpers.gateway import write_agent
 
 

@@ -14,11 +14,11 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from agents.registry import AgentRegistry
-from agents.yamlfile import ConfigError
-from gateway.explain import explain, message_from
-from gateway.reload import load_routes
-from gateway.routing import RoutingTable
+from pluto.agents.registry import AgentRegistry
+from pluto.errors import ConfigError
+from pluto.gateway.pipeline.explain import explain, message_from
+from pluto.gateway.reload import load_routes
+from pluto.gateway.pipeline.routing import RoutingTable
 from tests.helpers.gateway import write_agent
 
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True,

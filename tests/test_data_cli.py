@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import load_pluto_config
-from gateway.data_commands import data_service
-from runtime.data import DataService, Warehouse
+from pluto.settings import load_pluto_config
+from pluto.gateway.pipeline.data_commands import data_service
+from pluto.runtime.data import DataService, Warehouse
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def pluto(*args: str, config: Path, data_dir: Path) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("pluto")
-    cmd = [exe] if exe else [sys.executable, "-m", "gateway.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "pluto.gateway.cli"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLUTO_")}
     env["PLUTO_DATA_DIR"] = str(data_dir)
     return subprocess.run([*cmd, "data", *args, "--config", str(config)], env=env,
@@ -140,7 +140,7 @@ def test_duplicate_registered_names_are_a_config_error(config_dir: Path,
 
 
 def test_the_cli_parser_stays_light() -> None:
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "gateway.cli", "data",
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "pluto.gateway.cli", "data",
                           "--help"], capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert out.returncode == 0 and "add" in out.stdout and "share" in out.stdout
     assert " duckdb" not in out.stderr and " matplotlib" not in out.stderr

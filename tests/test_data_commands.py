@@ -14,12 +14,12 @@ from typing import TypeVar
 
 import pytest
 
-from gateway.app import Gateway
-from gateway.config import PlutoConfig
-from gateway.render import render
-from gateway.types import Attachment, Capabilities
-from runtime.data import markdown_table
-from runtime.testing import ScriptedModel
+from pluto.gateway.app import Gateway
+from pluto.settings import PlutoConfig
+from pluto.gateway.delivery.render import render
+from pluto.types import Attachment, Capabilities
+from pluto.runtime.data import markdown_table
+from pluto.runtime.testing import ScriptedModel
 from tests.helpers.gateway import RecordingProvider, write_agent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -229,7 +229,7 @@ async def test_an_agent_without_global_datasets_still_sees_its_chat_s_files(
 
 def pluto(*args: str, data_dir: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
     exe = shutil.which("pluto")
-    cmd = [exe] if exe else [sys.executable, "-m", "gateway.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "pluto.gateway.cli"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLUTO_")}
     env["PLUTO_DATA_DIR"] = str(data_dir)
     return subprocess.run([*cmd, *args, "--config", str(ROOT / "config")], input=stdin,

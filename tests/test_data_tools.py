@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.app import Gateway
-from gateway.config import PlutoConfig
-from gateway.types import Capabilities, ToolEnd
-from runtime.data import DataService
-from runtime.data_tools import DATA_TOOLS
-from runtime.tools import ToolContext, ToolResult
+from pluto.gateway.app import Gateway
+from pluto.settings import PlutoConfig
+from pluto.types import Capabilities, ToolEnd
+from pluto.runtime.data import DataService
+from pluto.runtime.data_tools import DATA_TOOLS
+from pluto.runtime.tools import ToolContext, ToolResult
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.helpers.gateway import RecordingProvider, write_agent
 
@@ -255,8 +255,8 @@ def test_tool_results_are_json_for_the_event_store(service: DataService) -> None
 async def test_an_agent_without_datasets_sees_only_its_chat_s_files(config_dir: Path,
                                                                     data_dir: Path) -> None:
     """ToolContext.datasets comes from agent.yaml through the runner."""
-    from runtime.testing import Scripted, ScriptedModel
-    from runtime.model import ToolCall as Call
+    from pluto.runtime.testing import Scripted, ScriptedModel
+    from pluto.runtime.model import ToolCall as Call
 
     write_agent(config_dir, "narrow", "tools: [run_sql]\ndatasets: [nothing_here]\n")
     (config_dir / "routes.yaml").write_text("default: narrow\n")

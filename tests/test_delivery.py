@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-import gateway.delivery as delivery_module
-import gateway.streaming as streaming_module
-from gateway.app import Gateway
-from gateway.config import PlutoConfig
-from gateway.delivery import Delivery
-from gateway.provider import ProviderError
-from gateway.render import render_chunks
-from gateway.streaming import EditThrottle
-from gateway.types import (Capabilities, IncomingMessage, MessageDelta, MessageFinal, RunEnd,
+import pluto.gateway.delivery.delivery as delivery_module
+import pluto.gateway.delivery.streaming as streaming_module
+from pluto.gateway.app import Gateway
+from pluto.settings import PlutoConfig
+from pluto.gateway.delivery.delivery import Delivery
+from pluto.errors import DeliveryRefused, RateLimited, ProviderError
+from pluto.gateway.delivery.render import render_chunks
+from pluto.gateway.delivery.streaming import EditThrottle
+from pluto.types import (Capabilities, IncomingMessage, MessageDelta, MessageFinal, RunEnd,
                            RunError, RunEvent, RunStart, ToolEnd, ToolStart)
-from runtime.testing import ScriptedModel
-from storage.sqlite import SqliteStore
+from pluto.runtime.testing import ScriptedModel
+from pluto.storage.sqlite import SqliteStore
 from tests.helpers.gateway import RecordingProvider
 
 RUN = "run1"
@@ -141,13 +141,13 @@ async def test_edits_are_throttled_per_chat(monkeypatch):
 
 async def test_the_preview_honours_retry_after_and_stops_on_permanent_errors(delivery):
     p = RecordingProvider(capabilities=EDITS)
-    p.fail_next(ProviderError("slow down", retry_after=0.01))
+    p.fail_next(RateLimited("slow down", retry_after=0.01))
     await delivery.run(p, message(), events(
         delta("one"), until(lambda: p.sent), final("one two")))
     assert [m.text for m in p.sent] == ["one"] and p.edits[-1].text == "one two"
 
     q = RecordingProvider(capabilities=EDITS)
-    q.fail_next(ProviderError("no rights to send", permanent=True))
+    q.fail_next(DeliveryRefused("no rights to send"))
     await delivery.run(q, message(), events(
         delta("one", "run2"), until(lambda: not q.failures), delta(" two", "run2"),
         final("one two", "run2"), run="run2"))

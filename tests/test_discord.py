@@ -17,14 +17,16 @@ import discord.gateway
 import discord.http
 import pytest
 
-from agents.yamlfile import ConfigError
-from gateway.config import ProviderConfig
-from gateway.provider import ProviderContext, ProviderError
-from gateway.routing import session_key
-from gateway.types import Attachment, IncomingMessage, OutgoingMessage
-from providers.discord import DiscordProvider, DiscordSettings
-from providers.discord.inbound import safe_filename
-from providers.discord.outbound import nonce_for
+from pluto.errors import ConfigError
+from tests.helpers.gateway import permanent
+from pluto.settings import ProviderConfig
+from pluto.errors import ProviderError
+from pluto.gateway.ports import ProviderContext
+from pluto.gateway.pipeline.routing import session_key
+from pluto.types import Attachment, IncomingMessage, OutgoingMessage
+from pluto.providers.discord import DiscordProvider, DiscordSettings
+from pluto.providers.discord.inbound import safe_filename
+from pluto.providers.discord.outbound import nonce_for
 from tests.conformance.discord_harness import DiscordHarness
 from tests.conformance.test_scenarios import png
 from tests.fakes.discord_server import FakeDiscord
@@ -275,7 +277,7 @@ async def test_images_and_files_go_out_as_uploads(fake, world, data_dir, tmp_pat
         Attachment(filename="gone.png", path=tmp_path / "gone.png", kind="image"),))
     with pytest.raises(ProviderError, match="can no longer be read") as info:
         await provider.send(missing)
-    assert info.value.permanent
+    assert permanent(info.value)
     await provider.close()
 
 
@@ -292,17 +294,17 @@ async def test_errors_become_provider_errors(fake, world, data_dir):
     for message, words in cases:
         with pytest.raises(ProviderError, match=words) as info:
             await provider.send(message)
-        assert info.value.permanent and info.value.retry_after is None
+        assert permanent(info.value) and info.value.retry_after is None
     for edit_of, words in (("42", "no longer exists"), ("x", "not a Discord message id")):
         with pytest.raises(ProviderError, match=words) as info:
             await provider.edit(OutgoingMessage(chat_id=general, text="x", edit_of=edit_of))
-        assert info.value.permanent
+        assert permanent(info.value)
     fake.fail_next("send_message", 503)
     fake.drop_next("send_message", channel_id=world["general"])
     for words in ("server error", "could not reach Discord"):
         with pytest.raises(ProviderError, match=words) as info:
             await provider.send(OutgoingMessage(chat_id=general, text="hi"))
-        assert not info.value.permanent
+        assert not permanent(info.value)
     await provider.close()
 
 
@@ -319,11 +321,11 @@ async def test_rate_limits_short_waits_in_discord_py_long_ones_in_the_outbox(fak
     fake.rate_limit_next("send_message", 120)                # too long: the outbox waits
     with pytest.raises(ProviderError, match="slow down for 120s") as info:
         await provider.send(general)
-    assert info.value.retry_after == 120 and not info.value.permanent
+    assert info.value.retry_after == 120 and not permanent(info.value)
     fake.rate_limit_next("send_message", 7, via=False)      # Cloudflare, not Discord
     with pytest.raises(ProviderError, match="retry in 7s") as info:
         await provider.send(general)
-    assert info.value.retry_after == 7 and not info.value.permanent
+    assert info.value.retry_after == 7 and not permanent(info.value)
     assert len(fake.messages(world["general"])) == 1
     await provider.close()
 
@@ -498,7 +500,7 @@ def test_config_errors_name_the_field(data_dir, monkeypatch):
 
 
 def test_api_base_and_gateway_url_point_discord_py_elsewhere(data_dir, monkeypatch):
-    from gateway.providers import build_provider
+    from pluto.gateway.provider_registry import build_provider
 
     monkeypatch.setenv("MY_DISCORD", "abc.def.ghi")
     before = discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY

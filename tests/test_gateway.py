@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.app import Gateway
-from gateway.config import PlutoConfig
-from gateway.supervisor import TaskHealth, supervise
-from runtime.testing import Scripted, ScriptedModel
+from pluto.gateway.app import Gateway
+from pluto.settings import PlutoConfig
+from pluto.gateway.supervisor import TaskHealth, supervise
+from pluto.runtime.testing import Scripted, ScriptedModel
 from tests.helpers.gateway import RecordingProvider
 
 
@@ -173,16 +173,16 @@ async def test_supervisor_restarts_a_crashing_provider():
 
 
 async def test_supervisor_does_not_restart_a_permanent_failure():
-    from gateway.provider import ProviderError
+    from pluto.errors import ProviderUnusable
 
     attempts = 0
 
     async def bad_token() -> None:
         nonlocal attempts
         attempts += 1
-        raise ProviderError("the bot token was rejected", permanent=True)
+        raise ProviderUnusable("the bot token was rejected")
 
     health = TaskHealth("platform")
     await supervise(health, bad_token, min_backoff=0.01)
     assert attempts == 1 and health.state == "failed"
-    assert health.last_error == "ProviderError: the bot token was rejected"
+    assert health.last_error == "ProviderUnusable: the bot token was rejected"

@@ -22,8 +22,8 @@ def test_public_names_do_not_resolve() -> None:
 
 
 async def test_a_real_model_call_fails_fast_and_plainly() -> None:
-    from runtime.errors import ModelError
-    from runtime.model import LiteLLMModel, ModelSettings
+    from pluto.runtime.errors import ModelError
+    from pluto.runtime.model import LiteLLMModel, ModelSettings
 
     settings = ModelSettings(model="openai/gpt-4o-mini", timeout=5)
     with pytest.raises(ModelError) as exc:

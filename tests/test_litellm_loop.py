@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.app import Gateway
-from gateway.config import PlutoConfig
+from pluto.gateway.app import Gateway
+from pluto.settings import PlutoConfig
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.helpers.gateway import RecordingProvider
 

@@ -6,11 +6,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import Metrics
-from runtime.errors import ModelError
-from runtime.events import MessageFinal, RunEnd, RunError, RunStart, ToolEnd
-from runtime.model import ToolCall
-from runtime.testing import Scripted, ScriptedModel
+from pluto.gateway.metrics import Metrics
+from pluto.runtime.errors import ModelError
+from pluto.events import MessageFinal, RunEnd, RunError, RunStart, ToolEnd
+from pluto.runtime.model import ToolCall
+from pluto.runtime.testing import Scripted, ScriptedModel
 from tests.helpers.served import Tab, served, url
 
 

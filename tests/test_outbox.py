@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-import gateway.outbox as outbox_module
-from gateway.dedupe import InboundDedupe
-from gateway.outbox import Outbox, RetryPolicy
-from gateway.provider import ProviderError
-from gateway.types import Attachment, IncomingMessage, OutgoingMessage
-from storage.inbound import InboundStore
-from storage.sqlite import SqliteStore
+import pluto.gateway.delivery.outbox as outbox_module
+from pluto.gateway.pipeline.dedupe import InboundDedupe
+from pluto.gateway.delivery.outbox import Outbox, RetryPolicy
+from pluto.errors import DeliveryRefused, RateLimited, ProviderError
+from tests.helpers.gateway import permanent
+from pluto.types import Attachment, IncomingMessage, OutgoingMessage
+from pluto.storage.inbound import InboundStore
+from pluto.storage.sqlite import SqliteStore
 from tests.helpers.gateway import RecordingProvider
 
 
@@ -85,7 +86,7 @@ async def test_everything_needed_to_send_after_a_restart_is_kept(outbox, store, 
 
 async def test_retry_after_is_honoured_and_other_errors_back_off(outbox, store, sleeps):
     provider = RecordingProvider()
-    provider.fail_next(ProviderError("slow down", retry_after=7))
+    provider.fail_next(RateLimited("slow down", retry_after=7))
     provider.fail_next(ProviderError("flaky network"))
     await outbox.deliver(provider, "run1", chunks("hello"))
     assert sleeps == [7, 1.0]  # the platform's wait, then backoff (0.5 * 2 ** 1)
@@ -98,7 +99,7 @@ async def test_a_long_retry_after_is_capped(store, sleeps):
     box = Outbox(store, RetryPolicy(max_delay=30))
     await box.open()
     provider = RecordingProvider()
-    provider.fail_next(ProviderError("flood", retry_after=86400))
+    provider.fail_next(RateLimited("flood", retry_after=86400))
     await box.deliver(provider, "run1", chunks("x"))
     assert sleeps == [30]
 
@@ -106,7 +107,7 @@ async def test_a_long_retry_after_is_capped(store, sleeps):
 async def test_a_permanent_error_stops_the_reply_and_is_recorded(outbox, store, sleeps):
     provider = RecordingProvider()
     await outbox.deliver(provider, "run0", chunks("earlier"))
-    provider.fail_next(ProviderError("bot was blocked by the user", permanent=True))
+    provider.fail_next(DeliveryRefused("bot was blocked by the user"))
     with pytest.raises(ProviderError, match="blocked"):
         await outbox.deliver(provider, "run1", chunks("a", "b", "c"))
     assert sleeps == []
@@ -160,7 +161,7 @@ async def test_a_reply_being_delivered_is_not_flushed_twice(outbox, store):
 
 async def test_edit_of_a_message_that_is_gone_sends_it_anew(outbox, store):
     provider = RecordingProvider()
-    provider.fail_next(ProviderError("message to edit not found", permanent=True))
+    provider.fail_next(DeliveryRefused("message to edit not found"))
     msg = OutgoingMessage(chat_id="c1", text="final", edit_of="41")
     assert await outbox.deliver(provider, "run1", [msg]) == ["1"]
     assert provider.sent[0].edit_of is None and provider.sent[0].text == "final"
@@ -176,7 +177,7 @@ async def test_a_provider_bug_is_a_permanent_failure(outbox, store):
 
     with pytest.raises(ProviderError, match="the provider failed: KeyError") as info:
         await outbox.deliver(Broken(), "run1", chunks("x"))
-    assert info.value.permanent
+    assert permanent(info.value)
     assert await statuses(store) == [(0, "failed", None)]
 
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from agents.registry import AgentRegistry
-from gateway.app import Gateway
-from gateway.config import PlutoConfig
-from runtime.testing import Scripted, ScriptedModel
+from pluto.agents.registry import AgentRegistry
+from pluto.gateway.app import Gateway
+from pluto.settings import PlutoConfig
+from pluto.runtime.testing import Scripted, ScriptedModel
 from tests.helpers.gateway import RecordingProvider, write_agent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -271,7 +271,7 @@ def test_pluto_serve_reloads_routes_live(config: Path, data_dir: Path) -> None:
                                        "gateway: {reload_interval_seconds: 0.25}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLUTO_")}
     env |= {"PLUTO_ADMIN_KEY": KEY, "PLUTO_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "pluto.gateway.cli", "serve", "--port", "0",
                              "--config", str(config)], env=env, cwd=ROOT, text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     lines: list[str] = []

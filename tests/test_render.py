@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import gateway.render as render_pkg
-from gateway.render import DIALECTS, render, render_chunks, render_preview
+import pluto.gateway.delivery.render as render_pkg
+from pluto.gateway.delivery.render import DIALECTS, render, render_chunks, render_preview
 
 TELEGRAM_TAGS = {"b", "strong", "i", "em", "u", "s", "code", "pre", "a", "blockquote", "tg-spoiler"}
 
@@ -281,7 +281,7 @@ def test_rendering_failure_falls_back_to_plain_text(monkeypatch: pytest.MonkeyPa
         raise RuntimeError("boom")
 
     monkeypatch.setattr(render_pkg, "_tokens", broken)
-    with caplog.at_level(logging.WARNING, logger="gateway.render"):
+    with caplog.at_level(logging.WARNING, logger="pluto.gateway.delivery.render"):
         chunks = render_chunks("**a** < b " * 20, "telegram_html", 64)
     assert chunks and all(len(c) <= 64 and "<" not in c for c in chunks)
     assert "&lt;" in chunks[0]

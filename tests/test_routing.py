@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from agents.registry import AgentRegistry
-from agents.yamlfile import ConfigError
-from gateway.explain import explain, message_from, unreachable
-from gateway.reload import load_routes
-from gateway.routing import RoutingTable
-from gateway.types import IncomingMessage
+from pluto.agents.registry import AgentRegistry
+from pluto.errors import ConfigError
+from pluto.gateway.pipeline.explain import explain, message_from, unreachable
+from pluto.gateway.reload import load_routes
+from pluto.gateway.pipeline.routing import RoutingTable
+from pluto.types import IncomingMessage
 from tests.helpers.gateway import write_agent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -232,7 +232,7 @@ def test_unreachable_rules_are_found(tmp_path: Path) -> None:
 
 def _pluto(*args: str, config: Path, data: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLUTO_")}
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args, "--config", str(config),
+    return subprocess.run([sys.executable, "-m", "pluto.gateway.cli", *args, "--config", str(config),
                            "--data-dir", str(data)], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=60)
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from agents.spec import AgentSpec, Budget, HistoryWindow
-from runtime.errors import ModelError
-from runtime.events import MessageDelta, MessageFinal, RunEnd, RunError, RunStart, ToolEnd, ToolStart
-from runtime.model import ToolCall
-from runtime.runner import Runner, RunRequest
-from runtime.testing import Scripted, ScriptedModel
-from runtime.tools import BUILTIN_TOOLS, ToolContext, ToolError, tool
-from storage.sqlite import SqliteStore
+from pluto.agents.spec import AgentSpec, Budget, HistoryWindow
+from pluto.runtime.errors import ModelError
+from pluto.events import MessageDelta, MessageFinal, RunEnd, RunError, RunStart, ToolEnd, ToolStart
+from pluto.runtime.model import ToolCall
+from pluto.runtime.runner import Runner, RunRequest
+from pluto.runtime.testing import Scripted, ScriptedModel
+from pluto.runtime.tools import BUILTIN_TOOLS, ToolContext, ToolError, tool
+from pluto.storage.sqlite import SqliteStore
 
 
 @tool

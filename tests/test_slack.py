@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from agents.yamlfile import ConfigError
-from gateway.config import ProviderConfig
-from gateway.provider import ProviderContext, ProviderError
-from gateway.types import Attachment, OutgoingMessage
-from providers.slack import SlackProvider
-from providers.slack.inbound import plain_text
-from runtime.testing import ScriptedModel
+from pluto.errors import ConfigError
+from pluto.settings import ProviderConfig
+from pluto.errors import ProviderError
+from tests.helpers.gateway import permanent
+from pluto.gateway.ports import ProviderContext
+from pluto.types import Attachment, OutgoingMessage
+from pluto.providers.slack import SlackProvider
+from pluto.providers.slack.inbound import plain_text
+from pluto.runtime.testing import ScriptedModel
 from tests.conformance.slack_harness import (
     APP_TOKEN_ENV,
     BOT_TOKEN_ENV,
@@ -277,7 +279,7 @@ async def test_permanent_errors(http, code: str) -> None:
     http.fake.fail_next("chat.postMessage", code)
     with pytest.raises(ProviderError) as refused:
         await provider.send(OutgoingMessage(chat_id=http.direct_chat, text="x"))
-    assert refused.value.permanent and code in str(refused.value)
+    assert permanent(refused.value) and code in str(refused.value)
     assert "\n" not in str(refused.value)
 
 
@@ -286,11 +288,11 @@ async def test_a_rate_limit_carries_slacks_retry_after(http) -> None:
     http.fake.rate_limit_next("chat.update", retry_after=7)
     with pytest.raises(ProviderError) as limited:
         await provider.edit(OutgoingMessage(chat_id=http.direct_chat, text="x", edit_of="1.2"))
-    assert limited.value.retry_after == 7 and not limited.value.permanent
+    assert limited.value.retry_after == 7 and not permanent(limited.value)
     http.fake.fail_next("chat.postMessage", "internal_error")
     with pytest.raises(ProviderError) as transient:
         await provider.send(OutgoingMessage(chat_id=http.direct_chat, text="x"))
-    assert not transient.value.permanent and transient.value.retry_after is None
+    assert not permanent(transient.value) and transient.value.retry_after is None
 
 
 async def test_a_rejected_token_is_reported_without_secrets(config_dir, data_dir, caplog,
@@ -304,7 +306,7 @@ async def test_a_rejected_token_is_reported_without_secrets(config_dir, data_dir
         provider = SlackProvider.from_context(ctx)
         with pytest.raises(ProviderError) as refused:
             await asyncio.wait_for(provider.run(lambda m: asyncio.sleep(0)), 10)
-        assert refused.value.permanent and BOT_TOKEN_ENV in str(refused.value)
+        assert permanent(refused.value) and BOT_TOKEN_ENV in str(refused.value)
         await provider.close()
     finally:
         await h.close()
@@ -395,7 +397,7 @@ async def test_a_rejected_app_token_stops_socket_mode_in_one_sentence(
         provider = SlackProvider.from_context(ctx)
         with pytest.raises(ProviderError) as refused:
             await asyncio.wait_for(provider.run(lambda m: asyncio.sleep(0)), 10)
-        assert refused.value.permanent and APP_TOKEN_ENV in str(refused.value)
+        assert permanent(refused.value) and APP_TOKEN_ENV in str(refused.value)
         await provider.close()
     finally:
         await h.close()
@@ -408,8 +410,8 @@ def test_a_secret_logged_by_the_sdk_is_masked(data_dir: Path, monkeypatch, caplo
     monkeypatch.setenv("SLACK_APP_TOKEN", "xapp-a-very-secret-token")
     config = ProviderConfig.model_validate({"enabled": True, "mode": "socket"})
     SlackProvider.from_context(ProviderContext(config, data_dir, None))
-    for name in ("slack_sdk.web.async_base_client", "providers.slack.bolt",
-                 "providers.slack.socket_mode.sdk"):
+    for name in ("slack_sdk.web.async_base_client", "pluto.providers.slack.bolt",
+                 "pluto.providers.slack.socket_mode.sdk"):
         logging.getLogger(name).debug("calling with %s and %s", "xoxb-a-very-secret-token",
                                       "xapp-a-very-secret-token")
     assert caplog.text.count("<secret>") == 6 and "very-secret" not in caplog.text

@@ -19,7 +19,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from runtime.data import (
+from pluto.runtime.data import (
     DataError,
     QueryError,
     QueryMemoryError,
@@ -34,7 +34,7 @@ from runtime.data import (
     run_query,
     write_csv,
 )
-from runtime.data import child, sandbox
+from pluto.runtime.data import child, sandbox
 
 MARK = f"pluto_escape_{uuid.uuid4().hex[:8]}"  # in every path the corpus tries to write
 

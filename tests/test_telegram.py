@@ -16,13 +16,15 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agents.yamlfile import ConfigError
-from gateway.config import ProviderConfig
-from gateway.provider import ProviderContext, ProviderError
-from gateway.types import Attachment, IncomingMessage, OutgoingMessage
-from providers.telegram import TelegramProvider, TelegramSettings
-from providers.telegram.inbound import safe_filename
-from providers.telegram.provider import SECRET_HEADER
+from pluto.errors import ConfigError
+from tests.helpers.gateway import permanent
+from pluto.settings import ProviderConfig
+from pluto.errors import ProviderError
+from pluto.gateway.ports import ProviderContext
+from pluto.types import Attachment, IncomingMessage, OutgoingMessage
+from pluto.providers.telegram import TelegramProvider, TelegramSettings
+from pluto.providers.telegram.inbound import safe_filename
+from pluto.providers.telegram.provider import SECRET_HEADER
 from tests.conformance.test_scenarios import png
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -185,7 +187,7 @@ async def test_edits_and_not_modified(fake, data_dir):
     assert fake.message(DM, int(mid or 0))["text"] == "final" and len(fake.edits(DM)) == 1
     with pytest.raises(ProviderError) as info:
         await provider.edit(OutgoingMessage(chat_id=str(DM), text="x", edit_of="999"))
-    assert info.value.permanent and "message to edit not found" in str(info.value).lower()
+    assert permanent(info.value) and "message to edit not found" in str(info.value).lower()
     await provider.close()
 
 
@@ -196,20 +198,20 @@ async def test_errors_become_provider_errors(fake, data_dir):
              (dict(error_code=500), False, None),
              (dict(error_code=403), True, None),
              (dict(error_code=400, description="Bad Request: chat not found"), True, None)]
-    for failure, permanent, retry_after in cases:
+    for failure, is_permanent, retry_after in cases:
         fake.fail_next("sendMessage", **failure)
         with pytest.raises(ProviderError) as info:
             await provider.send(msg)
-        assert (info.value.permanent, info.value.retry_after) == (permanent, retry_after)
+        assert (permanent(info.value), info.value.retry_after) == (is_permanent, retry_after)
     fake.drop_next("sendMessage")
     with pytest.raises(ProviderError) as info:
         await provider.send(msg)
-    assert not info.value.permanent
+    assert not permanent(info.value)
     assert str(info.value).startswith("could not reach Telegram")
     fake.set_blocked(DM)
     with pytest.raises(ProviderError, match="bot was blocked by the user") as info:
         await provider.send(msg)
-    assert info.value.permanent
+    assert permanent(info.value)
     with pytest.raises(ProviderError, match="not a Telegram chat id"):
         await provider.send(OutgoingMessage(chat_id="general", text="hi"))
     with pytest.raises(ProviderError, match="(?i)message is too long"):
@@ -239,7 +241,7 @@ async def test_images_and_files_go_out_as_photos_and_documents(fake, data_dir, t
         Attachment(filename="gone.png", path=tmp_path / "gone.png", kind="image"),))
     with pytest.raises(ProviderError, match="can no longer be read") as info:
         await provider.send(missing)
-    assert info.value.permanent
+    assert permanent(info.value)
     await provider.close()
 
 
@@ -279,7 +281,7 @@ async def test_a_rejected_token_is_reported_without_the_token(fake, data_dir, ca
     provider = TelegramProvider(settings, bad_token, data_dir=data_dir)
     with pytest.raises(ProviderError) as info:
         await provider.run(lambda m: asyncio.sleep(0))  # type: ignore[arg-type,return-value]
-    assert info.value.permanent and "TELEGRAM_BOT_TOKEN" in str(info.value)
+    assert permanent(info.value) and "TELEGRAM_BOT_TOKEN" in str(info.value)
     assert bad_token not in str(info.value) and info.value.__suppress_context__
     good = make(fake, data_dir)
     await good.send(OutgoingMessage(chat_id=str(DM), text="hi"))

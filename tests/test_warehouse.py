@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from runtime.data import DatasetError, DatasetNotFound, Scope, Warehouse, ensure_demo
+from pluto.runtime.data import DatasetError, DatasetNotFound, Scope, Warehouse, ensure_demo
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agents.yamlfile import ConfigError
-from gateway.app import Gateway
-from gateway.config import PlutoConfig
-from providers.web.protocol import (
+from pluto.errors import ConfigError
+from pluto.gateway.app import Gateway
+from pluto.settings import PlutoConfig
+from pluto.providers.web.protocol import (
     Hello,
     Message,
     ProtocolError,
@@ -25,10 +25,10 @@ from providers.web.protocol import (
     display_details,
     parse_frame,
 )
-from providers.web.tokens import KEY_FILE, FileLinks, SessionSigner, load_key
-from runtime.model import ToolCall
-from runtime.testing import Scripted, ScriptedModel
-from runtime.tools import ToolContext, ToolResult, tool
+from pluto.providers.web.tokens import KEY_FILE, FileLinks, SessionSigner, load_key
+from pluto.runtime.model import ToolCall
+from pluto.runtime.testing import Scripted, ScriptedModel
+from pluto.runtime.tools import ToolContext, ToolResult, tool
 from tests.helpers.gateway import write_agent
 from tests.helpers.served import Tab, served, url, wait_for
 

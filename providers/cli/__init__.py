@@ -16,8 +16,8 @@ import uuid
 from pathlib import Path
 from typing import TextIO
 
-from gateway.provider import Inbox, Provider
-from gateway.types import Capabilities, IncomingMessage, OutgoingMessage
+from pluto.gateway.ports import Inbox, Provider
+from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
 
 TERMINAL_KINDS = ("reply", "error")
 

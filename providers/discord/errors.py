@@ -18,8 +18,8 @@ import logging
 import aiohttp
 import discord
 
-from gateway.logs import MaskSecrets
-from gateway.provider import ProviderError
+from pluto.gateway.logs import MaskSecrets
+from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable, RateLimited
 
 LIBRARY_WAIT = 30.0  # discord.py's documented minimum for max_ratelimit_timeout
 
@@ -40,20 +40,20 @@ def provider_error(exc: BaseException) -> ProviderError:
     """One plain sentence, and whether retrying can help."""
     match exc:
         case discord.RateLimited():
-            return ProviderError(f"Discord asked to slow down for {exc.retry_after:.3g}s",
-                                 retry_after=exc.retry_after)
+            return RateLimited(f"Discord asked to slow down for {exc.retry_after:.3g}s",
+                               retry_after=exc.retry_after)
         case discord.HTTPException():
             return _http_error(exc)
         case discord.LoginFailure():
-            return ProviderError("Discord rejected the bot token")
+            return ProviderUnusable("Discord rejected the bot token")
         case discord.PrivilegedIntentsRequired():
-            return ProviderError(
+            return ProviderUnusable(
                 "Discord refused the Message Content intent: turn on \"Message Content Intent\" "
                 "under Bot → Privileged Gateway Intents in the developer portal, or set "
                 "providers.discord.message_content_intent: false")
         case discord.ConnectionClosed():
             if exc.code == 4004:
-                return ProviderError("Discord rejected the bot token")
+                return ProviderUnusable("Discord rejected the bot token")
             return ProviderError(f"the Discord gateway closed the connection ({exc.code})")
         case discord.GatewayNotFound():
             return ProviderError("the Discord gateway could not be found")
@@ -68,16 +68,16 @@ def _http_error(exc: discord.HTTPException) -> ProviderError:
     reason = _reason(exc)
     if exc.status == 429:  # no Via header: Cloudflare, not Discord's rate limiter
         retry = _header_seconds(exc, "Retry-After") or 60.0
-        return ProviderError(f"Discord's edge refused too many requests; retry in {retry:g}s",
-                             retry_after=retry)
+        return RateLimited(f"Discord's edge refused too many requests; retry in {retry:g}s",
+                           retry_after=retry)
     if exc.code in PERMANENT_CODES:
-        return ProviderError(PERMANENT_CODES[exc.code], permanent=True)
+        return DeliveryRefused(PERMANENT_CODES[exc.code])
     if exc.status == 401:
-        return ProviderError("Discord rejected the bot token")
+        return ProviderUnusable("Discord rejected the bot token")
     if exc.status >= 500:
         return ProviderError(f"Discord had a server error ({exc.status})")
     if 400 <= exc.status < 500:
-        return ProviderError(f"Discord refused the message: {reason}", permanent=True)
+        return DeliveryRefused(f"Discord refused the message: {reason}")
     return ProviderError(f"Discord error {exc.status}: {reason}")
 
 

@@ -22,7 +22,7 @@ from typing import Literal
 import aiohttp
 import discord
 
-from gateway.types import Attachment, IncomingMessage
+from pluto.types import Attachment, IncomingMessage
 
 log = logging.getLogger(__name__)
 

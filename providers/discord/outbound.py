@@ -17,11 +17,11 @@ from typing import Any
 import aiohttp
 import discord
 
-from gateway.provider import ProviderError
-from gateway.render import render
-from gateway.render.dialects import escape_markdown
-from gateway.types import Attachment, OutgoingMessage
-from providers.discord.errors import provider_error
+from pluto.errors import DeliveryRefused, ProviderError
+from pluto.gateway.delivery.render import render
+from pluto.gateway.delivery.render.dialects import escape_markdown
+from pluto.types import Attachment, OutgoingMessage
+from pluto.providers.discord.errors import provider_error
 
 # replies ping the person asked; a model's text never pings @everyone, roles or users
 MENTIONS = discord.AllowedMentions(everyone=False, users=False, roles=False, replied_user=True)
@@ -33,7 +33,7 @@ def channel_id(chat_id: str, thread_id: str | None = None) -> int:
     """Where a message goes: the thread when there is one (a thread is a channel)."""
     raw = thread_id or chat_id
     if not raw.isdigit():
-        raise ProviderError(f"{raw!r} is not a Discord channel id", permanent=True)
+        raise DeliveryRefused(f"{raw!r} is not a Discord channel id")
     return int(raw)
 
 
@@ -81,7 +81,7 @@ async def send(client: discord.Client, message: OutgoingMessage) -> str:
 async def edit(client: discord.Client, message: OutgoingMessage) -> None:
     assert message.edit_of is not None
     if not message.edit_of.isdigit():
-        raise ProviderError(f"{message.edit_of!r} is not a Discord message id", permanent=True)
+        raise DeliveryRefused(f"{message.edit_of!r} is not a Discord message id")
     channel = client.get_partial_messageable(channel_id(message.chat_id, message.thread_id))
     try:
         await channel.get_partial_message(int(message.edit_of)).edit(
@@ -99,10 +99,9 @@ async def typing(client: discord.Client, chat_id: str, thread_id: str | None = N
 
 async def _file(attachment: Attachment) -> discord.File:
     if attachment.path is None:
-        raise ProviderError(f"the file {attachment.filename} has no path", permanent=True)
+        raise DeliveryRefused(f"the file {attachment.filename} has no path")
     try:
         data = await asyncio.to_thread(attachment.path.read_bytes)
     except OSError:
-        raise ProviderError(f"the file {attachment.filename} can no longer be read",
-                            permanent=True) from None
+        raise DeliveryRefused(f"the file {attachment.filename} can no longer be read") from None
     return discord.File(io.BytesIO(data), filename=attachment.filename)

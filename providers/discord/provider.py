@@ -25,13 +25,15 @@ from typing import Any
 
 import discord
 
-from gateway.provider import Inbox, Provider, ProviderContext, ProviderError
-from gateway.types import Capabilities, IncomingMessage, OutgoingMessage
-from providers.discord import outbound
-from providers.discord.errors import LIBRARY_WAIT, provider_error, redact_token_in_logs
-from providers.discord.inbound import USER_MESSAGES, Downloads, to_incoming
-from providers.discord.redirect import point_discord_at
-from providers.discord.settings import DiscordSettings, load_settings
+from pluto.errors import ProviderError, ProviderUnusable
+
+from pluto.gateway.ports import Inbox, Provider, ProviderContext
+from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
+from pluto.providers.discord import outbound
+from pluto.providers.discord.errors import LIBRARY_WAIT, provider_error, redact_token_in_logs
+from pluto.providers.discord.inbound import USER_MESSAGES, Downloads, to_incoming
+from pluto.providers.discord.redirect import point_discord_at
+from pluto.providers.discord.settings import DiscordSettings, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +150,7 @@ class DiscordProvider(Provider):
         if (isinstance(exc, discord.LoginFailure)
                 or (isinstance(exc, discord.ConnectionClosed) and exc.code == 4004)
                 or (isinstance(exc, discord.HTTPException) and exc.status == 401)):
-            return ProviderError(f"{error} (check {self.settings.token_env})")
+            return ProviderUnusable(f"{error} (check {self.settings.token_env})")
         return error
 
     # receiving ---------------------------------------------------------------------------

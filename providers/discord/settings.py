@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gateway.provider import ProviderContext, provider_settings, required_env
+from pluto.gateway.ports import ProviderContext, provider_settings, required_env
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 

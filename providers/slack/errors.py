@@ -14,8 +14,8 @@ import asyncio
 import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
 
-from gateway.logs import MaskSecrets
-from gateway.provider import ProviderError
+from pluto.gateway.logs import MaskSecrets
+from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable, RateLimited
 
 # error code → what it means for a person reading the log; all of these are permanent
 PERMANENT: dict[str, str] = {
@@ -41,6 +41,9 @@ PERMANENT: dict[str, str] = {
     "team_access_not_granted": "the app is not installed in that workspace",
     "ekm_access_denied": "the workspace's key management denied access",
 }
+# of those, the ones that no message can get past: the provider itself cannot work
+CREDENTIALS = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked",
+                         "token_expired", "team_access_not_granted"})
 
 
 def error_code(exc: SlackApiError) -> str:
@@ -69,9 +72,10 @@ def provider_error(exc: BaseException) -> ProviderError:
         code = error_code(exc)
         wait = retry_after(exc)
         if wait is not None:
-            return ProviderError(f"Slack asked to slow down for {wait:g}s", retry_after=wait)
+            return RateLimited(f"Slack asked to slow down for {wait:g}s", retry_after=wait)
         if code in PERMANENT:
-            return ProviderError(f"Slack refused: {PERMANENT[code]} ({code})", permanent=True)
+            cls = ProviderUnusable if code in CREDENTIALS else DeliveryRefused
+            return cls(f"Slack refused: {PERMANENT[code]} ({code})")
         status = getattr(exc.response, "status_code", 200)
         return ProviderError(f"Slack answered with an error ({code}, HTTP {status})")
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
@@ -88,7 +92,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 _MASK = MaskSecrets(placeholder="<secret>")
-_LIBRARIES = ("slack_sdk", "slack_bolt", "providers.slack")
+_LIBRARIES = ("slack_sdk", "slack_bolt", "pluto.providers.slack")
 
 
 def redact_secrets_in_logs(secrets: list[str]) -> None:

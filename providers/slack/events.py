@@ -28,7 +28,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 log = logging.getLogger(__name__)
 
 MAX_BODY = 1024 * 1024  # Slack's event posts are a few kilobytes
-BOLT_LOG = logging.getLogger("providers.slack.bolt")
+BOLT_LOG = logging.getLogger("pluto.providers.slack.bolt")
 Authorize = Callable[[], Awaitable[AuthorizeResult]]
 OnEvent = Callable[[dict[str, Any], str | None], Awaitable[None]]  # (payload, retry number)
 

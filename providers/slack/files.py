@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from gateway.types import Attachment
-from providers.slack.inbound import PROVIDER
+from pluto.types import Attachment
+from pluto.providers.slack.inbound import PROVIDER
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.types import Attachment, IncomingMessage
+from pluto.types import Attachment, IncomingMessage
 
 PROVIDER = "slack"
 

@@ -15,10 +15,10 @@ import aiohttp
 from slack_sdk.errors import SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from gateway.provider import ProviderError
-from gateway.render.dialects import escape_html
-from gateway.types import Attachment, OutgoingMessage
-from providers.slack.errors import provider_error
+from pluto.errors import DeliveryRefused, ProviderError
+from pluto.gateway.delivery.render.dialects import escape_html
+from pluto.types import Attachment, OutgoingMessage
+from pluto.providers.slack.errors import provider_error
 
 Joined = Callable[[str, str], None]  # (channel, thread ts): the bot now takes part in it
 
@@ -73,12 +73,11 @@ def _text(message: OutgoingMessage) -> str:
 
 async def _read(attachment: Attachment) -> bytes:
     if attachment.path is None:
-        raise ProviderError(f"the file {attachment.filename} has no path", permanent=True)
+        raise DeliveryRefused(f"the file {attachment.filename} has no path")
     try:
         return await asyncio.to_thread(attachment.path.read_bytes)
     except OSError:
-        raise ProviderError(f"the file {attachment.filename} can no longer be read",
-                            permanent=True) from None
+        raise DeliveryRefused(f"the file {attachment.filename} can no longer be read") from None
 
 
 async def _call(coro: Any) -> Any:

@@ -27,12 +27,14 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
-from gateway.provider import Inbox, Provider, ProviderContext, ProviderError
-from gateway.types import Attachment, Capabilities, OutgoingMessage
-from providers.slack.errors import provider_error, redact_secrets_in_logs
-from providers.slack.events import HttpEvents, build_app
-from providers.slack.files import Downloads, FileProblem
-from providers.slack.inbound import (
+from pluto.errors import ProviderError, ProviderUnusable
+
+from pluto.gateway.ports import Inbox, Provider, ProviderContext
+from pluto.types import Attachment, Capabilities, OutgoingMessage
+from pluto.providers.slack.errors import provider_error, redact_secrets_in_logs
+from pluto.providers.slack.events import HttpEvents, build_app
+from pluto.providers.slack.files import Downloads, FileProblem
+from pluto.providers.slack.inbound import (
     Addressed,
     Identity,
     RecentKeys,
@@ -43,9 +45,9 @@ from providers.slack.inbound import (
     message_key,
     to_incoming,
 )
-from providers.slack.outbound import Outbound
-from providers.slack.settings import SlackSecrets, SlackSettings, load_settings
-from providers.slack.socket_mode import serve_socket_mode
+from pluto.providers.slack.outbound import Outbound
+from pluto.providers.slack.settings import SlackSecrets, SlackSettings, load_settings
+from pluto.providers.slack.socket_mode import serve_socket_mode
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +243,6 @@ class SlackProvider(Provider):
 
 def _named(error: ProviderError, env: str) -> ProviderError:
     """The bot token refused: say which environment variable holds it."""
-    if error.permanent:
-        return ProviderError(f"{error} (the bot token in {env})", permanent=True)
+    if isinstance(error, ProviderUnusable):
+        return ProviderUnusable(f"{error} (the bot token in {env})")
     return error

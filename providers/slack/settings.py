@@ -26,8 +26,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agents.yamlfile import ConfigError
-from gateway.provider import ProviderContext, provider_settings, required_env
+from pluto.errors import ConfigError
+from pluto.gateway.ports import ProviderContext, provider_settings, required_env
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 WHERE = "pluto.yaml"

@@ -17,8 +17,8 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from gateway.provider import ProviderError
-from providers.slack.errors import provider_error
+from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable
+from pluto.providers.slack.errors import provider_error
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class _OneLine(logging.Filter):
         return True
 
 
-SDK_LOG = logging.getLogger("providers.slack.socket_mode.sdk")
+SDK_LOG = logging.getLogger("pluto.providers.slack.socket_mode.sdk")
 SDK_LOG.addFilter(_OneLine())
 
 
@@ -58,9 +58,8 @@ async def _first_url(client: AsyncWebClient, app_token: str, token_env: str) -> 
         found = await client.apps_connections_open(app_token=app_token)
     except SlackApiError as e:
         error = provider_error(e)
-        if error.permanent:
-            raise ProviderError(f"{error} (the app-level token in {token_env})",
-                                permanent=True) from None
+        if isinstance(error, (ProviderUnusable, DeliveryRefused)):
+            raise ProviderUnusable(f"{error} (the app-level token in {token_env})") from None
         raise error from None
     except (SlackClientError, OSError, asyncio.TimeoutError) as e:
         raise provider_error(e) from None

@@ -14,8 +14,8 @@ import warnings
 from telegram.error import (BadRequest, ChatMigrated, Conflict, Forbidden, InvalidToken,
                             NetworkError, RetryAfter, TelegramError, TimedOut)
 
-from gateway.logs import MaskSecrets
-from gateway.provider import ProviderError
+from pluto.gateway.logs import MaskSecrets
+from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable, RateLimited
 
 # PTB 22 warns whenever a RetryAfter is built (its int becomes a timedelta in a future major);
 # retry_seconds below reads either.
@@ -39,18 +39,16 @@ def provider_error(exc: TelegramError) -> ProviderError:
     match exc:
         case RetryAfter():
             seconds = retry_seconds(exc)
-            return ProviderError(f"Telegram asked to slow down for {seconds:g}s",
-                                 retry_after=seconds)
+            return RateLimited(f"Telegram asked to slow down for {seconds:g}s", retry_after=seconds)
         case Forbidden():
-            return ProviderError(f"Telegram refused: {_reason(exc)}", permanent=True)
+            return DeliveryRefused(f"Telegram refused: {_reason(exc)}")
         case InvalidToken():
-            return ProviderError("Telegram rejected the bot token", permanent=True)
+            return ProviderUnusable("Telegram rejected the bot token")
         case ChatMigrated():
-            return ProviderError("the group became a supergroup with a new chat id "
-                                 f"({exc.new_chat_id})", permanent=True)
+            return DeliveryRefused("the group became a supergroup with a new chat id "
+                                   f"({exc.new_chat_id})")
         case BadRequest():
-            return ProviderError(f"Telegram rejected the request: {_reason(exc)}",
-                                 permanent=True)
+            return DeliveryRefused(f"Telegram rejected the request: {_reason(exc)}")
         case TimedOut():
             return ProviderError("Telegram did not answer in time")
         case Conflict():

@@ -16,7 +16,7 @@ from typing import Literal
 from telegram import Bot, Message, MessageEntity
 from telegram.error import TelegramError
 
-from gateway.types import Attachment, IncomingMessage
+from pluto.types import Attachment, IncomingMessage
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from telegram import Bot, Message, ReplyParameters
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, TelegramError
 
-from gateway.provider import ProviderError
-from gateway.types import Attachment, OutgoingMessage
-from providers.telegram.errors import CANT_PARSE, NOT_MODIFIED, provider_error
-from providers.telegram.inbound import platform_message_id
+from pluto.errors import DeliveryRefused, ProviderError
+from pluto.types import Attachment, OutgoingMessage
+from pluto.providers.telegram.errors import CANT_PARSE, NOT_MODIFIED, provider_error
+from pluto.providers.telegram.inbound import platform_message_id
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +68,11 @@ class Outbound:
     async def _send_file(self, attachment: Attachment, caption: str | None, markup: str,
                          target: dict[str, Any]) -> Message:
         if attachment.path is None:
-            raise ProviderError(f"the file {attachment.filename} has no path", permanent=True)
+            raise DeliveryRefused(f"the file {attachment.filename} has no path")
         try:
             data = await asyncio.to_thread(attachment.path.read_bytes)
         except OSError:
-            raise ProviderError(f"the file {attachment.filename} can no longer be read",
-                                permanent=True) from None
+            raise DeliveryRefused(f"the file {attachment.filename} can no longer be read") from None
         mode = _parse_mode(markup) if caption else None
         if attachment.kind == "image":
             try:
@@ -123,7 +122,7 @@ def _chat(chat_id: str) -> int | str:
         return int(chat_id)
     if chat_id.startswith("@"):
         return chat_id
-    raise ProviderError(f"{chat_id!r} is not a Telegram chat id", permanent=True)
+    raise DeliveryRefused(f"{chat_id!r} is not a Telegram chat id")
 
 
 def _target(message: OutgoingMessage) -> dict[str, Any]:

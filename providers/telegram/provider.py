@@ -23,12 +23,14 @@ from telegram import Bot, BotCommand, Message, Update
 from telegram.error import InvalidToken, RetryAfter, TelegramError, TimedOut
 from telegram.request import HTTPXRequest
 
-from gateway.provider import Inbox, Provider, ProviderContext, ProviderError
-from gateway.types import Capabilities, OutgoingMessage
-from providers.telegram.errors import provider_error, redact_token_in_logs, retry_seconds
-from providers.telegram.inbound import Downloads, command_target, to_incoming
-from providers.telegram.outbound import Outbound
-from providers.telegram.settings import TelegramSettings, load_settings
+from pluto.errors import ProviderError, ProviderUnusable
+
+from pluto.gateway.ports import Inbox, Provider, ProviderContext
+from pluto.types import Capabilities, OutgoingMessage
+from pluto.providers.telegram.errors import provider_error, redact_token_in_logs, retry_seconds
+from pluto.providers.telegram.inbound import Downloads, command_target, to_incoming
+from pluto.providers.telegram.outbound import Outbound
+from pluto.providers.telegram.settings import TelegramSettings, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +78,8 @@ class TelegramProvider(Provider):
                 await self.bot.initialize()
                 self._connected = True
             except InvalidToken:
-                raise ProviderError(f"Telegram rejected the bot token (check "
-                                    f"{self.settings.token_env})", permanent=True) from None
+                raise ProviderUnusable(f"Telegram rejected the bot token (check "
+                                       f"{self.settings.token_env})") from None
             except TelegramError as e:
                 raise provider_error(e) from None
 
@@ -118,7 +120,7 @@ class TelegramProvider(Provider):
                 await asyncio.sleep(retry_seconds(e))
                 continue
             except InvalidToken:
-                raise ProviderError("Telegram rejected the bot token", permanent=True) from None
+                raise ProviderUnusable("Telegram rejected the bot token") from None
             except TelegramError as e:
                 failures += 1
                 delay = min(30.0, 2.0 ** failures)

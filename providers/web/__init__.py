@@ -1,5 +1,5 @@
 """The web chat: an embeddable widget over a WebSocket (see :mod:`providers.web.provider`)."""
 
-from providers.web.provider import WebProvider
+from pluto.providers.web.provider import WebProvider
 
 __all__ = ["WebProvider"]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from providers.web.provider import WebProvider
+    from pluto.providers.web.provider import WebProvider
 
 STATIC = Path(__file__).parent / "static"
 ASSETS = {

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.types import (
+from pluto.types import (
     MessageDelta,
     MessageFinal,
     RunEnd,

@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING
 
 from aiohttp import WSCloseCode, web
 
-from agents.yamlfile import ConfigError
-from gateway.http import GATEWAY_KEY
-from gateway.provider import Inbox, Provider, ProviderContext
-from gateway.types import Capabilities, IncomingMessage, OutgoingMessage, Route, RunStart
-from gateway.watch import follow_run
-from providers.web import pages, protocol
-from providers.web.rooms import Rooms
-from providers.web.settings import WebSettings, load_settings
-from providers.web.socket import serve_socket
-from providers.web.tokens import FileLinks, SessionSigner, load_key
+from pluto.errors import ConfigError
+from pluto.gateway.http.server import GATEWAY_KEY
+from pluto.gateway.ports import Inbox, Provider, ProviderContext
+from pluto.types import Capabilities, IncomingMessage, OutgoingMessage, Route, RunStart
+from pluto.gateway.transcript import follow_run
+from pluto.providers.web import pages, protocol
+from pluto.providers.web.rooms import Rooms
+from pluto.providers.web.settings import WebSettings, load_settings
+from pluto.providers.web.socket import serve_socket
+from pluto.providers.web.tokens import FileLinks, SessionSigner, load_key
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from pluto.gateway.app import Gateway
 
 log = logging.getLogger(__name__)
 

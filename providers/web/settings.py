@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gateway.provider import provider_settings
+from pluto.gateway.ports import provider_settings
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 

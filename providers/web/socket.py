@@ -15,14 +15,14 @@ from urllib.parse import urlsplit
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from gateway.types import IncomingMessage
-from gateway.watch import TranscriptItem, chat_transcript
-from providers.web import protocol
-from providers.web.protocol import Hello, Message, ProtocolError, Stop, TokenBucket
-from providers.web.rooms import Client
+from pluto.types import IncomingMessage
+from pluto.gateway.transcript import TranscriptItem, chat_transcript
+from pluto.providers.web import protocol
+from pluto.providers.web.protocol import Hello, Message, ProtocolError, Stop, TokenBucket
+from pluto.providers.web.rooms import Client
 
 if TYPE_CHECKING:
-    from providers.web.provider import WebProvider
+    from pluto.providers.web.provider import WebProvider
 
 log = logging.getLogger(__name__)
 

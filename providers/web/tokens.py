@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from agents.yamlfile import ConfigError
+from pluto.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

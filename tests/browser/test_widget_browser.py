@@ -15,8 +15,8 @@ from typing import Any
 
 import playwright.async_api as playwright_api
 
-from runtime.model import ModelSettings, ModelTurn
-from runtime.testing import ScriptedModel
+from pluto.runtime.model import ModelSettings, ModelTurn
+from pluto.runtime.testing import ScriptedModel
 from tests.helpers.served import served, url
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -12,9 +12,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.provider import Inbox, Provider
-from gateway.types import IncomingMessage, OutgoingMessage
-from providers.cli import CliProvider
+from pluto.gateway.ports import Inbox, Provider
+from pluto.types import IncomingMessage, OutgoingMessage
+from pluto.providers.cli import CliProvider
 from tests.conformance.harness import Harness, Shown, UserMessage
 
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)\n```", re.S | re.M)

@@ -12,9 +12,9 @@ import discord.gateway
 import discord.http
 from markdown_it import MarkdownIt
 
-from gateway.config import ProviderConfig
-from gateway.provider import Provider, ProviderContext
-from providers.discord import DiscordProvider
+from pluto.settings import ProviderConfig
+from pluto.gateway.ports import Provider, ProviderContext
+from pluto.providers.discord import DiscordProvider
 from tests.conformance.harness import Harness, Shown, UserMessage
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.discord_state import Failure, Sent, normalize_route

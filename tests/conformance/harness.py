@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.app import Gateway
-from gateway.config import PlutoConfig
-from gateway.provider import Provider
-from gateway.types import Capabilities, IncomingMessage
-from runtime.testing import ScriptedModel
-from runtime.tools import Tool
+from pluto.gateway.app import Gateway
+from pluto.settings import PlutoConfig
+from pluto.gateway.ports import Provider
+from pluto.types import Capabilities, IncomingMessage
+from pluto.runtime.testing import ScriptedModel
+from pluto.runtime.tools import Tool
 
 
 @dataclass(frozen=True, slots=True)

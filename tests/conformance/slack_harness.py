@@ -14,10 +14,10 @@ from typing import Any
 
 import yaml
 
-from gateway.config import ProviderConfig
-from gateway.http import HttpServer
-from gateway.provider import Provider, ProviderContext
-from providers.slack import SlackProvider
+from pluto.settings import ProviderConfig
+from pluto.gateway.http.server import HttpServer
+from pluto.gateway.ports import Provider, ProviderContext
+from pluto.providers.slack import SlackProvider
 from tests.conformance.harness import Harness, Shown, UserMessage
 from tests.fakes.slack_server import FakeSlack, slack_escape
 from tests.fakes.slack_state import SlackError

@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.config import ProviderConfig
-from gateway.provider import Provider, ProviderContext
-from providers.telegram import TelegramProvider
+from pluto.settings import ProviderConfig
+from pluto.gateway.ports import Provider, ProviderContext
+from pluto.providers.telegram import TelegramProvider
 from tests.conformance.harness import Harness, Shown, UserMessage
 from tests.fakes.telegram_server import FakeTelegram
 from tests.fakes.telegram_state import ApiError

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.render import render_chunks
+from pluto.gateway.delivery.render import render_chunks
 from tests.conformance.conftest import harnesses
 from tests.conformance.harness import Harness
 from tests.conformance.test_scenarios import long_text
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def pluto_cmd() -> list[str]:
     exe = shutil.which("pluto")
-    return [exe] if exe else [sys.executable, "-m", "gateway.cli"]
+    return [exe] if exe else [sys.executable, "-m", "pluto.gateway.cli"]
 
 
 class Serve:

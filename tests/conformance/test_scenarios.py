@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.render import render_chunks
-from runtime.model import ModelTurn, ToolCall
-from runtime.testing import Scripted, ScriptedModel
-from runtime.tools import ToolContext, ToolResult, tool
+from pluto.gateway.delivery.render import render_chunks
+from pluto.runtime.model import ModelTurn, ToolCall
+from pluto.runtime.testing import Scripted, ScriptedModel
+from pluto.runtime.tools import ToolContext, ToolResult, tool
 from tests.conformance.conftest import harnesses
 from tests.conformance.harness import Harness
 

@@ -6,8 +6,10 @@ import asyncio
 import itertools
 from pathlib import Path
 
-from gateway.provider import Inbox, Provider, ProviderError
-from gateway.types import Capabilities, IncomingMessage, OutgoingMessage
+from pluto.errors import ProviderError
+
+from pluto.gateway.ports import Inbox, Provider
+from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
 
 _ids = itertools.count(1)
 
@@ -90,3 +92,10 @@ def write_agent(config_dir: Path, name: str, yaml_text: str, instructions: str =
     (d / "agent.yaml").write_text(yaml_text)
     (d / "instructions.md").write_text(instructions)
     return d
+
+
+def permanent(error: BaseException) -> bool:
+    """Whether a provider error is one that no retry can fix."""
+    from pluto.errors import DeliveryRefused, ProviderUnusable
+
+    return isinstance(error, (DeliveryRefused, ProviderUnusable))

@@ -10,9 +10,9 @@ from typing import Any
 
 import aiohttp
 
-from gateway.app import Gateway
-from gateway.config import PlutoConfig
-from runtime.testing import ScriptedModel
+from pluto.gateway.app import Gateway
+from pluto.settings import PlutoConfig
+from pluto.runtime.testing import ScriptedModel
 
 API_KEY = "test-api-key-0123456789"
 

@@ -1,0 +1,97 @@
+"""The ``pluto`` command. Only argparse is imported up front, so ``pluto --help`` is fast."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pluto import __version__
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+
+
+def _common(sub: argparse.ArgumentParser, top: bool = False) -> None:
+    default: Any = None if top else argparse.SUPPRESS
+    sub.add_argument("--config", metavar="DIR", type=Path, default=default,
+                     help="configuration directory (default: $PLUTO_CONFIG or ./config)")
+    sub.add_argument("--data-dir", metavar="DIR", type=Path, default=default,
+                     help="state directory (default: data_dir in pluto.yaml, ./.pluto)")
+    sub.add_argument("-v", "--verbose", action="store_true", default=False if top else default,
+                     help="log more (to stderr)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pluto", description="Pluto: a chat gateway for LLM agents.",
+        epilog="Start with 'pluto chat'. Each command takes --config DIR and --data-dir DIR.")
+    p.add_argument("--version", action="version", version=f"pluto {__version__}")
+    _common(p, top=True)
+    subs = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    chat = subs.add_parser("chat", help="chat with an agent in this terminal")
+    chat.add_argument("--agent", metavar="NAME", help="talk to this agent (default: routes.yaml)")
+
+    run = subs.add_parser("run", help="send one message, print the reply, exit (0 = answered)")
+    run.add_argument("message", help="the message, or - to read it from stdin")
+    run.add_argument("--agent", metavar="NAME", help="the agent to ask (default: routes.yaml)")
+    run.add_argument("--session", metavar="NAME",
+                     help="continue a named conversation (default: a fresh one each time)")
+
+    serve = subs.add_parser("serve", help="run the gateway with every enabled provider")
+    serve.add_argument("--host", help="HTTP bind address (default: http.host in pluto.yaml)")
+    serve.add_argument("--port", type=int, help="HTTP port (default: http.port in pluto.yaml)")
+
+    subs.add_parser("agents", help="list the agents and check their configuration")
+    from pluto.gateway.cli.data import add_parser as data_parser  # argparse only
+
+    for sub in (chat, run, serve, subs.choices["agents"], *_routes_and_pairing(subs),
+                *data_parser(subs)):
+        _common(sub)
+    return p
+
+
+def _routes_and_pairing(subs: Any) -> list[argparse.ArgumentParser]:
+    routes = subs.add_parser("routes", help="check routes.yaml, or explain where a message goes")
+    actions = routes.add_subparsers(dest="routes_command", metavar="ACTION", required=True)
+    check = actions.add_parser("check", help="validate routes.yaml and the agents (exit 2 on "
+                               "errors)")
+    ex = actions.add_parser("explain", help="which rule, agent and session a message gets, and "
+                            "why (exit 1 when it gets nothing)")
+    ex.add_argument("--provider", required=True, help="e.g. telegram, discord, slack, web, cli")
+    ex.add_argument("--chat", required=True, help="the chat / channel id")
+    ex.add_argument("--user", required=True, help="the user id")
+    ex.add_argument("--group", action="store_true", help="a group message (default: direct)")
+    ex.add_argument("--mention", action="store_true", help="the message mentions the bot")
+    ex.add_argument("--thread", metavar="ID", help="the thread id")
+    ex.add_argument("--guild", metavar="ID", help="the guild (Discord) or team (Slack) id")
+    ex.add_argument("--text", default="", help="the message text (for text_prefix/text_regex)")
+    pairing = subs.add_parser("pairing", help="approve users who asked for access by DM")
+    acts = pairing.add_subparsers(dest="pairing_command", metavar="ACTION", required=True)
+    approve = acts.add_parser("approve", help="approve the user who was given CODE")
+    approve.add_argument("code", help="the pairing code, e.g. ABCD-2345")
+    listed = acts.add_parser("list", help="pending codes and approved users")
+    revoke = acts.add_parser("revoke", help="withdraw a user's approval")
+    revoke.add_argument("--provider", required=True)
+    revoke.add_argument("--user", required=True)
+    return [check, ex, approve, listed, revoke]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command is None:
+        build_parser().print_help()
+        return EXIT_OK
+    args.config = args.config or Path(os.environ.get("PLUTO_CONFIG", "config"))
+    from pluto.gateway.cli import commands as cli_commands  # the heavy imports start here
+
+    try:
+        return cli_commands.dispatch(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from pluto.gateway.cli import main
+
+sys.exit(main())

@@ -1,0 +1,167 @@
+"""What each ``pluto`` command does (imported only once a command runs)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import uuid
+from pathlib import Path
+
+from pluto.errors import ConfigError
+from pluto import __version__
+from pluto.gateway.app import Gateway
+from pluto.gateway.cli import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
+from pluto.settings import PlutoConfig, load_pluto_config
+from pluto.gateway.logs import setup_logging
+from pluto.providers.cli import CliProvider, OneShotCliProvider
+
+log = logging.getLogger("pluto")
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    try:
+        config = load_pluto_config(args.config)
+    except ConfigError as e:
+        return _config_failed(e)
+    data_dir = args.data_dir or Path(os.environ.get("PLUTO_DATA_DIR") or config.data_dir)
+    quiet = args.command in ("chat", "run", "agents", "routes", "pairing", "data")
+    setup_logging("DEBUG" if args.verbose else config.log_level,
+                  secret_env_names=config.secret_names(),
+                  log_file=data_dir / "pluto.log" if quiet else None,
+                  stderr_level=None if args.verbose or not quiet else "CRITICAL")
+    match args.command:
+        case "agents":
+            return _agents(args, config, data_dir)
+        case "chat":
+            return _guarded(_chat(args, config, data_dir))
+        case "run":
+            return _guarded(_run(args, config, data_dir))
+        case "serve":
+            return _guarded(_serve(args, config, data_dir))
+        case "routes":
+            from pluto.gateway.cli.routes import routes_command
+            return routes_command(args, config, data_dir)
+        case "pairing":
+            from pluto.gateway.cli.pairing import pairing_command
+            return _guarded(pairing_command(args, config, data_dir))
+        case "data":
+            from pluto.gateway.cli.data import data_command
+            return data_command(args, config, args.config, data_dir)
+    return EXIT_CONFIG
+
+
+def _guarded(coro: object) -> int:
+    try:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    except ConfigError as e:
+        return _config_failed(e)
+
+
+def _config_failed(e: ConfigError) -> int:
+    print("pluto: the configuration has errors:", file=sys.stderr)
+    for line in str(e).splitlines():
+        print(f"  {line}", file=sys.stderr)
+    return EXIT_CONFIG
+
+
+def _gateway(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> Gateway:
+    gw = Gateway(args.config, data_dir=data_dir, config=config)
+    agent = getattr(args, "agent", None)
+    if agent:
+        if agent not in gw.registry:
+            known = ", ".join(gw.registry.names()) or "none"
+            raise ConfigError([(str(args.config / "agents"), None, "--agent",
+                                f"unknown agent '{agent}' (known: {known})")])
+        gw.routes = gw.routes.pinned("cli", agent)
+    return gw
+
+
+async def _chat(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
+    gw = _gateway(args, config, data_dir)
+    async with gw:
+        provider = CliProvider(history_file=data_dir / "chat_history")
+        route = gw.routes.route(provider.message(""))
+        agent = route.agent if route else "nobody (no route for the terminal)"
+        print(f"Pluto {__version__} · agent: {agent} · /help for commands · "
+              "Ctrl+C stops a reply · Ctrl+D quits", file=sys.stderr)
+        task = gw.add_provider(provider, restart=False)
+        _on_signals(lambda: task.cancel(), signal.SIGTERM)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+    return EXIT_OK
+
+
+async def _run(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
+    text = sys.stdin.read() if args.message == "-" else args.message
+    if not text.strip():
+        print("pluto run: the message is empty", file=sys.stderr)
+        return EXIT_CONFIG
+    gw = _gateway(args, config, data_dir)
+    async with gw:
+        chat = f"run:{args.session}" if args.session else f"run:{uuid.uuid4().hex[:12]}"
+        provider = OneShotCliProvider(text.strip(), chat_id=chat)
+        task = gw.add_provider(provider, restart=False)
+        _on_signals(lambda: task.cancel(), signal.SIGTERM, signal.SIGINT)
+        try:
+            await task
+        except asyncio.CancelledError:
+            return 130
+    if provider.interrupted:
+        return 130
+    return EXIT_FAILED if provider.errors else EXIT_OK
+
+
+async def _serve(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
+    bind = (args.host or config.http.host, config.http.port if args.port is None else args.port)
+    gw = Gateway(args.config, data_dir=data_dir, config=config, serve=True, http_bind=bind)
+    stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            print("pluto: second signal, exiting now", file=sys.stderr)
+            os._exit(EXIT_FAILED)
+        log.info("stopping (send the signal again to force)")
+        stop.set()
+
+    _on_signals(on_signal, signal.SIGINT, signal.SIGTERM)
+    async with gw:
+        assert gw.http is not None
+        log.info("pluto %s serving on %s; config %s, data %s", __version__, gw.http.url,
+                 args.config, data_dir)
+        await stop.wait()
+    log.info("stopped")
+    return EXIT_OK
+
+
+def _agents(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
+    from pluto.agents.registry import AgentRegistry
+
+    registry = AgentRegistry(args.config / "agents", data_dir / "agents")
+    failed = False
+    for name in registry.names():
+        try:
+            spec = registry.get(name)
+        except ConfigError as e:
+            failed = True
+            print(f"{name}\tERROR\t{str(e).splitlines()[0]}")
+            continue
+        model = config.models[spec.model].model if spec.model in config.models else spec.model
+        print(f"{name}\t{model}\t{spec.description}")
+    if not registry.names():
+        print("no agents found in", args.config / "agents", file=sys.stderr)
+    return EXIT_CONFIG if failed else EXIT_OK
+
+
+def _on_signals(handler: object, *signals: signal.Signals) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in signals:
+        try:
+            loop.add_signal_handler(sig, handler)  # type: ignore[arg-type]
+        except (NotImplementedError, RuntimeError):
+            pass

@@ -1,0 +1,1 @@
+"""Where replies leave: the outbox (exactly once), live previews and rendering."""

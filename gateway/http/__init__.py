@@ -1,0 +1,1 @@
+"""The gateway's one HTTP server: health, readiness, metrics and the admin API."""

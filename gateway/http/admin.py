@@ -1,0 +1,295 @@
+"""The admin API under ``/admin/`` and the A2A Agent Cards, on the gateway's HTTP server.
+
+The admin API has its own key: ``admin.api_key_env`` in ``pluto.yaml`` names the environment
+variable that holds it (16+ characters); every request sends ``Authorization: Bearer <key>``.
+Without a configured key the admin API is off and says so (403). Endpoints (JSON in and out):
+
+- ``GET /admin/agents?offset=&limit=``: the agents, their source and whether they load
+- ``GET /admin/agents/{name}``: one agent, with its ``agent.yaml``, files and problems
+- ``PUT /admin/agents/{name}``: create or replace, from
+  ``{"agent": {...fields of agent.yaml...}, "files": {"instructions.md": "..."}}``
+  (or ``"agent_yaml": "<text>"`` instead of ``"agent"``)
+- ``DELETE /admin/agents/{name}``: remove an agent deployed through this API
+- ``GET /admin/reload``, ``POST /admin/reload``: the live-reload status; reload now
+- ``GET /admin/routes``, ``POST /admin/routes/explain``: the table in force; explain a message
+- ``GET /admin/pairing``, ``POST /admin/pairing/approve``,
+  ``DELETE /admin/pairing/{provider}/{user}``: pairing requests and approvals
+- ``GET /admin/runs?limit=&agent=&status=``, ``GET /admin/runs/{id}``: recent runs, one run
+
+Agents put here are files in ``<data_dir>/agents/<name>/``, validated exactly like the ones in
+the config dir before they replace anything (atomically), and they override a config agent of
+the same name. ``GET /agents/{name}/.well-known/agent.json`` is the agent's A2A Agent Card.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from pluto.agents.registry import UnknownAgent
+from pluto.errors import ConfigError
+from pluto.gateway.http.admin_agents import AgentFiles, BadRequest, agent_card, agent_view, delete, save
+from pluto.gateway.pipeline.explain import explain, message_from
+from pluto.gateway.http.server import GATEWAY_KEY
+from pluto.events import event_to_dict
+from pluto.storage.access import PairingError, recent_runs
+
+if TYPE_CHECKING:
+    from pluto.gateway.app import Gateway
+
+log = logging.getLogger(__name__)
+
+MIN_KEY_LENGTH = 16
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def admin_key(gw: Gateway) -> tuple[str | None, str]:
+    """The admin key, or None and why the admin API is off."""
+    env = gw.config.admin.api_key_env
+    if not env:
+        return None, ("the admin API is off: set admin.api_key_env in pluto.yaml to the name of "
+                      "an environment variable holding a key of 16+ characters")
+    key = os.environ.get(env, "")
+    if not key:
+        return None, f"the admin API is off: the environment variable {env} is not set"
+    if len(key) < MIN_KEY_LENGTH:
+        return None, f"the admin API is off: the key in {env} is shorter than 16 characters"
+    return key, ""
+
+
+def _error(status: int, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": message, **extra}, status=status)
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    gw = request.app[GATEWAY_KEY]
+    key, why = admin_key(gw)
+    if key is None:
+        return _error(403, why)
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                             key.encode()):
+        log.warning("admin API: refused %s %s from %s (missing or wrong key)", request.method,
+                    request.path, request.remote)
+        return web.json_response({"error": "a valid admin key is required "
+                                  "(Authorization: Bearer <key>)"}, status=401,
+                                 headers={"WWW-Authenticate": 'Bearer realm="pluto-admin"'})
+    try:
+        return await handler(request)
+    except BadRequest as e:
+        return _error(e.status, str(e), **e.extra)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return _error(e.status, e.reason.lower())
+    except Exception:
+        log.exception("admin API: %s %s failed", request.method, request.path)
+        return _error(500, "internal error; the details are in the gateway log")
+
+
+def mount_admin(app: web.Application, gateway: Gateway) -> None:
+    """Add ``/admin/`` and the agent cards to the gateway's HTTP app (before it starts)."""
+    admin = web.Application(middlewares=[_guard])
+    admin[GATEWAY_KEY] = gateway
+    r = admin.router
+    r.add_get("/", _index)
+    r.add_get("/agents", _list_agents)
+    r.add_get("/agents/{name}", _get_agent)
+    r.add_put("/agents/{name}", _put_agent)
+    r.add_delete("/agents/{name}", _delete_agent)
+    r.add_get("/reload", _reload_status)
+    r.add_post("/reload", _reload)
+    r.add_get("/routes", _routes)
+    r.add_post("/routes/explain", _explain)
+    r.add_get("/pairing", _pairing)
+    r.add_post("/pairing/approve", _approve)
+    r.add_delete("/pairing/{provider}/{user}", _revoke)
+    r.add_get("/runs", _runs)
+    r.add_get("/runs/{run_id}", _run)
+    app.add_subapp("/admin", admin)
+    app.router.add_get("/agents/{name}/.well-known/agent.json", _card)
+    app.router.add_get("/agents/{name}/.well-known/agent-card.json", _card)
+    key, why = admin_key(gateway)
+    log.info("admin API: %s", "on at /admin/" if key else why)
+
+
+async def _index(request: web.Request) -> web.Response:
+    paths = sorted({str(res.canonical) for res in request.app.router.resources()})
+    return web.json_response({"endpoints": paths})
+
+
+# agents -------------------------------------------------------------------------------------------
+
+async def _list_agents(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY_KEY]
+    offset = _int(request, "offset", 0, 0, 10**9)
+    limit = _int(request, "limit", 100, 1, 1000)
+    names = gw.registry.names()
+    page = [agent_view(gw, name, full=False) for name in names[offset:offset + limit]]
+    return web.json_response({"total": len(names), "offset": offset, "agents": page})
+
+
+async def _get_agent(request: web.Request) -> web.Response:
+    gw, name = request.app[GATEWAY_KEY], request.match_info["name"]
+    if name not in gw.registry:
+        return _error(404, f"no agent named {name!r}")
+    return web.json_response(agent_view(gw, name, full=True))
+
+
+async def _put_agent(request: web.Request) -> web.Response:
+    gw, name = request.app[GATEWAY_KEY], request.match_info["name"]
+    files = AgentFiles.from_body(name, await _json(request))
+    created = await save(gw, files)
+    log.info("admin API: agent %s %s (from %s)", name, "created" if created else "replaced",
+             request.remote)
+    return web.json_response(agent_view(gw, name, full=True), status=201 if created else 200)
+
+
+async def _delete_agent(request: web.Request) -> web.Response:
+    gw, name = request.app[GATEWAY_KEY], request.match_info["name"]
+    await delete(gw, name)
+    log.info("admin API: agent %s deleted (from %s)", name, request.remote)
+    return web.Response(status=204)
+
+
+async def _card(request: web.Request) -> web.Response:
+    gw, name = request.app[GATEWAY_KEY], request.match_info["name"]
+    try:
+        spec = gw.registry.get(name)
+    except UnknownAgent:
+        return _error(404, f"no agent named {name!r}")
+    except ConfigError:
+        return _error(503, f"the agent {name!r} has configuration errors")
+    base = f"{request.url.origin()}/agents/{name}"
+    return web.json_response(agent_card(spec, base))
+
+
+# reload and routes --------------------------------------------------------------------------------
+
+async def _reload_status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[GATEWAY_KEY].watcher.status.as_dict())
+
+
+async def _reload(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY_KEY]
+    status = gw.watcher.reload_now()
+    log.info("admin API: reload requested by %s: %s", request.remote,
+             "ok" if status.ok else "refused")
+    return web.json_response(status.as_dict(), status=200 if status.ok else 422)
+
+
+async def _routes(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY_KEY]
+    table = gw.routes
+    rules = [{"rule": table.label(i), "line": table.line_of(i),
+              **rule.model_dump(mode="json", exclude_none=True, exclude_defaults=True)}
+             for i, rule in enumerate(table.spec.routes)]
+    return web.json_response({"source": table.source, "generation": gw.watcher.status.generation,
+                              "defaults": table.spec.defaults.model_dump(mode="json"),
+                              "routes": rules, "default": table.spec.default})
+
+
+async def _explain(request: web.Request) -> web.Response:
+    body = await _json(request)
+    missing = [k for k in ("provider", "chat", "user") if not isinstance(body.get(k), (str, int))]
+    if missing:
+        raise BadRequest(f"missing or not a string: {', '.join(missing)}")
+    m = message_from(str(body["provider"]), str(body["chat"]), str(body["user"]),
+                     group=bool(body.get("group")), mention=bool(body.get("mention")),
+                     thread=_opt_str(body, "thread"), guild=_opt_str(body, "guild"),
+                     text=str(body.get("text") or ""))
+    gw = request.app[GATEWAY_KEY]
+    result = explain(gw.routes, m).as_dict()
+    if result["access"] == "pairing":
+        result["approved"] = await gw.access.pairing.is_approved(m.provider, m.user_id)
+    return web.json_response(result)
+
+
+# pairing and runs ---------------------------------------------------------------------------------
+
+async def _pairing(request: web.Request) -> web.Response:
+    pairing = request.app[GATEWAY_KEY].access.pairing
+    return web.json_response({"pending": [r.as_dict() for r in await pairing.pending()],
+                              "approved": [a.as_dict() for a in await pairing.approved()]})
+
+
+async def _approve(request: web.Request) -> web.Response:
+    body = await _json(request)
+    if not isinstance(body.get("code"), str) or not body["code"].strip():
+        raise BadRequest("the body needs 'code': the pairing code the user was given")
+    pairing = request.app[GATEWAY_KEY].access.pairing
+    try:
+        approval = await pairing.approve(body["code"], by=f"admin-api:{request.remote}")
+    except PairingError as e:
+        return _error(404, str(e))
+    log.info("admin API: approved %s user %s", approval.provider, approval.user_id)
+    return web.json_response({"approved": approval.as_dict()})
+
+
+async def _revoke(request: web.Request) -> web.Response:
+    pairing = request.app[GATEWAY_KEY].access.pairing
+    provider, user = request.match_info["provider"], request.match_info["user"]
+    if not await pairing.revoke(provider, user):
+        return _error(404, f"{provider} user {user} is not approved")
+    log.info("admin API: revoked %s user %s", provider, user)
+    return web.Response(status=204)
+
+
+async def _runs(request: web.Request) -> web.Response:
+    store = request.app[GATEWAY_KEY].store
+    runs = await recent_runs(store, limit=_int(request, "limit", 50, 1, 1000),
+                             agent=request.query.get("agent"),
+                             status=request.query.get("status"))
+    return web.json_response({"runs": runs})
+
+
+async def _run(request: web.Request) -> web.Response:
+    store, run_id = request.app[GATEWAY_KEY].store, request.match_info["run_id"]
+    row = await store.run(run_id)
+    if row is None:
+        return _error(404, f"no run {run_id!r}")
+    events = [{"seq": seq, **event_to_dict(e)} for seq, e in await store.events(run_id)]
+    return web.json_response({"run": dataclasses.asdict(row), "events": events},
+                             dumps=_dumps)
+
+
+# helpers ------------------------------------------------------------------------------------------
+
+async def _json(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest("the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
+def _int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"'{name}' must be a whole number") from None
+    if not low <= value <= high:
+        raise BadRequest(f"'{name}' must be between {low} and {high}")
+    return value
+
+
+def _opt_str(body: dict[str, Any], key: str) -> str | None:
+    v = body.get(key)
+    return str(v) if v not in (None, "") else None
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, default=str)

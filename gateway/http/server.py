@@ -1,0 +1,64 @@
+"""The gateway's one HTTP server (aiohttp). Every HTTP-facing part mounts on it: the web widget,
+the HTTP API, the admin API, platform webhooks, health and metrics."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from pluto.gateway.app import Gateway
+
+log = logging.getLogger(__name__)
+
+GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway", "Gateway")  # type: ignore[arg-type]
+
+
+class HttpServer:
+    def __init__(self, gateway: Gateway, host: str, port: int):
+        self.host = host
+        self.port = port
+        self.app = web.Application(client_max_size=32 * 1024 * 1024)
+        self.app[GATEWAY_KEY] = gateway
+        self.app.router.add_get("/healthz", self._healthz)
+        self.app.router.add_get("/readyz", self._readyz)
+        self.app.router.add_get("/metrics", self._metrics)
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        if self.port == 0:  # an ephemeral port: find out which one we got
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        log.info("http: listening on %s", self.url)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body, content_type = request.app[GATEWAY_KEY].metrics.render()
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        gw = request.app[GATEWAY_KEY]
+        checks = {
+            "config": True,
+            "storage": gw.store.is_open,
+            "providers": {name: h.state for name, h in gw.health.items()},
+        }
+        ready = gw.ready
+        return web.json_response({"status": "ready" if ready else "not ready", "checks": checks},
+                                 status=200 if ready else 503)

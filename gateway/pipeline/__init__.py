@@ -1,0 +1,1 @@
+"""The message pipeline: intake, dedupe, access, routing, commands and per-session lanes."""

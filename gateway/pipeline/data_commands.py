@@ -1,0 +1,196 @@
+"""Data in every chat, no model needed: ``/sql``, ``/datasets``, ``/describe``, and files sent
+in a chat becoming datasets of that conversation.
+
+What a chat sees is its scope: the files sent in that conversation (owned by its session key)
+and the global datasets its agent lists in ``datasets:`` (``"*"``: all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pluto.agents.registry import AgentRegistry
+from pluto.errors import ConfigError
+from pluto.gateway.pipeline.commands import Commands, Failed
+from pluto.settings import PlutoConfig
+from pluto.types import Attachment, IncomingMessage, Route
+from pluto.runtime.data.service import DataService, DatasetSource, QueryLimits, is_data_file
+from pluto.storage.sqlite import SqliteStore
+
+if TYPE_CHECKING:
+    from pluto.runtime.data import DatasetInfo, Scope
+
+log = logging.getLogger(__name__)
+
+Notify = Callable[[str, str], Awaitable[None]]  # (text, kind: "notice" | "error")
+SQL_ROWS = 25  # rows a /sql reply shows
+EXAMPLE = "SELECT region, sum(amount) FROM sales GROUP BY 1"
+
+
+def data_service(config: PlutoConfig, config_dir: Path, data_dir: Path) -> DataService:
+    """The gateway's data, from ``data:`` in pluto.yaml (paths relative to the config dir)."""
+    data = config.data
+    sources = [DatasetSource(f.name, f.path if f.path.is_absolute() else config_dir / f.path)
+               for f in data.datasets]
+    return DataService(data_dir, sources, demo=data.demo,
+                       max_upload_bytes=int(data.max_upload_mb * 2**20),
+                       limits=QueryLimits(timeout=data.query_timeout_seconds,
+                                          memory_limit=f"{data.query_memory_mb}MB"))
+
+
+def one_line(message: str) -> str:
+    """DuckDB's message without the echo of the query that it appends (``LINE 1: ...``)."""
+    text = message.split("\nLINE ")[0]
+    return " ".join(text.split())
+
+
+class DataCommands:
+    def __init__(self, service: DataService, registry: AgentRegistry, store: SqliteStore):
+        self.service = service
+        self.registry = registry
+        self.store = store
+        self._preparing: asyncio.Task[None] | None = None
+
+    def prepare_soon(self) -> None:
+        """Prepare the warehouse in the background (a serving gateway), logging failures."""
+        async def prepare() -> None:
+            try:
+                await self.service.ready()
+            except Exception:
+                log.exception("preparing the datasets failed")
+
+        self._preparing = asyncio.create_task(prepare(), name="data:prepare")
+
+    def register(self, commands: Commands) -> None:
+        commands.add("datasets", "list the datasets you can ask about", self._datasets)
+        commands.add("describe", "columns, statistics and sample rows of a dataset: "
+                     "/describe NAME", self._describe)
+        commands.add("sql", "run a read-only SQL query: /sql SELECT …", self._sql)
+
+    def scope(self, route: Route) -> Scope:
+        try:
+            allowed = self.registry.get(route.agent).datasets
+        except (LookupError, ConfigError):
+            allowed = ()  # an agent that cannot be loaded sees no global dataset
+        return self.service.scope(route.session_key, allowed)
+
+    # commands ---------------------------------------------------------------------------
+
+    async def _datasets(self, msg: IncomingMessage, route: Route, args: str) -> str:
+        found = await self.service.visible(self.scope(route))
+        if not found:
+            return ("No datasets here yet. Send a CSV, TSV, Parquet or JSON file in this chat "
+                    "and it becomes one.")
+        lines = ["Datasets you can query (each is a table of the same name):"]
+        lines += [f"- `{d.name}` — {shape(d)}"
+                  + (" (sent in this chat)" if d.owner is not None else "") for d in found]
+        first = found[0].name
+        lines += ["", f"Try `/describe {first}` or `/sql SELECT * FROM {first} LIMIT 5`."]
+        return "\n".join(lines)
+
+    async def _describe(self, msg: IncomingMessage, route: Route, args: str) -> str:
+        from pluto.runtime.data import DataError
+        from pluto.runtime.data.describe import describe, description_markdown
+
+        name = args.strip().strip("`").strip()
+        if not name:
+            return "Which dataset? Send `/describe NAME`; `/datasets` lists them."
+        try:
+            info = await self.service.get(name, self.scope(route))
+            return description_markdown(await describe(info, self.service.limits))
+        except DataError as e:
+            return Failed(one_line(str(e)))
+
+    async def _sql(self, msg: IncomingMessage, route: Route, args: str) -> str:
+        from pluto.runtime.data import DataError, QueryRefused, result_markdown
+
+        sql = _unfence(args)
+        if not sql:
+            return f"Send a query after /sql, e.g. `/sql {EXAMPLE}`. `/datasets` lists the tables."
+        try:
+            result = await self.service.query(sql, self.scope(route), max_rows=SQL_ROWS)
+        except QueryRefused as e:
+            return Failed(f"The query was refused: {one_line(str(e))}")
+        except DataError as e:
+            return Failed(f"The query failed: {one_line(str(e))}")
+        return result_markdown(result, max_rows=SQL_ROWS)
+
+    # files sent in a chat ---------------------------------------------------------------
+
+    async def take_uploads(self, msg: IncomingMessage, route: Route, session_id: str,
+                           notify: Notify) -> str | None:
+        """Make the data files of ``msg`` datasets of this conversation and say so.
+
+        Returns the text the agent should get (the message, with a note about each new
+        dataset), or None when there is nothing to run: only files were sent, or one of them
+        could not be read (the user was told why)."""
+        files = [a for a in msg.attachments if is_data_file(a.filename, a.mime_type)]
+        if not files:
+            return msg.text
+        notes: list[str] = []
+        failed = False
+        asked = bool(msg.text.strip())
+        for attachment in files:
+            info = await self._add(attachment, route.session_key, notify)
+            if info is None:
+                failed = True
+                continue
+            hint = "" if asked else f" Ask me about it, or try `/describe {info.name}`."
+            await notify(f"Added dataset `{info.name}`: {shape(info)}.{hint}", "notice")
+            notes.append(_note(attachment.filename, info))
+        if failed or not asked:
+            if notes:  # the agent learns of the new datasets with the next message
+                await self.store.add_message(session_id, "user", "\n".join(notes))
+            return None
+        return msg.text + "\n\n" + "\n".join(notes)
+
+    async def _add(self, attachment: Attachment, owner: str,
+                   notify: Notify) -> DatasetInfo | None:
+        from pluto.runtime.data import DataError
+
+        try:
+            if attachment.path is None or not Path(attachment.path).is_file():
+                raise FileNotFoundError(attachment.filename)
+            return await self.service.add_upload(attachment.path, attachment.filename,
+                                                 attachment.mime_type, owner)
+        except DataError as e:
+            await notify(one_line(str(e)), "error")
+        except FileNotFoundError:
+            await notify(f"I did not receive {attachment.filename}; please send it again.",
+                         "error")
+        except Exception:
+            log.exception("adding %s as a dataset failed", attachment.filename)
+            await notify(f"Could not add {attachment.filename}: something went wrong on our "
+                         "side; the error has been logged.", "error")
+        return None
+
+
+def _note(filename: str, info: DatasetInfo) -> str:
+    columns = ", ".join(f"{c.name} {c.type}" for c in info.columns[:30])
+    more = f", … {len(info.columns) - 30} more" if len(info.columns) > 30 else ""
+    return (f"[The user sent the file {filename}; it is now the dataset {info.name} "
+            f"({shape(info)}: {columns}{more}). Query it as the table "
+            f"{info.name}.]")
+
+
+def shape(info: DatasetInfo) -> str:
+    """'1,234 rows × 5 columns'."""
+    from pluto.runtime.data import counted
+
+    return f"{counted(info.rows, 'row')} × {counted(len(info.columns), 'column')}"
+
+
+def _unfence(text: str) -> str:
+    """The query without Markdown code fences or backticks a chat app may keep around it."""
+    text = text.strip()
+    if text.startswith("```") and text.endswith("```") and len(text) >= 6:
+        text = text[3:-3]
+        first, _, rest = text.partition("\n")
+        text = rest if first.strip().lower() in ("sql", "duckdb") else text
+    elif len(text) >= 2 and text[0] == text[-1] == "`":
+        text = text[1:-1]
+    return text.strip()

@@ -1,0 +1,317 @@
+"""The routing table (``routes.yaml``): an ordered list of rules, first match wins.
+
+```yaml
+defaults:                        # optional: for every rule that does not say otherwise
+  rate_limit: {user: 20/minute}
+routes:
+  - name: support-group          # optional; shown by explain and in logs
+    match: {provider: telegram, chat: "-100123", direct: false}
+    agent: support
+    session: chat                # chat | user | thread | shared
+    tools: [current_time]        # narrows the agent's own tools
+    require_mention: true        # in groups, answer only when the bot is mentioned
+    rate_limit: {user: 5/minute, chat: 30/minute}
+  - match: {provider: telegram, direct: true}
+    agent: default
+    access: pairing              # unknown users get a code an admin approves
+  - match: {provider: telegram}
+    deny: true                   # nobody else on Telegram
+default: default                 # the agent for messages no rule matched; null: drop them
+```
+
+:meth:`RoutingTable.decide` says what happens to a message and which rule decided it;
+:mod:`gateway.access` acts on that (mention, pairing, rate limits), :mod:`gateway.explain` shows
+why, rule by rule.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from pluto.errors import ConfigError
+from pluto.yamldoc import YamlDoc
+from pluto.gateway.pipeline.ratelimit import Rate, parse_rate
+from pluto.types import IncomingMessage, Route, SessionScope
+
+AccessMode = Literal["open", "pairing"]
+Outcome = Literal["route", "deny", "unmatched", "needs_mention"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _str_list(v: Any) -> Any:
+    if v is None:
+        return None
+    if isinstance(v, (str, int)) and not isinstance(v, bool):
+        return [str(v)]
+    if isinstance(v, list):
+        return [str(x) if isinstance(x, (str, int)) and not isinstance(x, bool) else x for x in v]
+    return v
+
+
+@functools.lru_cache(maxsize=4096)
+def _regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def _either(values: list[str]) -> str:
+    return " or ".join(repr(v) for v in values[:5]) + (" …" if len(values) > 5 else "")
+
+
+class Match(_Strict):
+    provider: list[str] | None = None
+    chat: list[str] | None = None  # a chat, channel or group id
+    user: list[str] | None = None
+    guild: list[str] | None = None  # a Discord guild, a Slack team
+    thread: list[str] | None = None
+    direct: bool | None = None  # true: direct messages only; false: groups only
+    mention: bool | None = None
+    text_prefix: list[str] | None = None
+    text_regex: str | None = None
+
+    @field_validator("provider", "chat", "user", "guild", "thread", "text_prefix", mode="before")
+    @classmethod
+    def _lists(cls, v: Any) -> Any:
+        if v == []:
+            raise ValueError("an empty list matches nothing; leave the condition out to match "
+                             "any value")
+        return _str_list(v)
+
+    @field_validator("text_regex")
+    @classmethod
+    def _compiles(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                _regex(v)
+            except (re.error, RecursionError, OverflowError) as e:
+                raise ValueError(f"not a valid regular expression: {e}") from None
+        return v
+
+    def matches(self, m: IncomingMessage) -> bool:
+        return next(self._failures(m), None) is None
+
+    def failures(self, m: IncomingMessage) -> list[str]:
+        """Why this match does not take the message: one reason per failing condition."""
+        return list(self._failures(m))
+
+    def _failures(self, m: IncomingMessage) -> Iterator[str]:
+        for field, allowed, value in (
+                ("provider", self.provider, m.provider), ("chat", self.chat, m.chat_id),
+                ("user", self.user, m.user_id), ("guild", self.guild, m.guild_id),
+                ("thread", self.thread, m.thread_id)):
+            if allowed is not None and value not in allowed:
+                has = f"is {value!r}" if value is not None else "is not set"
+                yield f"{field} {has}, the rule wants {_either(allowed)}"
+        if self.direct is not None and m.is_direct != self.direct:
+            yield ("it is a group message, the rule wants direct messages" if self.direct
+                   else "it is a direct message, the rule wants group messages")
+        if self.mention is not None and m.mentions_bot != self.mention:
+            yield ("the bot is not mentioned, the rule wants a mention" if self.mention
+                   else "the bot is mentioned, the rule wants no mention")
+        if self.text_prefix is not None and not m.text.startswith(tuple(self.text_prefix)):
+            yield f"the text does not start with {_either(self.text_prefix)}"
+        if self.text_regex is not None and not _regex(self.text_regex).search(m.text):
+            yield f"the text does not match /{self.text_regex}/"
+
+
+class RateLimitSpec(_Strict):
+    user: str | None = None  # per user (on one provider)
+    chat: str | None = None  # per chat, everyone in it together
+
+    @field_validator("user", "chat", mode="before")
+    @classmethod
+    def _valid(cls, v: Any) -> Any:
+        if v is None:
+            return None
+        parse_rate(v)
+        return str(v)
+
+    def rates(self) -> list[tuple[Literal["user", "chat"], Rate]]:
+        out: list[tuple[Literal["user", "chat"], Rate]] = []
+        if self.user is not None:
+            out.append(("user", parse_rate(self.user)))
+        if self.chat is not None:
+            out.append(("chat", parse_rate(self.chat)))
+        return out
+
+    def __str__(self) -> str:
+        return ", ".join(f"{rate} per {scope}" for scope, rate in self.rates()) or "none"
+
+
+class RuleDefaults(_Strict):
+    """Settings every rule (and the default route) gets unless it says otherwise."""
+
+    rate_limit: RateLimitSpec | None = None
+    require_mention: bool = False
+    access: AccessMode = "open"
+
+
+class Rule(_Strict):
+    name: str | None = None
+    match: Match = Match()
+    agent: str | None = None
+    deny: bool = False
+    session: SessionScope = "chat"
+    tools: list[str] | None = None
+    rate_limit: RateLimitSpec | None = None
+    require_mention: bool | None = None
+    access: AccessMode | None = None
+
+    @model_validator(mode="after")
+    def _agent_or_deny(self) -> Rule:
+        if not self.deny and not self.agent:
+            raise ValueError("a rule needs an 'agent' (or 'deny: true')")
+        if self.deny and self.agent:
+            raise ValueError("a deny rule answers nobody: remove 'agent' or 'deny'")
+        return self
+
+    @field_validator("agent")
+    @classmethod
+    def _known(cls, v: str | None, info: ValidationInfo) -> str | None:
+        known = (info.context or {}).get("agents")
+        if v is not None and known is not None and v not in known:
+            shown = sorted(known)
+            listed = ", ".join(shown[:20]) + (f", … ({len(shown)} in all)" if len(shown) > 20
+                                              else "")
+            raise ValueError(f"unknown agent '{v}' (known: {listed or 'none'})")
+        return v
+
+
+class RoutesFile(_Strict):
+    defaults: RuleDefaults = RuleDefaults()
+    routes: list[Rule] = Field(default_factory=list)
+    default: str | None = "default"
+
+    @field_validator("default")
+    @classmethod
+    def _known(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return Rule._known(v, info)
+
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What a rule asks of a message once it matched."""
+
+    access: AccessMode = "open"
+    require_mention: bool = False
+    rate_limit: RateLimitSpec | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the table says about a message: the outcome, the rule that decided (None: the
+    default route, or no rule at all), and the route when an agent answers."""
+
+    outcome: Outcome
+    label: str  # the rule's name, ``routes[i]``, ``default`` or ``no rule``
+    index: int | None = None
+    rule: Rule | None = None
+    route: Route | None = None
+    policy: Policy = Policy()
+
+
+class RoutingTable:
+    def __init__(self, spec: RoutesFile, *, doc: YamlDoc | None = None):
+        self.spec = spec
+        self.doc = doc  # where the rules were written (for line numbers), when from a file
+
+    @classmethod
+    def load(cls, path: Path, agents: set[str] | None = None) -> RoutingTable:
+        if not path.exists():
+            return cls(RoutesFile.model_validate({}, context={"agents": agents}))
+        doc = YamlDoc(path)
+        if doc.data is not None and not isinstance(doc.data, dict):
+            raise ConfigError([(doc.name, 1, "", "expected 'routes:' (a list) and 'default:'")])
+        spec = doc.validate(RoutesFile, context={"agents": agents})
+        seen: set[str] = set()
+        for i, rule in enumerate(spec.routes):
+            if rule.name is not None and rule.name in seen:
+                raise ConfigError([(doc.name, doc.line_of(("routes", i, "name")),
+                                    f"routes[{i}].name",
+                                    f"another rule is already named '{rule.name}'")])
+            seen.add(rule.name or f"routes[{i}]")
+        return cls(spec, doc=doc)
+
+    @property
+    def source(self) -> str:
+        return self.doc.name if self.doc is not None else "(built-in defaults)"
+
+    def line_of(self, index: int | None) -> int | None:
+        if self.doc is None:
+            return None
+        if index is None and not (isinstance(self.doc.data, dict) and "default" in self.doc.data):
+            return None  # the built-in default: written nowhere
+        return self.doc.line_of(("routes", index) if index is not None else ("default",))
+
+    def agents(self) -> list[str]:
+        """Every agent the table can route to."""
+        names = [r.agent for r in self.spec.routes if r.agent] + [self.spec.default or ""]
+        return sorted({n for n in names if n})
+
+    def label(self, index: int) -> str:
+        return self.spec.routes[index].name or f"routes[{index}]"
+
+    def pinned(self, provider: str, agent: str) -> RoutingTable:
+        """A copy where every message from ``provider`` goes to ``agent`` (``--agent NAME``)."""
+        rule = Rule(name="--agent", match=Match(provider=[provider]), agent=agent,
+                    access="open", rate_limit=RateLimitSpec(), require_mention=False)
+        routes = [rule, *(r for r in self.spec.routes if r.name != "--agent")]
+        return RoutingTable(self.spec.model_copy(update={"routes": routes}))
+
+    def policy(self, rule: Rule | None) -> Policy:
+        d = self.spec.defaults
+        if rule is None:
+            return Policy(d.access, d.require_mention, d.rate_limit)
+        return Policy(rule.access or d.access,
+                      d.require_mention if rule.require_mention is None else rule.require_mention,
+                      rule.rate_limit if rule.rate_limit is not None else d.rate_limit)
+
+    def decide(self, m: IncomingMessage) -> Decision:
+        """What happens to a message, and which rule decided it."""
+        for i, rule in enumerate(self.spec.routes):
+            if rule.match.matches(m):
+                return self._decided(m, i, rule)
+        return self._decided(m, None, None)
+
+    def _decided(self, m: IncomingMessage, i: int | None, rule: Rule | None) -> Decision:
+        label = self.label(i) if i is not None else "default"
+        policy = self.policy(rule)
+        if rule is not None and rule.deny:
+            return Decision("deny", label, i, rule, policy=policy)
+        agent = rule.agent if rule is not None else self.spec.default
+        if agent is None:
+            return Decision("unmatched", "no rule", policy=policy)
+        scope: SessionScope = rule.session if rule is not None else "chat"
+        route = Route(agent=agent, session_key=session_key(agent, scope, m),
+                      tools=tuple(rule.tools) if rule and rule.tools is not None else None,
+                      rule=label)
+        if policy.require_mention and not m.is_direct and not m.mentions_bot:
+            return Decision("needs_mention", label, i, rule, route, policy)
+        return Decision("route", label, i, rule, route, policy)
+
+    def route(self, m: IncomingMessage) -> Route | None:
+        """The route for a message, or None when it must get nothing."""
+        decision = self.decide(m)
+        return decision.route if decision.outcome == "route" else None
+
+
+def session_key(agent: str, scope: SessionScope, m: IncomingMessage) -> str:
+    match scope:
+        case "shared":
+            return f"{agent}/shared"
+        case "user":
+            return f"{agent}/{m.provider}/{m.chat_id}/u/{m.user_id}"
+        case "thread" if m.thread_id:
+            return f"{agent}/{m.provider}/{m.chat_id}/t/{m.thread_id}"
+        case _:
+            return f"{agent}/{m.provider}/{m.chat_id}"

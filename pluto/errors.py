@@ -1,0 +1,69 @@
+"""Every error Pluto raises on purpose has one root, :class:`PlutoError`.
+
+``str(error)`` is one plain sentence a person can act on. Errors that carry data carry it as
+attributes of their own class (:attr:`RateLimited.retry_after`), never as flags read with
+``getattr``. Each layer adds its own subclasses (``runtime.errors``, ``runtime.data``), all
+rooted here.
+"""
+
+from __future__ import annotations
+
+
+class PlutoError(Exception):
+    """The root of Pluto's errors."""
+
+
+# configuration ----------------------------------------------------------------------------------
+
+Problem = tuple[str, int | None, str, str]  # (file, line, field, message)
+
+
+def format_problem(file: str, line: int | None, field: str, message: str) -> str:
+    where = f"{file}:{line}" if line else file
+    return f"{where}: {field}: {message}" if field else f"{where}: {message}"
+
+
+class ConfigError(PlutoError):
+    """A configuration file is wrong. ``problems`` lists each as (file, line, field, message)."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(format_problem(*p) for p in problems))
+
+
+class StartupError(PlutoError):
+    """The gateway could not start (a port in use, a provider that cannot be set up)."""
+
+
+class StorageError(PlutoError):
+    """The database could not be opened or written."""
+
+
+class UnknownAgent(PlutoError, LookupError):
+    """No agent has this name."""
+
+
+# chat platforms ---------------------------------------------------------------------------------
+
+class ProviderError(PlutoError):
+    """A platform call failed in a way that trying again later may fix."""
+
+    retry_after: float | None = None
+
+
+class RateLimited(ProviderError):
+    """The platform asked us to wait ``retry_after`` seconds before the next call."""
+
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = max(0.0, float(retry_after))
+
+
+class DeliveryRefused(ProviderError):
+    """A permanent delivery failure: the platform will never take this message (the chat is
+    gone, the bot was blocked, the message is malformed). Not retried."""
+
+
+class ProviderUnusable(ProviderError):
+    """The provider itself cannot work (its token was rejected, an intent is missing):
+    restarting it cannot help, so its supervisor stops it."""

@@ -1,0 +1,148 @@
+"""``pluto.yaml``: the gateway's own settings, parsed once into typed models.
+
+Secrets are named by environment variable (``*_env`` fields) and read only where used.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pluto.errors import ConfigError
+from pluto.yamldoc import YamlDoc
+
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(Strict):
+    """A named model: any litellm model string, or ``offline``."""
+
+    model: str = "offline"
+    api_base: str | None = None
+    api_key_env: str | None = Field(default=None, pattern=ENV_NAME)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_output_tokens: int | None = Field(default=None, gt=0)
+    timeout: float = Field(default=60.0, gt=0)
+    retries: int = Field(default=2, ge=0, le=10)
+
+    @field_validator("api_base", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: Any) -> Any:
+        return v or None
+
+    @field_validator("model")
+    @classmethod
+    def _nonempty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must name a model, e.g. 'offline' or 'openai/gpt-4o-mini'")
+        return v.strip()
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) or None if self.api_key_env else None
+
+
+class HttpConfig(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+
+
+class ProviderConfig(BaseModel):
+    """Settings of one chat platform; each provider validates its own extra fields."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    enabled: bool = False
+
+
+class GatewayLimits(Strict):
+    shutdown_grace_seconds: float = Field(default=10.0, ge=0)
+    max_queued_per_session: int = Field(default=50, ge=1)
+    # platforms that edit: at most one edit of a streamed reply per chat this often
+    stream_edit_interval_seconds: float = Field(default=1.0, ge=0, le=60)
+    reload_interval_seconds: float = Field(default=0.25, ge=0, le=60)  # 0: no live reload
+
+
+class AccessConfig(Strict):
+    """Who gets an answer besides what routes.yaml admits (see gateway/access.py)."""
+
+    refusal: str | None = Field(default=None, max_length=500)  # to refused direct messages
+    pairing_ttl_seconds: float = Field(default=3600.0, gt=0, le=7 * 86400)
+
+    @field_validator("refusal", mode="before")
+    @classmethod
+    def _one_line(cls, v: Any) -> Any:
+        if isinstance(v, str) and "\n" in v.strip():
+            raise ValueError("the refusal is one line of text")
+        return v.strip() or None if isinstance(v, str) else v
+
+
+class AdminConfig(Strict):
+    api_key_env: str | None = Field(default=None, pattern=ENV_NAME)  # unset: no admin API
+
+
+class DatasetFile(Strict):
+    """A file (CSV, TSV, Parquet, JSON, NDJSON) or a folder of them, loaded as a dataset."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")
+    path: Path  # relative to the config directory
+
+
+class DataConfig(Strict):
+    """The data tools: datasets registered here (loaded when missing or changed), limits."""
+
+    datasets: list[DatasetFile] = Field(default_factory=list)
+    demo: bool = True  # a `sales` demo dataset, made on first use
+    max_upload_mb: float = Field(default=100, gt=0, le=100_000)  # files sent in a chat
+    query_timeout_seconds: float = Field(default=10, gt=0, le=3600)
+    query_memory_mb: int = Field(default=256, ge=16, le=1_000_000)
+
+    @field_validator("datasets")
+    @classmethod
+    def _unique(cls, v: list[DatasetFile]) -> list[DatasetFile]:
+        names = [d.name for d in v]
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"dataset names must be unique; repeated: {', '.join(dupes)}")
+        return v
+
+
+class PlutoConfig(Strict):
+    data_dir: Path = Path(".pluto")
+    http: HttpConfig = HttpConfig()
+    models: dict[str, ModelConfig] = Field(default_factory=lambda: {"default": ModelConfig()})
+    providers: dict[str, ProviderConfig] = Field(default_factory=dict)
+    gateway: GatewayLimits = GatewayLimits()
+    access: AccessConfig = AccessConfig()
+    admin: AdminConfig = AdminConfig()
+    data: DataConfig = DataConfig()
+    log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _default_dir(cls, v: Any) -> Any:
+        return v or ".pluto"
+
+    def secret_names(self) -> list[str]:
+        """Environment variables that hold secrets (for log redaction)."""
+        names = [m.api_key_env for m in self.models.values() if m.api_key_env]
+        names += [self.admin.api_key_env] if self.admin.api_key_env else []
+        for p in self.providers.values():
+            names += [v for k, v in (p.model_extra or {}).items() if k.endswith("_env") and v]
+        return names
+
+
+def load_pluto_config(config_dir: Path) -> PlutoConfig:
+    path = config_dir / "pluto.yaml"
+    if not config_dir.is_dir():
+        raise ConfigError([(str(config_dir), None, "", "config directory not found")])
+    if not path.exists():
+        return PlutoConfig()
+    doc = YamlDoc(path)
+    if doc.data is not None and not isinstance(doc.data, dict):
+        raise ConfigError([(doc.name, 1, "", "expected a mapping of settings at the top level")])
+    return doc.validate(PlutoConfig)

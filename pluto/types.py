@@ -1,0 +1,106 @@
+"""The core types that cross layer boundaries. Small, frozen, typed; no project imports but events.
+
+A provider turns a platform event into an :class:`IncomingMessage`; the routing table turns that
+into a :class:`Route`; the runtime yields :class:`RunEvent`s; the gateway asks a provider to send
+:class:`OutgoingMessage`s. Capabilities are data a provider declares, never branches on its name.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pluto.events import (  # re-exported: the one place to import core types from
+    MessageDelta,
+    MessageFinal,
+    RunEnd,
+    RunError,
+    RunEvent,
+    RunStart,
+    ToolEnd,
+    ToolStart,
+)
+
+__all__ = [
+    "Attachment", "Capabilities", "IncomingMessage", "OutgoingMessage", "Route", "MarkupDialect",
+    "RunEvent", "RunStart", "MessageDelta", "ToolStart", "ToolEnd", "MessageFinal", "RunEnd",
+    "RunError",
+]
+
+MarkupDialect = Literal["plain", "markdown", "telegram_html", "slack_mrkdwn", "discord"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attachment:
+    """A file that came with a message or goes out with a reply.
+
+    Inbound, a provider downloads the file into the data dir and sets ``path``; outbound, the
+    runtime sets ``path`` to an artifact (a chart PNG, a CSV).
+    """
+
+    filename: str
+    mime_type: str = "application/octet-stream"
+    size: int = 0
+    path: Path | None = None
+    url: str | None = None  # where the platform serves it, if the provider fetches lazily
+    kind: Literal["file", "image"] = "file"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IncomingMessage:
+    provider: str
+    chat_id: str
+    user_id: str
+    text: str
+    message_id: str | None = None  # the platform's own id, the dedupe key
+    user_name: str | None = None
+    attachments: tuple[Attachment, ...] = ()
+    thread_id: str | None = None
+    reply_to_id: str | None = None
+    is_direct: bool = True
+    mentions_bot: bool = False
+    guild_id: str | None = None  # Discord guild / Slack team, for routing rules
+    timestamp: float = field(default_factory=time.time)
+
+
+SessionScope = Literal["chat", "user", "thread", "shared"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Route:
+    """Where a message goes: which agent, which session, which tools, and why."""
+
+    agent: str
+    session_key: str
+    tools: tuple[str, ...] | None = None  # None: the agent's own list; else narrowed to these
+    rule: str = "default"  # a human-readable name of the rule that matched
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutgoingMessage:
+    """What the gateway asks a provider to send (or, with ``edit_of``, to edit)."""
+
+    chat_id: str
+    text: str = ""
+    kind: Literal["reply", "delta", "notice", "error"] = "reply"
+    thread_id: str | None = None
+    reply_to: str | None = None
+    run_id: str | None = None
+    attachments: tuple[Attachment, ...] = ()
+    edit_of: str | None = None  # the platform message id to replace, when the platform can edit
+    markup: MarkupDialect = "plain"  # the dialect ``text`` is already rendered in
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Capabilities:
+    """What a chat platform can do, declared by its provider as data."""
+
+    max_message_length: int = 4000
+    markup: MarkupDialect = "plain"
+    streams_deltas: bool = False  # the provider shows deltas as they come (terminal, web)
+    can_edit: bool = False  # the provider can edit a sent message (streaming by edits)
+    can_send_images: bool = False
+    can_send_files: bool = False
+    has_typing: bool = False

@@ -1,0 +1,170 @@
+"""The OpenAPI 3.1 document of the HTTP API (served at ``/api/v1/openapi.json``).
+
+Written by hand to say exactly what :mod:`gateway.api` does; ``tests/test_api.py`` runs
+schemathesis against a live gateway to hold the two together.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pluto import __version__
+
+NON_BLANK = "[^ \\t\\n\\r\\f\\v]"  # the same rule the handlers apply: not only spaces
+AGENT = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+OUTCOMES = ["ok", "error", "cancelled", "budget", "interrupted", None]
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _obj(props: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    return {"type": "object", "properties": props,
+            "required": list(props) if required is None else required,
+            "additionalProperties": False}
+
+
+def _nullable(kind: str) -> dict[str, Any]:
+    return {"type": [kind, "null"]}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    text = {400: "The request is malformed (the error says how).",
+            401: "No valid API key.", 403: "routes.yaml does not send this to an agent.",
+            404: "Not found (the task, step, run or agent).", 413: "The request body is too large.",
+            503: "The API is starting."}
+    return {str(c): _json(_ref("Error"), text[c]) for c in codes}
+
+
+def _schemas(max_input: int) -> dict[str, Any]:
+    text_input = {"type": "string", "minLength": 1, "maxLength": max_input, "pattern": NON_BLANK,
+                  "description": "The message for the agent."}
+    extra = {"type": ["object", "null"], "description": "Anything the client wants kept "
+             "with the task or step (up to 16 KiB of JSON)."}
+    step = _obj({
+        "task_id": {"type": "string"}, "step_id": {"type": "string"},
+        "name": _nullable("string"), "input": {"type": "string"},
+        "additional_input": {"type": "object"}, "run_id": _nullable("string"),
+        "status": {"enum": ["created", "running", "completed"]},
+        "outcome": {"enum": OUTCOMES, "description": "How the step ended (null until it has)."},
+        "output": _nullable("string"), "error": _nullable("string"),
+        "is_last": {"type": "boolean"}, "created_at": {"type": "number"},
+        "ended_at": _nullable("number"), "artifacts": {"type": "array", "maxItems": 0},
+        "events_url": _nullable("string"), "additional_output": {"type": "object"},
+    })
+    return {
+        "Error": _obj({"error": {"type": "string"}, "code": {"type": "string"}}),
+        "TaskRequest": _obj({"input": text_input,
+                             "agent": {"type": ["string", "null"], "pattern": AGENT},
+                             "additional_input": extra}, ["input"]),
+        "StepRequest": _obj({"input": text_input, "additional_input": extra}, ["input"]),
+        "Step": step,
+        "Task": _obj({
+            "task_id": {"type": "string"}, "input": {"type": "string"},
+            "additional_input": {"type": "object"}, "agent": _nullable("string"),
+            "created_at": {"type": "number"}, "artifacts": {"type": "array", "maxItems": 0},
+            "last_step": {"anyOf": [_ref("Step"), {"type": "null"}]},
+        }),
+        "Pagination": _obj({k: {"type": "integer", "minimum": 0} for k in
+                            ("total_items", "total_pages", "current_page", "page_size")}),
+        "TaskList": _obj({"tasks": {"type": "array", "items": _ref("Task")},
+                          "pagination": _ref("Pagination")}),
+        "StepList": _obj({"steps": {"type": "array", "items": _ref("Step")},
+                          "pagination": _ref("Pagination")}),
+        "Agent": _obj({"name": {"type": "string"}, "description": _nullable("string"),
+                       "available": {"type": "boolean"}, "reachable": {"type": "boolean"}}),
+        "AgentList": _obj({"agents": {"type": "array", "items": _ref("Agent")}}),
+    }
+
+
+def _param(name: str, where: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": where, "required": where == "path", "schema": schema,
+            "description": description}
+
+
+TASK_ID = _param("task_id", "path", {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+                 "The task's id.")
+WAIT = _param("wait", "query", {"type": "integer", "minimum": 0, "maximum": 60},
+              "Seconds to wait for the step to finish before answering (default 0).")
+PAGE = [_param("page", "query", {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+               "Page number (from 1)."),
+        _param("page_size", "query", {"type": "integer", "minimum": 1, "maximum": 100},
+               "Items per page (default 20).")]
+
+
+def _body(name: str) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": _ref(name)}}}
+
+
+def _paths() -> dict[str, Any]:
+    return {
+        "/api/v1/agents": {"get": {
+            "operationId": "listAgents", "summary": "The agents, and whether the API reaches them.",
+            "responses": {"200": _json(_ref("AgentList"), "The agents."), **_errors(401, 503)}}},
+        "/api/v1/agent/tasks": {
+            "post": {"operationId": "createAgentTask",
+                     "summary": "Start a conversation: a task, and its first step (a run).",
+                     "parameters": [WAIT], "requestBody": _body("TaskRequest"),
+                     "responses": {"201": _json(_ref("Task"), "The task, with its first step."),
+                                   **_errors(400, 401, 403, 404, 413, 503)}},
+            "get": {"operationId": "listAgentTasks", "summary": "Tasks, newest first.",
+                    "parameters": PAGE,
+                    "responses": {"200": _json(_ref("TaskList"), "A page of tasks."),
+                                  **_errors(400, 401, 503)}}},
+        "/api/v1/agent/tasks/{task_id}": {"get": {
+            "operationId": "getAgentTask", "summary": "A task and its latest step.",
+            "parameters": [TASK_ID],
+            "responses": {"200": _json(_ref("Task"), "The task."), **_errors(401, 404, 503)}}},
+        "/api/v1/agent/tasks/{task_id}/steps": {
+            "post": {"operationId": "executeAgentTaskStep",
+                     "summary": "Send the next message of the conversation.",
+                     "parameters": [TASK_ID, WAIT], "requestBody": _body("StepRequest"),
+                     "responses": {"201": _json(_ref("Step"), "The new step."),
+                                   **_errors(400, 401, 403, 404, 413, 503)}},
+            "get": {"operationId": "listAgentTaskSteps", "summary": "The task's steps, in order.",
+                    "parameters": [TASK_ID, *PAGE],
+                    "responses": {"200": _json(_ref("StepList"), "A page of steps."),
+                                  **_errors(400, 401, 404, 503)}}},
+        "/api/v1/agent/tasks/{task_id}/steps/{step_id}": {"get": {
+            "operationId": "getAgentTaskStep", "summary": "One step.",
+            "parameters": [TASK_ID, _param("step_id", "path",
+                                           {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+                                           "The step's id.")],
+            "responses": {"200": _json(_ref("Step"), "The step."), **_errors(401, 404, 503)}}},
+        "/api/v1/agent/{run_id}/events": {"get": {
+            "operationId": "streamRunEvents",
+            "summary": "A run's events as Server-Sent Events: stored ones, then live ones.",
+            "description": "Each event is `id: <seq>`, `event: <type>` and `data: <JSON>` "
+                           "(run.start, message.delta, tool.start, tool.end, message.final, "
+                           "run.error, run.end). The stream ends after run.end. Send "
+                           "`Last-Event-ID` or `after` to resume after a seq.",
+            "parameters": [_param("run_id", "path", {"type": "string",
+                                                     "pattern": "^[0-9a-f]{32}$"},
+                                  "The run's id (a step's run_id)."),
+                           _param("after", "query", {"type": "integer", "minimum": 0,
+                                                     "maximum": 10_000_000},
+                                  "Only events after this seq.")],
+            "responses": {"200": {"description": "The event stream.",
+                                  "content": {"text/event-stream": {"schema":
+                                                                    {"type": "string"}}}},
+                          **_errors(400, 401, 404, 503)}}},
+    }
+
+
+def openapi_document(max_input_chars: int) -> dict[str, Any]:
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Pluto HTTP API", "version": __version__,
+                 "description": "Tasks and steps in the shape of the Agent Protocol; a step is "
+                                "one message to an agent and one run. Authenticate with "
+                                "`Authorization: Bearer <key>`."},
+        "paths": _paths(),
+        "components": {"schemas": _schemas(max_input_chars),
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "security": [{"bearer": []}],
+    }

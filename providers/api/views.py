@@ -1,0 +1,185 @@
+"""The HTTP API's JSON: request bodies checked strictly, and tasks and steps as responses.
+
+Shapes follow the Agent Protocol (task, step, paginated lists); :mod:`gateway.openapi` describes
+exactly these, and a test checks every response against it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from aiohttp import web
+
+from pluto.types import MessageDelta, MessageFinal, RunEvent, ToolEnd, ToolStart
+from pluto.storage.sqlite import SqliteStore
+from pluto.storage.tasks import StepRow, TaskRow
+
+AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MAX_ADDITIONAL_BYTES = 16 * 1024
+MAX_PAGE_SIZE = 100
+
+
+BLANK = " \t\n\r\f\v"  # what the OpenAPI document's pattern treats as blank
+
+
+def is_text(value: str) -> bool:
+    """False for strings that cannot be stored (lone surrogates from JSON escapes)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class ApiError(Exception):
+    """Answered as ``{"error": message, "code": code}`` with ``status``."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+    def response(self) -> web.Response:
+        headers = {"WWW-Authenticate": 'Bearer realm="pluto"'} if self.status == 401 else None
+        return web.json_response({"error": self.message, "code": self.code},
+                                 status=self.status, headers=headers)
+
+
+def bad(message: str) -> ApiError:
+    return ApiError(400, "bad_request", message)
+
+
+async def json_body(request: web.Request, fields: tuple[str, ...],
+                    max_bytes: int) -> dict[str, Any]:
+    """The request's JSON object, with only ``fields`` in it."""
+    if (request.content_length or 0) > max_bytes:
+        raise ApiError(413, "too_large", f"The request body is larger than {max_bytes:,} bytes.")
+    raw = await request.read()
+    if len(raw) > max_bytes:
+        raise ApiError(413, "too_large", f"The request body is larger than {max_bytes:,} bytes.")
+    if not raw.strip():
+        raise bad("The request body is empty; send a JSON object.")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise bad("The request body is not valid JSON.") from None
+    if not isinstance(data, dict):
+        raise bad("The request body must be a JSON object.")
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise bad(f"Unknown field '{unknown[0][:40]}'; expected: {', '.join(fields)}.")
+    return data
+
+
+def text_input(data: dict[str, Any], max_chars: int) -> str:
+    value = data.get("input")
+    if not isinstance(value, str):
+        raise bad("'input' must be a string (the message for the agent).")
+    if not value.strip(BLANK):
+        raise bad("'input' is empty.")
+    if not is_text(value):
+        raise bad("'input' is not valid Unicode text.")
+    if len(value) > max_chars:
+        raise bad(f"'input' is too long ({len(value):,} characters; the limit is {max_chars:,}).")
+    return value
+
+
+def additional_input(data: dict[str, Any]) -> dict[str, Any]:
+    value = data.get("additional_input")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad("'additional_input' must be a JSON object.")
+    if len(json.dumps(value)) > MAX_ADDITIONAL_BYTES:
+        raise bad(f"'additional_input' is larger than {MAX_ADDITIONAL_BYTES:,} bytes.")
+    return value
+
+
+def agent_name(data: dict[str, Any]) -> str | None:
+    value = data.get("agent")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not AGENT_NAME.match(value):
+        raise bad("'agent' must be an agent's name (letters, digits, '_', '.', '-').")
+    return value
+
+
+def only_query(request: web.Request, *allowed: str) -> None:
+    """A misspelt query parameter is an error, not silently ignored."""
+    unknown = sorted(set(request.query) - set(allowed))
+    if unknown:
+        raise bad(f"Unknown query parameter '{unknown[0][:40]}'" + (
+            f"; expected: {', '.join(allowed)}." if allowed else "; this takes none."))
+
+
+def int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise bad(f"'{name}' must be a whole number from {low} to {high}.") from None
+    if not low <= value <= high:
+        raise bad(f"'{name}' must be a whole number from {low} to {high}.")
+    return value
+
+
+def page(request: web.Request) -> tuple[int, int]:
+    """(page, page size) from the query."""
+    return (int_query(request, "page", 1, 1, 1_000_000),
+            int_query(request, "page_size", 20, 1, MAX_PAGE_SIZE))
+
+
+def pagination(total: int, current: int, size: int) -> dict[str, int]:
+    return {"total_items": total, "total_pages": max(1, -(-total // size)),
+            "current_page": current, "page_size": size}
+
+
+def run_output(events: list[RunEvent]) -> str | None:
+    """The answer of a run: its final message, or what it had written when it stopped."""
+    partial: list[str] = []
+    for event in events:
+        match event:
+            case MessageFinal(text=text):
+                return text
+            case MessageDelta(text=text):
+                partial.append(text)
+            case ToolStart() | ToolEnd():
+                partial = []
+    return "".join(partial) or None
+
+
+async def step_view(store: SqliteStore, row: StepRow) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "task_id": row.task_id, "step_id": row.id, "name": None, "input": row.input,
+        "additional_input": row.additional_input, "run_id": row.run_id,
+        "created_at": row.created_at, "artifacts": [], "events_url": None,
+        "additional_output": {},
+    }
+    if row.run_id is None:
+        status = "created" if row.status == "created" else "completed"
+        outcome = None if status == "created" else ("ok" if row.status == "completed" else "error")
+        view |= {"status": status, "outcome": outcome, "output": row.output, "error": row.error,
+                 "ended_at": row.ended_at}
+    else:
+        run = await store.run(row.run_id)
+        events = [event for _, event in await store.events(row.run_id)]
+        running = run is None or run.status == "running"
+        view |= {
+            "status": "running" if running else "completed",
+            "outcome": None if running or run is None else run.status,
+            "output": run_output(events), "error": run.error if run else None,
+            "ended_at": run.ended_at if run else None,
+            "events_url": f"/api/v1/agent/{row.run_id}/events",
+            "additional_output": {"usage": run.usage if run else {}},
+        }
+    view["is_last"] = view["status"] == "completed"
+    return view
+
+
+async def task_view(store: SqliteStore, task: TaskRow, last: StepRow | None) -> dict[str, Any]:
+    return {"task_id": task.id, "input": task.input, "additional_input": task.additional_input,
+            "agent": task.agent, "created_at": task.created_at, "artifacts": [],
+            "last_step": await step_view(store, last) if last is not None else None}
