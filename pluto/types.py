@@ -24,12 +24,31 @@ from pluto.events import (  # re-exported: the one place to import core types fr
 )
 
 __all__ = [
-    "Attachment", "Capabilities", "IncomingMessage", "OutgoingMessage", "Route", "MarkupDialect",
+    "Attachment", "Capabilities", "Dialect", "IncomingMessage", "OutgoingMessage", "Route",
+    "PLAIN", "MARKDOWN",
     "RunEvent", "RunStart", "MessageDelta", "ToolStart", "ToolEnd", "MessageFinal", "RunEnd",
     "RunError",
 ]
 
-MarkupDialect = Literal["plain", "markdown", "telegram_html", "slack_mrkdwn", "discord"]
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """A markup dialect a chat platform reads.
+
+    ``name`` goes with every outgoing message (``OutgoingMessage.markup``): the provider reads
+    it to choose how to send the text. ``emitter`` writes the dialect: a subclass of
+    :class:`pluto.gateway.delivery.render.emit.Emitter` that the provider brings along (its own
+    package, e.g. ``providers/telegram/markup.py``); None for the renderer's own ``plain`` and
+    ``markdown``.
+    """
+
+    name: str
+    emitter: type | None = None
+
+
+PLAIN = Dialect("plain")
+MARKDOWN = Dialect("markdown")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,7 +109,7 @@ class OutgoingMessage:
     run_id: str | None = None
     attachments: tuple[Attachment, ...] = ()
     edit_of: str | None = None  # the platform message id to replace, when the platform can edit
-    markup: MarkupDialect = "plain"  # the dialect ``text`` is already rendered in
+    markup: str = "plain"  # the name of the dialect ``text`` is already rendered in
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,7 +117,7 @@ class Capabilities:
     """What a chat platform can do, declared by its provider as data."""
 
     max_message_length: int = 4000
-    markup: MarkupDialect = "plain"
+    markup: Dialect = PLAIN  # the dialect the platform reads (see Dialect)
     streams_deltas: bool = False  # the provider shows deltas as they come (terminal, web)
     can_edit: bool = False  # the provider can edit a sent message (streaming by edits)
     can_send_images: bool = False
