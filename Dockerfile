@@ -6,14 +6,20 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     LITELLM_LOCAL_MODEL_COST_MAP=True
 
 WORKDIR /app
+# Exact versions from the hashed locks (`bash scripts/lock.sh` regenerates them): the runtime
+# dependencies and the build backend, in a layer that a code change does not rebuild.
+COPY requirements/runtime.txt requirements/build.txt ./requirements/
+RUN pip install --no-cache-dir --require-hashes -r requirements/runtime.txt -r requirements/build.txt
+# Pluto itself (the layers install under the one import name `pluto`), resolving nothing more.
 COPY pyproject.toml README.md ./
+COPY pluto ./pluto
 COPY gateway ./gateway
 COPY providers ./providers
 COPY agents ./agents
 COPY runtime ./runtime
 COPY storage ./storage
-RUN pip install --no-cache-dir . && useradd --create-home --uid 10001 pluto \
-    && mkdir -p /data && chown pluto:pluto /data
+RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
+    && useradd --create-home --uid 10001 pluto && mkdir -p /data && chown pluto:pluto /data
 COPY config ./config
 
 USER pluto

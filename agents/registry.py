@@ -10,13 +10,20 @@ the error is kept in :attr:`AgentRegistry.errors` (and logged once) until the fi
 
 Agents deployed through the admin API live in the last directory (``<data_dir>/agents``) and
 override a file-based agent of the same name; :func:`save_agent` writes them atomically.
+
+Async code uses :meth:`AgentRegistry.load` and :meth:`AgentRegistry.list_names`: the files are
+read in a worker thread, never on the event loop. ``get`` and ``names`` are the same, blocking,
+for offline commands and for code already in a worker thread. The cache is shared by both, under
+a lock held only around the cache itself (never while files are read).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -51,74 +58,115 @@ class AgentRegistry:
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self.errors: dict[str, ConfigError] = {}  # agents whose files are broken right now
         self._reported: dict[str, Stamp] = {}
+        self._lock = threading.Lock()  # the cache, errors and _reported; never held over I/O
+
+    async def load(self, name: str) -> AgentSpec:
+        """:meth:`get` for async code: a definition looked at a moment ago comes from memory,
+        else the files are checked (and read if changed) in a worker thread."""
+        spec = self._recent(name, time.monotonic())
+        return spec if spec is not None else await asyncio.to_thread(self.get, name)
+
+    async def list_names(self) -> list[str]:
+        """:meth:`names` for async code: the directories are listed in a worker thread."""
+        return await asyncio.to_thread(self.names)
 
     def names(self) -> list[str]:
         found: set[str] = set()
         for d in self.dirs:
             if d.is_dir():
                 found.update(p.name for p in d.iterdir()
-                             if NAME_RE.match(p.name) and (p / "agent.yaml").is_file())
+                             if NAME_RE.match(p.name) and _defines_agent(p))
         return sorted(found)
 
     def __contains__(self, name: str) -> bool:
         return self.dir_of(name) is not None
 
     def __len__(self) -> int:
-        return len(self._cache)  # agents held in memory
+        with self._lock:
+            return len(self._cache)  # agents held in memory
 
     def dir_of(self, name: str) -> Path | None:
         if not NAME_RE.match(name):
             return None
         for d in reversed(self.dirs):  # later dirs (dynamic agents) override earlier ones
-            if (d / name / "agent.yaml").is_file():
+            if _defines_agent(d / name):
                 return d / name
         return None
 
     def get(self, name: str) -> AgentSpec:
         """The agent's current definition, or the last good one while its files are broken.
+        Blocking (file system calls): from async code use :meth:`load`.
 
         Raises :class:`UnknownAgent`, or :class:`ConfigError` when it has never loaded."""
-        entry = self._cache.get(name)
         now = time.monotonic()
-        if entry is not None and now - entry.checked < self.recheck_seconds:
-            self._cache.move_to_end(name)  # looked at a moment ago: no file system calls
-            return entry.spec
+        spec = self._recent(name, now)
+        if spec is not None:
+            return spec  # looked at a moment ago: no file system calls
+        with self._lock:
+            entry = self._cache.get(name)
         agent_dir = self.dir_of(name)
         if agent_dir is None and entry is not None and entry.source.is_dir():
             agent_dir = entry.source  # agent.yaml is gone mid-edit: a broken edit, not a removal
         if agent_dir is None:
-            self._cache.pop(name, None)
-            self.errors.pop(name, None)
+            with self._lock:
+                self._cache.pop(name, None)
+                self.errors.pop(name, None)
             raise UnknownAgent(name)
         stamp = _stamp(agent_dir)
-        if entry is not None and entry.source == agent_dir and entry.stamp == stamp:
-            entry.checked = now
-            self._cache.move_to_end(name)
-            return entry.spec
+        kept = entry if entry is not None and entry.source == agent_dir else None
+        if kept is not None and kept.stamp == stamp:
+            with self._lock:
+                kept.checked = now
+                self._touch(name)
+            return kept.spec
         try:
             spec = load_checked(agent_dir)
         except ConfigError as e:
-            self.errors[name] = e
-            if self._reported.get(name) != stamp:
-                self._reported[name] = stamp
-                log.error("agent %s: its files have errors%s:\n%s", name,
-                          "; the last good definition keeps serving"
-                          if entry is not None and entry.source == agent_dir else "", e)
-            if entry is not None and entry.source == agent_dir:
-                self._cache.move_to_end(name)
-                return entry.spec
+            self._broken(name, e, stamp, kept)
+            if kept is not None:
+                return kept.spec
             raise
-        if name in self.errors:
-            log.info("agent %s: fixed, reloaded", name)
-        elif entry is not None:
-            log.info("agent %s: changed, reloaded", name)
-        self.errors.pop(name, None)
-        self._reported.pop(name, None)
-        self._cache[name] = _Entry(stamp, spec, agent_dir, now)
-        self._cache.move_to_end(name)
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+        self._store(name, _Entry(stamp, spec, agent_dir, now), replaced=entry is not None)
         return spec
+
+    def _broken(self, name: str, e: ConfigError, stamp: Stamp, kept: _Entry | None) -> None:
+        with self._lock:
+            self.errors[name] = e
+            report = self._reported.get(name) != stamp
+            self._reported[name] = stamp
+            if kept is not None:
+                self._touch(name)
+        if report:
+            log.error("agent %s: its files have errors%s:\n%s", name,
+                      "; the last good definition keeps serving" if kept else "", e)
+
+    def _store(self, name: str, entry: _Entry, *, replaced: bool) -> None:
+        with self._lock:
+            fixed = self.errors.pop(name, None) is not None
+            self._reported.pop(name, None)
+            current = self._cache.get(name)
+            if current is None or current.checked <= entry.checked:  # not older than it
+                self._cache[name] = entry
+                self._touch(name)
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+        if fixed:
+            log.info("agent %s: fixed, reloaded", name)
+        elif replaced:
+            log.info("agent %s: changed, reloaded", name)
+
+    def _recent(self, name: str, now: float) -> AgentSpec | None:
+        """The cached definition if its files were looked at less than recheck_seconds ago."""
+        with self._lock:
+            entry = self._cache.get(name)
+            if entry is None or now - entry.checked >= self.recheck_seconds:
+                return None
+            self._cache.move_to_end(name)
+            return entry.spec
+
+    def _touch(self, name: str) -> None:
+        if name in self._cache:  # (with the lock held) another thread may have evicted it
+            self._cache.move_to_end(name)
 
     def load_fresh(self, name: str) -> AgentSpec:
         """Load from the files, ignoring the cache; raises on any error (for checks)."""
@@ -129,21 +177,30 @@ class AgentRegistry:
 
     def forget(self, name: str) -> None:
         """Look at the agent's files again on its next use (they were just written)."""
-        if (entry := self._cache.get(name)) is not None:
-            entry.checked = 0.0
+        with self._lock:
+            if (entry := self._cache.get(name)) is not None:
+                entry.checked = 0.0
 
     def refresh(self) -> dict[str, ConfigError]:
-        """Reload the agents in memory whose files changed; return the current errors."""
-        for name in list(self._cache):
+        """Reload the agents in memory whose files changed; return the current errors.
+        Blocking: async code runs it in a worker thread."""
+        with self._lock:
+            held = list(self._cache)
+        for name in held:
             self.forget(name)
             try:
                 self.get(name)
             except (UnknownAgent, ConfigError):
-                self._cache.pop(name, None)
-        for name in [n for n in self.errors if n not in self._cache]:
+                with self._lock:
+                    self._cache.pop(name, None)
+        with self._lock:
+            orphans = [n for n in self.errors if n not in self._cache]
+        for name in orphans:
             if self.dir_of(name) is None:
-                del self.errors[name]
-        return dict(self.errors)
+                with self._lock:
+                    self.errors.pop(name, None)
+        with self._lock:
+            return dict(self.errors)
 
     def check_all(self) -> list[ConfigError]:
         """Load every agent from its files; return the errors (for checks, not for serving)."""
@@ -173,6 +230,12 @@ def load_checked(agent_dir: Path) -> AgentSpec:
     except (OSError, ValueError, TypeError) as e:
         problem = f"cannot load the agent: {e}"
     raise ConfigError([(str(agent_dir / "agent.yaml"), None, "", problem)])
+
+
+def _defines_agent(agent_dir: Path) -> bool:
+    """An ``agent.yaml`` is there: a file — or something else (a FIFO, a directory), which
+    loading then refuses with a ConfigError rather than calling the agent unknown."""
+    return (agent_dir / "agent.yaml").exists()
 
 
 def _stamp(agent_dir: Path) -> Stamp:

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pluto.errors import ConfigError
-from pluto.yamldoc import YamlDoc
+from pluto.yamldoc import FileRefused, YamlDoc, read_regular_file
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 MAX_INSTRUCTIONS_BYTES = 256_000
@@ -122,11 +122,11 @@ def _read_instructions(doc: YamlDoc, agent_dir: Path, files: list[str]) -> str:
         if not path.is_relative_to(root):
             raise doc.problem(("instructions", i), "must be a file inside the agent's directory")
         try:
-            data = path.read_bytes()
+            data = read_regular_file(path, MAX_INSTRUCTIONS_BYTES, "256 kB")
+        except FileRefused as e:
+            raise doc.problem(("instructions", i), f"{rel} {e}") from None
         except OSError:
             raise doc.problem(("instructions", i), f"file not found: {rel}") from None
-        if len(data) > MAX_INSTRUCTIONS_BYTES:
-            raise doc.problem(("instructions", i), f"{rel} is larger than 256 kB")
         try:
             parts.append(data.decode("utf-8").strip())
         except UnicodeDecodeError:

@@ -1,41 +1,153 @@
-"""The provider interface: what every chat platform adapter implements.
+"""The provider seam: what every chat platform adapter implements, and what it is given.
 
-A provider only translates: platform events into :class:`IncomingMessage` (handed to the
-gateway's inbox) and :class:`OutgoingMessage` into platform calls. It raises on failure; retries
-and restarts live in the gateway.
+A provider only translates: platform events into :class:`IncomingMessage` (handed to its
+:class:`Intake`) and :class:`OutgoingMessage` into platform calls. It raises on failure
+(:mod:`pluto.errors`); retries, restarts and delivery order live in the gateway.
+
+It is built from a :class:`ProviderContext`: its settings, the data dir, the run feed, and —
+only where it needs them — an HTTP mount, a chat directory (routing and transcripts) and the
+readers of runs and API tasks. It never gets the gateway itself.
 """
 
 from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from pluto.errors import ConfigError
+from pluto.events import RunEvent
 from pluto.settings import ProviderConfig
-from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
+from pluto.types import Capabilities, IncomingMessage, OutgoingMessage, Outcome, Route
 
 if TYPE_CHECKING:
-    from pluto.gateway.http.server import HttpServer
+    from aiohttp import web
 
-Inbox = Callable[[IncomingMessage], Awaitable[None]]
+    from pluto.storage.ports import RunReader, TaskStore
 
+
+# what a provider gets ---------------------------------------------------------------------------
+
+class Ticket(Protocol):
+    """A message handed to intake. Awaiting :meth:`outcome` is optional (the API does; a chat
+    platform need not): it resolves once the pipeline has decided what becomes of the message."""
+
+    message: IncomingMessage
+
+    async def outcome(self) -> Outcome: ...
+
+
+class Intake(Protocol):
+    """Where a provider hands messages over. Handing over never waits for routing, a model or
+    delivery: only for the message to be recorded (so it cannot be lost, and a redelivery is
+    recognised) and, when the gateway is flooded, for room in the provider's bounded queue."""
+
+    async def submit(self, msg: IncomingMessage) -> Ticket:
+        """Queue ``msg`` (waiting for room when full: back-pressure) and return at once."""
+        ...
+
+    async def offer(self, msg: IncomingMessage) -> Ticket | None:
+        """Queue ``msg`` if there is room now; None when full (answer the platform "busy, try
+        again", e.g. HTTP 503, so that it redelivers — nothing is dropped silently)."""
+        ...
+
+
+class RunFeed(Protocol):
+    """The one way to watch a run: its committed events after ``seq`` N, then the live ones,
+    each once and in order, until its ``run.end``."""
+
+    def follow(self, run_id: str, after: int = 0) -> AsyncIterator[RunEvent]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptItem:
+    """One thing a chat shows: a user's message, an answer, or a tool result's details."""
+
+    role: Literal["user", "assistant", "tool"]
+    text: str
+    run_id: str | None
+    ts: float
+    name: str | None = None  # the tool, for role "tool"
+    details: Any = None  # what the tool showed people (a table, a chart), for role "tool"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentInfo:
+    name: str
+    description: str | None
+    available: bool  # its files load
+
+
+class ChatDirectory(Protocol):
+    """What live chat front-ends (web, API) may ask of the gateway's routing and history."""
+
+    def route(self, probe: IncomingMessage) -> Route | None:
+        """The route a message like ``probe`` would take (None: it would get no answer)."""
+        ...
+
+    async def transcript(self, probe: IncomingMessage,
+                         limit: int = 200) -> list[TranscriptItem]:
+        """The active conversation of the chat ``probe`` comes from, as its people saw it."""
+        ...
+
+    async def agents(self) -> list[AgentInfo]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class HttpMount:
+    """Where a provider mounts its webhooks, sockets and pages on the gateway's HTTP server."""
+
+    router: web.UrlDispatcher
+    on_shutdown: list[Callable[[web.Application], Awaitable[None]]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProviderContext:
+    """What a provider gets when the gateway builds it from ``pluto.yaml``."""
+
+    name: str
+    config: ProviderConfig
+    data_dir: Path
+    feed: RunFeed
+    http: HttpMount | None = None  # ``pluto serve`` only
+    chats: ChatDirectory | None = None
+    runs: RunReader | None = None
+    tasks: TaskStore | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # command-line options (pluto chat)
+
+    def secret(self, field_name: str, default_env: str) -> str | None:
+        """The secret named by ``<field_name>`` in the provider's config (an env var name)."""
+        extra = self.config.model_extra or {}
+        return os.environ.get(str(extra.get(field_name) or default_env)) or None
+
+    def option(self, name: str, default: Any = None) -> Any:
+        return (self.config.model_extra or {}).get(name, default)
+
+
+# what a provider implements ---------------------------------------------------------------------
 
 class Provider(ABC):
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities] = Capabilities()
 
+    @classmethod
     @abstractmethod
-    async def run(self, inbox: Inbox) -> None:
-        """Receive messages and pass each to ``inbox`` until cancelled.
+    def from_context(cls, ctx: ProviderContext) -> Provider:
+        """Build the provider from its settings, validating them (ConfigError naming
+        ``providers.<name>.<field>``): nothing is connected yet."""
+
+    @abstractmethod
+    async def run(self, intake: Intake) -> None:
+        """Receive messages and hand each to ``intake`` until cancelled.
 
         Returning means the provider is done (a one-shot terminal turn, the user left the chat);
-        raising means it failed and the gateway restarts it with backoff.
+        raising means it failed and the gateway restarts it with backoff (unless the error is
+        one no restart can fix: :class:`~pluto.errors.ProviderUnusable`).
         """
 
     @abstractmethod
@@ -53,23 +165,6 @@ class Provider(ABC):
         """Release connections. Called once, after ``run`` has ended."""
 
 
-@dataclass(frozen=True, slots=True)
-class ProviderContext:
-    """What a provider gets from the gateway when it is built from ``pluto.yaml``."""
-
-    config: ProviderConfig
-    data_dir: Path
-    http: HttpServer | None  # mount webhooks / websockets here (``pluto serve`` only)
-
-    def secret(self, field: str, default_env: str) -> str | None:
-        """The secret named by ``<field>`` in the provider's config (an env var name)."""
-        extra = self.config.model_extra or {}
-        return os.environ.get(str(extra.get(field) or default_env)) or None
-
-    def option(self, name: str, default: Any = None) -> Any:
-        return (self.config.model_extra or {}).get(name, default)
-
-
 S = TypeVar("S", bound=BaseModel)
 
 
@@ -83,10 +178,10 @@ def provider_settings(model: type[S], raw: dict[str, Any], name: str) -> S:
             str(p) for p in err["loc"]), err["msg"]) for err in e.errors()]) from None
 
 
-def required_env(env: str, name: str, field: str, what: str) -> str:
+def required_env(env: str, name: str, field_name: str, what: str) -> str:
     """The value of a secret's environment variable; a ConfigError naming it when unset."""
     value = os.environ.get(env, "").strip()
     if not value:
-        raise ConfigError([("pluto.yaml", None, f"providers.{name}.{field}",
+        raise ConfigError([("pluto.yaml", None, f"providers.{name}.{field_name}",
                             f"the environment variable {env} that should hold {what} is not set")])
     return value

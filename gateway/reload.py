@@ -13,6 +13,9 @@ Agents reload themselves (see :mod:`agents.registry`); the watcher only re-check
 memory so that a broken edit is reported at once. In ``pluto.yaml`` the models, gateway limits,
 access and admin settings and the log level apply live; ``data_dir``, ``http`` and
 ``providers`` need a restart, which is logged and shown in the status.
+
+Looking (stat), reading, parsing and validating run in a worker thread; only the swap runs on
+the event loop, so a big or slow file never stalls it.
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ class ConfigWatcher:
         self._existed = {k: p.exists() for k, p in self._files.items()}
         self._started_with = self._file_config()  # for what needs a restart to change
         self._task: asyncio.Task[None] | None = None
+        self._busy = asyncio.Lock()  # one look or reload at a time
 
     @property
     def interval(self) -> float:
@@ -132,7 +136,7 @@ class ConfigWatcher:
         while True:
             await asyncio.sleep(self.interval or 1.0)
             try:
-                self.tick()
+                await self.tick()
             except Exception:  # the watcher must outlive any surprise; the old config serves
                 log.exception("config reload failed unexpectedly; keeping the configuration")
 
@@ -142,51 +146,92 @@ class ConfigWatcher:
             snap[f"agents{i}"] = _stat(d)
         return snap
 
-    def tick(self) -> None:
-        """One look at the config dir: apply what changed and has held still since the last."""
-        self._check_agents()
-        snap = self._snapshot()
-        if snap != self._seen:
-            if snap != self._settling:
-                self._settling = snap  # changing now: read it once it holds still
-                return
-            self._settling = None
-            self.reload(snap)
-        elif self.status.refused:
-            self.reload(snap, quiet=True)  # e.g. the agent a refused route names appears later
+    def _look(self) -> tuple[dict[str, ConfigError], dict[str, Stamp]]:
+        """(In a worker thread.) The agents in memory re-checked, and the files' stamps."""
+        return self.gw.registry.refresh(), self._snapshot()
 
-    def reload_now(self) -> ReloadStatus:
-        """Read everything again now (``POST /admin/reload``, after an admin API change)."""
-        self._check_agents()
-        self.reload(self._snapshot(), force=True)
+    async def tick(self) -> None:
+        """One look at the config dir: apply what changed and has held still since the last."""
+        async with self._busy:
+            agents, snap = await asyncio.to_thread(self._look)
+            self._note_agents(agents)
+            if snap != self._seen:
+                if snap != self._settling:
+                    self._settling = snap  # changing now: read it once it holds still
+                    return
+                self._settling = None
+                await self.reload(snap)
+            elif self.status.refused:  # e.g. the agent a refused route names appears later
+                await self.reload(snap, quiet=True)
+
+    async def reload_now_async(self) -> ReloadStatus:
+        """Read everything again now (``POST /admin/reload``, after an admin API change); the
+        files are read in a worker thread."""
+        async with self._busy:
+            agents, snap = await asyncio.to_thread(self._look)
+            self._note_agents(agents)
+            await self.reload(snap, force=True)
         return self.status
 
-    def reload(self, snap: dict[str, Stamp], *, force: bool = False, quiet: bool = False) -> None:
-        pluto_changed = force or snap["pluto"] != self._seen["pluto"] or "pluto" in \
-            self.status.refused
+    def reload_now(self) -> ReloadStatus:
+        """:meth:`reload_now_async`, blocking: the files are read on the calling thread. For
+        callers that are not async yet; from the event loop, await the async one."""
+        agents, snap = self._look()
+        self._note_agents(agents)
+        pluto = self._pluto_due(snap, force=True)
         self._seen = snap
-        applied = False
-        if pluto_changed:
-            applied |= self._try("pluto", self._reload_pluto, quiet)
-        applied |= self._try("routes", self._reload_routes, quiet)
-        if applied:
-            self.status.generation += 1
-            self.status.applied_at = time.time()
+        self._apply(self._read(pluto), quiet=False)
+        return self.status
 
-    def _try(self, key: str, apply: Any, quiet: bool) -> bool:
+    async def reload(self, snap: dict[str, Stamp], *, force: bool = False,
+                     quiet: bool = False) -> None:
+        pluto = self._pluto_due(snap, force)
+        self._seen = snap
+        self._apply(await asyncio.to_thread(self._read, pluto), quiet)
+
+    def _pluto_due(self, snap: dict[str, Stamp], force: bool) -> bool:
+        return force or snap["pluto"] != self._seen["pluto"] or "pluto" in self.status.refused
+
+    def _read(self, pluto: bool) -> dict[str, Any]:
+        """(In a worker thread.) Each file read, parsed and validated: its new value, or the
+        ConfigError that refuses it. Nothing is applied here."""
+        found: dict[str, Any] = {}
+        if pluto:
+            found["pluto"] = self._load("pluto", lambda: load_pluto_config(self.gw.config_dir))
+        found["routes"] = self._load("routes",
+                                     lambda: load_routes(self.gw.config_dir, self.gw.registry))
+        return found
+
+    def _load(self, key: str, load: Any) -> Any:
         path = self._files[key]
         try:
             if self._existed[key] and not path.exists():
                 raise ConfigError([(str(path), None, "", "the file is gone (deleted, or being "
                                     "replaced); keeping the last good version")])
-            changed = apply()
+            return load()
         except ConfigError as e:
+            return e
+
+    def _apply(self, found: dict[str, Any], quiet: bool) -> None:
+        """(On the loop.) Swap in what validated, record what was refused."""
+        applied = False
+        if "pluto" in found:
+            applied |= self._try("pluto", found["pluto"], self._apply_pluto, quiet)
+        applied |= self._try("routes", found["routes"], self._apply_routes, quiet)
+        if applied:
+            self.status.generation += 1
+            self.status.applied_at = time.time()
+
+    def _try(self, key: str, found: Any, apply: Any, quiet: bool) -> bool:
+        path = self._files[key]
+        if isinstance(found, ConfigError):
             before = self.status.refused.get(key)
-            self.status.refused[key] = e.problems
-            if not quiet or before != e.problems:
+            self.status.refused[key] = found.problems
+            if not quiet or before != found.problems:
                 log.error("config: refused the edit of %s; the last good version keeps "
-                          "serving:\n%s", path, e)
+                          "serving:\n%s", path, found)
             return False
+        changed = apply(found)
         if self.status.refused.pop(key, None) is not None:
             log.info("config: %s is valid again", path)
         return changed
@@ -197,8 +242,7 @@ class ConfigWatcher:
         except ConfigError:
             return None
 
-    def _reload_pluto(self) -> bool:
-        new = load_pluto_config(self.gw.config_dir)
+    def _apply_pluto(self, new: PlutoConfig) -> bool:
         old, began = self.gw.config, self._started_with
         restart = [k for k in RESTART_ONLY if began and getattr(new, k) != getattr(began, k)]
         # what needs a restart stays as the process has it (command-line options included)
@@ -217,7 +261,7 @@ class ConfigWatcher:
         gw = self.gw
         gw.config = new
         gw.runner.models = gw._model_settings()
-        gw.lanes.max_queued = new.gateway.max_queued_per_session
+        gw.pipeline.lanes.max_queued = new.gateway.max_queued_per_session
         root = logging.getLogger()
         if new.log_level != old.log_level:
             for h in root.handlers:
@@ -230,8 +274,7 @@ class ConfigWatcher:
                 if isinstance(f, RedactSecrets):
                     f.secrets = sorted(set(f.secrets) | set(secrets), key=len, reverse=True)
 
-    def _reload_routes(self) -> bool:
-        table = load_routes(self.gw.config_dir, self.gw.registry)
+    def _apply_routes(self, table: RoutingTable) -> bool:
         same = self.gw.routes.spec == table.spec
         self.gw.routes = table  # even when the same rules: their line numbers may have moved
         if same:
@@ -239,6 +282,5 @@ class ConfigWatcher:
         log.info("config: applied %s (%d rules)", table.source, len(table.spec.routes))
         return True
 
-    def _check_agents(self) -> None:
-        errors = self.gw.registry.refresh()
+    def _note_agents(self, errors: dict[str, ConfigError]) -> None:
         self.status.agents = {name: e.problems for name, e in errors.items()}

@@ -2,6 +2,11 @@
 
 Names are an API once a client uses them (the web widget, the SSE stream), so they follow the
 seed design: run.start, message.delta, tool.start, tool.end, message.final, run.end, run.error.
+
+Every event carries ``seq``: its number within its run (1, 2, 3, …), given by storage when the
+event is committed. It travels with the event everywhere (the run feed, SSE, the WebSocket, the
+terminal), so a watcher resumes "after seq N" and never sees an event twice. An event not yet
+committed has ``seq`` 0.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ Outcome = Literal["ok", "cancelled", "budget", "error", "interrupted"]
 class RunStart:
     type: Literal["run.start"] = "run.start"
     run_id: str
+    seq: int = 0
     session_id: str
     agent: str
     ts: float = field(default_factory=time.time)
@@ -27,6 +33,7 @@ class RunStart:
 class MessageDelta:
     type: Literal["message.delta"] = "message.delta"
     run_id: str
+    seq: int = 0
     text: str
     ts: float = field(default_factory=time.time)
 
@@ -35,6 +42,7 @@ class MessageDelta:
 class ToolStart:
     type: Literal["tool.start"] = "tool.start"
     run_id: str
+    seq: int = 0
     call_id: str
     name: str
     arguments: dict[str, Any]
@@ -45,6 +53,7 @@ class ToolStart:
 class ToolEnd:
     type: Literal["tool.end"] = "tool.end"
     run_id: str
+    seq: int = 0
     call_id: str
     name: str
     content: str
@@ -57,6 +66,7 @@ class ToolEnd:
 class MessageFinal:
     type: Literal["message.final"] = "message.final"
     run_id: str
+    seq: int = 0
     text: str
     ts: float = field(default_factory=time.time)
 
@@ -65,6 +75,7 @@ class MessageFinal:
 class RunEnd:
     type: Literal["run.end"] = "run.end"
     run_id: str
+    seq: int = 0
     outcome: Outcome
     usage: dict[str, int] = field(default_factory=dict)
     ts: float = field(default_factory=time.time)
@@ -76,6 +87,7 @@ class RunError:
 
     type: Literal["run.error"] = "run.error"
     run_id: str
+    seq: int = 0
     message: str
     kind: str = "error"
     ts: float = field(default_factory=time.time)

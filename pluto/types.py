@@ -25,7 +25,7 @@ from pluto.events import (  # re-exported: the one place to import core types fr
 
 __all__ = [
     "Attachment", "Capabilities", "Dialect", "IncomingMessage", "OutgoingMessage", "Route",
-    "PLAIN", "MARKDOWN",
+    "PLAIN", "MARKDOWN", "Outcome", "Accepted", "Answered", "Refused", "Duplicate", "Dropped",
     "RunEvent", "RunStart", "MessageDelta", "ToolStart", "ToolEnd", "MessageFinal", "RunEnd",
     "RunError",
 ]
@@ -105,8 +105,10 @@ class OutgoingMessage:
     text: str = ""
     kind: Literal["reply", "delta", "notice", "error"] = "reply"
     thread_id: str | None = None
-    reply_to: str | None = None
+    reply_to: str | None = None  # the platform message to quote (group chats), if any
+    answers: str | None = None  # the platform id of the message this answers (always set)
     run_id: str | None = None
+    seq: int = 0  # with ``run_id``: the run event this shows (its message.final or run.error)
     attachments: tuple[Attachment, ...] = ()
     edit_of: str | None = None  # the platform message id to replace, when the platform can edit
     markup: str = "plain"  # the name of the dialect ``text`` is already rendered in
@@ -118,8 +120,62 @@ class Capabilities:
 
     max_message_length: int = 4000
     markup: Dialect = PLAIN  # the dialect the platform reads (see Dialect)
-    streams_deltas: bool = False  # the provider shows deltas as they come (terminal, web)
+    # the provider shows a run's progress itself, from the run feed (terminal, web, API); the
+    # others get a live preview by edits (``can_edit``) or nothing until the final reply
+    streams_deltas: bool = False
     can_edit: bool = False  # the provider can edit a sent message (streaming by edits)
     can_send_images: bool = False
     can_send_files: bool = False
     has_typing: bool = False
+
+
+# what intake says became of a message ----------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The message will be answered by run ``run_id`` (its events: the run feed). ``queued``:
+    it waits behind earlier messages of its session."""
+
+    run_id: str
+    queued: bool = False
+    type: Literal["accepted"] = "accepted"
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """The gateway answered at once, without a run (a command such as /help, /stop, /sql);
+    ``text`` is the answer, which also goes to the chat through delivery."""
+
+    text: str
+    failed: bool = False
+    type: Literal["answered"] = "answered"
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Not admitted: no rule routes it, a rule denies it, pairing, a mention is required, or a
+    rate limit. ``notice`` is what the chat was told, if anything."""
+
+    reason: str
+    notice: str | None = None
+    type: Literal["refused"] = "refused"
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """A redelivery of a message already handled: nothing more happens."""
+
+    type: Literal["duplicate"] = "duplicate"
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """Taken but not run: the session's queue is full, or the gateway is stopping. ``notice``
+    is what the chat was told, if anything."""
+
+    reason: str
+    notice: str | None = None
+    type: Literal["dropped"] = "dropped"
+
+
+Outcome = Accepted | Answered | Refused | Duplicate | Dropped

@@ -4,7 +4,7 @@ They work through the gateway's :class:`runtime.data.DataService` (``ctx.service
 within the run's scope: the datasets the agent lists (``ctx.datasets``) plus the files sent
 in this conversation. A query the sandbox refuses or DuckDB rejects comes back as an error
 result with DuckDB's message, so the model can correct itself. DuckDB and matplotlib are
-imported on first use.
+imported on first use, in a worker thread (as the chart is drawn there): never on the event loop.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any, Literal
 
+from pluto.runtime.data import preload
 from pluto.runtime.tools import Tool, ToolContext, ToolError, ToolResult, tool
 
 if TYPE_CHECKING:
@@ -24,10 +25,13 @@ PEOPLE_ROWS = 50  # rows in `details["table"]`
 CHART_ROWS = 10_000  # rows a chart may plot
 
 
-def _service(ctx: ToolContext) -> tuple[DataService, Scope]:
+async def _service(ctx: ToolContext, *modules: str) -> tuple[DataService, Scope]:
+    """The gateway's data, once DuckDB and the data modules a tool uses (``modules`` besides
+    the common ones) are imported, in a worker thread."""
     service = ctx.services.get("data")
     if service is None:
         raise ToolError("data tools are not available in this gateway")
+    await preload("child", "sandbox", "format", "warehouse", *modules)
     return service, service.scope(ctx.session_key, ctx.datasets)
 
 
@@ -51,9 +55,9 @@ def _failed(error: Exception, what: str) -> ToolResult:
 async def list_datasets(ctx: ToolContext) -> ToolResult:
     """List the datasets you can query with run_sql (each is a table of the same name), with
     their rows and columns. Files the user sends in this chat appear here too."""
+    service, scope = await _service(ctx)
     from pluto.runtime.data import counted
 
-    service, scope = _service(ctx)
     found = await service.visible(scope)
     if not found:
         return ToolResult("No datasets are available. The user can send a CSV, TSV, Parquet or "
@@ -77,10 +81,10 @@ async def describe_dataset(ctx: ToolContext, name: str) -> ToolResult:
     Args:
         name: The dataset's name, as list_datasets shows it.
     """
+    service, scope = await _service(ctx, "describe")
     from pluto.runtime.data import DataError
     from pluto.runtime.data.describe import STATS, describe, description_text
 
-    service, scope = _service(ctx)
     try:
         info = await service.get(name.strip(), scope)
     except DataError as e:
@@ -104,9 +108,9 @@ async def run_sql(ctx: ToolContext, sql: str) -> ToolResult:
     Args:
         sql: The query, e.g. SELECT region, sum(amount) AS total FROM sales GROUP BY 1.
     """
+    service, scope = await _service(ctx)
     from pluto.runtime.data import DataError, format_table
 
-    service, scope = _service(ctx)
     csv_path = service.artifact(ctx.run_id, "result", ".csv")
     try:
         result = await service.query(sql, scope, max_rows=MODEL_ROWS, csv_path=csv_path)
@@ -135,10 +139,10 @@ async def make_chart(ctx: ToolContext, sql: str,
         group: A column whose values become separate series (lines, bar groups, colours).
         title: The chart's title.
     """
+    service, scope = await _service(ctx, "chart")
     from pluto.runtime.data import DataError, format_table
     from pluto.runtime.data.chart import draw, plan
 
-    service, scope = _service(ctx)
     try:
         result = await service.query(sql, scope, max_rows=CHART_ROWS)
         chosen = plan(result, kind, x, y, group)

@@ -1,18 +1,25 @@
-"""Models: anything that streams a turn. litellm for real models (imported lazily), and the
-built-in offline model that needs nothing.
+"""Models: anything that streams a turn. litellm for real models (imported lazily, never on the
+event loop), and the built-in offline model that needs nothing.
 
 A model's ``stream`` yields text deltas (``str``) and, last, one :class:`ModelTurn`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import gc
+import importlib
 import json
+import logging
 import os
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pluto.runtime.errors import ModelError
+from pluto.yamldoc import paused_gc
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +60,12 @@ class Model(Protocol):
                settings: ModelSettings) -> AsyncIterator[str | ModelTurn]: ...
 
 
+log = logging.getLogger(__name__)
+
+
 def load_litellm() -> Any:
-    """Import litellm on first use, offline: no price-list download, no telemetry."""
+    """Import litellm, offline: no price-list download, no telemetry. Blocking for 2–3 s: from
+    async code use :func:`imported_litellm` (or :func:`warm_litellm`), which run it in a thread."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("LITELLM_TELEMETRY", "False")
     import litellm
@@ -64,12 +75,95 @@ def load_litellm() -> Any:
     return litellm
 
 
+# What litellm 1.106 still imports or builds on its first call (~0.3–1 s of the loop's time):
+# the OpenAI client's resources, httpx's async backend, tiktoken's encoding (bundled: offline),
+# pydantic models it builds on first use. Warming imports them, then streams one offline
+# `mock_response` turn. All best effort: a name missing in another release is skipped.
+_FIRST_CALL_MODULES = ("openai.resources", "openai.lib.streaming.chat", "anyio._backends._asyncio",
+                       "jiter", "litellm.litellm_core_utils.default_encoding",
+                       "litellm.llms.litellm_proxy", "litellm.proxy._types",
+                       "litellm._service_logger")
+_import_lock = threading.Lock()
+_import: concurrent.futures.Future[Any] | None = None  # one per process, awaitable from any loop
+
+
+def _import_and_warm() -> Any:
+    """In the import thread. The garbage collector is paused meanwhile, and what the import
+    made is then frozen: a collection over litellm's ~300k objects holds the GIL for 0.1 s —
+    a stall of the event loop — during the import and at every full collection after it."""
+    with paused_gc():
+        litellm = load_litellm()
+        for name in _FIRST_CALL_MODULES:
+            try:
+                importlib.import_module(name)
+            except Exception as e:
+                log.debug("litellm warm-up: %s not imported: %s", name, e)
+        try:
+            for _ in litellm.completion(model="openai/pluto-warm-up", mock_response="ok",
+                                        messages=[{"role": "user", "content": "hi"}],
+                                        stream=True, stream_options={"include_usage": True},
+                                        _skip_mcp_handler=True):
+                pass
+        except Exception as e:
+            log.debug("litellm warm-up call failed: %s", e)
+        gc.freeze()  # never scanned again (refcounting still frees them); what garbage cycles
+        # the import left stay, once: collecting them first would be the 0.1 s stall avoided
+    return litellm
+
+
+def _run_import(future: concurrent.futures.Future[Any]) -> None:
+    try:
+        future.set_result(_import_and_warm())
+    except BaseException as e:  # handed to every caller that awaits the import
+        future.set_exception(e)
+
+
+def _litellm_import() -> concurrent.futures.Future[Any]:
+    """The process's one import of litellm, started in a daemon thread on the first call (again
+    after a failed one). A thread of its own, not an event loop's executor: any loop may await
+    it, and a process that exits meanwhile does not wait for it."""
+    global _import
+    with _import_lock:
+        future = _import
+        if future is None or (future.done() and future.exception() is not None):
+            future = _import = concurrent.futures.Future()
+            future.set_running_or_notify_cancel()  # a cancelled waiter never cancels the import
+            future.add_done_callback(_report_failed_import)
+            threading.Thread(target=_run_import, args=(future,), name="litellm-import",
+                             daemon=True).start()
+        return future
+
+
+async def imported_litellm() -> Any:
+    """litellm, imported in a worker thread; concurrent callers (on any loop) share one import."""
+    future = _litellm_import()
+    if future.done():
+        return future.result()
+    return await asyncio.wrap_future(future)
+
+
+async def warm_litellm() -> None:
+    """Start importing litellm in a worker thread and return at once (idempotent): call it when
+    a gateway that will use a real model starts, so its first call does not wait for it."""
+    _litellm_import()
+
+
+def _report_failed_import(future: concurrent.futures.Future[Any]) -> None:
+    if (e := future.exception()) is not None:
+        log.warning("litellm could not be imported (the next model call tries again): %s", e)
+
+
+def uses_litellm(model_name: str) -> bool:
+    """Whether a model string is served by litellm (anything but the built-in models)."""
+    return model_name not in _BUILT_IN
+
+
 class LiteLLMModel:
     """Any model litellm knows (``openai/…``, ``anthropic/…``, ``ollama/…``), streamed."""
 
     async def stream(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                      settings: ModelSettings) -> AsyncIterator[str | ModelTurn]:
-        litellm = load_litellm()
+        litellm = await imported_litellm()
         kwargs: dict[str, Any] = {
             "model": settings.model, "messages": messages, "stream": True,
             "stream_options": {"include_usage": True}, "timeout": settings.timeout,

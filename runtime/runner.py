@@ -2,8 +2,10 @@
 
 It loads the session's history, builds the prompt, streams the model, executes the tool calls
 the model makes, feeds the results back and repeats until a final answer, within the agent's
-budgets. Every event is committed to storage before it is yielded, so the consumer (the gateway)
-never shows a person something that is not on disk.
+budgets. Every event is committed to storage (which numbers it: ``seq``) before it is handed
+to the run's observer (the run feed, metrics) and then yielded, so nobody is ever shown
+something that is not on disk. The observer sees every event, including those recorded when a
+run is cancelled (which are not yielded: the consumer is gone).
 """
 
 from __future__ import annotations
@@ -18,17 +20,23 @@ from pathlib import Path
 from typing import Any
 
 from pluto.agents.spec import AgentSpec
-from pluto.runtime.errors import BudgetExceeded, ModelError
 from pluto.events import (MessageDelta, MessageFinal, RunEnd, RunError, RunEvent, RunStart,
-                            ToolEnd, ToolStart)
+                          ToolEnd, ToolStart)
+from pluto.runtime.errors import BudgetExceeded, ModelError
 from pluto.runtime.model import Model, ModelSettings, ModelTurn, ToolCall, model_for
 from pluto.runtime.tools import Tool, ToolContext, ToolError, ToolResult
-from pluto.storage.base import SessionRow, estimate_tokens
-from pluto.storage.sqlite import SqliteStore
+from pluto.storage.ports import ConversationStore
+from pluto.storage.rows import SessionRow, estimate_tokens
 
 log = logging.getLogger(__name__)
 
 INTERNAL_ERROR = "Something went wrong on our side while answering; the error has been logged."
+
+Observer = Callable[[RunEvent], None]
+
+
+def _ignore(event: RunEvent) -> None:
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +51,7 @@ class RunRequest:
 @dataclass(slots=True)
 class _RunState:
     req: RunRequest
+    observe: Observer
     deadline: float
     messages: list[dict[str, Any]]
     tools: dict[str, Tool]
@@ -59,12 +68,13 @@ class _RunState:
 
 
 class Runner:
-    def __init__(self, store: SqliteStore, *, models: Mapping[str, ModelSettings],
+    def __init__(self, conversations: ConversationStore, *,
+                 models: Mapping[str, ModelSettings],
                  tools: Mapping[str, Tool], data_dir: Path,
                  services: dict[str, Any] | None = None,
                  model_factory: Callable[[ModelSettings], Model] = model_for,
                  retry_base_delay: float = 0.5):
-        self.store = store
+        self.store = conversations
         self.models = models
         self.tools = tools
         self.data_dir = data_dir
@@ -93,15 +103,17 @@ class Runner:
             log.warning("agent %s lists unknown tools: %s", agent.name, ", ".join(missing))
         return {n: self.tools[n] for n in names if n in self.tools}
 
-    async def run(self, req: RunRequest) -> AsyncIterator[RunEvent]:
-        """Run one turn; yields events, each already committed to storage."""
+    async def run(self, req: RunRequest, observe: Observer = _ignore) -> AsyncIterator[RunEvent]:
+        """Run one turn; yields events, each already committed to storage and observed."""
         agent = req.agent
         history = await self.store.history(req.session.id, agent.history.max_messages,
                                            agent.history.max_tokens)
-        start = RunStart(run_id=req.run_id, session_id=req.session.id, agent=agent.name)
-        await self.store.start_run(req.run_id, req.session.id, agent.name, req.text, event=start)
+        start = await self.store.start_run(
+            req.run_id, req.session.id, agent.name, req.text,
+            RunStart(run_id=req.run_id, session_id=req.session.id, agent=agent.name))
+        observe(start)
         system = [{"role": "system", "content": agent.instructions}] if agent.instructions else []
-        state = _RunState(req, time.monotonic() + agent.budget.max_seconds,
+        state = _RunState(req, observe, time.monotonic() + agent.budget.max_seconds,
                           system + history + [{"role": "user", "content": req.text}],
                           self.tools_for(agent, req.tools), self.settings_for(agent))
         yield start
@@ -130,14 +142,16 @@ class Runner:
                     turn = item
                 else:
                     state.partial += item
-                    yield await self._commit(MessageDelta(run_id=state.req.run_id, text=item))
+                    yield await self._commit(state, MessageDelta(run_id=state.req.run_id, text=item))
             assert turn is not None
             self._account(state, turn)
             if not turn.tool_calls:
-                final = MessageFinal(run_id=state.req.run_id, text=turn.text)
-                await self.store.add_message(state.req.session.id, "assistant", turn.text,
-                                             run_id=state.req.run_id, event=final)
+                final = await self.store.add_message(
+                    state.req.session.id, "assistant", turn.text, run_id=state.req.run_id,
+                    event=MessageFinal(run_id=state.req.run_id, text=turn.text))
+                assert final is not None
                 state.partial = ""
+                state.observe(final)
                 yield final
                 yield await self._end(state, "ok")
                 return
@@ -195,16 +209,16 @@ class Runner:
                 raise BudgetExceeded(_budget_msg("tool_calls", state), "tool_calls")
             state.tool_calls += 1
             args, problem = _parse_arguments(call)
-            yield await self._commit(ToolStart(run_id=req.run_id, call_id=call.id,
-                                               name=call.name, arguments=args or {}))
+            yield await self._commit(state, ToolStart(run_id=req.run_id, call_id=call.id,
+                                                      name=call.name, arguments=args or {}))
             result = problem or await self._call_tool(state, call, args or {})
             await self.store.add_message(req.session.id, "tool", result.content,
                                          run_id=req.run_id, tool_call_id=call.id, name=call.name)
             state.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
                                    "content": result.content})
-            yield await self._commit(ToolEnd(run_id=req.run_id, call_id=call.id, name=call.name,
-                                             content=result.content, details=result.details,
-                                             is_error=result.is_error))
+            yield await self._commit(state, ToolEnd(
+                run_id=req.run_id, call_id=call.id, name=call.name, content=result.content,
+                details=result.details, is_error=result.is_error))
 
     async def _call_tool(self, state: _RunState, call: ToolCall,
                          args: dict[str, Any]) -> ToolResult:
@@ -227,19 +241,24 @@ class Runner:
             log.exception("tool %s failed in run %s", call.name, req.run_id)
             return ToolResult(f"The tool failed: {type(e).__name__}: {e}", is_error=True)
 
-    async def _commit(self, event: RunEvent) -> RunEvent:
-        await self.store.add_event(event)
+    async def _commit(self, state: _RunState, event: RunEvent) -> RunEvent:
+        event = await self.store.append_event(event)
+        state.observe(event)
         return event
 
     async def _fail(self, state: _RunState, message: str, kind: str) -> RunEvent:
         await self._keep_partial(state)
-        return await self._commit(RunError(run_id=state.req.run_id, message=message, kind=kind))
+        return await self._commit(state, RunError(run_id=state.req.run_id, message=message,
+                                                  kind=kind))
 
     async def _end(self, state: _RunState, outcome: Any, error: str | None = None) -> RunEvent:
         state.ended = True
         usage = dict(state.usage, total_tokens=state.total_tokens, tool_calls=state.tool_calls)
-        event = RunEnd(run_id=state.req.run_id, outcome=outcome, usage=usage)
-        await self.store.end_run(state.req.run_id, outcome, error=error, usage=usage, event=event)
+        event = await self.store.end_run(state.req.run_id, outcome, error=error, usage=usage,
+                                         event=RunEnd(run_id=state.req.run_id, outcome=outcome,
+                                                      usage=usage))
+        assert event is not None
+        state.observe(event)
         return event
 
     async def _keep_partial(self, state: _RunState) -> None:

@@ -3,7 +3,10 @@
 # Used by the README's second command and by CI (.ci/run). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
+# The dependencies from the hashed lock (exact versions; `bash scripts/lock.sh` regenerates it),
+# then Pluto itself, editable, without letting pip resolve anything else.
+python3 -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements/lock.txt
+python3 -m pip install --quiet --disable-pip-version-check --no-deps -e .
 # The browser test drives Debian's Chromium (never a downloaded one: no `playwright install`).
 if [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; elif command -v sudo >/dev/null; then SUDO="sudo"; else

@@ -16,7 +16,7 @@ from pluto.gateway.app import Gateway
 from pluto.settings import PlutoConfig
 from pluto.gateway.pipeline.ratelimit import OncePer, Rate, RateLimiter, parse_rate
 from pluto.runtime.testing import ScriptedModel
-from pluto.storage.access import PairingError, PairingStore, format_code, normalize_code
+from pluto.storage.rows import PairingError, format_code, normalize_code
 from pluto.storage.sqlite import SqliteStore
 from tests.helpers.gateway import RecordingProvider
 
@@ -45,7 +45,7 @@ def texts(p: RecordingProvider, kind: str | None = None) -> list[str]:
 
 async def settle(gw: Gateway) -> None:
     """Wait until every queued message has been answered."""
-    await until(lambda: len(gw.lanes) == 0)
+    await gw.settled()
 
 
 @pytest.fixture
@@ -145,8 +145,7 @@ async def test_pairing_codes_expire(make_gw) -> None:
 
 async def test_pairing_store_details(data_dir: Path) -> None:
     async with SqliteStore(data_dir / "pluto.db") as store:
-        pairing = PairingStore(store)
-        await pairing.migrate()
+        pairing = store.pairing
         await pairing.migrate()  # idempotent
         a, b = await asyncio.gather(pairing.request("t", "1", "1", None, 60),
                                     pairing.request("t", "1", "1", None, 60))
@@ -163,8 +162,7 @@ async def test_pairing_store_details(data_dir: Path) -> None:
 def test_pairing_cli_approves_and_lists(config_dir: Path, data_dir: Path) -> None:
     async def ask() -> str:
         async with SqliteStore(data_dir / "pluto.db") as store:
-            pairing = PairingStore(store)
-            await pairing.migrate()
+            pairing = store.pairing
             return (await pairing.request("telegram", "42", "42", "Ada", 600)).code
 
     code = asyncio.run(ask())

@@ -261,7 +261,7 @@ async def test_pairing_through_the_admin_api(admin: Admin, config_dir: Path) -> 
 async def test_recent_runs(admin: Admin) -> None:
     await admin.p.say("count me")
     await admin.p.wait_finals(1)
-    await until(lambda: len(admin.gw.lanes) == 0)
+    await admin.gw.settled()
     status, body = await admin.call("GET", "/admin/runs?limit=5")
     [run] = body["runs"]
     assert status == 200 and (run["agent"], run["status"], run["input"]) == (

@@ -121,7 +121,7 @@ async def test_a_task_runs_through_the_pipeline_and_continues_in_steps(gw, http,
                              f"{step['step_id']}")
     assert status == 200 and one["output"] == step["output"]
     # the same storage as every chat: a session, runs and their events
-    run = await gw.store.run(second["run_id"])
+    run = await gw.store.conversations.run(second["run_id"])
     assert run is not None and run.status == "ok"
     status, tasks = await call(http, gw, "GET", "/api/v1/agent/tasks?page_size=1")
     assert tasks["pagination"]["total_items"] == 1 and tasks["tasks"][0]["task_id"] == \
@@ -166,7 +166,7 @@ async def _run_id(gw, http, task_id, step_id):
 
 
 async def _has_deltas(gw, run_id):
-    return any(e.type == "message.delta" for _, e in await gw.store.events(run_id))
+    return any(e.type == "message.delta" for e in await gw.store.conversations.events(run_id))
 
 
 async def test_stopping_a_task_cancels_its_run_and_keeps_the_partial_answer(
@@ -178,7 +178,7 @@ async def test_stopping_a_task_cancels_its_run_and_keeps_the_partial_answer(
                                                 task["last_step"]["step_id"]))
         await wait_for(lambda: _has_deltas(gw, run_id))
         watching = asyncio.create_task(sse(http, gw, run_id))  # live when the run is stopped
-        await wait_for(lambda: gw.hub.watched(run_id))
+        await wait_for(lambda: gw.feed.watched(run_id))
         status, stop = await call(http, gw, "POST",
                                   f"/api/v1/agent/tasks/{task['task_id']}/steps",
                                   {"input": "/stop"})
@@ -200,7 +200,7 @@ async def test_a_full_queue_answers_the_step_with_the_notice(config_dir, data_di
         await wait_for(lambda: _run_id(gw, http, task["task_id"], task["last_step"]["step_id"]))
         _, queued = await call(http, gw, "POST", path, {"input": "two"})
         _, refused = await call(http, gw, "POST", path, {"input": "three"})
-        assert queued["status"] == "created" and queued["run_id"] is None
+        assert queued["status"] == "created" and queued["run_id"]  # its run waits its turn
         assert refused["status"] == "completed" and refused["outcome"] == "error"
         assert "still working" in refused["error"]
         queued = await wait_for(lambda: _step_if_done(gw, http, f"{path}/{queued['step_id']}"))
@@ -224,8 +224,8 @@ async def test_steps_dropped_by_stop_say_so(config_dir, data_dir, keys, http):
         _, stop = await call(http, gw, "POST", path, {"input": "/stop"})
         assert stop["output"] == "Stopped and dropped 1 waiting message(s)."
         dropped = await wait_for(lambda: _step_if_done(gw, http, f"{path}/{queued['step_id']}"))
-        assert dropped["outcome"] == "error" and "dropped" in dropped["error"]
-        assert dropped["run_id"] is None
+        assert dropped["outcome"] == "cancelled" and "dropped by /stop" in dropped["error"]
+        assert dropped["run_id"] == queued["run_id"]  # known from the moment it was posted
 
 
 @pytest.mark.parametrize(("raw", "message"), [

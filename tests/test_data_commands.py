@@ -17,7 +17,8 @@ import pytest
 from pluto.gateway.app import Gateway
 from pluto.settings import PlutoConfig
 from pluto.gateway.delivery.render import render
-from pluto.types import Attachment, Capabilities
+from pluto.providers.telegram.markup import TELEGRAM_HTML
+from pluto.types import MARKDOWN, PLAIN, Attachment, Capabilities
 from pluto.runtime.data import markdown_table
 from pluto.runtime.testing import ScriptedModel
 from tests.helpers.gateway import RecordingProvider, write_agent
@@ -39,7 +40,7 @@ async def gw(config_dir: Path, data_dir: Path):
 @pytest.fixture
 async def p(gw: Gateway) -> RecordingProvider:
     provider = RecordingProvider(capabilities=Capabilities(max_message_length=4000,
-                                                           markup="markdown"))
+                                                           markup=MARKDOWN))
     gw.add_provider(provider)
     await provider.running.wait()
     return provider
@@ -120,7 +121,7 @@ async def test_bad_commands_get_one_plain_answer(p: RecordingProvider, command: 
 
 def test_values_never_turn_into_markup() -> None:
     table = markdown_table(["a_b", "x"], [["2*3*4", "__init__"], ["a|b", "[l](u) `c` ~s~"]])
-    for dialect in ("plain", "telegram_html"):
+    for dialect in (PLAIN, TELEGRAM_HTML):
         text = render(table, dialect)
         for value in ("a_b", "2*3*4", "__init__", "a|b", "[l](u) `c` ~s~"):
             assert value in text, (dialect, value, text)
@@ -216,7 +217,7 @@ async def test_an_agent_without_global_datasets_still_sees_its_chat_s_files(
     async with Gateway(config_dir, config=PlutoConfig(data_dir=data_dir),
                        model_factory=ScriptedModel()) as gw:
         p = RecordingProvider(capabilities=Capabilities(max_message_length=4000,
-                                                        markup="markdown"))
+                                                        markup=MARKDOWN))
         gw.add_provider(p)
         await p.running.wait()
         assert (await ask(p, "/datasets")).startswith("No datasets here yet.")

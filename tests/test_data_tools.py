@@ -14,7 +14,7 @@ import pytest
 
 from pluto.gateway.app import Gateway
 from pluto.settings import PlutoConfig
-from pluto.types import Capabilities, ToolEnd
+from pluto.types import MARKDOWN, Capabilities, ToolEnd
 from pluto.runtime.data import DataService
 from pluto.runtime.data_tools import DATA_TOOLS
 from pluto.runtime.tools import ToolContext, ToolResult
@@ -48,7 +48,7 @@ async def chat(fake: FakeOpenAI, config_dir: Path, data_dir: Path,
         "retries": 0, "timeout": 10}})
     async with Gateway(config_dir, config=cfg) as gw:
         provider = RecordingProvider(capabilities=Capabilities(
-            max_message_length=4000, markup="markdown", can_send_images=True))
+            max_message_length=4000, markup=MARKDOWN, can_send_images=True))
         gw.add_provider(provider)
         await provider.running.wait()
         yield gw, provider
@@ -112,7 +112,8 @@ async def test_an_agent_lists_describes_queries_corrects_itself_and_charts(chat,
     assert list(csv.reader(result_csv.open()))[:2] == [["region", "total"],
                                                        ["East", "131597.06"]]
 
-    events = [e for _, e in await gw.store.events(run_dir.name) if isinstance(e, ToolEnd)]
+    events = [e for e in await gw.store.conversations.events(run_dir.name)
+              if isinstance(e, ToolEnd)]
     assert [(e.name, e.is_error) for e in events] == [
         ("list_datasets", False), ("describe_dataset", False), ("run_sql", True),
         ("run_sql", False), ("make_chart", False)]

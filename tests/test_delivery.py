@@ -4,6 +4,7 @@ rendering and splitting, streaming by edits (throttled), typing, images, the liv
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -14,26 +15,48 @@ import pluto.gateway.delivery.streaming as streaming_module
 from pluto.gateway.app import Gateway
 from pluto.settings import PlutoConfig
 from pluto.gateway.delivery.delivery import Delivery
+from pluto.gateway.delivery.outbox import Outbox
+from pluto.gateway.ports import Provider
 from pluto.errors import DeliveryRefused, RateLimited, ProviderError
 from pluto.gateway.delivery.render import render_chunks
 from pluto.gateway.delivery.streaming import EditThrottle
-from pluto.types import (Capabilities, IncomingMessage, MessageDelta, MessageFinal, RunEnd,
-                           RunError, RunEvent, RunStart, ToolEnd, ToolStart)
+from pluto.providers.telegram.markup import TELEGRAM_HTML
+from pluto.types import (PLAIN, Capabilities, Dialect, IncomingMessage, MessageDelta,
+                         MessageFinal, RunEnd, RunError, RunEvent, RunStart, ToolEnd, ToolStart)
 from pluto.runtime.testing import ScriptedModel
 from pluto.storage.sqlite import SqliteStore
 from tests.helpers.gateway import RecordingProvider
 
 RUN = "run1"
-HTML = Capabilities(max_message_length=60, markup="telegram_html")
-EDITS = Capabilities(max_message_length=60, markup="telegram_html", can_edit=True,
+HTML = Capabilities(max_message_length=60, markup=TELEGRAM_HTML)
+EDITS = Capabilities(max_message_length=60, markup=TELEGRAM_HTML, can_edit=True,
                      has_typing=True, can_send_images=True)
+
+
+class Delivered(Delivery):
+    """Delivery whose ``run`` returns once what it recorded is sent (the outbox sends behind
+    it), with the provider registered as running."""
+
+    providers: dict[str, Provider]
+
+    async def run(self, provider: Provider, msg: IncomingMessage,  # type: ignore[override]
+                  events: AsyncIterator[RunEvent]) -> RunEvent | None:
+        self.providers[provider.name] = provider
+        last = await super().run(provider, msg, events)
+        await self.outbox.idle()
+        return last
 
 
 @pytest.fixture
 async def delivery(data_dir: Path) -> AsyncIterator[Delivery]:
     async with SqliteStore(data_dir / "pluto.db") as store:
-        d = Delivery(store, data_dir=data_dir, edit_interval=0, typing_interval=0.01)
-        await d.open()
+        providers: dict[str, Provider] = {}
+        throttle = EditThrottle(0)
+        outbox = Outbox(store.outbox, providers, throttle=throttle, sweep_seconds=0)
+        await outbox.open()
+        d = Delivered(outbox, data_dir=data_dir.resolve(), throttle=throttle,
+                      typing_interval=0.01)
+        d.providers = providers
         yield d
 
 
@@ -76,9 +99,9 @@ async def test_the_final_reply_is_rendered_split_and_recorded(delivery, data_dir
     p = RecordingProvider(capabilities=HTML)
     text = "**Bold** <b>not a tag</b> & more. " * 5
     await delivery.run(p, message(), events(delta("**Bo"), final(text)))
-    expected = render_chunks(text, "telegram_html", 60)
+    expected = render_chunks(text, TELEGRAM_HTML, 60)
     assert len(expected) > 1 and [m.text for m in p.sent] == expected
-    assert {m.markup for m in p.sent} == {"telegram_html"} and "&lt;b&gt;" in p.sent[0].text
+    assert {m.markup for m in p.sent} == {TELEGRAM_HTML.name} and "&lt;b&gt;" in p.sent[0].text
     rows = await delivery.outbox.rows.reply(RUN)
     assert [(r.status, r.platform_id) for r in rows] == [("sent", str(i + 1))
                                                           for i in range(len(expected))]
@@ -87,8 +110,8 @@ async def test_the_final_reply_is_rendered_split_and_recorded(delivery, data_dir
 async def test_a_rendering_failure_falls_back_to_plain_text(delivery, monkeypatch):
     real = delivery_module.render_chunks
 
-    def broken(markdown: str, dialect: str, limit: int) -> list[str]:
-        if dialect != "plain":
+    def broken(markdown: str, dialect: Dialect, limit: int) -> list[str]:
+        if dialect != PLAIN:
             raise RuntimeError("renderer bug")
         return real(markdown, dialect, limit)
 
@@ -115,7 +138,7 @@ async def test_the_preview_becomes_the_first_chunk_and_the_rest_follow(delivery)
     text = " ".join(f"word{i}" for i in range(30))
     await delivery.run(p, message(direct=False), events(
         delta("word0"), until(lambda: p.sent), final(text)))
-    expected = render_chunks(text, "telegram_html", 60)
+    expected = render_chunks(text, TELEGRAM_HTML, 60)
     assert [m.text for m in p.edits][-1] == expected[0]
     assert [m.text for m in p.sent[1:]] == expected[1:]
     assert p.sent[0].reply_to == "c1:7"  # in a group the reply quotes the question, once
@@ -199,15 +222,15 @@ async def test_images_made_by_tools_follow_the_text(delivery, data_dir, tmp_path
     assert [m.text for m in text_only.sent] == ["Here it is.", "(image: chart.png)"]
 
 
-async def test_providers_that_stream_get_deltas_and_the_markdown_final(delivery):
-    p = RecordingProvider(streams=True)
+async def test_providers_that_stream_get_only_the_final_reply_with_its_seq(delivery):
+    p = RecordingProvider(streams=True)  # it shows the progress itself, from the run feed
+    the_final = dataclasses.replace(final("It is **now**"), seq=4)
     await delivery.run(p, message(), events(
         delta("It is "), ToolStart(run_id=RUN, call_id="c", name="current_time", arguments={}),
-        delta("**now**"), final("It is **now**")))
-    assert [(m.kind, m.text) for m in p.sent] == [
-        ("delta", "It is "), ("notice", "using current_time…"), ("delta", "**now**"),
-        ("reply", "It is **now**")]
-    assert await delivery.outbox.rows.reply(RUN) == []  # a live connection: nothing queued
+        delta("**now**"), the_final))
+    assert [(m.kind, m.text, m.run_id, m.seq, m.answers) for m in p.sent] == [
+        ("reply", "It is **now**", RUN, 4, "c1:7")]  # the model's text, as it streamed
+    assert [r.status for r in await delivery.outbox.rows.reply(RUN)] == ["sent"]  # recorded
 
 
 async def test_a_redelivered_message_starts_one_run(config_dir, data_dir):
@@ -218,20 +241,20 @@ async def test_a_redelivered_message_starts_one_run(config_dir, data_dir):
         gw.add_provider(p)
         await p.running.wait()
         msg = p.msg("hello")
-        assert p.inbox is not None
-        await p.inbox(msg)
+        assert p.intake is not None
+        await p.intake.submit(msg)
         await p.wait_finals(1)
-        await p.inbox(msg)  # the platform delivers it again
-        await p.inbox(p.msg("/help"))
-        await p.wait_finals(3)
+        await p.intake.submit(msg)  # the platform delivers it again
+        await p.intake.submit(p.msg("/help"))
+        await p.wait_finals(3)  # /help's answer is two chunks here
     assert p.finals()[0] == "echo: hello" and len(model.calls) == 1
     async with Gateway(config_dir, config=PlutoConfig(data_dir=data_dir),
                        model_factory=model) as gw:  # and again after a restart
         q = RecordingProvider()
         gw.add_provider(q)
         await q.running.wait()
-        assert q.inbox is not None
-        await q.inbox(msg)
-        await q.inbox(q.msg("/help"))
+        assert q.intake is not None
+        await q.intake.submit(msg)
+        await q.intake.submit(q.msg("/help"))
         await q.wait_finals(2)
     assert len(model.calls) == 1 and "/new" in q.finals()[1]

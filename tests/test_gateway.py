@@ -79,8 +79,9 @@ async def test_stop_cancels_the_running_run_and_drops_the_queue(gw):
     await p.say("/stop")
     assert (await p.wait_finals(1))[0] == "Stopped and dropped 1 waiting message(s)."
     await asyncio.sleep(0.1)
-    runs = await gw.store.db.execute_fetchall("SELECT status FROM runs")
-    assert [r[0] for r in runs] == ["cancelled"]
+    runs = await gw.store.engine.fetchall("SELECT status, error FROM runs ORDER BY started_at")
+    assert [tuple(r) for r in runs] == [("cancelled", "stopped by the user"),
+                                        ("cancelled", "dropped by /stop before it ran")]
     await p.say("/stop")
     assert (await p.wait_finals(2))[1] == "Nothing to stop."
 
@@ -100,7 +101,8 @@ async def test_help_and_agents_need_no_model(gw):
     p = await start(gw)
     await p.say("/help")
     await p.say("/agents@pluto_bot")
-    *help_chunks, agents = await p.wait_finals(3)  # /help is split at this platform's 200
+    await gw.settled()
+    *help_chunks, agents = p.finals()  # /help is split at this platform's 200 characters
     help_text = "\n".join(help_chunks)
     assert "/new" in help_text and "/stop" in help_text and "**default**" in agents
     assert gw.model.calls == []
@@ -153,7 +155,7 @@ async def test_shutdown_cancels_runs_after_grace_and_records_them(config_dir, da
     await gw.stop()
     gw2 = Gateway(config_dir, config=cfg, model_factory=model)
     async with gw2:
-        runs = await gw2.store.db.execute_fetchall("SELECT status FROM runs")
+        runs = await gw2.store.engine.fetchall("SELECT status FROM runs")
         assert [r[0] for r in runs] == ["cancelled"]
 
 

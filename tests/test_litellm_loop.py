@@ -10,6 +10,7 @@ import pytest
 
 from pluto.gateway.app import Gateway
 from pluto.settings import PlutoConfig
+from pluto.events import MessageDelta, ToolStart
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.helpers.gateway import RecordingProvider
 
@@ -38,11 +39,17 @@ async def setup(fake: FakeOpenAI, config_dir: Path, data_dir: Path,
 
 async def ended_usage(gw: Gateway) -> dict:
     for _ in range(100):
-        rows = await gw.store.db.execute_fetchall("SELECT usage FROM runs WHERE ended_at IS NOT NULL")
+        rows = await gw.store.engine.fetchall("SELECT usage FROM runs WHERE ended_at IS NOT NULL")
         if rows:
             return json.loads(rows[0][0])
         await asyncio.sleep(0.02)
     raise AssertionError("the run never ended")
+
+
+async def run_events(gw: Gateway) -> list:
+    """The events of the last run, as the run feed gives them to watchers."""
+    [row] = await gw.store.engine.fetchall("SELECT id FROM runs ORDER BY started_at DESC LIMIT 1")
+    return await gw.store.conversations.events(row[0])
 
 
 async def ask(provider: RecordingProvider, text: str, n: int = 1) -> list[str]:
@@ -54,7 +61,8 @@ async def test_streams_the_answer_token_by_token(setup, fake):
     gw, p = setup
     fake.script(Reply(text="The answer is forty-two.", chunk_size=4))
     assert await ask(p, "question?") == ["The answer is forty-two."]
-    deltas = [m.text for m in p.sent if m.kind == "delta"]
+    events = await run_events(gw)
+    deltas = [e.text for e in events if isinstance(e, MessageDelta)]
     assert len(deltas) >= 6 and "".join(deltas) == "The answer is forty-two."
     body = fake.requests[0]
     assert body["stream"] is True and body["model"] == "fake"
@@ -73,7 +81,8 @@ async def test_calls_tools_and_feeds_results_back(setup, fake):
                       chunk_size=5),
                 Reply(text="It is late in Paris."))
     assert await ask(p, "time in Paris?") == ["It is late in Paris."]
-    assert any(m.kind == "notice" and "current_time" in m.text for m in p.sent)
+    assert any(isinstance(e, ToolStart) and e.name == "current_time"
+               for e in await run_events(gw))
     second = fake.requests[1]["messages"]
     assert second[-2]["tool_calls"][0]["function"]["arguments"] == '{"timezone": "Europe/Paris"}'
     assert second[-1]["role"] == "tool" and "+01:00" in second[-1]["content"] or \

@@ -1,5 +1,6 @@
-"""The outbox and inbound dedupe on SQLite: recorded before sent, sent exactly once, retried by
-the platform's rules, resumed after a restart; redeliveries caught, the table bounded."""
+"""The outbox and the inbox on SQLite: recorded before sent, sent exactly once and in order per
+chat, behind the caller; retried by the platform's rules; resumed after a restart. Messages
+recorded before they are handled: redeliveries caught, nothing lost, the table bounded."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from pathlib import Path
 import pytest
 
 import pluto.gateway.delivery.outbox as outbox_module
-from pluto.gateway.pipeline.dedupe import InboundDedupe
+from pluto.errors import DeliveryRefused, ProviderError, RateLimited
 from pluto.gateway.delivery.outbox import Outbox, RetryPolicy
-from pluto.errors import DeliveryRefused, RateLimited, ProviderError
-from tests.helpers.gateway import permanent
-from pluto.types import Attachment, IncomingMessage, OutgoingMessage
-from pluto.storage.inbound import InboundStore
+from pluto.gateway.pipeline.intake import IntakeQueue
+from pluto.gateway.ports import Provider
 from pluto.storage.sqlite import SqliteStore
+from pluto.storage.sqlite.inbound import SqliteInbound
+from pluto.types import (Accepted, Attachment, Dropped, Duplicate, IncomingMessage,
+                         OutgoingMessage, Outcome)
 from tests.helpers.gateway import RecordingProvider
 
 
@@ -28,8 +30,14 @@ async def store(data_dir: Path) -> AsyncIterator[SqliteStore]:
 
 
 @pytest.fixture
-async def outbox(store: SqliteStore) -> Outbox:
-    box = Outbox(store, RetryPolicy(attempts=3, base_delay=0.5))
+def providers() -> dict[str, Provider]:
+    return {}
+
+
+@pytest.fixture
+async def outbox(store: SqliteStore, providers: dict[str, Provider]) -> Outbox:
+    box = Outbox(store.outbox, providers, retry=RetryPolicy(attempts=3, base_delay=0.5),
+                 sweep_seconds=0)
     await box.open()
     return box
 
@@ -46,102 +54,186 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return waited
 
 
+def running(providers: dict[str, Provider], provider: RecordingProvider) -> RecordingProvider:
+    providers[provider.name] = provider
+    return provider
+
+
 def chunks(*texts: str, chat: str = "c1") -> list[OutgoingMessage]:
     return [OutgoingMessage(chat_id=chat, text=t, markup="markdown") for t in texts]
 
 
 async def statuses(store: SqliteStore) -> list[tuple[int, str, str | None]]:
-    rows = await store.db.execute_fetchall(
+    rows = await store.engine.fetchall(
         "SELECT chunk, status, platform_id FROM outbox ORDER BY reply_id, chunk")
     return [(r[0], r[1], r[2]) for r in rows]
 
 
-async def test_chunks_are_recorded_then_sent_and_marked(outbox, store):
-    provider = RecordingProvider()
-    ids = await outbox.deliver(provider, "run1", chunks("one", "two"))
-    assert ids == ["1", "2"] and [m.text for m in provider.sent] == ["one", "two"]
+async def sent(outbox: Outbox, provider: Provider, reply_id: str,
+               messages: list[OutgoingMessage]) -> bool:
+    """Deliver and wait until the reply is out (or given up)."""
+    return await (await outbox.deliver(provider, reply_id, messages))
+
+
+async def test_chunks_are_recorded_then_sent_and_marked(outbox, store, providers):
+    provider = running(providers, RecordingProvider())
+    assert await sent(outbox, provider, "run1", chunks("one", "two"))
+    assert [m.text for m in provider.sent] == ["one", "two"]
     assert await statuses(store) == [(0, "sent", "1"), (1, "sent", "2")]
     # the same reply again (a retried delivery): nothing is sent twice
-    assert await outbox.deliver(provider, "run1", chunks("one", "two")) == []
+    assert await sent(outbox, provider, "run1", chunks("one", "two"))
     assert len(provider.sent) == 2
 
 
+async def test_deliver_returns_once_recorded_and_sends_behind_the_caller(outbox, store,
+                                                                         providers):
+    release = asyncio.Event()
+
+    class Slow(RecordingProvider):
+        async def send(self, message: OutgoingMessage) -> str | None:
+            await release.wait()
+            return await super().send(message)
+
+    provider = running(providers, Slow())
+    done = await outbox.deliver(provider, "run1", chunks("hello"))
+    assert not done.done() and await statuses(store) == [(0, "pending", None)]
+    release.set()
+    assert await done and await statuses(store) == [(0, "sent", "1")]
+
+
+async def test_a_flood_controlled_chat_never_holds_up_another(outbox, store, providers):
+    release = asyncio.Event()
+
+    class FloodedInA(RecordingProvider):
+        async def send(self, message: OutgoingMessage) -> str | None:
+            if message.chat_id == "A":
+                await release.wait()  # the platform makes chat A wait
+            return await super().send(message)
+
+    provider = running(providers, FloodedInA())
+    in_a = await outbox.deliver(provider, "ra", chunks("to A", chat="A"))
+    assert await asyncio.wait_for(sent(outbox, provider, "rb", chunks("to B", chat="B")), 2)
+    assert [m.chat_id for m in provider.sent] == ["B"]
+    release.set()
+    assert await in_a
+
+
+async def test_replies_to_one_chat_keep_their_order(outbox, store, providers, sleeps):
+    provider = running(providers, RecordingProvider())
+    provider.fail_next(RateLimited("slow down", retry_after=3))
+    first = await outbox.deliver(provider, "r1", chunks("first"))
+    second = await outbox.deliver(provider, "r2", chunks("second"))
+    assert await first and await second
+    assert [m.text for m in provider.sent] == ["first", "second"] and sleeps == [3]
+
+
 async def test_everything_needed_to_send_after_a_restart_is_kept(outbox, store, tmp_path,
-                                                                    sleeps):
+                                                                    sleeps, providers):
     chart = tmp_path / "chart.png"
     message = OutgoingMessage(chat_id="-100", thread_id="9", reply_to="-100:5", kind="error",
-                              run_id="run1",
+                              run_id="run1", seq=4, answers="-100:5",
                               markup="telegram_html", text="<b>x</b>", attachments=(
                                   Attachment(filename="chart.png", path=chart, kind="image",
                                              size=3, mime_type="image/png"),))
-    provider = RecordingProvider()
+    provider = running(providers, RecordingProvider())
     provider.fail_next(ProviderError("down"), times=3)
-    with pytest.raises(ProviderError):
-        await outbox.deliver(provider, "run1", [message])
-    later = Outbox(store)  # a new process
+    assert not await sent(outbox, provider, "run1", [message])
+    later = Outbox(store.outbox, providers, sweep_seconds=0)  # a new process
     await later.open()
     assert await later.flush(provider) == 1
+    await later.idle()
     assert provider.sent == [message]
 
 
-async def test_retry_after_is_honoured_and_other_errors_back_off(outbox, store, sleeps):
-    provider = RecordingProvider()
+async def test_retry_after_is_honoured_and_other_errors_back_off(outbox, store, sleeps,
+                                                                  providers):
+    provider = running(providers, RecordingProvider())
     provider.fail_next(RateLimited("slow down", retry_after=7))
     provider.fail_next(ProviderError("flaky network"))
-    await outbox.deliver(provider, "run1", chunks("hello"))
+    assert await sent(outbox, provider, "run1", chunks("hello"))
     assert sleeps == [7, 1.0]  # the platform's wait, then backoff (0.5 * 2 ** 1)
     assert [m.text for m in provider.sent] == ["hello"]
-    rows = await store.db.execute_fetchall("SELECT attempts, error FROM outbox")
+    rows = await store.engine.fetchall("SELECT attempts, error FROM outbox")
     assert [(r[0], r[1]) for r in rows] == [(3, None)]
 
 
-async def test_a_long_retry_after_is_capped(store, sleeps):
-    box = Outbox(store, RetryPolicy(max_delay=30))
+async def test_a_rate_limit_holds_the_chats_edits_too(outbox, store, providers, sleeps):
+    provider = running(providers, RecordingProvider())
+    provider.fail_next(RateLimited("slow down", retry_after=9))
+    assert await sent(outbox, provider, "run1", chunks("hello"))
+    loop = asyncio.get_running_loop()
+    assert outbox.throttle._next[("test", "c1")] > loop.time() + 8  # previews wait as well
+
+
+async def test_a_long_retry_after_is_capped(store, sleeps, providers):
+    box = Outbox(store.outbox, providers, retry=RetryPolicy(max_delay=30), sweep_seconds=0)
     await box.open()
-    provider = RecordingProvider()
+    provider = running(providers, RecordingProvider())
     provider.fail_next(RateLimited("flood", retry_after=86400))
-    await box.deliver(provider, "run1", chunks("x"))
+    assert await sent(box, provider, "run1", chunks("x"))
     assert sleeps == [30]
 
 
-async def test_a_permanent_error_stops_the_reply_and_is_recorded(outbox, store, sleeps):
-    provider = RecordingProvider()
-    await outbox.deliver(provider, "run0", chunks("earlier"))
+async def test_a_permanent_error_stops_the_reply_and_is_recorded(outbox, store, sleeps,
+                                                                  providers):
+    provider = running(providers, RecordingProvider())
+    assert await sent(outbox, provider, "run0", chunks("earlier"))
     provider.fail_next(DeliveryRefused("bot was blocked by the user"))
-    with pytest.raises(ProviderError, match="blocked"):
-        await outbox.deliver(provider, "run1", chunks("a", "b", "c"))
+    assert not await sent(outbox, provider, "run1", chunks("a", "b", "c"))
     assert sleeps == []
-    rows = await store.db.execute_fetchall(
+    rows = await store.engine.fetchall(
         "SELECT status, error FROM outbox WHERE reply_id = 'run1' ORDER BY chunk")
     assert [(r[0], r[1]) for r in rows] == [("failed", "bot was blocked by the user")] * 3
     assert await outbox.flush(provider) == 0  # failed chunks are not retried later
     assert [m.text for m in provider.sent] == ["earlier"]
 
 
-async def test_out_of_retries_the_rest_waits_for_the_next_start(outbox, store, sleeps):
-    provider = RecordingProvider()
-    await outbox.deliver(provider, "run1", chunks("first"))
+async def test_out_of_retries_the_reply_rests_until_the_next_sweep(outbox, store, sleeps,
+                                                                   providers):
+    provider = running(providers, RecordingProvider())
+    assert await sent(outbox, provider, "run1", chunks("first"))
     provider.fail_next(ProviderError("platform down"), times=3)
-    with pytest.raises(ProviderError, match="platform down"):
-        await outbox.deliver(provider, "run2", chunks("a", "b"))
+    assert not await sent(outbox, provider, "run2", chunks("a", "b"))
     assert await statuses(store) == [(0, "sent", "1"), (0, "pending", None),
                                      (1, "pending", None)]
     assert await outbox.flush(provider) == 2
+    await outbox.idle()
     assert [m.text for m in provider.sent] == ["first", "a", "b"]
     assert await outbox.flush(provider) == 0  # sent ones never again
 
 
-async def test_a_crash_between_send_and_mark_resends_and_says_so(outbox, store, caplog):
-    provider = RecordingProvider()
+async def test_the_sweep_sends_what_rested(store, providers, sleeps):
+    box = Outbox(store.outbox, providers, retry=RetryPolicy(attempts=1), sweep_seconds=0.01)
+    await box.open()
+    provider = running(providers, RecordingProvider())
+    provider.fail_next(ProviderError("platform down"))
+    assert not await sent(box, provider, "run1", chunks("a"))
+    box.start()
+    try:
+        for _ in range(100):
+            if provider.sent:
+                break
+            await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(box.idle())), 1)
+            await asyncio.get_running_loop().run_in_executor(None, time.sleep, 0.01)
+        assert [m.text for m in provider.sent] == ["a"]
+    finally:
+        await box.close()
+
+
+async def test_a_crash_between_send_and_mark_resends_and_says_so(outbox, store, caplog,
+                                                                  providers):
+    provider = running(providers, RecordingProvider())
     await outbox.rows.record([outbox_module._to_row("test", "run1", 0, chunks("x")[0])])
     [row] = await outbox.rows.reply("run1")
     assert row.id is not None
     await outbox.rows.attempted(row.id)  # the process died right after this platform call
     assert await outbox.flush(provider) == 1
+    await outbox.idle()
     assert "may have been delivered before a crash" in caplog.text
+    assert [m.text for m in provider.sent] == ["x"]
 
 
-async def test_a_reply_being_delivered_is_not_flushed_twice(outbox, store):
+async def test_a_reply_being_delivered_is_not_flushed_twice(outbox, store, providers):
     started, release = asyncio.Event(), asyncio.Event()
 
     class Slow(RecordingProvider):
@@ -150,91 +242,189 @@ async def test_a_reply_being_delivered_is_not_flushed_twice(outbox, store):
             await release.wait()
             return await super().send(message)
 
-    provider = Slow()
-    delivering = asyncio.create_task(outbox.deliver(provider, "run1", chunks("a", "b")))
+    provider = running(providers, Slow())
+    done = await outbox.deliver(provider, "run1", chunks("a", "b"))
     await started.wait()  # recorded, the first send in flight
-    assert await outbox.flush(provider) == 0  # the live delivery owns this reply
+    assert await outbox.flush(provider) == 0  # the live sender owns this reply
     release.set()
-    await delivering
+    assert await done
     assert [m.text for m in provider.sent] == ["a", "b"]
 
 
-async def test_edit_of_a_message_that_is_gone_sends_it_anew(outbox, store):
-    provider = RecordingProvider()
+async def test_a_reply_claimed_by_another_sender_is_left_to_it(outbox, store, providers):
+    provider = running(providers, RecordingProvider())
+    await outbox.rows.record([outbox_module._to_row("test", "run1", 0, chunks("x")[0])])
+    assert await store.outbox.claim("run1", "another-instance", 60)
+    assert await outbox.flush(provider) == 1
+    await outbox.idle()
+    assert provider.sent == []  # its owner sends it
+    await store.outbox.release("run1", "another-instance")
+    assert await outbox.flush(provider) == 1
+    await outbox.idle()
+    assert [m.text for m in provider.sent] == ["x"]
+
+
+async def test_edit_of_a_message_that_is_gone_sends_it_anew(outbox, store, providers):
+    provider = running(providers, RecordingProvider())
     provider.fail_next(DeliveryRefused("message to edit not found"))
     msg = OutgoingMessage(chat_id="c1", text="final", edit_of="41")
-    assert await outbox.deliver(provider, "run1", [msg]) == ["1"]
+    assert await sent(outbox, provider, "run1", [msg])
     assert provider.sent[0].edit_of is None and provider.sent[0].text == "final"
     ok = OutgoingMessage(chat_id="c1", text="final", edit_of="1")
-    assert await outbox.deliver(provider, "run2", [ok]) == ["1"]
+    assert await sent(outbox, provider, "run2", [ok])
     assert [m.text for m in provider.edits] == ["final"]
 
 
-async def test_a_provider_bug_is_a_permanent_failure(outbox, store):
+async def test_a_provider_bug_is_a_permanent_failure(outbox, store, providers):
     class Broken(RecordingProvider):
         async def send(self, message: OutgoingMessage) -> str | None:
             raise KeyError("oops")
 
-    with pytest.raises(ProviderError, match="the provider failed: KeyError") as info:
-        await outbox.deliver(Broken(), "run1", chunks("x"))
-    assert permanent(info.value)
+    assert not await sent(outbox, running(providers, Broken()), "run1", chunks("x"))
     assert await statuses(store) == [(0, "failed", None)]
+    rows = await store.engine.fetchall("SELECT error FROM outbox")
+    assert rows[0][0] == "the provider failed: KeyError"
 
 
-async def test_flush_only_sends_its_own_providers_chunks(outbox, store, sleeps):
-    a, b = RecordingProvider("a"), RecordingProvider("b")
+async def test_a_provider_that_is_not_running_gets_its_replies_when_it_starts(outbox, store,
+                                                                              providers):
+    provider = RecordingProvider()  # recorded while it is down
+    assert not await sent(outbox, provider, "run1", chunks("later"))
+    running(providers, provider)
+    assert await outbox.flush(provider) == 1
+    await outbox.idle()
+    assert [m.text for m in provider.sent] == ["later"]
+
+
+async def test_flush_only_sends_its_own_providers_chunks(outbox, store, sleeps, providers):
+    a = running(providers, RecordingProvider("a"))
+    b = running(providers, RecordingProvider("b"))
     for p in (a, b):
         p.fail_next(ProviderError("down"), times=3)
-        with pytest.raises(ProviderError):
-            await outbox.deliver(p, f"run-{p.name}", chunks(f"for {p.name}"))
+        assert not await sent(outbox, p, f"run-{p.name}", chunks(f"for {p.name}"))
     assert await outbox.flush(a) == 1
+    await outbox.idle()
     assert [m.text for m in a.sent] == ["for a"] and b.sent == []
 
 
-async def test_old_rows_are_pruned_recent_pending_ones_kept(outbox, store, sleeps):
-    provider = RecordingProvider()
-    await outbox.deliver(provider, "old", chunks("x"))
+async def test_old_rows_are_pruned_recent_pending_ones_kept(outbox, store, sleeps, providers):
+    provider = running(providers, RecordingProvider())
+    assert await sent(outbox, provider, "old", chunks("x"))
     provider.fail_next(ProviderError("down"), times=6)
     for reply in ("stale", "waiting"):
-        with pytest.raises(ProviderError):
-            await outbox.deliver(provider, reply, chunks("y"))
+        assert not await sent(outbox, provider, reply, chunks("y"))
     month_ago = time.time() - 30 * 86400
-    await store.db.execute("UPDATE outbox SET updated_at = ?, created_at = ? WHERE reply_id !="
-                           " 'waiting'", (month_ago, month_ago))
-    await store.db.commit()
+    await store.engine.write(("UPDATE outbox SET updated_at = ?, created_at = ? WHERE reply_id"
+                              " != 'waiting'", (month_ago, month_ago)))
     assert await outbox.rows.prune(7 * 86400) == 1  # the delivered one
     assert [r.reply_id for r in await outbox.rows.pending("test")] == ["waiting"]
     [stale] = await outbox.rows.reply("stale")
     assert (stale.status, stale.error) == ("failed", "expired: never sent")
 
 
-# inbound dedupe ------------------------------------------------------------------------------
+# the inbox: recorded at intake, dedupe, nothing lost --------------------------------------------
 
-def incoming(message_id: str | None, provider: str = "telegram") -> IncomingMessage:
-    return IncomingMessage(provider=provider, chat_id="1", user_id="1", text="hi",
+def incoming(message_id: str | None, provider: str = "telegram",
+             chat: str = "1") -> IncomingMessage:
+    return IncomingMessage(provider=provider, chat_id=chat, user_id="1", text="hi",
                            message_id=message_id)
 
 
-async def test_dedupe_remembers_across_restarts(data_dir):
-    async with SqliteStore(data_dir / "pluto.db") as store:
-        dedupe = InboundDedupe(store)
-        await dedupe.open()
-        assert await dedupe.first_time(incoming("1:5"))
-        assert not await dedupe.first_time(incoming("1:5"))
-        assert await dedupe.first_time(incoming("1:5", provider="slack"))  # per provider
-        assert await dedupe.first_time(incoming(None)) and await dedupe.first_time(incoming(None))
-    async with SqliteStore(data_dir / "pluto.db") as store:
-        dedupe = InboundDedupe(store)
-        await dedupe.open()
-        assert not await dedupe.first_time(incoming("1:5"))
+def intake(store: SqliteStore, handled: list[IncomingMessage], name: str = "telegram",
+           **kw: object) -> IntakeQueue:
+    async def handle(msg: IncomingMessage) -> Outcome:
+        handled.append(msg)
+        await store.inbound.handled(msg.provider, msg.message_id or "")
+        return Accepted("run")
+    return IntakeQueue(name, handle, store.inbound, **kw)  # type: ignore[arg-type]
 
 
-async def test_dedupe_table_is_bounded(store):
-    seen = InboundStore(store, max_rows=5, prune_every=3)
-    await seen.open()
+async def test_a_redelivery_is_recognised_across_restarts(data_dir):
+    handled: list[IncomingMessage] = []
+    async with SqliteStore(data_dir / "pluto.db") as store:
+        queue = intake(store, handled)
+        assert isinstance(await (await queue.submit(incoming("1:5"))).outcome(), Accepted)
+        assert isinstance(await (await queue.submit(incoming("1:5"))).outcome(), Duplicate)
+        other = intake(store, handled, name="slack")
+        assert isinstance(await (await other.submit(incoming("1:5", provider="slack")))
+                          .outcome(), Accepted)  # per provider
+        for _ in range(2):  # no id: nothing to recognise it by
+            assert isinstance(await (await queue.submit(incoming(None))).outcome(), Accepted)
+    async with SqliteStore(data_dir / "pluto.db") as store:
+        queue = intake(store, handled)
+        assert isinstance(await (await queue.submit(incoming("1:5"))).outcome(), Duplicate)
+    assert len(handled) == 4
+
+
+async def test_a_message_taken_but_never_handled_is_handled_after_a_restart(data_dir):
+    async with SqliteStore(data_dir / "pluto.db") as store:
+        assert await store.inbound.accept("telegram", "1:7", {
+            "provider": "telegram", "chat_id": "1", "user_id": "1", "text": "still here?",
+            "message_id": "1:7", "attachments": []})  # the process died after this
+    handled: list[IncomingMessage] = []
+    async with SqliteStore(data_dir / "pluto.db") as store:
+        queue = intake(store, handled)
+        assert await queue.replay() == 1
+        assert await queue.replay() == 0  # once per process
+        await queue.close(5)
+        assert [m.text for m in handled] == ["still here?"]
+        assert await store.inbound.unhandled("telegram") == []
+        assert isinstance(await (await intake(store, []).submit(incoming("1:7"))).outcome(),
+                          Duplicate)
+
+
+async def test_intake_never_waits_for_a_slow_chat(store):
+    release = asyncio.Event()
+    handled: list[str] = []
+
+    async def handle(msg: IncomingMessage) -> Outcome:
+        if msg.chat_id == "slow":
+            await release.wait()
+        handled.append(msg.chat_id)
+        return Accepted("run")
+
+    queue = IntakeQueue("p", handle, store.inbound)
+    slow = await queue.submit(incoming("a", chat="slow"))
+    fast = await queue.submit(incoming("b", chat="fast"))
+    assert isinstance(await asyncio.wait_for(fast.outcome(), 2), Accepted)
+    assert handled == ["fast"] and not slow.done()
+    release.set()
+    assert isinstance(await slow.outcome(), Accepted)
+
+
+async def test_a_full_intake_pushes_back_and_drops_nothing(store):
+    release = asyncio.Event()
+
+    async def handle(msg: IncomingMessage) -> Outcome:
+        await release.wait()
+        return Accepted("run")
+
+    queue = IntakeQueue("p", handle, store.inbound, capacity=2)
+    tickets = [await queue.submit(incoming(str(i), chat=str(i))) for i in range(2)]
+    assert await queue.offer(incoming("x", chat="x")) is None  # a webhook answers 503
+    waiting = asyncio.create_task(queue.submit(incoming("y", chat="y")))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # back-pressure: long polling waits for room
+    release.set()
+    tickets.append(await waiting)
+    assert [type(await t.outcome()) for t in tickets] == [Accepted] * 3
+
+
+async def test_messages_handed_over_while_stopping_are_refused_not_lost(store):
+    async def handle(msg: IncomingMessage) -> Outcome:
+        return Accepted("run")
+
+    queue = IntakeQueue("p", handle, store.inbound)
+    await queue.close(1)
+    outcome = await (await queue.submit(incoming("late"))).outcome()
+    assert isinstance(outcome, Dropped)
+    assert await store.inbound.unhandled("p") == []  # not taken: the platform keeps it
+
+
+async def test_the_inbox_is_bounded(store):
+    seen = SqliteInbound(store.engine, max_rows=5, prune_every=3)
     for i in range(12):
         assert await seen.first_time("p", str(i))
     assert await seen.count() <= 5 + 3
-    await store.db.execute("UPDATE inbound_seen SET seen_at = 0")
-    await store.db.commit()
+    await store.engine.write(("UPDATE inbound_seen SET seen_at = 0", ()))
     assert await seen.prune() > 0 and await seen.count() == 0

@@ -174,7 +174,7 @@ async def test_pluto_yaml_applies_live_where_safe(gw_p, config):
           .replace("port: ${PLUTO_HTTP_PORT:-8000}", "port: 8123")
           .replace("max_queued_per_session: 50", "max_queued_per_session: 7"))
     await until(lambda: gw.config.access.refusal == "Go away, politely.")
-    assert gw.lanes.max_queued == 7 and gw.watcher.status.restart_needed == ["http"]
+    assert gw.pipeline.lanes.max_queued == 7 and gw.watcher.status.restart_needed == ["http"]
     assert gw.config.http.port == 0 or gw.config.http.port != 8123  # needs a restart
     write(config / "pluto.yaml", "http: {port: lots}\n")
     write(config / "routes.yaml", TO_BETA)  # a broken pluto.yaml does not hold routes back

@@ -17,6 +17,7 @@ from pluto.runtime.model import ToolCall
 from pluto.runtime.runner import Runner, RunRequest
 from pluto.runtime.testing import Scripted, ScriptedModel
 from pluto.runtime.tools import BUILTIN_TOOLS, ToolContext, ToolError, tool
+from pluto.storage.ports import ConversationStore
 from pluto.storage.sqlite import SqliteStore
 
 
@@ -56,10 +57,10 @@ def agent(tmp: Path, **budget: float) -> AgentSpec:
 @pytest.fixture
 async def store(tmp_path: Path):
     async with SqliteStore(tmp_path / "p.db") as s:
-        yield s
+        yield s.conversations
 
 
-async def run(store: SqliteStore, model: ScriptedModel, spec: AgentSpec, text: str = "hi",
+async def run(store: ConversationStore, model: ScriptedModel, spec: AgentSpec, text: str = "hi",
               key: str = "k") -> list:
     runner = Runner(store, models={}, tools=TOOLS, data_dir=Path("."), model_factory=model,
                     retry_base_delay=0.01)
@@ -81,7 +82,8 @@ async def test_plain_answer_streams_and_is_persisted(store, tmp_path):
     assert isinstance(events[-2], MessageFinal) and events[-2].text == "Hello there, friend."
     assert isinstance(events[-1], RunEnd) and events[-1].outcome == "ok"
     stored = await store.events(events[0].run_id)
-    assert [e for _, e in stored] == events  # every event committed, in order
+    assert stored == events  # every event committed, numbered, in order
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
     run_row = await store.run(events[0].run_id)
     assert run_row.status == "ok" and run_row.usage["total_tokens"] > 0
 
@@ -184,7 +186,7 @@ async def test_cancellation_is_recorded_and_keeps_what_was_shown(store, tmp_path
     with pytest.raises(asyncio.CancelledError):
         await task
     assert (await store.run("r1")).status == "cancelled"
-    last = (await store.events("r1"))[-1][1]
+    last = (await store.events("r1"))[-1]
     assert isinstance(last, RunEnd) and last.outcome == "cancelled"
     history = await store.history(session.id, 10, 1000)
     assert history[-1]["role"] == "assistant" and history[-1]["content"].startswith("part")
@@ -201,18 +203,3 @@ async def test_history_window_and_continuity(store, tmp_path):
     narrow = dataclasses.replace(spec, history=HistoryWindow(max_messages=2))
     await run(store, model, narrow, text="message 3")
     assert [m["role"] for m in model.calls[-1]] == ["system", "user", "assistant", "user"]
-
-
-async def test_group_commit_isolates_a_failing_write(store):
-    ok = ("INSERT INTO sessions (id, key, agent, created_at, updated_at) VALUES (?,?,?,?,?)",
-          ("s-ok", "k-ok", "a", 1.0, 1.0))
-    dup = ("INSERT INTO sessions (id, key, agent, created_at, updated_at) VALUES (?,?,?,?,?)",
-           ("s-ok", "k-dup", "a", 1.0, 1.0))
-    other = ("INSERT INTO sessions (id, key, agent, created_at, updated_at) VALUES (?,?,?,?,?)",
-             ("s-2", "k-2", "a", 1.0, 1.0))
-    results = await asyncio.gather(store.write(ok), store.write(dup), store.write(other),
-                                   return_exceptions=True)
-    assert results[0] == 1 and results[2] == 1
-    assert isinstance(results[1], Exception) and "UNIQUE" in str(results[1])
-    rows = await store.db.execute_fetchall("SELECT id FROM sessions ORDER BY id")
-    assert [r[0] for r in rows] == ["s-2", "s-ok"]

@@ -14,8 +14,8 @@ import pytest
 from pluto.errors import ConfigError
 from pluto.settings import ProviderConfig
 from pluto.errors import ProviderError
-from tests.helpers.gateway import permanent
-from pluto.gateway.ports import ProviderContext
+from tests.helpers.gateway import permanent, provider_context
+
 from pluto.types import Attachment, OutgoingMessage
 from pluto.providers.slack import SlackProvider
 from pluto.providers.slack.inbound import plain_text
@@ -205,7 +205,7 @@ async def test_events_before_the_provider_runs_are_refused_for_slack_to_retry(
         assert h.gateway is not None
         provider = h.gateway.providers["slack"]
         assert isinstance(provider, SlackProvider)
-        provider._inbox = None  # noqa: SLF001 - as while it (re)connects
+        provider._intake = None  # noqa: SLF001 - as while it (re)connects
         said = await h.fake.user_message(h.direct_chat, "too early")
         delivery = await said.deliveries[0].wait(10)
         assert delivery.gave_up and {a.status for a in delivery.attempts} == {503}
@@ -302,7 +302,7 @@ async def test_a_rejected_token_is_reported_without_secrets(config_dir, data_dir
     await h.open()
     try:
         monkeypatch.setenv(BOT_TOKEN_ENV, "xoxb-wrong-token-123456")
-        ctx = ProviderContext(ProviderConfig(**h.provider_config()), data_dir, None)
+        ctx = provider_context(ProviderConfig(**h.provider_config()), data_dir, None)
         provider = SlackProvider.from_context(ctx)
         with pytest.raises(ProviderError) as refused:
             await asyncio.wait_for(provider.run(lambda m: asyncio.sleep(0)), 10)
@@ -332,7 +332,7 @@ async def test_secrets_never_reach_the_logs(slack, caplog) -> None:
 
 def test_configuration_mistakes_name_the_field(data_dir: Path, monkeypatch) -> None:
     def build(**cfg: object) -> None:
-        SlackProvider.from_context(ProviderContext(ProviderConfig(enabled=True, **cfg),
+        SlackProvider.from_context(provider_context(ProviderConfig(enabled=True, **cfg),
                                                    data_dir, None))
 
     monkeypatch.delenv("SLACK_BOT_TOKEN", raising=False)
@@ -393,7 +393,7 @@ async def test_a_rejected_app_token_stops_socket_mode_in_one_sentence(
     await h.open()
     try:
         monkeypatch.setenv(APP_TOKEN_ENV, "xapp-wrong-token-123456")
-        ctx = ProviderContext(ProviderConfig(**h.provider_config()), data_dir, None)
+        ctx = provider_context(ProviderConfig(**h.provider_config()), data_dir, None)
         provider = SlackProvider.from_context(ctx)
         with pytest.raises(ProviderError) as refused:
             await asyncio.wait_for(provider.run(lambda m: asyncio.sleep(0)), 10)
@@ -409,7 +409,7 @@ def test_a_secret_logged_by_the_sdk_is_masked(data_dir: Path, monkeypatch, caplo
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-a-very-secret-token")
     monkeypatch.setenv("SLACK_APP_TOKEN", "xapp-a-very-secret-token")
     config = ProviderConfig.model_validate({"enabled": True, "mode": "socket"})
-    SlackProvider.from_context(ProviderContext(config, data_dir, None))
+    SlackProvider.from_context(provider_context(config, data_dir, None))
     for name in ("slack_sdk.web.async_base_client", "pluto.providers.slack.bolt",
                  "pluto.providers.slack.socket_mode.sdk"):
         logging.getLogger(name).debug("calling with %s and %s", "xoxb-a-very-secret-token",

@@ -17,10 +17,10 @@ import pytest
 from aiohttp import web
 
 from pluto.errors import ConfigError
-from tests.helpers.gateway import permanent
+from tests.helpers.gateway import RecordingIntake, permanent, provider_context
 from pluto.settings import ProviderConfig
 from pluto.errors import ProviderError
-from pluto.gateway.ports import ProviderContext
+
 from pluto.types import Attachment, IncomingMessage, OutgoingMessage
 from pluto.providers.telegram import TelegramProvider, TelegramSettings
 from pluto.providers.telegram.inbound import safe_filename
@@ -53,15 +53,13 @@ class Running:
 
     def __init__(self, provider: TelegramProvider, fake: FakeTelegram):
         self.provider, self.fake = provider, fake
-        self.got: list[IncomingMessage] = []
+        self.intake = RecordingIntake()
+        self.got: list[IncomingMessage] = self.intake.got
         self.task: asyncio.Task[None] | None = None
-
-    async def inbox(self, msg: IncomingMessage) -> None:
-        self.got.append(msg)
 
     async def __aenter__(self) -> Running:
         before = len(self.fake.calls_to("getUpdates"))
-        self.task = asyncio.create_task(self.provider.run(self.inbox))
+        self.task = asyncio.create_task(self.provider.run(self.intake))
         await self.fake.wait_for_calls("getUpdates", before + 1, answered=False)
         return self
 
@@ -313,16 +311,14 @@ async def test_webhook_mode_checks_the_secret(fake, data_dir, http_server):
                                 webhook_secret="s3cret", http_app=app)
     base = await serve(runner)
     provider.settings = settings.model_copy(update={"public_url": base})
-    got: list[IncomingMessage] = []
-
-    async def inbox(msg: IncomingMessage) -> None:
-        got.append(msg)
+    intake = RecordingIntake()
+    got: list[IncomingMessage] = intake.got
 
     async with aiohttp.ClientSession() as http:
         url = base + "/telegram/webhook"
         async with http.post(url, json={}, headers={SECRET_HEADER: "s3cret"}) as resp:
             assert resp.status == 503  # not receiving yet: Telegram will retry
-        task = asyncio.create_task(provider.run(inbox))
+        task = asyncio.create_task(provider.run(intake))
         await fake.wait_until(lambda: fake.webhook_url == url, what="the webhook")
         fake.inject_message(DM, "via webhook")
         await fake.wait_until(lambda: got, what="the update")
@@ -343,7 +339,7 @@ async def test_webhook_mode_checks_the_secret(fake, data_dir, http_server):
 # configuration -----------------------------------------------------------------------------
 
 def ctx(data_dir: Path, http: Any = None, **fields: Any) -> ProviderContext:
-    return ProviderContext(ProviderConfig(enabled=True, **fields), data_dir, http)
+    return provider_context(ProviderConfig(enabled=True, **fields), data_dir, http)
 
 
 def test_config_errors_name_the_field(data_dir, monkeypatch):

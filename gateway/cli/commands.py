@@ -11,13 +11,16 @@ import sys
 import uuid
 from pathlib import Path
 
-from pluto.errors import ConfigError
+from pluto.errors import ConfigError, PlutoError
 from pluto import __version__
 from pluto.gateway.app import Gateway
 from pluto.gateway.cli import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from pluto.settings import PlutoConfig, load_pluto_config
+from pluto.types import IncomingMessage
 from pluto.gateway.logs import setup_logging
-from pluto.providers.cli import CliProvider, OneShotCliProvider
+from pluto.gateway.ports import Provider, ProviderContext
+from pluto.gateway.provider_registry import provider_class
+from pluto.settings import ProviderConfig
 
 log = logging.getLogger("pluto")
 
@@ -59,6 +62,9 @@ def _guarded(coro: object) -> int:
         return asyncio.run(coro)  # type: ignore[arg-type]
     except ConfigError as e:
         return _config_failed(e)
+    except PlutoError as e:  # could not start: one sentence, and nothing was left open
+        print(f"pluto: {e}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 def _config_failed(e: ConfigError) -> int:
@@ -80,11 +86,19 @@ def _gateway(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> G
     return gw
 
 
+def _terminal(gw: Gateway, **options: str) -> Provider:
+    """The terminal provider, found like any other (by its declared name)."""
+    ctx = ProviderContext(name="cli", config=ProviderConfig(enabled=True, **options),
+                          data_dir=gw.data_dir, feed=gw.feed)
+    return provider_class("cli").from_context(ctx)
+
+
 async def _chat(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
     gw = _gateway(args, config, data_dir)
     async with gw:
-        provider = CliProvider(history_file=data_dir / "chat_history")
-        route = gw.routes.route(provider.message(""))
+        provider = _terminal(gw)
+        route = gw.routes.route(IncomingMessage(provider="cli", chat_id="terminal",
+                                                user_id="", text=""))
         agent = route.agent if route else "nobody (no route for the terminal)"
         print(f"Pluto {__version__} · agent: {agent} · /help for commands · "
               "Ctrl+C stops a reply · Ctrl+D quits", file=sys.stderr)
@@ -105,16 +119,16 @@ async def _run(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) ->
     gw = _gateway(args, config, data_dir)
     async with gw:
         chat = f"run:{args.session}" if args.session else f"run:{uuid.uuid4().hex[:12]}"
-        provider = OneShotCliProvider(text.strip(), chat_id=chat)
+        provider = _terminal(gw, chat_id=chat, message=text.strip())
         task = gw.add_provider(provider, restart=False)
         _on_signals(lambda: task.cancel(), signal.SIGTERM, signal.SIGINT)
         try:
             await task
         except asyncio.CancelledError:
             return 130
-    if provider.interrupted:
+    if getattr(provider, "interrupted", False):
         return 130
-    return EXIT_FAILED if provider.errors else EXIT_OK
+    return EXIT_FAILED if getattr(provider, "errors", 0) else EXIT_OK
 
 
 async def _serve(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:

@@ -10,15 +10,16 @@ from pathlib import Path
 
 from pluto.gateway.cli import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from pluto.settings import PlutoConfig
-from pluto.storage.access import PairingError, PairingStore, format_code
-from pluto.storage.sqlite import SqliteStore
+from pluto.storage import store_for
+from pluto.storage.rows import PairingError, format_code
 
 
 async def pairing_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
     """The ``pluto pairing`` command: works on the data dir, with or without a running gateway."""
-    async with SqliteStore(data_dir / "pluto.db") as store:
-        pairing = PairingStore(store)
-        await pairing.migrate()
+    store = store_for(data_dir)
+    await store.open()
+    try:
+        pairing = store.pairing
         match args.pairing_command:
             case "approve":
                 try:
@@ -38,6 +39,8 @@ async def pairing_command(args: argparse.Namespace, config: PlutoConfig, data_di
                 _print_pairing(await pairing.pending(), await pairing.approved())
             case _:
                 return EXIT_CONFIG
+    finally:
+        await store.close()
     return EXIT_OK
 
 

@@ -12,7 +12,7 @@ from pluto.gateway.cli import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from pluto.gateway.pipeline.explain import explain, message_from, unreachable
 from pluto.gateway.reload import load_routes
 from pluto.settings import PlutoConfig
-from pluto.storage.access import approved_sync
+from pluto.storage.sqlite import approved_sync
 
 
 def routes_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:

@@ -1,41 +1,48 @@
 """The outbox: each chunk of a reply is recorded before it is sent, and sent exactly once.
 
-``deliver`` records every chunk of a reply (idempotency key: reply id and chunk index), then
-sends them in order, marking each ``sent`` with the platform's message id as soon as the
-platform confirms it. ``flush`` runs when a provider (re)starts and sends what an earlier
-process recorded but did not send; chunks marked sent are never sent again.
+:meth:`Outbox.deliver` records every chunk of a reply (idempotency key: reply id and chunk
+index) and returns once they are durable; sending happens behind it, in one sender task per
+chat, so replies to a chat go out in the order they were recorded and a chat that is flood
+controlled or failing never holds up another chat — or the pipeline that recorded the reply.
 
-Retries live here, in one place: a transient error is retried with exponential backoff, or after
-the platform's ``retry_after``; a permanent one (chat gone, bot blocked) stops the reply and is
-recorded. When the retries run out the chunk stays pending for the provider's next start.
+Retries live here, in one place: a transient error is retried with exponential backoff, a
+rate limit after the platform's ``retry_after`` (the chat's live previews back off too); a
+permanent refusal (chat gone, bot blocked) ends the reply and is recorded. When the retries run
+out, the reply stays pending and the chat's sender rests: a sweep every ``sweep_seconds`` (and
+every provider start) picks pending replies up again, until they expire.
 
-The one window no outbox can close: the process dying after the platform accepted a message and
-before ``sent`` was written. Such a chunk is sent again (at least once), and logged as possibly
-repeated; chat platforms offer no idempotency key that would let us ask.
+A reply being sent is claimed in storage (an owner and a lease), so two senders never send it
+at once. The one window no outbox can close: the process dying after the platform accepted a
+message and before ``sent`` was written. Such a chunk is sent again (at least once), and logged
+as possibly repeated; only Discord offers an idempotency key (its provider uses it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pluto.errors import DeliveryRefused, ProviderError
+from pluto.errors import DeliveryRefused, ProviderError, RateLimited
+from pluto.gateway.delivery.streaming import EditThrottle
 from pluto.gateway.ports import Provider
+from pluto.storage.ports import OutboxStore
+from pluto.storage.rows import OutboxRow
 from pluto.types import Attachment, OutgoingMessage
-from pluto.storage.outbox import OutboxRow, OutboxStore
-from pluto.storage.sqlite import SqliteStore
 
 log = logging.getLogger(__name__)
+
+ChatKey = tuple[str, str]  # (provider name, chat id)
 
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    attempts: int = 6  # platform calls per chunk before it is left for the next start
+    attempts: int = 6  # platform calls per chunk before the reply rests until the next sweep
     base_delay: float = 1.0  # doubled after each failure without a retry-after
     max_delay: float = 600.0  # a longer retry-after is cut to this
 
@@ -45,77 +52,170 @@ class RetryPolicy:
         return max(0.0, min(wanted, self.max_delay))
 
 
+@dataclass(slots=True)
+class _Chat:
+    """One chat's replies waiting to be sent, and the task sending them."""
+
+    replies: deque[str] = field(default_factory=deque)
+    task: asyncio.Task[None] | None = None
+
+
 class Outbox:
-    def __init__(self, store: SqliteStore, retry: RetryPolicy | None = None, *,
-                 keep_seconds: float = 7 * 86400):
-        self.rows = OutboxStore(store)
+    def __init__(self, rows: OutboxStore, providers: Mapping[str, Provider], *,
+                 retry: RetryPolicy | None = None, throttle: EditThrottle | None = None,
+                 keep_seconds: float = 7 * 86400, lease_seconds: float = 300.0,
+                 sweep_seconds: float = 30.0, owner: str | None = None):
+        self.rows = rows
+        self.providers = providers  # the running providers, by name (read at each send)
         self.retry = retry or RetryPolicy()
+        self.throttle = throttle or EditThrottle(0.0)
         self.keep_seconds = keep_seconds
-        self._claimed: set[str] = set()  # replies being delivered by a task of this process
+        self.lease_seconds = lease_seconds
+        self.sweep_seconds = sweep_seconds
+        self.owner = owner or uuid.uuid4().hex
+        self._chats: dict[ChatKey, _Chat] = {}
+        self._done: dict[str, asyncio.Future[bool]] = {}  # reply id → settles when it is out
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
-        await self.rows.open()
         pruned = await self.rows.prune(self.keep_seconds)
         if pruned:
             log.debug("outbox: pruned %d delivered chunk(s)", pruned)
 
-    async def deliver(self, provider: Provider, reply_id: str,
-                      messages: list[OutgoingMessage]) -> list[str | None]:
-        """Record the chunks, then send them in order; returns the platform ids of the sent ones.
+    def start(self) -> None:
+        """Sweep for replies left pending (retries exhausted, or from before) every so often."""
+        if self._sweeper is None and self.sweep_seconds > 0:
+            self._sweeper = asyncio.create_task(self._sweep(), name="outbox:sweep")
 
-        Raises :class:`ProviderError` when a chunk failed permanently or ran out of retries.
-        """
+    async def close(self, grace: float = 5.0) -> None:
+        """Stop sweeping; let the senders finish what they have for ``grace`` seconds."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
+        tasks = [c.task for c in self._chats.values() if c.task is not None]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=grace)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning("outbox: %d chat(s) still had replies to send at shutdown; they "
+                            "go out at the next start", len(pending))
+                await asyncio.wait(pending, timeout=5)
+
+    # recording ----------------------------------------------------------------------------
+
+    async def deliver(self, provider: Provider, reply_id: str,
+                      messages: list[OutgoingMessage]) -> asyncio.Future[bool]:
+        """Record the chunks of one reply (durably), then hand them to the chat's sender.
+
+        Returns at once with a future that settles when the reply is out (True) or was given
+        up or left for later (False); nobody has to wait for it."""
+        done = self._done.get(reply_id)
+        if done is None:
+            done = self._done[reply_id] = asyncio.get_running_loop().create_future()
+        if not messages:
+            _settle(done, True)
+            return done
         rows = await self.rows.record([_to_row(provider.name, reply_id, i, m)
                                        for i, m in enumerate(messages)])
-        with self._claim(reply_id) as mine:
-            if not mine:
-                return []
-            return await self._send_rows(provider, rows, raise_errors=True)
+        if all(r.status != "pending" for r in rows):  # recorded and sent before
+            self._done.pop(reply_id, None)
+            _settle(done, all(r.status == "sent" for r in rows))
+            return done
+        self._enqueue((provider.name, messages[0].chat_id), reply_id)
+        return done
 
     async def flush(self, provider: Provider) -> int:
-        """Send the chunks an earlier process left unsent for this provider; returns how many."""
+        """Hand every pending reply of a provider to its chat's sender (at its start, and
+        from the sweep); returns how many chunks were pending."""
         pending = await self.rows.pending(provider.name)
-        if pending:
-            log.info("outbox: %d unsent chunk(s) for %s from before; sending them",
-                     len(pending), provider.name)
-        count = 0
-        for reply_id in dict.fromkeys(row.reply_id for row in pending):  # oldest first
-            with self._claim(reply_id) as mine:
-                if mine:
-                    rows = await self.rows.reply(reply_id)  # fresh: another task may have sent some
-                    count += len(await self._send_rows(provider, rows, raise_errors=False))
-        return count
+        queued = {r for chat in self._chats.values() for r in chat.replies}
+        fresh = [row for row in pending if row.reply_id not in queued]
+        if fresh:
+            log.info("outbox: %d unsent chunk(s) for %s from before; sending them", len(fresh),
+                     provider.name)
+        for row in fresh:
+            self._enqueue((row.provider, row.chat_id), row.reply_id)
+        return len(fresh)
 
-    @contextmanager
-    def _claim(self, reply_id: str) -> Iterator[bool]:
-        if reply_id in self._claimed:
-            yield False
+    def _enqueue(self, key: ChatKey, reply_id: str) -> None:
+        chat = self._chats.get(key)
+        if chat is None:
+            chat = self._chats[key] = _Chat()
+        if reply_id in chat.replies:
             return
-        self._claimed.add(reply_id)
-        try:
-            yield True
-        finally:
-            self._claimed.discard(reply_id)
+        chat.replies.append(reply_id)
+        if chat.task is None:
+            chat.task = asyncio.create_task(self._send_chat(key, chat),
+                                            name=f"outbox:{key[0]}:{key[1]}")
 
-    async def _send_rows(self, provider: Provider, rows: list[OutboxRow], *,
-                         raise_errors: bool) -> list[str | None]:
-        ids: list[str | None] = []
-        for i, row in enumerate(rows):
-            if row.status != "pending":
-                continue
-            try:
-                ids.append(await self._send_one(provider, row))
-            except ProviderError as e:
-                rest = [r.id for r in rows[i:] if r.status == "pending" and r.id is not None]
-                if isinstance(e, DeliveryRefused):
-                    await self.rows.failed(rest, str(e))
-                log.error("%s: could not deliver to chat %s (%s); %s", provider.name, row.chat_id,
-                          e, "gave up on this reply" if isinstance(e, DeliveryRefused)
-                          else "will try again when the provider restarts")
-                if raise_errors:
-                    raise
-                return ids
-        return ids
+    @property
+    def busy(self) -> bool:
+        return any(c.task is not None for c in self._chats.values())
+
+    async def idle(self) -> None:
+        """Wait until every chat's sender has nothing left (tests, shutdown)."""
+        while tasks := [c.task for c in self._chats.values() if c.task is not None]:
+            await asyncio.wait(tasks)
+
+    # sending ------------------------------------------------------------------------------
+
+    async def _send_chat(self, key: ChatKey, chat: _Chat) -> None:
+        try:
+            while chat.replies:
+                reply_id = chat.replies[0]
+                provider = self.providers.get(key[0])
+                if provider is None:  # not running: it flushes this when it (re)starts
+                    self._finish(reply_id, False)
+                    chat.replies.clear()
+                    return
+                ok = await self._send_reply(provider, reply_id)
+                chat.replies.popleft()
+                self._finish(reply_id, ok is True)
+                if ok is None:  # out of retries: rest; the sweep tries this chat again
+                    for later in chat.replies:
+                        self._finish(later, False)
+                    chat.replies.clear()
+        finally:
+            chat.task = None
+            if not chat.replies and self._chats.get(key) is chat:
+                del self._chats[key]
+
+    def _finish(self, reply_id: str, ok: bool) -> None:
+        done = self._done.pop(reply_id, None)
+        if done is not None:
+            _settle(done, ok)
+
+    async def _send_reply(self, provider: Provider, reply_id: str) -> bool | None:
+        """Send a reply's pending chunks in order: True when all went out, False when the
+        platform refused it for good, None when the retries ran out (still pending)."""
+        if not await self.rows.claim(reply_id, self.owner, self.lease_seconds):
+            log.debug("outbox: reply %s is being sent by another sender", reply_id)
+            return True
+        try:
+            rows = await self.rows.reply(reply_id)
+            for i, row in enumerate(rows):
+                if row.status != "pending":
+                    continue
+                try:
+                    await self._send_one(provider, row)
+                except ProviderError as e:
+                    return await self._failed(provider, row, rows[i:], e)
+            return True
+        finally:
+            await self.rows.release(reply_id, self.owner)
+
+    async def _failed(self, provider: Provider, row: OutboxRow, rest: list[OutboxRow],
+                      e: ProviderError) -> bool | None:
+        if isinstance(e, DeliveryRefused):
+            await self.rows.failed([r.id for r in rest if r.status == "pending" and r.id], str(e))
+            log.error("%s: could not deliver to chat %s (%s); gave up on this reply",
+                      provider.name, row.chat_id, e)
+            return False
+        log.error("%s: could not deliver to chat %s (%s); will try again later", provider.name,
+                  row.chat_id, e)
+        return None
 
     async def _send_one(self, provider: Provider, row: OutboxRow) -> str | None:
         assert row.id is not None
@@ -123,24 +223,38 @@ class Outbox:
             log.warning("%s: chunk %d of reply %s may have been delivered before a crash; "
                         "sending it again", provider.name, row.chunk, row.reply_id)
         message = _to_message(row)
+        key = (provider.name, row.chat_id)
         for attempt in range(self.retry.attempts):
+            if message.edit_of:
+                await self.throttle.turn(key)  # edits of one chat keep their pace
             await self.rows.attempted(row.id)
             try:
                 platform_id = await _call(provider, message)
             except ProviderError as e:
-                if isinstance(e, DeliveryRefused) and message.edit_of:  # the message to edit is gone: send anew
-                    message = replace(message, edit_of=None)
+                if isinstance(e, DeliveryRefused) and message.edit_of:
+                    message = replace(message, edit_of=None)  # the message to edit is gone
                     continue
                 await self.rows.note_error(row.id, str(e))
                 if isinstance(e, DeliveryRefused) or attempt == self.retry.attempts - 1:
                     raise
                 delay = self.retry.delay(e, attempt)
+                if isinstance(e, RateLimited):
+                    self.throttle.hold(key, delay)  # previews of this chat wait as well
                 log.warning("%s: sending failed (%s); retrying in %.1fs", provider.name, e, delay)
                 await asyncio.sleep(delay)
                 continue
             await self.rows.sent(row.id, platform_id)
             return platform_id
         raise DeliveryRefused("the platform kept refusing the message")
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_seconds)
+            for provider in list(self.providers.values()):
+                try:
+                    await self.flush(provider)
+                except Exception:
+                    log.exception("outbox: sweeping %s failed", provider.name)
 
 
 async def _call(provider: Provider, message: OutgoingMessage) -> str | None:
@@ -157,17 +271,24 @@ async def _call(provider: Provider, message: OutgoingMessage) -> str | None:
         raise DeliveryRefused(f"the provider failed: {type(e).__name__}") from e
 
 
+def _settle(future: asyncio.Future[bool], ok: bool) -> None:
+    if not future.done():
+        future.set_result(ok)
+
+
 def _to_row(provider: str, reply_id: str, chunk: int, m: OutgoingMessage) -> OutboxRow:
-    return OutboxRow(reply_id=reply_id, chunk=chunk, run_id=m.run_id, provider=provider,
-                     chat_id=m.chat_id, thread_id=m.thread_id, reply_to=m.reply_to,
-                     edit_of=m.edit_of, kind=m.kind, markup=m.markup, text=m.text,
+    return OutboxRow(reply_id=reply_id, chunk=chunk, run_id=m.run_id, seq=m.seq,
+                     provider=provider, chat_id=m.chat_id, thread_id=m.thread_id,
+                     reply_to=m.reply_to, answers=m.answers, edit_of=m.edit_of, kind=m.kind,
+                     markup=m.markup, text=m.text,
                      attachments=[_attachment_dict(a) for a in m.attachments])
 
 
 def _to_message(row: OutboxRow) -> OutgoingMessage:
     return OutgoingMessage(chat_id=row.chat_id, thread_id=row.thread_id, reply_to=row.reply_to,
-                           edit_of=row.edit_of, kind=row.kind, markup=row.markup,  # type: ignore
-                           text=row.text, run_id=row.run_id,
+                           answers=row.answers, edit_of=row.edit_of,
+                           kind=row.kind,  # type: ignore[arg-type]
+                           markup=row.markup, text=row.text, run_id=row.run_id, seq=row.seq,
                            attachments=tuple(_attachment(a) for a in row.attachments))
 
 

@@ -56,7 +56,7 @@ class LivePreview:
 
     def __init__(self, provider: Provider, target: OutgoingMessage, throttle: EditThrottle):
         self.provider = provider
-        self.target = replace(target, kind="delta", markup=provider.capabilities.markup)
+        self.target = replace(target, kind="delta", markup=provider.capabilities.markup.name)
         self.throttle = throttle
         self.key: ChatKey = (provider.name, target.chat_id)
         self.text = ""

@@ -39,7 +39,7 @@ from pluto.gateway.http.admin_agents import AgentFiles, BadRequest, agent_card, 
 from pluto.gateway.pipeline.explain import explain, message_from
 from pluto.gateway.http.server import GATEWAY_KEY
 from pluto.events import event_to_dict
-from pluto.storage.access import PairingError, recent_runs
+from pluto.storage.rows import PairingError
 
 if TYPE_CHECKING:
     from pluto.gateway.app import Gateway
@@ -180,7 +180,7 @@ async def _reload_status(request: web.Request) -> web.Response:
 
 async def _reload(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY_KEY]
-    status = gw.watcher.reload_now()
+    status = await gw.watcher.reload_now_async()
     log.info("admin API: reload requested by %s: %s", request.remote,
              "ok" if status.ok else "refused")
     return web.json_response(status.as_dict(), status=200 if status.ok else 422)
@@ -244,19 +244,20 @@ async def _revoke(request: web.Request) -> web.Response:
 
 
 async def _runs(request: web.Request) -> web.Response:
-    store = request.app[GATEWAY_KEY].store
-    runs = await recent_runs(store, limit=_int(request, "limit", 50, 1, 1000),
-                             agent=request.query.get("agent"),
-                             status=request.query.get("status"))
+    conversations = request.app[GATEWAY_KEY].store.conversations
+    runs = await conversations.recent_runs(limit=_int(request, "limit", 50, 1, 1000),
+                                           agent=request.query.get("agent"),
+                                           status=request.query.get("status"))
     return web.json_response({"runs": runs})
 
 
 async def _run(request: web.Request) -> web.Response:
-    store, run_id = request.app[GATEWAY_KEY].store, request.match_info["run_id"]
-    row = await store.run(run_id)
+    conversations, run_id = request.app[GATEWAY_KEY].store.conversations, request.match_info[
+        "run_id"]
+    row = await conversations.run(run_id)
     if row is None:
         return _error(404, f"no run {run_id!r}")
-    events = [{"seq": seq, **event_to_dict(e)} for seq, e in await store.events(run_id)]
+    events = [event_to_dict(e) for e in await conversations.events(run_id)]
     return web.json_response({"run": dataclasses.asdict(row), "events": events},
                              dumps=_dumps)
 

@@ -21,18 +21,16 @@ policy, one concern at a time:
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
-from pluto.settings import AccessConfig
 from pluto.gateway.pipeline.ratelimit import OncePer, RateLimiter, limited_notice
 from pluto.gateway.pipeline.routing import Decision, RoutingTable
-from pluto.types import IncomingMessage, Route
-from pluto.storage.access import PairingStore, format_code
-from pluto.storage.sqlite import SqliteStore
+from pluto.settings import AccessConfig
+from pluto.storage.ports import PairingStore
+from pluto.storage.rows import format_code
+from pluto.types import IncomingMessage, Refused, Route
 
 log = logging.getLogger(__name__)
-
-Notify = Callable[[IncomingMessage, str], Awaitable[None]]
 
 REFUSAL_EVERY = 600.0
 PAIRING_REMINDER_EVERY = 60.0
@@ -46,72 +44,70 @@ def pairing_text(code: str, ttl: float) -> str:
 
 
 class Access:
-    def __init__(self, store: SqliteStore, config: Callable[[], AccessConfig], notify: Notify,
-                 *, is_command: Callable[[str], bool] = lambda text: False,
+    def __init__(self, pairing: PairingStore, config: Callable[[], AccessConfig], *,
+                 is_command: Callable[[str], bool] = lambda text: False,
                  limiter: RateLimiter | None = None, refusals: OncePer | None = None,
                  reminders: OncePer | None = None):
-        self.pairing = PairingStore(store)
+        self.pairing = pairing
         self.config = config  # read on every message: pluto.yaml reloads apply at once
-        self.notify = notify
         self.is_command = is_command
         self.limiter = limiter or RateLimiter()
         self.refusals = refusals or OncePer(REFUSAL_EVERY)
         self.reminders = reminders or OncePer(PAIRING_REMINDER_EVERY)
 
-    async def open(self) -> None:
-        await self.pairing.migrate()
-
-    async def admit(self, msg: IncomingMessage, table: RoutingTable) -> Route | None:
-        """The route for a message that may go on to its agent, or None (handled here)."""
+    async def admit(self, msg: IncomingMessage, table: RoutingTable) -> Route | Refused:
+        """The route of a message that may go on to its agent, or why not (with the one line
+        the chat should be told, if any)."""
         decision = table.decide(msg)
         where = f"{msg.provider} chat {msg.chat_id} user {msg.user_id}"
         if decision.outcome in ("deny", "unmatched"):
             log.info("%s: not admitted (%s); ignored", where, decision.label)
-            await self._refuse(msg)
-            return None
+            return Refused(f"not admitted ({decision.label})", self._refusal(msg))
         if decision.outcome == "needs_mention":
             log.debug("%s: %s answers groups only when mentioned", where, decision.label)
-            return None
-        if decision.policy.access == "pairing" and not await self._paired(msg, where):
-            return None
-        if not self.is_command(msg.text) and await self._over_limit(msg, decision, where):
-            return None
+            return Refused(f"{decision.label} answers groups only when mentioned")
+        if decision.policy.access == "pairing" and (refused := await self._unpaired(msg, where)):
+            return refused
+        if not self.is_command(msg.text) and (refused := self._over_limit(msg, decision, where)):
+            return refused
+        assert decision.route is not None
         return decision.route
 
-    async def _refuse(self, msg: IncomingMessage) -> None:
+    def _refusal(self, msg: IncomingMessage) -> str | None:
         text = self.config().refusal
         if text and msg.is_direct and self.refusals.due((msg.provider, msg.user_id)):
-            await self.notify(msg, text)
+            return text
+        return None
 
-    async def _paired(self, msg: IncomingMessage, where: str) -> bool:
+    async def _unpaired(self, msg: IncomingMessage, where: str) -> Refused | None:
         if await self.pairing.is_approved(msg.provider, msg.user_id):
-            return True
+            return None
         if not msg.is_direct:
             log.info("%s: not paired; group message ignored", where)
-            return False
+            return Refused("not paired (a group message)")
         ttl = self.config().pairing_ttl_seconds
         req = await self.pairing.request(msg.provider, msg.user_id, msg.chat_id, msg.user_name,
                                          ttl)
         if req.new:
             log.warning("pairing: %s (%s) asks for access; approve with: pluto pairing approve "
                         "%s", where, msg.user_name or "no name", req.code)
+        notice = None
         if self.reminders.due((msg.provider, msg.user_id, req.code)):  # a new code: always
-            await self.notify(msg, pairing_text(req.code, req.expires_at - req.created_at))
-        return False
+            notice = pairing_text(req.code, req.expires_at - req.created_at)
+        return Refused("waiting for an admin to approve the pairing code", notice)
 
-    async def _over_limit(self, msg: IncomingMessage, decision: Decision, where: str) -> bool:
+    def _over_limit(self, msg: IncomingMessage, decision: Decision, where: str) -> Refused | None:
         spec = decision.policy.rate_limit
         if spec is None:
-            return False
+            return None
         limits = []
         for scope, rate in spec.rates():
             who = msg.user_id if scope == "user" else msg.chat_id
             limits.append(((decision.label, str(spec), scope, msg.provider, who), rate))
         limited = self.limiter.acquire(limits)
         if limited is None:
-            return False
+            return None
         over = str(limited.key[2])  # type: ignore[index]
         log.info("%s: over the %s limit of %s (%s)", where, over, decision.label, limited.rate)
-        if limited.notify:
-            await self.notify(msg, limited_notice(limited, over))
-        return True
+        return Refused(f"over the {over} rate limit of {decision.label}",
+                       limited_notice(limited, over) if limited.notify else None)

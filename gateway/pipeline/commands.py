@@ -11,10 +11,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pluto.agents.registry import AgentRegistry
-from pluto.errors import ConfigError
-from pluto.gateway.pipeline.lanes import SessionLanes
+from pluto.errors import PlutoError
+from pluto.storage.ports import ConversationStore
 from pluto.types import IncomingMessage, Route
-from pluto.storage.sqlite import SqliteStore
 
 _COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_]{0,31})(?:@\S+)?(?:\s+(.*))?$", re.S)
 
@@ -38,10 +37,11 @@ class CommandInfo:
 class Commands:
     """The built-in commands. Extensions register more with :meth:`add`."""
 
-    def __init__(self, registry: AgentRegistry, store: SqliteStore, lanes: SessionLanes):
+    def __init__(self, registry: AgentRegistry, conversations: ConversationStore,
+                 stop: Callable[[str], Awaitable[tuple[bool, int]]]):
         self.registry = registry
-        self.store = store
-        self.lanes = lanes
+        self.conversations = conversations
+        self.stop = stop  # stop a session's run and drop its waiting messages
         self._handlers: dict[str, tuple[CommandInfo, Callable[..., Awaitable[str]]]] = {}
         self.add("help", "show what I can do", self._help)
         self.add("start", "say hello (same as /help)", self._help, listed=False)
@@ -68,10 +68,10 @@ class Commands:
 
     async def _help(self, msg: IncomingMessage, route: Route, args: str) -> str:
         try:
-            agent = self.registry.get(route.agent)
+            agent = await self.registry.load(route.agent)
             about = f"You are talking to **{agent.name}**" + (
                 f": {agent.description}" if agent.description else ".")
-        except (LookupError, ConfigError):
+        except PlutoError:
             about = f"You are talking to **{route.agent}**."
         lines = [about, "", "Commands:"]
         lines += [f"- `/{info.name}` — {info.summary}"
@@ -81,21 +81,21 @@ class Commands:
 
     async def _agents(self, msg: IncomingMessage, route: Route, args: str) -> str:
         lines = ["Agents:"]
-        for name in self.registry.names():
+        for name in await self.registry.list_names():
             try:
-                desc = self.registry.get(name).description
-            except ConfigError:
+                desc = (await self.registry.load(name)).description
+            except PlutoError:
                 desc = "(its configuration has an error)"
             here = " ← this chat" if name == route.agent else ""
             lines.append(f"- **{name}**" + (f" — {desc}" if desc else "") + here)
         return "\n".join(lines) if len(lines) > 1 else "No agents are configured."
 
     async def _new(self, msg: IncomingMessage, route: Route, args: str) -> str:
-        await self.store.reset_session(route.session_key)
+        await self.conversations.reset_session(route.session_key)
         return "Started a new conversation. Earlier messages are forgotten."
 
     async def _stop(self, msg: IncomingMessage, route: Route, args: str) -> str:
-        running, dropped = self.lanes.cancel(route.session_key)
+        running, dropped = await self.stop(route.session_key)
         if not running and not dropped:
             return "Nothing to stop."
         extra = f" and dropped {dropped} waiting message(s)" if dropped else ""

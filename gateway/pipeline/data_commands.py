@@ -19,7 +19,7 @@ from pluto.gateway.pipeline.commands import Commands, Failed
 from pluto.settings import PlutoConfig
 from pluto.types import Attachment, IncomingMessage, Route
 from pluto.runtime.data.service import DataService, DatasetSource, QueryLimits, is_data_file
-from pluto.storage.sqlite import SqliteStore
+from pluto.storage.ports import ConversationStore
 
 if TYPE_CHECKING:
     from pluto.runtime.data import DatasetInfo, Scope
@@ -49,10 +49,11 @@ def one_line(message: str) -> str:
 
 
 class DataCommands:
-    def __init__(self, service: DataService, registry: AgentRegistry, store: SqliteStore):
+    def __init__(self, service: DataService, registry: AgentRegistry,
+                 conversations: ConversationStore):
         self.service = service
         self.registry = registry
-        self.store = store
+        self.conversations = conversations
         self._preparing: asyncio.Task[None] | None = None
 
     def prepare_soon(self) -> None:
@@ -144,7 +145,7 @@ class DataCommands:
             notes.append(_note(attachment.filename, info))
         if failed or not asked:
             if notes:  # the agent learns of the new datasets with the next message
-                await self.store.add_message(session_id, "user", "\n".join(notes))
+                await self.conversations.add_message(session_id, "user", "\n".join(notes))
             return None
         return msg.text + "\n\n" + "\n".join(notes)
 

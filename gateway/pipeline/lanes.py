@@ -36,6 +36,16 @@ class SessionLanes(Generic[J]):
     def busy(self, key: str) -> bool:
         return key in self._lanes
 
+    async def idle(self) -> None:
+        """Wait until no session has work left."""
+        while workers := [lane.worker for lane in self._lanes.values() if lane.worker]:
+            await asyncio.wait(workers)
+
+    def full(self, key: str) -> bool:
+        """Whether a job submitted for ``key`` now would be refused."""
+        lane = self._lanes.get(key)
+        return self._closed or (lane is not None and len(lane.queue) >= self.max_queued)
+
     def submit(self, key: str, job: J) -> bool:
         """Queue a job for a session; False when the session's queue is full or we are closing."""
         if self._closed:
@@ -69,14 +79,15 @@ class SessionLanes(Generic[J]):
         except Exception:
             log.exception("a job failed in its session lane")
 
-    def cancel(self, key: str, *, drop_queued: bool = True) -> tuple[bool, int]:
-        """Cancel the session's running job; returns (was one running, queued jobs dropped)."""
+    def cancel(self, key: str, *, drop_queued: bool = True) -> tuple[bool, list[J]]:
+        """Cancel the session's running job; returns (was one running, the queued jobs
+        dropped)."""
         lane = self._lanes.get(key)
         if lane is None:
-            return False, 0
-        dropped = 0
+            return False, []
+        dropped: list[J] = []
         if drop_queued:
-            dropped = len(lane.queue)
+            dropped = list(lane.queue)
             lane.queue.clear()
         running = lane.current is not None and not lane.current.done()
         if running:
@@ -84,18 +95,22 @@ class SessionLanes(Generic[J]):
             lane.current.cancel()
         return running, dropped
 
-    async def close(self, grace: float) -> None:
+    async def close(self, grace: float) -> list[J]:
         """Stop taking jobs; let queued and running ones finish for ``grace`` seconds, then
-        cancel what is left (a cancelled run is recorded as such by the runner)."""
+        cancel what is left (a cancelled run is recorded as such by the runner). Returns the
+        queued jobs that never started."""
         self._closed = True
         workers = [lane.worker for lane in self._lanes.values() if lane.worker]
         if not workers:
-            return
+            return []
         _, pending = await asyncio.wait(workers, timeout=grace)
+        dropped: list[J] = []
         if pending:
             log.warning("cancelling %d run(s) still going at shutdown", len(pending))
             for lane in list(self._lanes.values()):
+                dropped += lane.queue
                 lane.queue.clear()
                 if lane.current:
                     lane.current.cancel()
             await asyncio.wait(pending, timeout=5)
+        return dropped

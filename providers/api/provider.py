@@ -1,8 +1,9 @@
 """The HTTP API under ``/api/v1/`` (Agent Protocol tasks and steps, live run events as SSE).
 
 The API is a provider of its own (``api``): a task is a chat, each step a message that goes
-through the same pipeline as any other (routing, access, per-session lanes, storage; see
-:mod:`gateway.api_intake`). A step's output is read from its run.
+through the same intake and pipeline as any other (routing, access, per-session lanes, storage;
+see :mod:`.steps`). A step's run id is known as soon as the step is created, its output is read
+from its run, and its events stream from the run feed.
 Every route but the OpenAPI document needs ``Authorization: Bearer <key>``, with keys taken
 from the environment variable(s) named by ``providers.api.keys_env``.
 """
@@ -11,24 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from pluto.errors import ConfigError
-from pluto.providers.api import views as views
+from pluto.gateway.ports import (ChatDirectory, HttpMount, Intake, Provider, ProviderContext,
+                                 RunFeed)
+from pluto.providers.api import views
 from pluto.providers.api.auth import CALLER, ApiSettings, Guard, load_keys, load_settings
-from pluto.providers.api.steps import StepIntake
-from pluto.providers.api.views import ApiError
-from pluto.gateway.http.server import GATEWAY_KEY
 from pluto.providers.api.openapi import openapi_document
-from pluto.gateway.ports import Inbox, Provider, ProviderContext
 from pluto.providers.api.sse import EventStreams
-from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
-from pluto.storage.tasks import StepRow, TaskRow, TaskStore
-
-if TYPE_CHECKING:
-    from pluto.gateway.app import Gateway
+from pluto.providers.api.steps import Steps
+from pluto.providers.api.views import ApiError
+from pluto.storage.ports import RunReader, TaskStore
+from pluto.storage.rows import StepRow, TaskRow
+from pluto.types import MARKDOWN, Capabilities, IncomingMessage, OutgoingMessage
 
 log = logging.getLogger(__name__)
 
@@ -38,35 +36,36 @@ MAX_WAIT_SECONDS = 60
 
 class ApiProvider(Provider):
     name = "api"
-    capabilities = Capabilities(max_message_length=1_000_000, markup="markdown")
+    capabilities = Capabilities(max_message_length=1_000_000, markup=MARKDOWN)
 
-    def __init__(self, settings: ApiSettings, backend: Gateway, keys: list[bytes]):
+    def __init__(self, settings: ApiSettings, keys: list[bytes], *, chats: ChatDirectory,
+                 runs: RunReader, tasks: TaskStore, feed: RunFeed):
         self.settings = settings
-        self.backend = backend
-        self.tasks = TaskStore(backend.store)
-        self.streams = EventStreams(backend.store, backend.hub)
-        self._inbox: Inbox | None = None
+        self.chats = chats
+        self.runs = runs
+        self.tasks = tasks
+        self.streams = EventStreams(feed)
+        self.steps = Steps(tasks, feed)
+        self._intake: Intake | None = None
         self._ready = asyncio.Event()
         self._guard = Guard(keys, self._ready)
-        self.intake = StepIntake(backend, self.tasks)
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> ApiProvider:
         settings = load_settings(ctx.config.model_dump())
-        if ctx.http is None:
+        if ctx.http is None or ctx.chats is None or ctx.runs is None or ctx.tasks is None:
             raise ConfigError([("pluto.yaml", None, "providers.api",
                                 "the HTTP API needs the HTTP server: run 'pluto serve'")])
-        backend = ctx.http.app[GATEWAY_KEY]
         keys = load_keys(settings)
         if not keys:
             log.warning("api: no keys in $%s; every API call will get 401", settings.keys_env)
-        provider = cls(settings, backend, keys)
-        provider.mount(ctx.http.app)
-        backend.run_listeners.append(provider.on_run)
+        provider = cls(settings, keys, chats=ctx.chats, runs=ctx.runs, tasks=ctx.tasks,
+                       feed=ctx.feed)
+        provider.mount(ctx.http)
         return provider
 
-    def mount(self, app: web.Application) -> None:
-        r = app.router
+    def mount(self, http: HttpMount) -> None:
+        r = http.router
         r.add_get(f"{PREFIX}/openapi.json", self._openapi)
         page, wait = ("page", "page_size"), ("wait",)
         r.add_get(f"{PREFIX}/agents", self._guard(self._agents))
@@ -79,31 +78,29 @@ class ApiProvider(Provider):
         r.add_get(f"{PREFIX}/agent/tasks/{{task_id}}/steps/{{step_id}}",
                   self._guard(self._get_step))
         r.add_get(f"{PREFIX}/agent/{{run_id}}/events", self._guard(self._events, ("after",)))
-        app.on_shutdown.append(self.streams.close_all)
+        http.on_shutdown.append(self.streams.close_all)
 
     # the gateway side ---------------------------------------------------------------------
 
-    async def run(self, inbox: Inbox) -> None:
-        await self.tasks.open()
-        self._inbox = inbox
+    async def run(self, intake: Intake) -> None:
+        self._intake = intake
         self._ready.set()
         try:
             await asyncio.Event().wait()  # messages arrive through HTTP requests
         finally:
             self._ready.clear()
 
-    async def on_run(self, msg: IncomingMessage, run_id: str) -> None:
-        if msg.provider == self.name:
-            await self.intake.on_run(msg, run_id)
-
     async def send(self, message: OutgoingMessage) -> str | None:
-        return await self.intake.send(message)
+        if message.run_id is not None:
+            return message.run_id  # a run's answer is read from the run itself
+        await self.steps.answered_by(message)  # a command's answer, a notice
+        return message.answers
 
     async def _enter(self, request: web.Request, task_id: str, agent: str | None,
                      step: StepRow) -> None:
-        assert self._inbox is not None
+        assert self._intake is not None
         caller = request[CALLER] or "api"  # per key: rate limits count per client
-        await self.intake.enter(self._inbox, IncomingMessage(
+        await self.steps.enter(self._intake, IncomingMessage(
             provider=self.name, chat_id=task_id, user_id=caller, user_name=caller,
             text=step.input, message_id=step.id, guild_id=agent, is_direct=True), step)
 
@@ -113,27 +110,26 @@ class ApiProvider(Provider):
         return web.json_response(openapi_document(self.settings.max_input_chars))
 
     async def _agents(self, request: web.Request) -> web.Response:
-        registry = self.backend.registry
         out = []
-        for name in registry.names():
-            try:
-                description, available = registry.get(name).description or None, True
-            except Exception:
-                description, available = None, False
-            route = self.backend.routes.route(self._probe(name))
-            out.append({"name": name, "description": description, "available": available,
-                        "reachable": route is not None and route.agent == name})
+        for agent in await self.chats.agents():
+            route = self.chats.route(self._probe(agent.name))
+            out.append({"name": agent.name, "description": agent.description,
+                        "available": agent.available,
+                        "reachable": route is not None and route.agent == agent.name})
         return web.json_response({"agents": out})
 
     def _probe(self, agent: str | None, text: str = "") -> IncomingMessage:
         return IncomingMessage(provider=self.name, chat_id="probe", user_id="api", text=text,
                                guild_id=agent, is_direct=True)
 
-    def _check_route(self, agent: str | None, text: str) -> str:
-        if agent is not None and agent not in self.backend.registry.names():
-            known = ", ".join(self.backend.registry.names()) or "none"
-            raise ApiError(404, "unknown_agent", f"There is no agent '{agent}' (known: {known}).")
-        route = self.backend.routes.route(self._probe(agent, text))
+    async def _check_route(self, agent: str | None, text: str) -> str:
+        if agent is not None:
+            names = [a.name for a in await self.chats.agents()]
+            if agent not in names:
+                known = ", ".join(names) or "none"
+                raise ApiError(404, "unknown_agent",
+                               f"There is no agent '{agent}' (known: {known}).")
+        route = self.chats.route(self._probe(agent, text))
         if route is None:
             raise ApiError(403, "not_routed", "routes.yaml gives messages from the API no agent.")
         if agent is not None and route.agent != agent:
@@ -152,15 +148,13 @@ class ApiProvider(Provider):
         text = views.text_input(data, self.settings.max_input_chars)
         extra = views.additional_input(data)
         requested = views.agent_name(data)
-        agent = self._check_route(requested, text)
+        agent = await self._check_route(requested, text)
         task = await self.tasks.create_task(agent, text, extra, requested)
         step = await self.tasks.add_step(task.id, text, extra)
         await self._enter(request, task.id, requested, step)
-        if wait:
-            step = await self.intake.wait(step, wait)
-        step = await self.tasks.step(task.id, step.id) or step
-        return web.json_response(await views.task_view(self.backend.store, task, step),
-                                 status=201)
+        step = await self.steps.wait(step, wait) if wait else (
+            await self.tasks.step(task.id, step.id) or step)
+        return web.json_response(await views.task_view(self.runs, task, step), status=201)
 
     async def _create_step(self, request: web.Request) -> web.Response:
         wait = self._wait_seconds(request)
@@ -168,29 +162,28 @@ class ApiProvider(Provider):
         data = await views.json_body(request, ("input", "additional_input"), self._max_body())
         text = views.text_input(data, self.settings.max_input_chars)
         extra = views.additional_input(data)
-        self._check_route(task.requested_agent, text)
+        await self._check_route(task.requested_agent, text)
         step = await self.tasks.add_step(task.id, text, extra)
         await self._enter(request, task.id, task.requested_agent, step)
-        step = await self.intake.wait(step, wait) if wait else (
+        step = await self.steps.wait(step, wait) if wait else (
             await self.tasks.step(task.id, step.id) or step)
-        return web.json_response(await views.step_view(self.backend.store, step), status=201)
+        return web.json_response(await views.step_view(self.runs, step), status=201)
 
     async def _task(self, request: web.Request) -> TaskRow:
         task = await self.tasks.task(request.match_info["task_id"])
         if task is None:
             raise ApiError(404, "not_found", "There is no task with that id.")
-        await self.intake.reap(task.id)
         return task
 
     async def _get_task(self, request: web.Request) -> web.Response:
         task = await self._task(request)
         last = await self.tasks.last_step(task.id)
-        return web.json_response(await views.task_view(self.backend.store, task, last))
+        return web.json_response(await views.task_view(self.runs, task, last))
 
     async def _list_tasks(self, request: web.Request) -> web.Response:
         number, size = views.page(request)
         rows, total = await self.tasks.tasks((number - 1) * size, size)
-        items = [await views.task_view(self.backend.store, t, await self.tasks.last_step(t.id))
+        items = [await views.task_view(self.runs, t, await self.tasks.last_step(t.id))
                  for t in rows]
         return web.json_response({"tasks": items,
                                   "pagination": views.pagination(total, number, size)})
@@ -199,7 +192,7 @@ class ApiProvider(Provider):
         task = await self._task(request)
         number, size = views.page(request)
         rows, total = await self.tasks.steps(task.id, (number - 1) * size, size)
-        items = [await views.step_view(self.backend.store, s) for s in rows]
+        items = [await views.step_view(self.runs, s) for s in rows]
         return web.json_response({"steps": items,
                                   "pagination": views.pagination(total, number, size)})
 
@@ -208,7 +201,7 @@ class ApiProvider(Provider):
         step = await self.tasks.step(task.id, request.match_info["step_id"])
         if step is None:
             raise ApiError(404, "not_found", "That task has no step with that id.")
-        return web.json_response(await views.step_view(self.backend.store, step))
+        return web.json_response(await views.step_view(self.runs, step))
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         run_id = request.match_info["run_id"]
@@ -216,7 +209,7 @@ class ApiProvider(Provider):
         after = views.int_query(request, "after", 0, 0, 10_000_000)
         if last is not None:
             after = int(last) if last.isdigit() and len(last) < 9 else after
-        if await self.backend.store.run(run_id) is None:
+        if await self.runs.run(run_id) is None:
             raise ApiError(404, "not_found", "There is no run with that id.")
         return await self.streams.stream(request, run_id, after)
 

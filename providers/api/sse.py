@@ -1,7 +1,7 @@
 """A run's events as Server-Sent Events: ``id: <seq>``, ``event: <type>``, ``data: <json>``.
 
 A late subscriber gets the stored events first, then the live ones, each once and in order
-(:func:`gateway.watch.follow_run`); ``Last-Event-ID`` (or ``?after=``) resumes after a seq.
+(the run feed); ``Last-Event-ID`` (or ``?after=``) resumes after a seq.
 The stream ends after ``run.end``; a comment line every few seconds keeps proxies from closing
 an idle stream.
 """
@@ -15,11 +15,8 @@ import logging
 
 from aiohttp import web
 
-from pluto.gateway.feed import EventHub
-from pluto.types import RunEvent
-from pluto.gateway.transcript import follow_run
-from pluto.events import event_to_dict
-from pluto.storage.sqlite import SqliteStore
+from pluto.events import RunEvent, event_to_dict
+from pluto.gateway.ports import RunFeed
 
 log = logging.getLogger(__name__)
 
@@ -27,18 +24,17 @@ KEEPALIVE_SECONDS = 15.0
 _DONE = None
 
 
-def encode(seq: int, event: RunEvent) -> bytes:
-    data = json.dumps({"seq": seq, **event_to_dict(event)}, default=str)
-    return f"id: {seq}\nevent: {event.type}\ndata: {data}\n\n".encode()
+def encode(event: RunEvent) -> bytes:
+    data = json.dumps(event_to_dict(event), default=str)
+    return f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode()
 
 
 class EventStreams:
     """The open streams, so that shutting down ends them instead of waiting for them."""
 
-    def __init__(self, store: SqliteStore, hub: EventHub):
-        self.store = store
-        self.hub = hub
-        self._open: set[asyncio.Queue[tuple[int, RunEvent] | None]] = set()
+    def __init__(self, feed: RunFeed):
+        self.feed = feed
+        self._open: set[asyncio.Queue[RunEvent | None]] = set()
 
     async def close_all(self, app: web.Application | None = None) -> None:
         for queue in list(self._open):
@@ -49,7 +45,7 @@ class EventStreams:
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
             "X-Accel-Buffering": "no"})
         await resp.prepare(request)
-        queue: asyncio.Queue[tuple[int, RunEvent] | None] = asyncio.Queue()
+        queue: asyncio.Queue[RunEvent | None] = asyncio.Queue()
         self._open.add(queue)
         pump = asyncio.create_task(self._pump(run_id, after, queue), name=f"sse:{run_id}")
         try:
@@ -61,7 +57,7 @@ class EventStreams:
                     continue
                 if item is _DONE:
                     break
-                await resp.write(encode(*item))
+                await resp.write(encode(item))
         except (ConnectionError, RuntimeError) as e:  # the client went away
             log.debug("sse: stream of run %s closed by the client: %s", run_id, e)
         finally:
@@ -74,10 +70,9 @@ class EventStreams:
         return resp
 
     async def _pump(self, run_id: str, after: int,
-                    queue: asyncio.Queue[tuple[int, RunEvent] | None]) -> None:
+                    queue: asyncio.Queue[RunEvent | None]) -> None:
         try:
-            async with contextlib.aclosing(follow_run(self.store, self.hub, run_id,
-                                                      after)) as events:
+            async with contextlib.aclosing(self.feed.follow(run_id, after)) as events:
                 async for item in events:
                     queue.put_nowait(item)
         except asyncio.CancelledError:

@@ -12,9 +12,9 @@ from typing import Any
 
 from aiohttp import web
 
-from pluto.types import MessageDelta, MessageFinal, RunEvent, ToolEnd, ToolStart
-from pluto.storage.sqlite import SqliteStore
-from pluto.storage.tasks import StepRow, TaskRow
+from pluto.events import MessageDelta, MessageFinal, RunEvent, ToolEnd, ToolStart
+from pluto.storage.ports import RunReader
+from pluto.storage.rows import StepRow, TaskRow
 
 AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_ADDITIONAL_BYTES = 16 * 1024
@@ -151,7 +151,7 @@ def run_output(events: list[RunEvent]) -> str | None:
     return "".join(partial) or None
 
 
-async def step_view(store: SqliteStore, row: StepRow) -> dict[str, Any]:
+async def step_view(runs: RunReader, row: StepRow) -> dict[str, Any]:
     view: dict[str, Any] = {
         "task_id": row.task_id, "step_id": row.id, "name": None, "input": row.input,
         "additional_input": row.additional_input, "run_id": row.run_id,
@@ -164,11 +164,12 @@ async def step_view(store: SqliteStore, row: StepRow) -> dict[str, Any]:
         view |= {"status": status, "outcome": outcome, "output": row.output, "error": row.error,
                  "ended_at": row.ended_at}
     else:
-        run = await store.run(row.run_id)
-        events = [event for _, event in await store.events(row.run_id)]
-        running = run is None or run.status == "running"
+        run = await runs.run(row.run_id)
+        events = await runs.events(row.run_id)
+        running = run is None or run.status in ("queued", "running")
+        waiting = run is not None and run.status == "queued"  # behind earlier messages
         view |= {
-            "status": "running" if running else "completed",
+            "status": "created" if waiting else "running" if running else "completed",
             "outcome": None if running or run is None else run.status,
             "output": run_output(events), "error": run.error if run else None,
             "ended_at": run.ended_at if run else None,
@@ -179,7 +180,7 @@ async def step_view(store: SqliteStore, row: StepRow) -> dict[str, Any]:
     return view
 
 
-async def task_view(store: SqliteStore, task: TaskRow, last: StepRow | None) -> dict[str, Any]:
+async def task_view(runs: RunReader, task: TaskRow, last: StepRow | None) -> dict[str, Any]:
     return {"task_id": task.id, "input": task.input, "additional_input": task.additional_input,
             "agent": task.agent, "created_at": task.created_at, "artifacts": [],
-            "last_step": await step_view(store, last) if last is not None else None}
+            "last_step": await step_view(runs, last) if last is not None else None}

@@ -1,8 +1,10 @@
 """The terminal: an interactive chat (``pluto chat``) and a one-shot turn (``pluto run``).
 
-It is a provider like any other: lines typed become :class:`IncomingMessage`s for the gateway,
-and the gateway's replies are printed as they stream. Ctrl+C while a reply streams sends
-``/stop`` (the same command any chat platform uses); Ctrl+D leaves.
+It is a provider like any other: lines typed become :class:`IncomingMessage`s handed to its
+intake; a run's progress is printed from the run feed as it streams (text as it is written,
+a note when a tool is used), and the replies — a run's final answer or error, a command's
+answer, a notice — come through delivery like on every platform. Ctrl+C while a reply streams
+sends ``/stop`` (the same command any chat platform uses); Ctrl+D leaves.
 """
 
 from __future__ import annotations
@@ -13,41 +15,56 @@ import itertools
 import signal
 import sys
 import uuid
+from contextlib import aclosing
 from pathlib import Path
 from typing import TextIO
 
-from pluto.gateway.ports import Inbox, Provider
-from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
+from pluto.events import MessageDelta, MessageFinal, RunError, ToolStart
+from pluto.gateway.ports import Intake, Provider, ProviderContext, RunFeed
+from pluto.types import (MARKDOWN, Accepted, Capabilities, Dropped, Duplicate, IncomingMessage,
+                         OutgoingMessage, Refused)
 
-TERMINAL_KINDS = ("reply", "error")
+REPLY_WAIT = 60.0  # seconds to wait for a reply delivery has recorded
 
 
 class CliProvider(Provider):
     name = "cli"
-    capabilities = Capabilities(max_message_length=1_000_000, markup="markdown",
-                                streams_deltas=True)
+    capabilities = Capabilities(max_message_length=1_000_000, markup=MARKDOWN,
+                                streams_deltas=True, can_send_images=True)  # by their path
 
-    def __init__(self, *, chat_id: str = "terminal", history_file: Path | None = None,
+    def __init__(self, feed: RunFeed, *, chat_id: str = "terminal",
+                 history_file: Path | None = None, once: str | None = None,
                  out: TextIO | None = None, err: TextIO | None = None):
+        self.feed = feed
         self.chat_id = chat_id
         self.user_id = _user()
         self.history_file = history_file
+        self.once = once  # ``pluto run``: this one message, then done
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self._ids = itertools.count(1)
         self._process = uuid.uuid4().hex[:8]  # ids stay unique across runs (dedupe)
-        self._replied = asyncio.Event()
-        self._streamed: set[str] = set()
+        self._replies: dict[str, asyncio.Future[OutgoingMessage]] = {}  # by what they answer
+        self._streamed: set[str] = set()  # runs whose text was printed as it streamed
+        self._shown: dict[str, int] = {}  # runs being followed → the last seq printed
+        self._progress = asyncio.Event()  # set whenever a followed run prints an event
         self.errors = 0
         self.interrupted = False
+
+    @classmethod
+    def from_context(cls, ctx: ProviderContext) -> CliProvider:
+        return cls(ctx.feed, chat_id=str(ctx.option("chat_id") or "terminal"),
+                   history_file=ctx.data_dir / "chat_history", once=ctx.option("message"))
 
     def message(self, text: str) -> IncomingMessage:
         return IncomingMessage(provider=self.name, chat_id=self.chat_id, user_id=self.user_id,
                                user_name=self.user_id, text=text, is_direct=True,
-                               message_id=f"{self.chat_id}:{self._process}:"
-                                          f"{next(self._ids)}")
+                               message_id=f"{self.chat_id}:{self._process}:{next(self._ids)}")
 
-    async def run(self, inbox: Inbox) -> None:
+    async def run(self, intake: Intake) -> None:
+        if self.once is not None:
+            await self.ask(intake, self.once)
+            return
         reader = _TtyReader(self.history_file) if sys.stdin.isatty() else _PipeReader()
         while True:
             try:
@@ -55,22 +72,20 @@ class CliProvider(Provider):
             except EOFError:
                 self.out.write("\n" if sys.stdin.isatty() else "")
                 return
-            if not line.strip():
-                continue
-            await self.ask(inbox, line.rstrip("\n"))
+            if line.strip():
+                await self.ask(intake, line.rstrip("\n"))
 
-    async def ask(self, inbox: Inbox, text: str) -> None:
+    async def ask(self, intake: Intake, text: str | IncomingMessage) -> None:
         """Send one message and wait until its reply is complete; Ctrl+C sends /stop."""
-        self._replied.clear()
-        await inbox(self.message(text))
         loop = asyncio.get_running_loop()
-        stop_sent = False
+        msg = self.message(text) if isinstance(text, str) else text
+        replied = self._expect(msg)
+        stopping: list[asyncio.Task[object]] = []
 
         def on_interrupt() -> None:
-            nonlocal stop_sent
-            if not stop_sent:
-                stop_sent = self.interrupted = True
-                loop.create_task(inbox(self.message("/stop")))
+            if not stopping:
+                self.interrupted = True
+                stopping.append(loop.create_task(intake.submit(self.message("/stop"))))
 
         try:
             loop.add_signal_handler(signal.SIGINT, on_interrupt)
@@ -78,42 +93,100 @@ class CliProvider(Provider):
         except (NotImplementedError, RuntimeError):
             installed = False
         try:
-            await self._replied.wait()
+            outcome = await (await intake.submit(msg)).outcome()
+            match outcome:
+                case Accepted(run_id=run_id):
+                    await self._show(run_id, replied)
+                case Refused(notice=None, reason=reason) | Dropped(notice=None, reason=reason):
+                    self._say(f"! no answer: {reason}")
+                    self.errors += 1
+                case Duplicate():
+                    pass
+                case _:  # answered, or told why not: the answer comes through delivery
+                    await _wait(replied)
+            if stopping:
+                await asyncio.gather(*stopping, return_exceptions=True)
         finally:
+            self._replies.pop(msg.message_id or "", None)
             if installed:
                 loop.remove_signal_handler(signal.SIGINT)
 
+    def _expect(self, msg: IncomingMessage) -> asyncio.Future[OutgoingMessage]:
+        future: asyncio.Future[OutgoingMessage] = asyncio.get_running_loop().create_future()
+        self._replies[msg.message_id or ""] = future
+        return future
+
+    async def _show(self, run_id: str, replied: asyncio.Future[OutgoingMessage]) -> None:
+        """Print a run's progress from the feed; then wait for its reply, if it has one."""
+        expects_reply = False
+        self._shown[run_id] = 0
+        async with aclosing(self.feed.follow(run_id)) as events:
+            async for event in events:
+                self._shown[run_id] = event.seq
+                self._progress.set()
+                match event:
+                    case MessageDelta(text=text):
+                        self._delta(run_id, text)
+                    case ToolStart(name=name):
+                        self._end_line(run_id)
+                        self._say(f"  [using {name}…]")
+                    case MessageFinal() | RunError():
+                        expects_reply = True
+        if expects_reply:
+            await _wait(replied)
+        self._shown.pop(run_id, None)
+        self._end_line(run_id)
+
     async def send(self, message: OutgoingMessage) -> str | None:
         run_id = message.run_id or ""
+        await self._caught_up(run_id, message.seq - 1)
         match message.kind:
             case "delta":
-                if run_id not in self._streamed:
-                    self._streamed.add(run_id)
-                    self.out.write(self._label())
-                self.out.write(message.text)
+                pass  # progress comes from the run feed
             case "notice":
                 self._end_line(run_id)
-                self.err.write(f"  [{message.text}]\n")
+                self._say(f"  [{message.text}]")
             case "error":
                 self._end_line(run_id)
                 self.errors += 1
-                self.err.write(f"! {message.text}\n")
+                self._say(f"! {message.text}")
             case _:
-                if run_id in self._streamed:
-                    self._streamed.discard(run_id)
-                    self.out.write("\n")
-                else:
-                    if self._streamed:  # an answer (e.g. to /stop) ends a stopped stream's line
-                        self._streamed.clear()
-                        self.out.write("\n")
+                if run_id in self._streamed:  # its text is on screen already
+                    self._end_line(run_id)
+                elif message.text:
                     self.out.write(self._label() + message.text + "\n")
                 for attachment in message.attachments:  # a terminal shows where the file is
-                    self.out.write(f"[{attachment.kind}: {attachment.path or attachment.filename}]\n")
+                    self.out.write(f"[{attachment.kind}: "
+                                   f"{attachment.path or attachment.filename}]\n")
         self.out.flush()
-        self.err.flush()
-        if message.kind in TERMINAL_KINDS:
-            self._replied.set()
+        future = self._replies.get(message.answers or "")
+        if future is not None and not future.done() and message.kind != "delta":
+            future.set_result(message)
         return None
+
+    async def _caught_up(self, run_id: str, seq: int, timeout: float = 5.0) -> None:
+        """A run's reply comes through delivery, its progress through the feed: print the
+        reply only after everything before it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._shown.get(run_id, seq) < seq and loop.time() < deadline:
+            self._progress.clear()
+            try:
+                await asyncio.wait_for(self._progress.wait(), deadline - loop.time())
+            except TimeoutError:
+                return
+
+    def _delta(self, run_id: str, text: str) -> None:
+        """Print a piece of a reply as the model writes it."""
+        if run_id not in self._streamed:
+            self._streamed.add(run_id)
+            self.out.write(self._label())
+        self.out.write(text)
+        self.out.flush()
+
+    def _say(self, line: str) -> None:
+        self.err.write(line + "\n")
+        self.err.flush()
 
     def _label(self) -> str:
         return "pluto> " if sys.stdout.isatty() else ""
@@ -122,17 +195,14 @@ class CliProvider(Provider):
         if run_id in self._streamed:
             self._streamed.discard(run_id)
             self.out.write("\n")
+            self.out.flush()
 
 
-class OneShotCliProvider(CliProvider):
-    """``pluto run``: one message in, the reply out, then done."""
-
-    def __init__(self, text: str, **kwargs: object):
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.text = text
-
-    async def run(self, inbox: Inbox) -> None:
-        await self.ask(inbox, self.text)
+async def _wait(future: asyncio.Future[OutgoingMessage]) -> None:
+    try:
+        await asyncio.wait_for(asyncio.shield(future), REPLY_WAIT)
+    except TimeoutError:
+        pass
 
 
 def _user() -> str:

@@ -17,11 +17,12 @@ from typing import Any
 import aiohttp
 import discord
 
-from pluto.errors import DeliveryRefused, ProviderError
+from pluto.errors import DeliveryRefused
 from pluto.gateway.delivery.render import render
 from pluto.gateway.delivery.render.dialects import escape_markdown
-from pluto.types import Attachment, OutgoingMessage
+from pluto.types import MARKDOWN, Attachment, OutgoingMessage
 from pluto.providers.discord.errors import provider_error
+from pluto.providers.discord.markup import DISCORD
 
 # replies ping the person asked; a model's text never pings @everyone, roles or users
 MENTIONS = discord.AllowedMentions(everyone=False, users=False, roles=False, replied_user=True)
@@ -51,13 +52,11 @@ def nonce_for(message: OutgoingMessage) -> str | None:
 
 def discord_text(message: OutgoingMessage) -> str:
     """The text in Discord markdown, whatever dialect it was written in."""
-    match message.markup:
-        case "discord":
-            return message.text
-        case "markdown":
-            return render(message.text, "discord")
-        case _:
-            return escape_markdown(message.text)
+    if message.markup == DISCORD.name:
+        return message.text
+    if message.markup == MARKDOWN.name:
+        return render(message.text, DISCORD)
+    return escape_markdown(message.text)
 
 
 async def send(client: discord.Client, message: OutgoingMessage) -> str:

@@ -27,11 +27,12 @@ import discord
 
 from pluto.errors import ProviderError, ProviderUnusable
 
-from pluto.gateway.ports import Inbox, Provider, ProviderContext
+from pluto.gateway.ports import Intake, Provider, ProviderContext
 from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
 from pluto.providers.discord import outbound
 from pluto.providers.discord.errors import LIBRARY_WAIT, provider_error, redact_token_in_logs
 from pluto.providers.discord.inbound import USER_MESSAGES, Downloads, to_incoming
+from pluto.providers.discord.markup import DISCORD
 from pluto.providers.discord.redirect import point_discord_at
 from pluto.providers.discord.settings import DiscordSettings, load_settings
 
@@ -80,7 +81,7 @@ async def _close(client: discord.Client) -> None:
 
 class DiscordProvider(Provider):
     name = "discord"
-    capabilities = Capabilities(max_message_length=2000, markup="discord", can_edit=True,
+    capabilities = Capabilities(max_message_length=2000, markup=DISCORD, can_edit=True,
                                 can_send_images=True, can_send_files=True, has_typing=True)
 
     def __init__(self, settings: DiscordSettings, token: str, *, data_dir: Path):
@@ -128,9 +129,9 @@ class DiscordProvider(Provider):
             self._client = client
             return client
 
-    async def run(self, inbox: Inbox) -> None:
+    async def run(self, intake: Intake) -> None:
         client = await self._logged_in()
-        consumer = asyncio.create_task(self._consume(client, inbox), name="discord:inbox")
+        consumer = asyncio.create_task(self._consume(client, intake), name="discord:inbox")
         try:
             await client.connect(reconnect=True)
         except outbound.FAILURES as e:
@@ -155,12 +156,12 @@ class DiscordProvider(Provider):
 
     # receiving ---------------------------------------------------------------------------
 
-    async def _consume(self, client: _Client, inbox: Inbox) -> None:
+    async def _consume(self, client: _Client, intake: Intake) -> None:
         """Hand queued messages to the gateway in order; a failure is logged, never fatal."""
         while True:
             message = await self._queue.get()
             try:
-                await self._receive(client, message, inbox)
+                await self._receive(client, message, intake)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -174,7 +175,7 @@ class DiscordProvider(Provider):
             self._recent.popitem(last=False)
         return False
 
-    async def _receive(self, client: _Client, message: discord.Message, inbox: Inbox) -> None:
+    async def _receive(self, client: _Client, message: discord.Message, intake: Intake) -> None:
         if client.user is None:
             return
         if self._replayed(message.id):
@@ -190,7 +191,7 @@ class DiscordProvider(Provider):
         if attachments:
             incoming = replace(incoming, attachments=attachments)
         if incoming.text or incoming.attachments:
-            await inbox(incoming)
+            await intake.submit(incoming)
 
     async def _quiet_notice(self, to: IncomingMessage, text: str) -> None:
         try:

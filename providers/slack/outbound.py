@@ -19,6 +19,7 @@ from pluto.errors import DeliveryRefused, ProviderError
 from pluto.gateway.delivery.render.dialects import escape_html
 from pluto.types import Attachment, OutgoingMessage
 from pluto.providers.slack.errors import provider_error
+from pluto.providers.slack.markup import SLACK_MRKDWN
 
 Joined = Callable[[str, str], None]  # (channel, thread ts): the bot now takes part in it
 
@@ -33,7 +34,7 @@ class Outbound:
             return await self._upload(message)
         response = await _call(self.client.chat_postMessage(
             channel=message.chat_id, text=_text(message), thread_ts=message.thread_id,
-            mrkdwn=message.markup == "slack_mrkdwn", unfurl_links=False, unfurl_media=False))
+            mrkdwn=message.markup == SLACK_MRKDWN.name, unfurl_links=False, unfurl_media=False))
         ts = str(response.get("ts") or "")
         if not ts:
             raise ProviderError("Slack accepted the message but gave no id for it")
@@ -66,7 +67,7 @@ class Outbound:
 
 def _text(message: OutgoingMessage) -> str:
     """The text as Slack should show it: mrkdwn as rendered, anything else escaped."""
-    if message.markup == "slack_mrkdwn":
+    if message.markup == SLACK_MRKDWN.name:
         return message.text
     return escape_html(message.text)
 

@@ -29,7 +29,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from pluto.errors import ProviderError, ProviderUnusable
 
-from pluto.gateway.ports import Inbox, Provider, ProviderContext
+from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
 from pluto.types import Attachment, Capabilities, OutgoingMessage
 from pluto.providers.slack.errors import provider_error, redact_secrets_in_logs
 from pluto.providers.slack.events import HttpEvents, build_app
@@ -45,6 +45,7 @@ from pluto.providers.slack.inbound import (
     message_key,
     to_incoming,
 )
+from pluto.providers.slack.markup import SLACK_MRKDWN
 from pluto.providers.slack.outbound import Outbound
 from pluto.providers.slack.settings import SlackSecrets, SlackSettings, load_settings
 from pluto.providers.slack.socket_mode import serve_socket_mode
@@ -56,11 +57,11 @@ class SlackProvider(Provider):
     name = "slack"
     # Slack takes 40,000 characters, but its clients fold long messages and its guidance is to
     # keep a message under 4,000: a long answer reads better as a few messages of ~3,900.
-    capabilities = Capabilities(max_message_length=3900, markup="slack_mrkdwn", can_edit=True,
+    capabilities = Capabilities(max_message_length=3900, markup=SLACK_MRKDWN, can_edit=True,
                                 can_send_images=True, can_send_files=True)
 
     def __init__(self, settings: SlackSettings, secrets: SlackSecrets, *, data_dir: Path,
-                 http_app: web.Application | None = None):
+                 http_app: HttpMount | web.Application | None = None):
         redact_secrets_in_logs(secrets.values())
         self.settings = settings
         self._secrets = secrets
@@ -79,19 +80,19 @@ class SlackProvider(Provider):
                              signing_secret=secrets.signing_secret if settings.mode == "http"
                              else None, authorize=self._authorize, on_event=self._on_event)
         redact_secrets_in_logs(secrets.values())  # bolt made its loggers just now
-        self._inbox: Inbox | None = None
+        self._intake: Intake | None = None
         self._identity_lock = asyncio.Lock()
         self._who: Identity | None = None
         self._handling: set[asyncio.Task[Any]] = set()
         if http_app is not None and settings.mode == "http" and secrets.signing_secret:
-            endpoint = HttpEvents(self.app, secrets.signing_secret, lambda: self._inbox is not None)
+            endpoint = HttpEvents(self.app, secrets.signing_secret, lambda: self._intake is not None)
             http_app.router.add_post(settings.events_path, endpoint.handle)
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> SlackProvider:
         settings, secrets = load_settings(ctx)
         return cls(settings, secrets, data_dir=ctx.data_dir,
-                   http_app=ctx.http.app if ctx.http is not None else None)
+                   http_app=ctx.http)
 
     # lifecycle ---------------------------------------------------------------------------
 
@@ -110,8 +111,8 @@ class SlackProvider(Provider):
                                      team_id=str(found.get("team_id") or ""))
             return self._who
 
-    async def run(self, inbox: Inbox) -> None:
-        self._inbox = inbox  # events that arrive while connecting wait for the identity
+    async def run(self, intake: Intake) -> None:
+        self._intake = intake  # events that arrive while connecting wait for the identity
         try:
             who = await self.identity()
             log.info("slack: connected to team %s as %s (%s mode)", who.team_id, who.user_id,
@@ -123,7 +124,7 @@ class SlackProvider(Provider):
             else:
                 await asyncio.Event().wait()  # events arrive through the HTTP endpoint
         finally:
-            self._inbox = None
+            self._intake = None
 
     async def close(self) -> None:
         for task in list(self._handling):
@@ -163,8 +164,8 @@ class SlackProvider(Provider):
                 self._handling.discard(task)
 
     async def _receive(self, event: dict[str, Any], body: dict[str, Any]) -> None:
-        inbox = self._inbox
-        if inbox is None:
+        intake = self._intake
+        if intake is None:
             return
         who = await self.identity()
         addressed = await self._addressed(event, who)
@@ -179,7 +180,7 @@ class SlackProvider(Provider):
         incoming = to_incoming(event, who, addressed, team_id=body.get("team_id"),
                                attachments=attachments)
         if incoming.text or incoming.attachments:
-            await inbox(incoming)
+            await intake.submit(incoming)
 
     async def _addressed(self, event: dict[str, Any], who: Identity) -> Addressed | None:
         """Whether the bot should see the message, and where an answer goes."""

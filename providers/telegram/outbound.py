@@ -17,6 +17,7 @@ from pluto.errors import DeliveryRefused, ProviderError
 from pluto.types import Attachment, OutgoingMessage
 from pluto.providers.telegram.errors import CANT_PARSE, NOT_MODIFIED, provider_error
 from pluto.providers.telegram.inbound import platform_message_id
+from pluto.providers.telegram.markup import TELEGRAM_HTML
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class Outbound:
 
 
 def _parse_mode(markup: str) -> str | None:
-    return ParseMode.HTML if markup == "telegram_html" else None
+    return ParseMode.HTML if markup == TELEGRAM_HTML.name else None
 
 
 def _int(value: str | None) -> int | None:

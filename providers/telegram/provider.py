@@ -15,6 +15,7 @@ import asyncio
 import datetime as dtm
 import hmac
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +26,18 @@ from telegram.request import HTTPXRequest
 
 from pluto.errors import ProviderError, ProviderUnusable
 
-from pluto.gateway.ports import Inbox, Provider, ProviderContext
-from pluto.types import Capabilities, OutgoingMessage
+from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext, Ticket
+from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
 from pluto.providers.telegram.errors import provider_error, redact_token_in_logs, retry_seconds
 from pluto.providers.telegram.inbound import Downloads, command_target, to_incoming
+from pluto.providers.telegram.markup import TELEGRAM_HTML
 from pluto.providers.telegram.outbound import Outbound
 from pluto.providers.telegram.settings import TelegramSettings, load_settings
 
 log = logging.getLogger(__name__)
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+HandOver = Callable[[IncomingMessage], Awaitable[Ticket | None]]
 UPDATES = ["message"]
 COMMANDS = [BotCommand("help", "what I can do"), BotCommand("new", "start a fresh conversation"),
             BotCommand("stop", "stop the answer in progress")]
@@ -42,11 +45,12 @@ COMMANDS = [BotCommand("help", "what I can do"), BotCommand("new", "start a fres
 
 class TelegramProvider(Provider):
     name = "telegram"
-    capabilities = Capabilities(max_message_length=4096, markup="telegram_html", can_edit=True,
+    capabilities = Capabilities(max_message_length=4096, markup=TELEGRAM_HTML, can_edit=True,
                                 can_send_images=True, can_send_files=True, has_typing=True)
 
     def __init__(self, settings: TelegramSettings, token: str, *, data_dir: Path,
-                 webhook_secret: str | None = None, http_app: web.Application | None = None):
+                 webhook_secret: str | None = None,
+                 http_app: HttpMount | web.Application | None = None):
         redact_token_in_logs(token)
         self.settings = settings
         self.bot = Bot(token, base_url=settings.api_url, base_file_url=settings.file_url,
@@ -55,7 +59,7 @@ class TelegramProvider(Provider):
         self.outbound = Outbound(self.bot)
         self.downloads = Downloads(data_dir, settings.max_download_mb)
         self.secret = webhook_secret or ""
-        self._inbox: Inbox | None = None
+        self._intake: Intake | None = None
         self._init_lock = asyncio.Lock()
         self._connected = False
         if http_app is not None and settings.mode == "webhook":
@@ -65,7 +69,7 @@ class TelegramProvider(Provider):
     def from_context(cls, ctx: ProviderContext) -> TelegramProvider:
         settings, token, secret = load_settings(ctx)
         return cls(settings, token, data_dir=ctx.data_dir, webhook_secret=secret,
-                   http_app=ctx.http.app if ctx.http is not None else None)
+                   http_app=ctx.http)
 
     # lifecycle ---------------------------------------------------------------------------
 
@@ -83,7 +87,7 @@ class TelegramProvider(Provider):
             except TelegramError as e:
                 raise provider_error(e) from None
 
-    async def run(self, inbox: Inbox) -> None:
+    async def run(self, intake: Intake) -> None:
         await self._ready()
         try:
             await self.bot.set_my_commands(COMMANDS)
@@ -91,20 +95,20 @@ class TelegramProvider(Provider):
             log.warning("telegram: could not set the command menu: %s", provider_error(e))
         log.info("telegram: @%s connected (%s)", self.bot.username, self.settings.mode)
         if self.settings.mode == "webhook":
-            await self._serve_webhook(inbox)
+            await self._serve_webhook(intake)
         else:
-            await self._poll(inbox)
+            await self._poll(intake)
 
-    async def _serve_webhook(self, inbox: Inbox) -> None:
+    async def _serve_webhook(self, intake: Intake) -> None:
         await self._call(self.bot.set_webhook(self.settings.webhook_url, secret_token=self.secret,
                                               allowed_updates=UPDATES))
-        self._inbox = inbox
+        self._intake = intake
         try:
             await asyncio.Event().wait()  # updates arrive through _on_webhook until cancelled
         finally:
-            self._inbox = None
+            self._intake = None
 
-    async def _poll(self, inbox: Inbox) -> None:
+    async def _poll(self, intake: Intake) -> None:
         await self._call(self.bot.delete_webhook())  # getUpdates fails while one is set
         offset: int | None = None
         failures = 0
@@ -128,8 +132,8 @@ class TelegramProvider(Provider):
                             provider_error(e), delay)
                 await asyncio.sleep(delay)
                 continue
-            for update in updates:
-                await self._dispatch(update, inbox)
+            for update in updates:  # each is recorded by intake before it is confirmed
+                await self._dispatch(update, intake.submit)
                 offset = update.update_id + 1  # confirmed with the next getUpdates
 
     async def close(self) -> None:
@@ -145,44 +149,48 @@ class TelegramProvider(Provider):
         given = request.headers.get(SECRET_HEADER, "").encode("utf-8", "surrogateescape")
         if not hmac.compare_digest(given, self.secret.encode()):
             return web.Response(status=401, text="wrong secret token")
-        inbox = self._inbox
-        if inbox is None:
+        intake = self._intake
+        if intake is None:
             return web.Response(status=503, text="not ready")  # Telegram retries later
         try:
             update = Update.de_json(await request.json(), self.bot)
         except Exception:
             return web.Response(status=400, text="not a Telegram update")
-        await self._dispatch(update, inbox)
+        if not await self._dispatch(update, intake.offer):
+            return web.Response(status=503, text="busy")  # full: Telegram delivers it again
         return web.Response(text="ok")
 
-    async def _dispatch(self, update: Update, inbox: Inbox) -> None:
-        """Hand one update to the gateway; a failure is logged, never fatal to receiving."""
+    async def _dispatch(self, update: Update, hand_over: HandOver) -> bool:
+        """Hand one update to the gateway; False when intake had no room (a webhook asks
+        Telegram to come back). A failure is logged, never fatal to receiving."""
         message = update.message
         if message is None or message.from_user is None or message.from_user.is_bot:
-            return
+            return True
         try:
-            await self._receive(message, inbox)
+            return await self._receive(message, hand_over)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("telegram: handling update %d failed", update.update_id)
+            return True
 
-    async def _receive(self, message: Message, inbox: Inbox) -> None:
+    async def _receive(self, message: Message, hand_over: HandOver) -> bool:
         bot_id, username = self.bot.id, self.bot.username
         target = command_target(message)
         if target and target.lower() != username.lower():
-            return  # a command for another bot in the group
+            return True  # a command for another bot in the group
         incoming = to_incoming(message, bot_id, username)
         if (not incoming.is_direct and not incoming.mentions_bot
                 and self.settings.group_messages == "mentions"):
-            return
+            return True
         attachments, problem = await self.downloads.fetch(self.bot, message)
         if problem:
             await self._quiet_notice(incoming.chat_id, problem, incoming.thread_id)
         if attachments:
             incoming = to_incoming(message, bot_id, username, attachments)
         if incoming.text or incoming.attachments:
-            await inbox(incoming)
+            return await hand_over(incoming) is not None
+        return True
 
     async def _quiet_notice(self, chat_id: str, text: str, thread_id: str | None) -> None:
         try:

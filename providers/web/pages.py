@@ -26,7 +26,7 @@ DEMO_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-sr
             "form-action 'none'")
 
 
-def mount(app: web.Application, provider: WebProvider) -> None:
+def mount(router: web.UrlDispatcher, provider: WebProvider) -> None:
     assets = {path: ((STATIC / name).read_bytes(), ctype) for path, (name, ctype) in ASSETS.items()}
     demo = (STATIC / "index.html").read_text().replace(
         "{{title}}", html.escape(provider.settings.title, quote=True))
@@ -62,9 +62,9 @@ def mount(app: web.Application, provider: WebProvider) -> None:
             "Cross-Origin-Resource-Policy": "cross-origin"})
 
     for path in assets:
-        app.router.add_get(path, static)
-    app.router.add_get("/", index)
-    app.router.add_get("/web/file/{sig}/{path:.+}", file)
+        router.add_get(path, static)
+    router.add_get("/", index)
+    router.add_get("/web/file/{sig}/{path:.+}", file)
 
 
 def _safe(name: str) -> str:

@@ -2,9 +2,15 @@
 
 It mounts on the gateway's HTTP server: ``/ws`` (the chat socket), ``/widget.js`` and
 ``/widget.css`` (the widget), ``/`` (a demo page) and ``/web/file/…`` (signed links to charts).
-A visitor's chat id comes from their verified session token only. The answer to a message is
-shown from the run's own event stream (stored, then live: :func:`gateway.watch.follow_run`), so
-every tab of the chat sees the same frames, in order, with tool results (tables, charts).
+A visitor's chat id comes from their verified session token only.
+
+What a chat's tabs are shown, in order, each frame to every tab:
+
+- a run's progress (start, text as it is written, tools with their tables and charts) from the
+  run feed, each frame carrying the event's ``seq``;
+- the run's reply (its final text or error) and every other answer (commands, notices) through
+  delivery, like on any platform (:meth:`WebProvider.send`): a run's reply is shown after all of
+  its progress and before its ``run.end``.
 """
 
 from __future__ import annotations
@@ -14,111 +20,130 @@ import logging
 from collections import OrderedDict
 from contextlib import aclosing
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from aiohttp import WSCloseCode, web
 
 from pluto.errors import ConfigError
-from pluto.gateway.http.server import GATEWAY_KEY
-from pluto.gateway.ports import Inbox, Provider, ProviderContext
-from pluto.types import Capabilities, IncomingMessage, OutgoingMessage, Route, RunStart
-from pluto.gateway.transcript import follow_run
+from pluto.events import MessageFinal, RunEnd, RunError, RunStart
+from pluto.gateway.ports import (ChatDirectory, Intake, Provider, ProviderContext, RunFeed,
+                                 Ticket)
 from pluto.providers.web import pages, protocol
 from pluto.providers.web.rooms import Rooms
 from pluto.providers.web.settings import WebSettings, load_settings
 from pluto.providers.web.socket import serve_socket
 from pluto.providers.web.tokens import FileLinks, SessionSigner, load_key
-
-if TYPE_CHECKING:
-    from pluto.gateway.app import Gateway
+from pluto.types import (MARKDOWN, Accepted, Capabilities, IncomingMessage, OutgoingMessage,
+                         Route)
 
 log = logging.getLogger(__name__)
 
 FINISHED_RUNS_KEPT = 2000
+REPLY_WAIT = 30.0  # how long a run's end waits for its reply to come through delivery
+
+
+class _Shown:
+    """Where the showing of one run stands: the last seq shown, and its reply."""
+
+    def __init__(self, chat_id: str, message_id: str | None):
+        self.chat_id = chat_id
+        self.message_id = message_id
+        self.seq = 0
+        self.reply_seq = 0  # the seq of its message.final / run.error, once the feed had it
+        self.progress = asyncio.Event()
+        self.replied = asyncio.Event()
 
 
 class WebProvider(Provider):
     name = "web"
-    capabilities = Capabilities(max_message_length=100_000, markup="markdown",
-                                streams_deltas=True)
+    # charts and tables reach the tabs with their tool's progress (the run feed): a reply's
+    # images need no message of their own
+    capabilities = Capabilities(max_message_length=100_000, markup=MARKDOWN,
+                                streams_deltas=True, can_send_images=True)
 
-    def __init__(self, settings: WebSettings, *, key: bytes, data_dir: Path, backend: Gateway):
+    def __init__(self, settings: WebSettings, *, key: bytes, data_dir: Path, feed: RunFeed,
+                 chats: ChatDirectory):
         self.settings = settings
         self.signer = SessionSigner(key, max_age=settings.session_days * 86400)
         self.links = FileLinks(key, data_dir)
-        self.backend = backend
+        self.feed = feed
+        self.chats = chats
         self.rooms = Rooms()
         self.sockets: set[web.WebSocketResponse] = set()
-        self._inbox: Inbox | None = None
+        self._intake: Intake | None = None
         self._ready = asyncio.Event()
         self._follows: dict[str, asyncio.Task[None]] = {}
+        self._shown: dict[str, _Shown] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
-        self._message_ids: dict[str, str] = {}  # run id → the client's message id
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> WebProvider:
         settings = load_settings(ctx.config.model_dump())
-        if ctx.http is None:
+        if ctx.http is None or ctx.chats is None:
             raise ConfigError([("pluto.yaml", None, "providers.web",
                                 "the web chat needs the HTTP server: run 'pluto serve'")])
-        backend = ctx.http.app[GATEWAY_KEY]
         provider = cls(settings, key=load_key(ctx.data_dir, settings.session_secret_env),
-                       data_dir=ctx.data_dir, backend=backend)
-        provider.mount(ctx.http.app)
-        backend.run_listeners.append(provider.on_run)
+                       data_dir=ctx.data_dir, feed=ctx.feed, chats=ctx.chats)
+        ctx.http.router.add_get("/ws", provider._socket)
+        pages.mount(ctx.http.router, provider)
+        ctx.http.on_shutdown.append(provider._on_shutdown)
         return provider
-
-    def mount(self, app: web.Application) -> None:
-        app.router.add_get("/ws", self._socket)
-        pages.mount(app, self)
-        app.on_shutdown.append(self._on_shutdown)
 
     async def _socket(self, request: web.Request) -> web.StreamResponse:
         return await serve_socket(self, request)
 
     # the gateway side ---------------------------------------------------------------------
 
-    async def run(self, inbox: Inbox) -> None:
-        self._inbox = inbox
+    async def run(self, intake: Intake) -> None:
+        self._intake = intake
         self._ready.set()
         try:
             await asyncio.Event().wait()  # messages arrive through the sockets
         finally:
             self._ready.clear()
 
-    async def deliver(self, msg: IncomingMessage) -> None:
-        """Hand a visitor's message to the gateway (waiting while the provider (re)starts)."""
+    async def deliver(self, msg: IncomingMessage) -> Ticket:
+        """Hand a visitor's message to intake (waiting while the provider (re)starts); the run
+        it starts is shown to every tab of the chat."""
         await self._ready.wait()
-        assert self._inbox is not None
-        await self._inbox(msg)
+        assert self._intake is not None
+        ticket = await self._intake.submit(msg)
+        asyncio.create_task(self._show_outcome(ticket), name=f"web:outcome:{msg.chat_id}")
+        return ticket
+
+    async def _show_outcome(self, ticket: Ticket) -> None:
+        outcome = await ticket.outcome()
+        if isinstance(outcome, Accepted):
+            msg = ticket.message
+            client_id = (msg.message_id or "").removeprefix(f"{msg.chat_id}:")
+            self._follow(msg.chat_id, outcome.run_id, client_id)
 
     def route(self, probe: IncomingMessage) -> Route | None:
-        return self.backend.routes.route(probe)
+        return self.chats.route(probe)
 
-    async def on_run(self, msg: IncomingMessage, run_id: str) -> None:
-        """A run starts for one of our chats: show it to every tab of the chat, live."""
-        if msg.provider == self.name:
-            client_id = (msg.message_id or "").removeprefix(f"{msg.chat_id}:")
-            self._message_ids[run_id] = client_id
-            self._follow(msg.chat_id, run_id)
-
-    def _follow(self, chat_id: str, run_id: str) -> None:
+    def _follow(self, chat_id: str, run_id: str, client_id: str | None = None) -> None:
         if run_id in self._follows or run_id in self._finished:
             return
+        self._shown[run_id] = _Shown(chat_id, client_id)
         self.rooms.run_started(chat_id, run_id)
         self._follows[run_id] = asyncio.create_task(self._show_run(run_id),
                                                     name=f"web:run:{run_id}")
 
     async def _show_run(self, run_id: str) -> None:
+        shown = self._shown[run_id]
         try:
-            async with aclosing(follow_run(self.backend.store, self.backend.hub,
-                                           run_id)) as events:
-                async for seq, event in events:
-                    frame = protocol.run_frame(seq, event, self.links.link)
-                    if frame is not None and isinstance(event, RunStart):
-                        frame["message_id"] = self._message_ids.get(run_id)
-                    if frame is not None:
+            async with aclosing(self.feed.follow(run_id)) as events:
+                async for event in events:
+                    if isinstance(event, MessageFinal | RunError):
+                        shown.reply_seq = event.seq  # shown when delivery hands it over
+                    elif isinstance(event, RunEnd) and shown.reply_seq:
+                        await _wait(shown.replied, REPLY_WAIT)
+                    frame = protocol.run_frame(event.seq, event, self.links.link)
+                    if frame is not None and not isinstance(event, MessageFinal | RunError):
+                        if isinstance(event, RunStart):
+                            frame["message_id"] = shown.message_id
                         self.rooms.run_frame(run_id, frame)
+                    shown.seq = event.seq
+                    shown.progress.set()
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -126,27 +151,48 @@ class WebProvider(Provider):
         finally:
             self.rooms.run_ended(run_id)
             self._follows.pop(run_id, None)
-            self._message_ids.pop(run_id, None)
+            self._shown.pop(run_id, None)
             self._finished[run_id] = None
             while len(self._finished) > FINISHED_RUNS_KEPT:
                 self._finished.popitem(last=False)
 
     async def send(self, message: OutgoingMessage) -> str | None:
-        run_id = message.run_id
-        if run_id is not None and (run_id in self._follows or run_id in self._finished
-                                   or await self.backend.store.run(run_id) is not None):
-            # A run's text, tools and errors reach the tabs from its event stream; this only
-            # makes sure that stream is being shown (e.g. a run we did not see start).
-            self._follow(message.chat_id, run_id)
-            return run_id
+        if message.kind == "delta":
+            return None  # progress comes from the run feed
+        if message.run_id is not None:
+            return await self._reply(message)
         match message.kind:
-            case "reply" | "delta":
-                frame = protocol.frame("message.final", run_id=None, text=message.text)
+            case "reply":
+                frame = protocol.frame("message.final", run_id=None, text=message.text,
+                                       reply_to=_client_id(message))
             case "notice":
                 frame = protocol.frame("notice", text=message.text)
             case _:
-                frame = protocol.error("gateway", message.text)
+                frame = protocol.error("gateway", message.text, reply_to=_client_id(message))
         self.rooms.broadcast(message.chat_id, frame)
+        return str(frame["id"])
+
+    async def _reply(self, message: OutgoingMessage) -> str:
+        """A run's final text or error: after everything before it, before its run.end."""
+        run_id = message.run_id or ""
+        base = {"id": f"{run_id}:{message.seq}", "run_id": run_id, "seq": message.seq}
+        if message.kind == "error":
+            frame = protocol.frame("error", code="run_error", message=message.text,
+                                   reply_to=None, **base)
+        else:
+            frame = protocol.frame("message.final", text=message.text, **base)
+        shown = self._shown.get(run_id)
+        if shown is not None and shown.replied.is_set():
+            return str(frame["id"])  # a later chunk (a chart: the tabs have it from its tool)
+        if shown is not None:
+            while shown.seq < message.seq - 1 and run_id in self._shown:
+                shown.progress.clear()
+                if not await _wait(shown.progress, 5.0):
+                    break
+            self.rooms.run_frame(run_id, frame)
+            shown.replied.set()
+        else:  # nobody follows it here (sent again after a restart): show it to the chat
+            self.rooms.broadcast(message.chat_id, frame)
         return str(frame["id"])
 
     # shutting down ------------------------------------------------------------------------
@@ -161,3 +207,18 @@ class WebProvider(Provider):
         await asyncio.gather(*self._follows.values(), return_exceptions=True)
         for client in self.rooms.all():
             await client.close()
+
+
+def _client_id(message: OutgoingMessage) -> str | None:
+    """The id the visitor's tab gave the message this answers (``<chat>:<client id>``)."""
+    if not message.answers:
+        return None
+    return message.answers.removeprefix(f"{message.chat_id}:")
+
+
+async def _wait(event: asyncio.Event, timeout: float) -> bool:
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+        return True
+    except TimeoutError:
+        return False

@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from pluto.gateway.ports import TranscriptItem
 from pluto.types import IncomingMessage
-from pluto.gateway.transcript import TranscriptItem, chat_transcript
 from pluto.providers.web import protocol
 from pluto.providers.web.protocol import Hello, Message, ProtocolError, Stop, TokenBucket
 from pluto.providers.web.rooms import Client
@@ -185,7 +185,7 @@ class Connection:
 
     async def _history(self, probe: IncomingMessage) -> dict[str, Any]:
         try:
-            items = await chat_transcript(self.p.backend, probe)
+            items = await self.p.chats.transcript(probe)
         except Exception:
             log.exception("web: reading the history of chat %s failed", probe.chat_id)
             items = []

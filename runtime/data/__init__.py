@@ -6,12 +6,15 @@ Modules: `warehouse` (datasets, scopes, the catalog), `ingest` (files into DuckD
 `format` (results as text), `demo` (the demo dataset), `service` (one gateway's data).
 
 Names are imported on first use, so importing this package (or `service`) does not import
-DuckDB: start-up stays fast for commands that never touch data.
+DuckDB: start-up stays fast for commands that never touch data. Async code first awaits
+`preload(...)`, which imports the modules it names in a worker thread, off the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 _HOMES = {
@@ -28,6 +31,21 @@ _HOMES = {
 _WHERE = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = sorted(_WHERE)
+
+
+async def preload(*modules: str) -> None:
+    """Import these modules of the package (e.g. ``"warehouse"``, which imports DuckDB) in a
+    worker thread, unless done already, so that importing them on the event loop is free."""
+    missing = [m for m in modules if not _imported(f"{__name__}.{m}")]
+    if missing:
+        await asyncio.to_thread(lambda: [importlib.import_module(f".{m}", __name__)
+                                         for m in missing])
+
+
+def _imported(module: str) -> bool:
+    found = sys.modules.get(module)
+    return found is not None and not getattr(getattr(found, "__spec__", None), "_initializing",
+                                             False)
 
 
 def __getattr__(name: str) -> Any:

@@ -11,9 +11,8 @@ from pathlib import Path
 import duckdb
 
 from .child import DataError, clean_message
+from .service import FORMATS
 
-FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".parquet": "parquet", ".pq": "parquet",
-           ".json": "json", ".ndjson": "ndjson", ".jsonl": "ndjson"}
 MAX_FOLDER_FILES = 1000
 
 

@@ -29,6 +29,8 @@ if TYPE_CHECKING:  # DuckDB is imported on first use, not with this module
 
 log = logging.getLogger(__name__)
 
+FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".parquet": "parquet", ".pq": "parquet",
+           ".json": "json", ".ndjson": "ndjson", ".jsonl": "ndjson"}  # what ingest reads
 MIME_FORMATS = {"text/csv": ".csv", "application/csv": ".csv", "text/x-csv": ".csv",
                 "text/tab-separated-values": ".tsv", "application/json": ".json",
                 "application/x-ndjson": ".ndjson", "application/jsonl": ".jsonl",
@@ -189,16 +191,12 @@ class DataService:
 
 def is_data_file(filename: str, mime_type: str) -> bool:
     """Whether a file sent in a chat is meant as data (or is a spreadsheet to refuse)."""
-    from .ingest import FORMATS
-
     suffix = Path(filename).suffix.lower()
     return suffix in FORMATS or suffix in SPREADSHEETS or mime_type.lower() in MIME_FORMATS
 
 
 def upload_filename(filename: str, mime_type: str) -> str:
     """A safe file name that keeps what the user called it, with a suffix DuckDB can read."""
-    from .ingest import FORMATS
-
     name = re.sub(r"[\x00-\x1f/\\]+", "_", Path(filename.replace("\\", "/")).name).strip(" .")
     name = name or "upload"
     stem, suffix = os.path.splitext(name)

@@ -1,7 +1,8 @@
 """The terminal harness: the real CLI provider, its "platform" being what it prints.
 
-Lines are fed to the provider as if typed; what the user sees is what it writes to its output
-(a streamed reply is its deltas, printed as they come).
+Lines are fed to the provider as if typed (each asked in the background, as the terminal does
+while the user types); what the user sees is what it writes to its output: a streamed reply is
+its pieces, printed from the run feed as they come, then the answers delivery hands it.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ import asyncio
 import io
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from pluto.gateway.ports import Inbox, Provider
-from pluto.types import IncomingMessage, OutgoingMessage
+from pluto.gateway.ports import Intake, Provider, RunFeed
 from pluto.providers.cli import CliProvider
+from pluto.types import IncomingMessage, OutgoingMessage
 from tests.conformance.harness import Harness, Shown, UserMessage
 
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)\n```", re.S | re.M)
@@ -22,23 +24,46 @@ _INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 
 
 class TerminalUnderTest(CliProvider):
-    """The terminal provider with the keyboard replaced by ``inbox`` calls from the test."""
+    """The terminal provider with the keyboard replaced by the test."""
 
-    def __init__(self) -> None:
-        super().__init__(chat_id="terminal", out=io.StringIO(), err=io.StringIO())
-        self.inbox: Inbox | None = None
+    def __init__(self, feed: RunFeed) -> None:
+        super().__init__(feed, chat_id="terminal", out=io.StringIO(), err=io.StringIO())
+        self.intake: Intake | None = None
         self.ready = asyncio.Event()
-        self.outgoing: list[OutgoingMessage] = []
+        # what the terminal shows: (the run it streams, or None; its text; a file it names)
+        self.screen: list[tuple[str | None, str, Path | None]] = []
         self.changed = asyncio.Event()
+        self.asking: set[asyncio.Task[None]] = set()
 
-    async def run(self, inbox: Inbox) -> None:
-        self.inbox = inbox
+    async def run(self, intake: Intake) -> None:
+        self.intake = intake
         self.ready.set()
         await asyncio.Event().wait()
 
+    def type(self, message: IncomingMessage) -> None:
+        assert self.intake is not None
+        task = asyncio.create_task(self.ask(self.intake, message))
+        self.asking.add(task)
+        task.add_done_callback(self.asking.discard)
+
+    def _delta(self, run_id: str, text: str) -> None:
+        super()._delta(run_id, text)
+        for i, (run, shown, _) in enumerate(self.screen):
+            if run == run_id:
+                self.screen[i] = (run, shown + text, None)
+                break
+        else:
+            self.screen.append((run_id, text, None))
+        self.changed.set()
+
     async def send(self, message: OutgoingMessage) -> str | None:
+        streamed = message.run_id is not None and any(r == message.run_id
+                                                      for r, _, _ in self.screen)
         result = await super().send(message)
-        self.outgoing.append(message)
+        if message.kind in ("reply", "error") and not streamed and message.text:
+            self.screen.append((None, message.text, None))  # a streamed one adds nothing more
+        for attachment in message.attachments:  # printed as its path
+            self.screen.append((None, "", attachment.path))
         self.changed.set()
         return result
 
@@ -49,52 +74,48 @@ class CliHarness(Harness):
     caps: Any = CliProvider.capabilities
     features: frozenset[str] = frozenset({"redelivery"})
     direct_chat: str = "terminal"
-    terminal: TerminalUnderTest = field(default_factory=TerminalUnderTest)
+    terminal: TerminalUnderTest | None = field(default=None)
 
     async def open(self) -> None:
         pass
 
     async def make_provider(self) -> Provider:
+        assert self.gateway is not None
+        self.terminal = TerminalUnderTest(self.gateway.feed)
         return self.terminal
 
     async def connected(self, timeout: float = 10) -> None:
+        assert self.terminal is not None
         await self.terminal.ready.wait()
 
     async def user_says(self, text: str, *, chat: str | None = None, mention: bool = False,
                         reply_to: Shown | None = None,
                         document: tuple[str, bytes] | None = None) -> UserMessage:
+        assert self.terminal is not None
         message = self.terminal.message(text)
-        await self._deliver(message)
+        self.terminal.type(message)
         return UserMessage(self.direct_chat, message)
 
     async def redeliver(self, message: UserMessage) -> None:
-        await self._deliver(message.ref)
-
-    async def _deliver(self, message: IncomingMessage) -> None:
-        assert self.terminal.inbox is not None
-        await self.terminal.inbox(message)
+        assert self.terminal is not None
+        self.terminal.type(message.ref)
 
     def shown(self, chat: str | None = None) -> list[Shown]:
-        texts: list[list[str]] = []
-        streamed: dict[str | None, int] = {}
-        for m in self.terminal.outgoing:
-            if m.kind == "delta":
-                if m.run_id not in streamed:
-                    streamed[m.run_id] = len(texts)
-                    texts.append([])
-                texts[streamed[m.run_id]].append(m.text)
-            elif m.kind in ("reply", "error") and m.run_id not in streamed:
-                texts.append([m.text])  # a streamed reply's final adds nothing on screen
+        assert self.terminal is not None
         printed = self.terminal.out.getvalue()  # type: ignore[attr-defined]
         out = []
-        for i, parts in enumerate(texts):
-            text = "".join(parts)
+        for i, (_, text, path) in enumerate(self.terminal.screen):
+            if path is not None:
+                assert str(path) in printed, f"not on the terminal: {path}"
+                out.append(Shown(id=str(i), text="", kind="image", data=path.read_bytes()))
+                continue
             assert text in printed, f"not on the terminal: {text!r}"
             code = tuple(_FENCE.findall(text) + _INLINE.findall(text))
             out.append(Shown(id=str(i), text=text, raw=text, code=code))
         return out
 
     async def changed(self) -> None:
+        assert self.terminal is not None
         self.terminal.changed.clear()
         try:
             await asyncio.wait_for(self.terminal.changed.wait(), 0.5)

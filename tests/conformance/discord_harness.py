@@ -12,8 +12,9 @@ import discord.gateway
 import discord.http
 from markdown_it import MarkdownIt
 
+from tests.helpers.gateway import provider_context
 from pluto.settings import ProviderConfig
-from pluto.gateway.ports import Provider, ProviderContext
+from pluto.gateway.ports import Provider
 from pluto.providers.discord import DiscordProvider
 from tests.conformance.harness import Harness, Shown, UserMessage
 from tests.fakes.discord_server import FakeDiscord
@@ -114,7 +115,7 @@ class DiscordHarness(Harness):
 
     async def make_provider(self) -> Provider:
         self.expect_connection()
-        ctx = ProviderContext(ProviderConfig(**self.provider_config()), self.data_dir, None)
+        ctx = provider_context(ProviderConfig(**self.provider_config()), self.data_dir, None)
         return DiscordProvider.from_context(ctx)
 
     def identified(self) -> int:

@@ -27,7 +27,7 @@ from typing import Any
 from pluto.gateway.app import Gateway
 from pluto.settings import PlutoConfig
 from pluto.gateway.ports import Provider
-from pluto.types import Capabilities, IncomingMessage
+from pluto.types import Capabilities, IncomingMessage, Outcome
 from pluto.runtime.testing import ScriptedModel
 from pluto.runtime.tools import Tool
 
@@ -84,13 +84,13 @@ class Harness(abc.ABC):
         gw = Gateway(self.config_dir, config=cfg, model_factory=self.model)
         gw.runner.tools = {**gw.runner.tools, **self.tools}
         await gw.start()
-        handle = gw.handle
+        handle = gw.pipeline.handle
 
-        async def recording(msg: IncomingMessage) -> None:
+        async def recording(msg: IncomingMessage) -> Outcome:
             self.received.append(msg)
-            await handle(msg)
+            return await handle(msg)
 
-        gw.handle = recording  # type: ignore[method-assign]
+        gw.pipeline.handle = recording  # type: ignore[method-assign]
         self.gateway = gw
         gw.add_provider(await self.make_provider())
         await self.connected()

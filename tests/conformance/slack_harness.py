@@ -14,9 +14,10 @@ from typing import Any
 
 import yaml
 
+from tests.helpers.gateway import provider_context
 from pluto.settings import ProviderConfig
 from pluto.gateway.http.server import HttpServer
-from pluto.gateway.ports import Provider, ProviderContext
+from pluto.gateway.ports import Provider
 from pluto.providers.slack import SlackProvider
 from tests.conformance.harness import Harness, Shown, UserMessage
 from tests.fakes.slack_server import FakeSlack, slack_escape
@@ -181,7 +182,7 @@ class SlackHttpHarness(SlackHarness):
         assert self.gateway is not None
         self.expect_connection()
         self.server = HttpServer(self.gateway, "127.0.0.1", 0)
-        ctx = ProviderContext(ProviderConfig(**self.provider_config()), self.data_dir,
+        ctx = provider_context(ProviderConfig(**self.provider_config()), self.data_dir,
                               self.server)
         provider = SlackProvider.from_context(ctx)  # mounts its endpoint
         await self.server.start()
@@ -225,7 +226,7 @@ class SlackSocketHarness(SlackHarness):
 
     async def make_provider(self) -> Provider:
         self.expect_connection()
-        ctx = ProviderContext(ProviderConfig(**self.provider_config()), self.data_dir, None)
+        ctx = provider_context(ProviderConfig(**self.provider_config()), self.data_dir, None)
         return SlackProvider.from_context(ctx)
 
     def expect_connection(self) -> None:

@@ -7,8 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.helpers.gateway import provider_context
 from pluto.settings import ProviderConfig
-from pluto.gateway.ports import Provider, ProviderContext
+from pluto.gateway.ports import Provider
 from pluto.providers.telegram import TelegramProvider
 from tests.conformance.harness import Harness, Shown, UserMessage
 from tests.fakes.telegram_server import FakeTelegram
@@ -71,7 +72,7 @@ class TelegramHarness(Harness):
 
     async def make_provider(self) -> Provider:
         self.expect_connection()
-        ctx = ProviderContext(ProviderConfig(**self.provider_config()), self.data_dir, None)
+        ctx = provider_context(ProviderConfig(**self.provider_config()), self.data_dir, None)
         return TelegramProvider.from_context(ctx)
 
     def expect_connection(self) -> None:

@@ -107,7 +107,7 @@ async def test_markdown_with_code_and_a_table(harness: Harness) -> None:
     lines = shown.text.splitlines()
     assert any("city" in line and "people" in line for line in lines)
     assert any("Oslo" in line and "700000" in line for line in lines)  # a table row stays a row
-    if harness.caps.markup != "markdown":
+    if harness.caps.markup.name != "markdown":
         assert "**" not in shown.text and "```" not in shown.text
         assert any("Oslo" in block and "700000" in block for block in shown.code)  # monospaced
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from pluto.errors import ProviderError
 
-from pluto.gateway.ports import Inbox, Provider
-from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
+from pluto.gateway.ports import Intake, Provider, ProviderContext, Ticket
+from pluto.types import MARKDOWN, Capabilities, IncomingMessage, OutgoingMessage, Outcome
 
 _ids = itertools.count(1)
 
@@ -22,7 +22,7 @@ class RecordingProvider(Provider):
     """
 
     name = "test"
-    capabilities = Capabilities(max_message_length=200, streams_deltas=False, markup="markdown")
+    capabilities = Capabilities(max_message_length=200, streams_deltas=False, markup=MARKDOWN)
 
     def __init__(self, name: str = "test", *, streams: bool = False,
                  capabilities: Capabilities | None = None):
@@ -35,12 +35,16 @@ class RecordingProvider(Provider):
         self.edits: list[OutgoingMessage] = []
         self.typing_calls: list[str] = []
         self.failures: list[ProviderError] = []
-        self.inbox: Inbox | None = None
+        self.intake: Intake | None = None
         self._changed = asyncio.Event()
         self.running = asyncio.Event()
 
-    async def run(self, inbox: Inbox) -> None:
-        self.inbox = inbox
+    @classmethod
+    def from_context(cls, ctx: ProviderContext) -> RecordingProvider:
+        return cls(ctx.name)
+
+    async def run(self, intake: Intake) -> None:
+        self.intake = intake
         self.running.set()
         await asyncio.Event().wait()
 
@@ -68,10 +72,11 @@ class RecordingProvider(Provider):
         return IncomingMessage(provider=self.name, chat_id=chat, user_id=user, text=text,
                                message_id=str(next(_ids)), **kw)  # type: ignore[arg-type]
 
-    async def say(self, text: str, **kw: object) -> None:
+    async def say(self, text: str, **kw: object) -> Outcome:
+        """Hand a message to the gateway like the platform would; what became of it."""
         await self.running.wait()
-        assert self.inbox is not None
-        await self.inbox(self.msg(text, **kw))
+        assert self.intake is not None
+        return await (await self.intake.submit(self.msg(text, **kw))).outcome()
 
     def finals(self, chat: str | None = None) -> list[str]:
         return [m.text for m in self.sent if m.kind in ("reply", "error")
@@ -99,3 +104,51 @@ def permanent(error: BaseException) -> bool:
     from pluto.errors import DeliveryRefused, ProviderUnusable
 
     return isinstance(error, (DeliveryRefused, ProviderUnusable))
+
+
+class RecordingIntake:
+    """An intake for a provider under test without a gateway: it keeps what it is handed."""
+
+    def __init__(self, *, full: bool = False) -> None:
+        self.got: list[IncomingMessage] = []
+        self.full = full  # ``offer`` says there is no room (a webhook must answer 503)
+
+    async def submit(self, msg: IncomingMessage) -> Ticket:
+        self.got.append(msg)
+        return _settled(msg)
+
+    async def offer(self, msg: IncomingMessage) -> Ticket | None:
+        if self.full:
+            return None
+        return await self.submit(msg)
+
+
+def _settled(msg: IncomingMessage) -> Ticket:
+    from pluto.gateway.pipeline.intake import Ticket as QueueTicket
+    from pluto.types import Accepted
+
+    ticket = QueueTicket(msg)
+    ticket.settle(Accepted("run"))
+    return ticket
+
+
+class _NoFeed:
+    """A run feed for providers built without a gateway (settings tests)."""
+
+    async def follow(self, run_id: str, after: int = 0):  # type: ignore[no-untyped-def]
+        raise AssertionError("this provider was built without a run feed")
+        yield  # pragma: no cover
+
+
+def provider_context(config: object, data_dir: Path, http: object = None, *,
+                     name: str = "test", feed: object = None) -> ProviderContext:
+    """A ProviderContext as the gateway builds it; ``http`` may be an aiohttp Application, an
+    HttpServer or an HttpMount."""
+    from aiohttp import web
+
+    from pluto.gateway.ports import HttpMount
+
+    app = getattr(http, "app", http)
+    mount = HttpMount(app.router, app.on_shutdown) if isinstance(app, web.Application) else http
+    return ProviderContext(name=name, config=config, data_dir=data_dir,  # type: ignore[arg-type]
+                           feed=feed or _NoFeed(), http=mount)  # type: ignore[arg-type]

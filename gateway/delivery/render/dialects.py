@@ -1,29 +1,34 @@
-"""The five output dialects: how each one escapes text and spells bold, code, links, quotes.
+"""The renderer's own dialects and the escaping helpers every dialect may share.
 
-``plain`` is the base :class:`Emitter`; the others override its hooks. Each class is looked up
-by dialect name in :data:`EMITTERS`; an emitter is cheap and made fresh for every render.
+``plain`` is the base :class:`~.emit.Emitter`, ``markdown`` is :class:`MarkdownEmitter`; they are
+the only dialects the renderer knows by name (:data:`BUILTIN`). Any other dialect is brought by
+the provider that reads it, as :attr:`pluto.types.Dialect.emitter`: a subclass of ``Emitter``
+(or of ``MarkdownEmitter``) that overrides the hooks where its syntax differs, and may use the
+helpers here (:func:`escape_html`, :func:`escape_attr`, :func:`escape_markdown`) and the table
+helpers in ``emit.py``. An emitter is cheap and made fresh for every render.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from urllib.parse import quote
 
 from .emit import Emitter, display_width, pad, table_cells
-from .ir import Inline, Table, plain_text
-from .stream import Open, Token, prefix_lines, wrap
+from .ir import Inline, Table
+from .stream import Open, Token, wrap
 from .stream import Text as Out
 
-__all__ = ["EMITTERS", "escape_html", "escape_markdown", "text_escaper"]
+__all__ = ["BUILTIN", "MarkdownEmitter", "escape_attr", "escape_html", "escape_markdown"]
 
 
 def escape_html(text: str) -> str:
-    """Escape ``&``, ``<``, ``>`` (Telegram HTML text, Slack mrkdwn)."""
+    """Escape ``&``, ``<``, ``>`` (HTML text, and any dialect that reads entities)."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _escape_attr(text: str) -> str:
+def escape_attr(text: str) -> str:
+    """Escape text for a double-quoted HTML attribute value."""
     return escape_html(text).replace('"', "&quot;")
 
 
@@ -121,95 +126,7 @@ class MarkdownEmitter(Emitter):
                                *(line(row) for row in rows[1:])]))]
 
 
-class DiscordEmitter(MarkdownEmitter):
-    """Discord markdown: headings up to ``###``, tables as code blocks, ``||`` is a spoiler."""
-
-    rule_text = "──────────"
-    hard_break = "\n"
-    max_heading = 3
-    extra_escape = r"\|(?=\|)|(?<=\|)\|"
-
-    def table(self, table: Table) -> list[Token]:
-        return Emitter.table(self, table)
-
-    def bare_url(self, url: str) -> list[Token]:
-        return [Out(url)]  # Discord links bare URLs itself (and "<url>" would hide the preview)
-
-
-class TelegramEmitter(Emitter):
-    """Telegram Bot API HTML: b, i, s, code, pre, a, blockquote; everything else is text."""
-
-    bullet = "• "
-    rule_text = "──────────"
-    spans = {"bold": ("<b>", "</b>"), "italic": ("<i>", "</i>"), "strike": ("<s>", "</s>")}
-
-    def escape(self, text: str, line_start: bool = False) -> str:
-        return escape_html(text)
-
-    def inline_code(self, text: str, in_span: bool) -> list[Token]:
-        if in_span:  # Telegram: code can't be part of bold/italic/link entities
-            return [Out(escape_html(text))]
-        return wrap(Open("<code>", "</code>", verbatim=True), [Out(escape_html(text))])
-
-    def link(self, url: str, children: Sequence[Inline]) -> list[Token]:
-        markup = Open(f'<a href="{_escape_attr(url)}">', "</a>", fallback=f" ({escape_html(url)})")
-        return wrap(markup, self.inlines(children, in_span=True))
-
-    def code_block(self, lang: str, text: str) -> list[Token]:
-        lang = re.sub(r"[^\w+#.-]", "", lang)[:32]
-        opener = f'<pre><code class="language-{lang}">' if lang else "<pre>"
-        closer = "</code></pre>" if lang else "</pre>"
-        return wrap(Open(opener, closer, verbatim=True), [Out(escape_html(text))])
-
-    def quoted(self, inner: list[Token]) -> list[Token]:
-        if self.quote_depth:  # blockquotes can't nest in Telegram
-            return prefix_lines(inner, "&gt; ", "&gt; ", "&gt;")
-        return wrap(Open("<blockquote>", "</blockquote>"), inner)
-
-
-class SlackEmitter(Emitter):
-    """Slack mrkdwn: single-character spans, ``<url|text>`` links, no headings or tables."""
-
-    bullet = "• "
-    rule_text = "──────────"
-    spans = {"bold": ("*", "*"), "italic": ("_", "_"), "strike": ("~", "~")}
-
-    def escape(self, text: str, line_start: bool = False) -> str:
-        return escape_html(text)
-
-    def inline_code(self, text: str, in_span: bool) -> list[Token]:
-        return wrap(Open("`", "`", verbatim=True), [Out(escape_html(text))])
-
-    def link(self, url: str, children: Sequence[Inline]) -> list[Token]:
-        target = escape_html(re.sub(r"[\s|<>]", lambda m: quote(m.group()), url))
-        markup = Open(f"<{target}|", ">", fallback=f" ({escape_html(url)})")
-        return wrap(markup, [Out(escape_html(" ".join(plain_text(children).split())))])
-
-    def heading(self, level: int, inlines: Sequence[Inline]) -> list[Token]:
-        return wrap(Open("*", "*"), [Out(escape_html(plain_text(inlines)))])
-
-    def quoted(self, inner: list[Token]) -> list[Token]:
-        if self.quote_depth or self.list_depth:  # Slack quotes only start a line: mark with '>'
-            return prefix_lines(inner, "&gt; ", "&gt; ", "&gt;")
-        return super().quoted(inner)
-
-    def code_block(self, lang: str, text: str) -> list[Token]:
-        return wrap(Open("```\n", "\n```", verbatim=True), [Out(escape_html(text))])
-
-
-EMITTERS: dict[str, type[Emitter]] = {
+BUILTIN: dict[str, type[Emitter]] = {
     "plain": Emitter,
     "markdown": MarkdownEmitter,
-    "telegram_html": TelegramEmitter,
-    "slack_mrkdwn": SlackEmitter,
-    "discord": DiscordEmitter,
 }
-
-
-def text_escaper(dialect: str) -> Callable[[str], str]:
-    """How raw text is made safe in a dialect when it is sent without any formatting."""
-    if dialect in ("telegram_html", "slack_mrkdwn"):
-        return escape_html
-    if dialect in ("markdown", "discord"):
-        return escape_markdown
-    return str

@@ -1,7 +1,9 @@
 """The walk from IR to a token stream, shared by every dialect.
 
-:class:`Emitter` renders each construct in a neutral way; a dialect (see ``dialects.py``)
-overrides only the hooks where its syntax differs: escaping, spans, code, links, quotes.
+:class:`Emitter` renders each construct in a neutral way (it is the ``plain`` dialect); a
+dialect's emitter subclasses it and overrides only the hooks where its syntax differs: escaping,
+spans, code, links, quotes. The renderer's own ``markdown`` emitter is in ``dialects.py``; a
+platform's emitter lives with its provider (:attr:`pluto.types.Dialect.emitter`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class Emitter:
     # --- hooks a dialect overrides ---------------------------------------------------------------
 
     def escape(self, text: str, line_start: bool = False) -> str:
+        """Make raw text safe in the dialect. The renderer's fallback (a reply sent unformatted
+        when rendering fails) escapes the whole text with it too."""
         return text
 
     def inline_code(self, text: str, in_span: bool) -> list[Token]:

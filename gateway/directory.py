@@ -1,0 +1,65 @@
+"""What chat front-ends may look up (:class:`~pluto.gateway.ports.ChatDirectory`): where a
+message would be routed, a chat's conversation as its people saw it, the agents.
+
+The web widget shows the transcript when a tab (re)connects; the API lists the agents and
+checks a task's route before it takes a message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pluto.agents.registry import AgentRegistry
+from pluto.errors import PlutoError
+from pluto.events import ToolEnd
+from pluto.gateway.pipeline.routing import RoutingTable
+from pluto.gateway.ports import AgentInfo, TranscriptItem
+from pluto.storage.ports import ConversationStore
+from pluto.types import IncomingMessage, Route
+
+
+class Directory:
+    def __init__(self, routes: Callable[[], RoutingTable], registry: AgentRegistry,
+                 conversations: ConversationStore):
+        self.routes = routes  # the table in force (live reload swaps it)
+        self.registry = registry
+        self.conversations = conversations
+
+    def route(self, probe: IncomingMessage) -> Route | None:
+        return self.routes().route(probe)
+
+    async def transcript(self, probe: IncomingMessage,
+                         limit: int = 200) -> list[TranscriptItem]:
+        """The active conversation of the chat ``probe`` comes from: the routing table decides
+        which session the chat has (as it would for a real message). Empty without a route."""
+        route = self.route(probe)
+        if route is None:
+            return []
+        session = await self.conversations.session(route.session_key, route.agent)
+        rows = await self.conversations.messages(session.id, limit=limit)
+        details: dict[str, dict[str, ToolEnd]] = {}
+        items: list[TranscriptItem] = []
+        for row in rows:
+            if row.role in ("user", "assistant") and row.content:
+                items.append(TranscriptItem(row.role, row.content,  # type: ignore[arg-type]
+                                            row.run_id, row.created_at))
+            elif row.role == "tool" and row.run_id and row.tool_call_id:
+                if row.run_id not in details:
+                    details[row.run_id] = {
+                        e.call_id: e for e in await self.conversations.events(row.run_id)
+                        if isinstance(e, ToolEnd)}
+                end = details[row.run_id].get(row.tool_call_id)
+                if end is not None and end.details:
+                    items.append(TranscriptItem("tool", "", row.run_id, row.created_at,
+                                                name=end.name, details=end.details))
+        return items
+
+    async def agents(self) -> list[AgentInfo]:
+        out = []
+        for name in await self.registry.list_names():
+            try:
+                description, available = (await self.registry.load(name)).description, True
+            except (PlutoError, LookupError):
+                description, available = None, False
+            out.append(AgentInfo(name, description or None, available))
+        return out

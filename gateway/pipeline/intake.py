@@ -1,0 +1,212 @@
+"""Intake: a provider hands a message over and returns at once.
+
+Each provider has its own :class:`IntakeQueue`. A message is first recorded in the inbox
+(storage): a redelivery of a message seen before stops there (dedupe), and a message taken from
+the platform is never lost — if the process dies before it was handled, it is handled after the
+restart (:meth:`IntakeQueue.replay`). Then it waits in its chat's queue (so a chat's
+messages are handled in the order they arrived) and one worker task per busy chat hands them to
+the pipeline (dedupe, access, routing, commands, the session lanes). Chats are independent: a
+slow command or a flood-controlled reply in one chat never holds up another, and nothing a
+provider does waits on the pipeline, a model or a platform's retry-after.
+
+The queue is bounded per provider (``capacity`` messages not yet handled): when it is full,
+:meth:`IntakeQueue.submit` waits for room (back-pressure: long polling simply polls later) and
+:meth:`IntakeQueue.offer` says no at once (a webhook answers 503 and the platform redelivers).
+Nothing is dropped silently. The :class:`Ticket` a provider gets back resolves to the typed
+:data:`~pluto.types.Outcome` once the pipeline has decided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from pluto.storage.ports import InboundStore
+from pluto.types import Attachment, Dropped, Duplicate, IncomingMessage, Outcome
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[IncomingMessage], Awaitable[Outcome]]
+
+
+def message_to_dict(msg: IncomingMessage) -> dict[str, Any]:
+    d = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+    d["attachments"] = [{**{f.name: getattr(a, f.name) for f in dataclasses.fields(a)},
+                         "path": str(a.path) if a.path else None} for a in msg.attachments]
+    return d
+
+
+def message_from_dict(d: dict[str, Any]) -> IncomingMessage:
+    names = {f.name for f in dataclasses.fields(IncomingMessage)}
+    attachments = tuple(Attachment(**{**a, "path": Path(a["path"]) if a.get("path") else None})
+                        for a in d.get("attachments") or ())
+    return IncomingMessage(**{k: v for k, v in d.items() if k in names and k != "attachments"},
+                           attachments=attachments)
+
+
+class Ticket:
+    """A message handed over; :meth:`outcome` waits for the pipeline's decision."""
+
+    __slots__ = ("message", "_future")
+
+    def __init__(self, message: IncomingMessage):
+        self.message = message
+        self._future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+
+    async def outcome(self) -> Outcome:
+        return await asyncio.shield(self._future)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def settle(self, outcome: Outcome) -> None:
+        if not self._future.done():
+            self._future.set_result(outcome)
+
+
+class IntakeQueue:
+    def __init__(self, name: str, handler: Handler, inbox: InboundStore, *,
+                 capacity: int = 1000):
+        self.name = name
+        self.handler = handler
+        self.inbox = inbox
+        self.capacity = capacity
+        self._free = capacity
+        self._room = asyncio.Event()  # set when a message leaves a full queue
+        self._chats: dict[str, deque[Ticket]] = {}
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._closed = False
+        self._replayed = False
+
+    @property
+    def waiting(self) -> int:
+        """Messages handed over and not yet handled."""
+        return sum(len(q) for q in self._chats.values())
+
+    async def submit(self, msg: IncomingMessage) -> Ticket:
+        if self._closed:
+            return self._refused(msg)
+        while self._free <= 0:
+            self._room.clear()
+            await self._room.wait()
+            if self._closed:
+                return self._refused(msg)
+        return await self._take(msg)
+
+    async def offer(self, msg: IncomingMessage) -> Ticket | None:
+        if self._closed:
+            return self._refused(msg)
+        if self._free <= 0:
+            log.warning("%s: intake is full (%d waiting); asking the platform to retry",
+                        self.name, self.capacity)
+            return None
+        return await self._take(msg)
+
+    async def _take(self, msg: IncomingMessage) -> Ticket:
+        self._free -= 1
+        try:
+            fresh = not msg.message_id or await self.inbox.accept(
+                msg.provider, msg.message_id, message_to_dict(msg))
+        except BaseException:
+            self._release()
+            raise
+        if not fresh:
+            self._release()
+            log.info("%s: message %s was delivered again; ignored", msg.provider,
+                     msg.message_id)
+            ticket = Ticket(msg)
+            ticket.settle(Duplicate())
+            return ticket
+        return self._enqueue(msg)
+
+    async def replay(self) -> int:
+        """Queue the messages a previous process received and never handled (before any new
+        message of this provider); returns how many."""
+        if self._replayed:  # once per process: later ones are in the queue already
+            return 0
+        self._replayed = True
+        found = await self.inbox.unhandled(self.name)
+        for payload in found:
+            try:
+                msg = message_from_dict(payload)
+            except (TypeError, ValueError, KeyError) as e:
+                log.error("%s: a message saved before a restart is unreadable (%s); skipped",
+                          self.name, e)
+                continue
+            self._free -= 1  # may go below zero: these were taken before, they must not wait
+            self._enqueue(msg)
+        if found:
+            log.warning("%s: %d message(s) received before the last shutdown were not handled; "
+                        "handling them now", self.name, len(found))
+        return len(found)
+
+    @staticmethod
+    def _refused(msg: IncomingMessage) -> Ticket:
+        ticket = Ticket(msg)
+        ticket.settle(Dropped("the gateway is stopping"))
+        return ticket
+
+    def _enqueue(self, msg: IncomingMessage) -> Ticket:
+        ticket = Ticket(msg)
+        key = msg.chat_id
+        queue = self._chats.get(key)
+        if queue is None:
+            queue = self._chats[key] = deque()
+        queue.append(ticket)
+        if key not in self._workers:
+            self._workers[key] = asyncio.create_task(self._work(key, queue),
+                                                     name=f"intake:{self.name}:{key}")
+        return ticket
+
+    async def _work(self, key: str, queue: deque[Ticket]) -> None:
+        try:
+            while queue:
+                ticket = queue[0]
+                try:
+                    ticket.settle(await self.handler(ticket.message))
+                except asyncio.CancelledError:
+                    ticket.settle(Dropped("the gateway is stopping"))
+                    raise
+                except Exception:
+                    log.exception("%s: handling a message of chat %s failed", self.name, key)
+                    ticket.settle(Dropped("an internal error"))
+                finally:
+                    queue.popleft()
+                    self._release()
+        finally:
+            if self._chats.get(key) is queue:
+                del self._chats[key]
+            self._workers.pop(key, None)
+            for ticket in queue:  # cancelled while messages waited: say what became of them
+                ticket.settle(Dropped("the gateway is stopping"))
+                self._release()
+            queue.clear()
+
+    async def idle(self) -> None:
+        """Wait until every message handed over has been handled."""
+        while workers := list(self._workers.values()):
+            await asyncio.wait(workers)
+
+    def _release(self) -> None:
+        self._free += 1
+        self._room.set()
+
+    async def close(self, grace: float) -> None:
+        """Take no more messages; let those handed over be handled for ``grace`` seconds."""
+        self._closed = True
+        self._room.set()  # submitters waiting for room are told the gateway is stopping
+        workers = list(self._workers.values())
+        if not workers:
+            return
+        _, pending = await asyncio.wait(workers, timeout=grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.warning("%s: %d chat(s) still had messages being handled at shutdown",
+                        self.name, len(pending))
+            await asyncio.wait(pending, timeout=5)

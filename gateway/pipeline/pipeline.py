@@ -1,0 +1,212 @@
+"""Where a message goes once a provider has handed it over (see :mod:`.intake`).
+
+:meth:`Pipeline.handle` takes one message through the steps, one concern each, and says what
+became of it (a typed :data:`~pluto.types.Outcome`):
+
+    access (routing, mention, pairing, rate limits) → commands → the session's lane
+
+(a redelivered message was already stopped by intake, which records every message first).
+
+A message for an agent gets its run id at once (the run is recorded as queued), then waits in
+its session's lane: one run at a time per session, in arrival order; different sessions run
+concurrently. :meth:`Pipeline.process` runs it: the agent, any files sent with it, the runner,
+and delivery of the reply. Every answer — a command's, a notice, a run's — leaves through
+:class:`~pluto.gateway.delivery.delivery.Delivery`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+
+from pluto.agents.registry import AgentRegistry
+from pluto.errors import PlutoError, ProviderError
+from pluto.events import RunEnd, RunError, RunEvent
+from pluto.gateway.delivery.delivery import Delivery
+from pluto.gateway.metrics import Metrics
+from pluto.gateway.pipeline.access import Access
+from pluto.gateway.pipeline.commands import Commands, Failed
+from pluto.gateway.pipeline.data_commands import DataCommands
+from pluto.gateway.pipeline.lanes import SessionLanes
+from pluto.gateway.pipeline.routing import RoutingTable
+from pluto.gateway.ports import Provider
+from pluto.runtime.runner import INTERNAL_ERROR, Runner, RunRequest
+from pluto.storage.ports import ConversationStore, InboundStore
+from pluto.types import Accepted, Answered, Dropped, IncomingMessage, Outcome, Refused, Route
+
+log = logging.getLogger(__name__)
+
+BUSY = "I'm still working through your earlier messages; please wait a moment and try again."
+STOPPED = "stopped by the user"
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A message waiting in its session's lane, with the run that will answer it."""
+
+    msg: IncomingMessage
+    route: Route
+    run_id: str
+    received: float
+
+
+class Pipeline:
+    def __init__(self, *, conversations: ConversationStore, inbox: InboundStore,
+                 access: Access, registry: AgentRegistry, routes: Callable[[], RoutingTable],
+                 data: DataCommands, runner: Runner, delivery: Delivery,
+                 providers: Mapping[str, Provider], metrics: Metrics,
+                 publish: Callable[[RunEvent], None], max_queued: int = 50):
+        self.conversations = conversations
+        self.inbox = inbox
+        self.access = access
+        self.registry = registry
+        self.routes = routes  # the table in force (live reload swaps it)
+        self.data = data
+        self.runner = runner
+        self.delivery = delivery
+        self.providers = providers
+        self.metrics = metrics
+        self.publish = publish  # to the run feed
+        self.lanes: SessionLanes[Job] = SessionLanes(self.process, max_queued=max_queued)
+        self.commands = Commands(registry, conversations, self.stop)
+        data.register(self.commands)
+        access.is_command = self.commands.knows
+
+    # intake → lane ------------------------------------------------------------------------
+
+    async def handle(self, msg: IncomingMessage) -> Outcome:
+        """One message through access and commands into its session's lane; the inbox learns
+        it was handled (with the run it starts, in the same commit)."""
+        outcome = await self._handle(msg)
+        if msg.message_id and not isinstance(outcome, Accepted):
+            await self.inbox.handled(msg.provider, msg.message_id)
+        return outcome
+
+    async def _handle(self, msg: IncomingMessage) -> Outcome:
+        provider = self.providers.get(msg.provider)
+        self.metrics.message_in(msg.provider)
+        if provider is None:
+            log.error("message from unknown provider %r dropped", msg.provider)
+            return Dropped(f"no provider named {msg.provider!r} is running")
+        admitted = await self.access.admit(msg, self.routes())
+        if isinstance(admitted, Refused):
+            if admitted.notice:
+                await self.delivery.reply(provider, msg, admitted.notice, kind="notice")
+            return admitted
+        route = admitted
+        answer = await self.commands.handle(msg, route)
+        if answer is not None:
+            failed = isinstance(answer, Failed)
+            self.metrics.message_out(provider.name, "command")
+            await self.delivery.reply(provider, msg, answer, kind="error" if failed else "reply")
+            return Answered(str(answer), failed=failed)
+        if self.lanes.full(route.session_key):
+            await self.delivery.reply(provider, msg, BUSY, kind="notice")
+            return Dropped("the session's queue is full", notice=BUSY)
+        return await self._queue(msg, route)
+
+    async def _queue(self, msg: IncomingMessage, route: Route) -> Outcome:
+        run_id = uuid.uuid4().hex
+        session = await self.conversations.session(route.session_key, route.agent)
+        await self.conversations.queue_run(
+            run_id, session.id, route.agent, msg.text,
+            source=(msg.provider, msg.message_id) if msg.message_id else None)
+        waiting = self.lanes.busy(route.session_key)
+        if not self.lanes.submit(route.session_key, Job(msg, route, run_id, time.time())):
+            await self._drop(run_id, "the gateway is stopping")  # closed meanwhile
+            return Dropped("the gateway is stopping")
+        return Accepted(run_id, queued=waiting)
+
+    async def stop(self, session_key: str) -> tuple[bool, int]:
+        """``/stop``: cancel the session's run and drop what waits behind it."""
+        running, dropped = self.lanes.cancel(session_key)
+        for job in dropped:
+            await self._drop(job.run_id, "dropped by /stop before it ran")
+        return running, len(dropped)
+
+    async def close(self, grace: float) -> None:
+        """Stop taking messages; let runs finish for ``grace`` seconds, then cancel them."""
+        for job in await self.lanes.close(grace):
+            await self._drop(job.run_id, "the gateway stopped before it ran")
+
+    async def _drop(self, run_id: str, why: str) -> None:
+        """A queued run that will never start: end it, so its watchers are not left waiting."""
+        try:
+            end = await self.conversations.end_run(run_id, "cancelled", error=why,
+                                                   event=RunEnd(run_id=run_id,
+                                                                outcome="cancelled"))
+        except Exception:
+            log.exception("recording the end of queued run %s failed", run_id)
+            return
+        if end is not None:
+            self.publish(end)
+
+    # a job's turn ---------------------------------------------------------------------------
+
+    async def process(self, job: Job) -> None:
+        msg, route = job.msg, job.route
+        provider = self.providers.get(msg.provider)
+        if provider is None:
+            await self._drop(job.run_id, f"the provider {msg.provider} is gone")
+            return
+        observe = self._observer(provider.name)
+        try:
+            agent = await self.registry.load(route.agent)
+        except (PlutoError, LookupError) as e:
+            log.error("agent %s unavailable: %s", route.agent, e)
+            await self._deliver(provider, msg, job.run_id, self._without_run(
+                job.run_id, "error", f"The agent '{route.agent}' is not available right now.",
+                observe))
+            return
+        session = await self.conversations.session(route.session_key, agent.name)
+        text = await self.data.take_uploads(msg, route, session.id, lambda text, kind: (
+            self.delivery.reply(provider, msg, text, kind=kind)))  # files sent become datasets
+        if text is None:  # only files were sent, or one could not be read: the user was told
+            await self._deliver(provider, msg, job.run_id,
+                                self._without_run(job.run_id, "ok", None, observe))
+            return
+        req = RunRequest(job.run_id, session, agent, text, route.tools)
+        await self._deliver(provider, msg, job.run_id, self.runner.run(req, observe))
+
+    async def _deliver(self, provider: Provider, msg: IncomingMessage, run_id: str,
+                       events: AsyncIterator[RunEvent]) -> None:
+        try:
+            last = await self.delivery.run(provider, msg, events)
+        except ProviderError:
+            self.metrics.error("delivery")  # already logged by delivery; the run is recorded
+            return
+        except Exception:
+            self.metrics.error("run")
+            log.exception("run %s in %s chat %s failed", run_id, provider.name, msg.chat_id)
+            last = None
+        if isinstance(last, RunEnd):
+            return
+        try:  # it failed before it could end: end it, say so, and release its watchers
+            await self.delivery.run(provider, msg, self._without_run(
+                run_id, "error", INTERNAL_ERROR, self._observer(provider.name)))
+        except Exception:
+            log.exception("recording the failure of run %s failed too", run_id)
+
+    async def _without_run(self, run_id: str, outcome: str, message: str | None,
+                           observe: Callable[[RunEvent], None]) -> AsyncIterator[RunEvent]:
+        """End a queued run that needs no model: with an error sentence, or quietly."""
+        if message is not None:
+            error = await self.conversations.append_event(RunError(run_id=run_id,
+                                                                   message=message))
+            observe(error)
+            yield error
+        end = await self.conversations.end_run(run_id, outcome, error=message,
+                                               event=RunEnd(run_id=run_id,
+                                                            outcome=outcome))  # type: ignore
+        if end is not None:
+            observe(end)
+            yield end
+
+    def _observer(self, provider: str) -> Callable[[RunEvent], None]:
+        def observe(event: RunEvent) -> None:
+            self.publish(event)
+            self.metrics.observe(event, provider)
+        return observe

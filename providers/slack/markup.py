@@ -1,0 +1,50 @@
+"""Slack's markup dialect: mrkdwn (``chat.postMessage`` with ``mrkdwn=True``), written by
+:class:`SlackEmitter`; the provider declares :data:`SLACK_MRKDWN` in its capabilities."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from urllib.parse import quote
+
+from pluto.gateway.delivery.render.dialects import escape_html
+from pluto.gateway.delivery.render.emit import Emitter
+from pluto.gateway.delivery.render.ir import Inline, plain_text
+from pluto.gateway.delivery.render.stream import Open, Token, prefix_lines, wrap
+from pluto.gateway.delivery.render.stream import Text as Out
+from pluto.types import Dialect
+
+__all__ = ["SLACK_MRKDWN", "SlackEmitter"]
+
+
+class SlackEmitter(Emitter):
+    """Slack mrkdwn: single-character spans, ``<url|text>`` links, no headings or tables."""
+
+    bullet = "• "
+    rule_text = "──────────"
+    spans = {"bold": ("*", "*"), "italic": ("_", "_"), "strike": ("~", "~")}
+
+    def escape(self, text: str, line_start: bool = False) -> str:
+        return escape_html(text)
+
+    def inline_code(self, text: str, in_span: bool) -> list[Token]:
+        return wrap(Open("`", "`", verbatim=True), [Out(escape_html(text))])
+
+    def link(self, url: str, children: Sequence[Inline]) -> list[Token]:
+        target = escape_html(re.sub(r"[\s|<>]", lambda m: quote(m.group()), url))
+        markup = Open(f"<{target}|", ">", fallback=f" ({escape_html(url)})")
+        return wrap(markup, [Out(escape_html(" ".join(plain_text(children).split())))])
+
+    def heading(self, level: int, inlines: Sequence[Inline]) -> list[Token]:
+        return wrap(Open("*", "*"), [Out(escape_html(plain_text(inlines)))])
+
+    def quoted(self, inner: list[Token]) -> list[Token]:
+        if self.quote_depth or self.list_depth:  # Slack quotes only start a line: mark with '>'
+            return prefix_lines(inner, "&gt; ", "&gt; ", "&gt;")
+        return super().quoted(inner)
+
+    def code_block(self, lang: str, text: str) -> list[Token]:
+        return wrap(Open("```\n", "\n```", verbatim=True), [Out(escape_html(text))])
+
+
+SLACK_MRKDWN = Dialect("slack_mrkdwn", SlackEmitter)

@@ -1,0 +1,204 @@
+"""What the core stores, as interfaces: the one storage seam.
+
+The gateway, the runtime and the providers talk to these Protocols only; an engine implements
+them all (SQLite, the embedded default: :mod:`pluto.storage.sqlite`). Each method is one atomic
+change or one consistent read: a multi-statement change is never left half-made, and never
+commits or rolls back anyone else's work. A component gets the part it needs (the outbox gets
+``store.outbox``), never a connection.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from pluto.events import RunEvent
+from pluto.storage.rows import (Approval, MessageRow, OutboxRow, PairingRequest, RunRow,
+                                SessionRow, StepRow, TaskRow)
+
+
+class RunReader(Protocol):
+    """A run and its events: what watchers read (the run feed, the API's views)."""
+
+    async def run(self, run_id: str) -> RunRow | None: ...
+
+    async def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
+        """The run's committed events with ``seq`` greater than ``after``, in order."""
+        ...
+
+
+class ConversationStore(RunReader, Protocol):
+    """Sessions, their messages, runs and run events."""
+
+    async def session(self, key: str, agent: str) -> SessionRow:
+        """The active session for ``key``, created when there is none."""
+        ...
+
+    async def reset_session(self, key: str) -> bool:
+        """Close the active session of ``key`` (kept, no longer used); False if none."""
+        ...
+
+    async def add_message(self, session_id: str, role: str, content: str | None, *,
+                          run_id: str | None = None, tool_calls: list[dict] | None = None,
+                          tool_call_id: str | None = None, name: str | None = None,
+                          event: RunEvent | None = None) -> RunEvent | None:
+        """Append a message and, atomically with it, the run event that shows it (returned with
+        its ``seq``)."""
+        ...
+
+    async def messages(self, session_id: str, limit: int = 1000) -> list[MessageRow]: ...
+
+    async def history(self, session_id: str, max_messages: int,
+                      max_tokens: int) -> list[dict[str, Any]]:
+        """The newest messages that fit the window, as model messages, always well-formed."""
+        ...
+
+    async def queue_run(self, run_id: str, session_id: str, agent: str, input_text: str, *,
+                        source: tuple[str, str] | None = None) -> None:
+        """Record a run accepted for a session: ``queued`` until it starts. ``source`` (provider,
+        message id): the inbox's message it answers, marked handled in the same commit."""
+        ...
+
+    async def start_run(self, run_id: str, session_id: str, agent: str, input_text: str,
+                        event: RunEvent) -> RunEvent:
+        """Mark the run running (recording it if it was not queued), with the user's message
+        and its ``run.start``, in one commit."""
+        ...
+
+    async def append_event(self, event: RunEvent) -> RunEvent:
+        """Commit one event of a running run; returns it with its ``seq``."""
+        ...
+
+    async def end_run(self, run_id: str, status: str, *, error: str | None = None,
+                      usage: dict[str, int] | None = None,
+                      event: RunEvent | None = None) -> RunEvent | None:
+        """Close a run (and record its ``run.end``) in one commit."""
+        ...
+
+    async def recover_interrupted(self) -> list[RunEvent]:
+        """Runs a dead process left queued or running: marked interrupted, each with a
+        ``run.end`` (returned, so that watchers can be told)."""
+        ...
+
+    async def recent_runs(self, *, limit: int = 50, agent: str | None = None,
+                          status: str | None = None) -> list[dict[str, Any]]: ...
+
+    async def stats(self) -> dict[str, int]: ...
+
+
+class OutboxStore(Protocol):
+    """Every chunk of every reply, recorded before it is sent (see gateway/delivery/outbox.py)."""
+
+    async def record(self, rows: list[OutboxRow]) -> list[OutboxRow]:
+        """Record a reply's chunks (those recorded before stay as they are); return every chunk
+        of that reply, in order, as stored."""
+        ...
+
+    async def reply(self, reply_id: str) -> list[OutboxRow]: ...
+
+    async def pending(self, provider: str) -> list[OutboxRow]:
+        """Unsent chunks for a provider, oldest reply first, each reply's chunks in order."""
+        ...
+
+    async def claim(self, reply_id: str, owner: str, lease_seconds: float) -> bool:
+        """Take a reply for sending; False while another owner's lease on it holds."""
+        ...
+
+    async def release(self, reply_id: str, owner: str) -> None: ...
+
+    async def attempted(self, row_id: int) -> None:
+        """Counted before each platform call (a later failure sets ``error``)."""
+        ...
+
+    async def sent(self, row_id: int, platform_id: str | None) -> None: ...
+
+    async def failed(self, row_ids: list[int], error: str) -> None: ...
+
+    async def note_error(self, row_id: int, error: str) -> None: ...
+
+    async def prune(self, older_than_seconds: float) -> int: ...
+
+
+class InboundStore(Protocol):
+    """The inbox: messages handed over by providers, keyed by the platform's message id, so a
+    redelivery is recognised (dedupe) and a message not yet handled survives a restart."""
+
+    async def accept(self, provider: str, message_id: str, payload: dict[str, Any]) -> bool:
+        """Record a message as received and not yet handled; False when it was recorded
+        before (a redelivery)."""
+        ...
+
+    async def handled(self, provider: str, message_id: str) -> None:
+        """The pipeline decided what becomes of it (messages that start a run are marked by
+        :meth:`ConversationStore.queue_run`, in the same commit)."""
+        ...
+
+    async def unhandled(self, provider: str) -> list[dict[str, Any]]:
+        """Payloads of messages received and never handled (the process died), oldest first."""
+        ...
+
+    async def prune(self) -> int: ...
+
+    async def count(self) -> int: ...
+
+
+class TaskStore(Protocol):
+    """The HTTP API's tasks and steps (Agent Protocol)."""
+
+    async def create_task(self, agent: str | None, text: str, additional_input: dict[str, Any],
+                          requested_agent: str | None = None) -> TaskRow: ...
+
+    async def task(self, task_id: str) -> TaskRow | None: ...
+
+    async def tasks(self, offset: int, limit: int) -> tuple[list[TaskRow], int]: ...
+
+    async def add_step(self, task_id: str, text: str,
+                       additional_input: dict[str, Any]) -> StepRow: ...
+
+    async def step(self, task_id: str, step_id: str) -> StepRow | None: ...
+
+    async def last_step(self, task_id: str) -> StepRow | None: ...
+
+    async def steps(self, task_id: str, offset: int, limit: int) -> tuple[list[StepRow], int]: ...
+
+    async def started(self, step_id: str, run_id: str) -> None: ...
+
+    async def answered(self, step_id: str, *, output: str | None = None,
+                       error: str | None = None) -> None: ...
+
+
+class PairingStore(Protocol):
+    """DM pairing: codes given to unknown users, approvals by an admin."""
+
+    async def is_approved(self, provider: str, user_id: str) -> bool: ...
+
+    async def request(self, provider: str, user_id: str, chat_id: str, user_name: str | None,
+                      ttl: float) -> PairingRequest:
+        """The user's valid code, or a new one."""
+        ...
+
+    async def approve(self, code: str, *, by: str) -> Approval: ...
+
+    async def revoke(self, provider: str, user_id: str) -> bool: ...
+
+    async def pending(self) -> list[PairingRequest]: ...
+
+    async def approved(self) -> list[Approval]: ...
+
+
+class Store(Protocol):
+    """One database: every part above, opened and closed together."""
+
+    conversations: ConversationStore
+    outbox: OutboxStore
+    inbound: InboundStore
+    tasks: TaskStore
+    pairing: PairingStore
+
+    @property
+    def is_open(self) -> bool: ...
+
+    async def open(self) -> None:
+        """Connect and bring every table to its newest schema."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,92 @@
+"""The inbox in SQLite: every message a provider hands over, recorded before it is queued.
+
+``(provider, message_id)`` is the key, so a platform that delivers the same message twice
+(Telegram after a restart, Slack retries, a Discord resume) finds it there: inbound dedupe.
+A message stays *unhandled* until the pipeline has decided what becomes of it (for a message
+that starts a run: in the same commit that records the run), so a message taken from a
+platform and not yet handled when the process died is handled after the restart, not lost.
+The table is bounded: handled rows older than ``max_age`` seconds go, and at most ``max_rows``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from pluto.storage.sqlite.engine import SqliteEngine
+
+COMPONENT = "inbound"
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE inbound_seen (
+        provider TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        seen_at REAL NOT NULL,
+        PRIMARY KEY (provider, message_id)
+    );
+    CREATE INDEX inbound_seen_at ON inbound_seen(seen_at);
+    """,
+    """
+    ALTER TABLE inbound_seen ADD COLUMN payload TEXT;
+    ALTER TABLE inbound_seen ADD COLUMN handled INTEGER NOT NULL DEFAULT 1;
+    CREATE INDEX inbound_unhandled ON inbound_seen(provider, seen_at) WHERE handled = 0;
+    """,
+]
+
+
+class SqliteInbound:
+    def __init__(self, engine: SqliteEngine, *, max_rows: int = 100_000,
+                 max_age: float = 14 * 86400, prune_every: int = 1000):
+        self.engine = engine
+        self.max_rows = max_rows
+        self.max_age = max_age
+        self.prune_every = prune_every
+        self._since_prune = 0
+
+    async def migrate(self) -> None:
+        await self.engine.migrate(COMPONENT, MIGRATIONS)
+        await self.prune()
+
+    async def accept(self, provider: str, message_id: str, payload: dict[str, Any]) -> bool:
+        inserted = await self.engine.write((
+            "INSERT OR IGNORE INTO inbound_seen (provider, message_id, seen_at, payload, handled)"
+            " VALUES (?,?,?,?,0)", (provider, message_id, time.time(), json.dumps(payload))))
+        if inserted == 0:
+            return False
+        self._since_prune += 1
+        if self._since_prune >= self.prune_every:
+            await self.prune()
+        return True
+
+    async def first_time(self, provider: str, message_id: str) -> bool:
+        return await self.accept(provider, message_id, {})
+
+    async def handled(self, provider: str, message_id: str) -> None:
+        await self.engine.write((
+            "UPDATE inbound_seen SET handled = 1, payload = NULL WHERE provider = ? AND"
+            " message_id = ?", (provider, message_id)))
+
+    async def unhandled(self, provider: str) -> list[dict[str, Any]]:
+        rows = await self.engine.fetchall(
+            "SELECT payload FROM inbound_seen WHERE provider = ? AND handled = 0"
+            " ORDER BY seen_at, rowid", (provider,))
+        return [json.loads(r["payload"]) for r in rows if r["payload"]]
+
+    async def prune(self) -> int:
+        """Forget old ids: those past ``max_age``, then all but the newest ``max_rows``."""
+        self._since_prune = 0
+
+        def prune(conn) -> int:  # type: ignore[no-untyped-def]
+            old = conn.execute("DELETE FROM inbound_seen WHERE seen_at < ?",
+                               (time.time() - self.max_age,)).rowcount  # handled or not
+            extra = conn.execute(
+                "DELETE FROM inbound_seen WHERE rowid IN (SELECT rowid FROM inbound_seen"
+                " ORDER BY seen_at DESC LIMIT -1 OFFSET ?)", (self.max_rows,)).rowcount
+            return old + extra
+
+        return await self.engine.transact(prune)
+
+    async def count(self) -> int:
+        row = await self.engine.fetchone("SELECT COUNT(*) FROM inbound_seen")
+        return int(row[0]) if row else 0

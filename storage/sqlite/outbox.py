@@ -1,0 +1,154 @@
+"""The outbox table in SQLite: every chunk of every reply, recorded before it is sent.
+
+A chunk is keyed by ``(reply_id, chunk)``: the run (or gateway answer) it belongs to and its
+position, so recording the same reply twice changes nothing. It carries everything needed to
+reach the chat again after a restart. Its ``status`` goes ``pending`` → ``sent`` (with the
+platform's message id) or ``failed`` (with the error). A reply being sent is claimed (an owner
+and a lease) so that two senders never send it at once. Old rows are pruned.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import Any
+
+from pluto.storage.rows import OutboxRow
+from pluto.storage.sqlite.engine import SqliteEngine
+
+COMPONENT = "outbox"
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE outbox (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        reply_id TEXT NOT NULL,
+        chunk INTEGER NOT NULL,
+        run_id TEXT,
+        provider TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        thread_id TEXT,
+        reply_to TEXT,
+        edit_of TEXT,
+        kind TEXT NOT NULL,
+        markup TEXT NOT NULL,
+        text TEXT NOT NULL,
+        attachments TEXT NOT NULL DEFAULT '[]',
+        status TEXT NOT NULL DEFAULT 'pending',
+        attempts INTEGER NOT NULL DEFAULT 0,
+        platform_id TEXT,
+        error TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        UNIQUE (reply_id, chunk)
+    );
+    CREATE INDEX outbox_by_status ON outbox(provider, status, id);
+    """,
+    """
+    ALTER TABLE outbox ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE outbox ADD COLUMN answers TEXT;
+    CREATE TABLE outbox_claims (
+        reply_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        until REAL NOT NULL
+    );
+    """,
+]
+
+_COLUMNS = ("reply_id", "chunk", "run_id", "seq", "provider", "chat_id", "thread_id", "reply_to",
+            "answers", "edit_of", "kind", "markup", "text", "attachments")
+
+
+def _value(row: OutboxRow, column: str) -> Any:
+    value = getattr(row, column)
+    return json.dumps(value) if column == "attachments" else value
+
+
+def _row(r: sqlite3.Row) -> OutboxRow:
+    return OutboxRow(
+        id=r["id"], reply_id=r["reply_id"], chunk=r["chunk"], run_id=r["run_id"], seq=r["seq"],
+        provider=r["provider"], chat_id=r["chat_id"], thread_id=r["thread_id"],
+        reply_to=r["reply_to"], answers=r["answers"], edit_of=r["edit_of"], kind=r["kind"],
+        markup=r["markup"], text=r["text"], attachments=json.loads(r["attachments"] or "[]"),
+        status=r["status"], attempts=r["attempts"], platform_id=r["platform_id"],
+        error=r["error"])
+
+
+class SqliteOutbox:
+    def __init__(self, engine: SqliteEngine):
+        self.engine = engine
+
+    async def migrate(self) -> None:
+        await self.engine.migrate(COMPONENT, MIGRATIONS)
+        # One gateway serves a SQLite file: claims left by a process that died are void now.
+        await self.engine.write(("DELETE FROM outbox_claims", ()))
+
+    async def record(self, rows: list[OutboxRow]) -> list[OutboxRow]:
+        if not rows:
+            return []
+        now = time.time()
+        values = [(*(_value(r, c) for c in _COLUMNS), now, now) for r in rows]
+        sql = (f"INSERT OR IGNORE INTO outbox ({','.join(_COLUMNS)}, created_at, updated_at)"
+               f" VALUES ({','.join('?' * (len(_COLUMNS) + 2))})")
+        reply_id = rows[0].reply_id
+
+        def record(conn: sqlite3.Connection) -> list[OutboxRow]:
+            conn.executemany(sql, values)
+            return [_row(r) for r in conn.execute(
+                "SELECT * FROM outbox WHERE reply_id = ? ORDER BY chunk", (reply_id,))]
+
+        return await self.engine.transact(record)
+
+    async def reply(self, reply_id: str) -> list[OutboxRow]:
+        rows = await self.engine.fetchall(
+            "SELECT * FROM outbox WHERE reply_id = ? ORDER BY chunk", (reply_id,))
+        return [_row(r) for r in rows]
+
+    async def pending(self, provider: str) -> list[OutboxRow]:
+        rows = await self.engine.fetchall(
+            "SELECT * FROM outbox WHERE provider = ? AND status = 'pending'"
+            " ORDER BY created_at, reply_id, chunk", (provider,))
+        return [_row(r) for r in rows]
+
+    async def claim(self, reply_id: str, owner: str, lease_seconds: float) -> bool:
+        now = time.time()
+        taken = await self.engine.write((
+            "INSERT INTO outbox_claims (reply_id, owner, until) VALUES (?,?,?)"
+            " ON CONFLICT(reply_id) DO UPDATE SET owner = excluded.owner, until = excluded.until"
+            " WHERE outbox_claims.until < ? OR outbox_claims.owner = excluded.owner",
+            (reply_id, owner, now + lease_seconds, now)))
+        return taken > 0
+
+    async def release(self, reply_id: str, owner: str) -> None:
+        await self.engine.write(("DELETE FROM outbox_claims WHERE reply_id = ? AND owner = ?",
+                                 (reply_id, owner)))
+
+    async def attempted(self, row_id: int) -> None:
+        await self._update(row_id, "attempts = attempts + 1, error = NULL")
+
+    async def sent(self, row_id: int, platform_id: str | None) -> None:
+        await self._update(row_id, "status = 'sent', platform_id = ?, error = NULL", platform_id)
+
+    async def failed(self, row_ids: list[int], error: str) -> None:
+        now = time.time()
+        await self.engine.write(*[(
+            "UPDATE outbox SET status = 'failed', error = ?, updated_at = ? WHERE id = ?",
+            (error, now, row_id)) for row_id in row_ids])
+
+    async def note_error(self, row_id: int, error: str) -> None:
+        await self._update(row_id, "error = ?", error)
+
+    async def prune(self, older_than_seconds: float) -> int:
+        """Forget delivered and failed chunks older than that; pending ones that nobody sent in
+        all that time are recorded as expired (and forgotten one period later)."""
+        now = time.time()
+        cutoff = now - older_than_seconds
+        return await self.engine.write(
+            ("UPDATE outbox SET status = 'failed', error = 'expired: never sent', updated_at = ?"
+             " WHERE status = 'pending' AND created_at < ?", (now, cutoff)),
+            ("DELETE FROM outbox_claims WHERE until < ?", (now,)),
+            ("DELETE FROM outbox WHERE status != 'pending' AND updated_at < ?", (cutoff,)))
+
+    async def _update(self, row_id: int, assignments: str, *args: Any) -> None:
+        await self.engine.write((f"UPDATE outbox SET {assignments}, updated_at = ? WHERE id = ?",
+                                 (*args, time.time(), row_id)))

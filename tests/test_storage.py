@@ -1,0 +1,168 @@
+"""The storage seam: one write path on SQLite. A change is atomic, group-committed with the
+changes that arrive meanwhile, and never half-committed nor rolled back by anyone else's."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from pluto.errors import StorageError
+from pluto.events import MessageDelta, RunEnd, RunStart
+from pluto.storage.sqlite import SqliteStore
+
+SESSION = "INSERT INTO sessions (id, key, agent, created_at, updated_at) VALUES (?,?,?,?,?)"
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    async with SqliteStore(tmp_path / "pluto.db") as s:
+        yield s
+
+
+def other_connection(store: SqliteStore) -> sqlite3.Connection:
+    """A second reader of the same file, as another process would be."""
+    return sqlite3.connect(store.path, timeout=5)
+
+
+def session_ids(conn: sqlite3.Connection) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT id FROM sessions ORDER BY id")]
+
+
+async def test_group_commit_isolates_a_failing_write(store):
+    ok = (SESSION, ("s-ok", "k-ok", "a", 1.0, 1.0))
+    dup = (SESSION, ("s-ok", "k-dup", "a", 1.0, 1.0))
+    other = (SESSION, ("s-2", "k-2", "a", 1.0, 1.0))
+    engine = store.engine
+    results = await asyncio.gather(engine.write(ok), engine.write(dup), engine.write(other),
+                                   return_exceptions=True)
+    assert results[0] == 1 and results[2] == 1
+    assert isinstance(results[1], Exception) and "UNIQUE" in str(results[1])
+    assert [r[0] for r in await engine.fetchall("SELECT id FROM sessions ORDER BY id")] == [
+        "s-2", "s-ok"]
+
+
+async def test_a_paused_multi_statement_write_is_neither_half_committed_nor_undone(store):
+    """Caller A's change pauses half-way (one row written, one to go) while caller B's write
+    lands: nobody sees A's half, B's write is not lost when A fails, and A's whole change
+    commits when it finishes."""
+    engine = store.engine
+    halfway, go_on = threading.Event(), threading.Event()
+    fail = {"value": True}
+
+    def change_a(conn: sqlite3.Connection) -> str:
+        conn.execute(SESSION, ("a-1", "ka-1", "a", 1.0, 1.0))
+        halfway.set()
+        assert go_on.wait(10)
+        if fail["value"]:
+            raise RuntimeError("A changed its mind")
+        conn.execute(SESSION, ("a-2", "ka-2", "a", 1.0, 1.0))
+        return "a done"
+
+    # 1. A fails after its first statement: rolled back alone, B's write committed
+    a = asyncio.create_task(engine.transact(change_a))
+    await asyncio.to_thread(halfway.wait, 10)
+    b = asyncio.create_task(engine.write((SESSION, ("b-1", "kb-1", "a", 1.0, 1.0))))
+    await asyncio.sleep(0.05)  # B is queued behind A's change
+    reader = other_connection(store)
+    try:
+        assert session_ids(reader) == []  # A's first row is not visible half-way
+        assert not b.done()
+        go_on.set()
+        with pytest.raises(RuntimeError, match="changed its mind"):
+            await a
+        assert await b == 1
+        assert session_ids(reader) == ["b-1"]  # B's work survives A's rollback
+        # 2. A succeeds while B's write waits: both whole, in one or two commits
+        halfway.clear()
+        go_on.clear()
+        fail["value"] = False
+        a = asyncio.create_task(engine.transact(change_a))
+        await asyncio.to_thread(halfway.wait, 10)
+        b = asyncio.create_task(engine.write((SESSION, ("b-2", "kb-2", "a", 1.0, 1.0))))
+        await asyncio.sleep(0.05)
+        assert session_ids(reader) == ["b-1"]
+        go_on.set()
+        assert await a == "a done" and await b == 1
+        assert session_ids(reader) == ["a-1", "a-2", "b-1", "b-2"]
+        # 3. B fails while A's change is in the same batch: A's work is not rolled back
+        halfway.clear()
+        go_on.clear()
+        a = asyncio.create_task(engine.transact(lambda c: c.execute(
+            SESSION, ("a-3", "ka-3", "a", 1.0, 1.0)).rowcount))
+        bad = asyncio.create_task(engine.write((SESSION, ("a-3", "dup", "a", 1.0, 1.0))))
+        assert await a == 1
+        with pytest.raises(sqlite3.IntegrityError):
+            await bad
+        assert "a-3" in session_ids(reader)
+    finally:
+        go_on.set()
+        reader.close()
+
+
+async def test_run_events_are_numbered_as_they_are_committed(store):
+    conv = store.conversations
+    session = await conv.session("k", "a")
+    await conv.queue_run("r1", session.id, "a", "hi")
+    assert (await conv.run("r1")).status == "queued"
+    start = await conv.start_run("r1", session.id, "a", "hi",
+                                 RunStart(run_id="r1", session_id=session.id, agent="a"))
+    delta = await conv.append_event(MessageDelta(run_id="r1", text="x"))
+    end = await conv.end_run("r1", "ok", event=RunEnd(run_id="r1", outcome="ok"))
+    assert [start.seq, delta.seq, end.seq] == [1, 2, 3]
+    assert await conv.events("r1") == [start, delta, end]
+    assert await conv.events("r1", after=2) == [end]
+    assert (await conv.run("r1")).status == "ok"
+
+
+async def test_a_queued_run_ended_before_it_started_has_a_run_end(store):
+    conv = store.conversations
+    session = await conv.session("k", "a")
+    await conv.queue_run("r1", session.id, "a", "hi")
+    end = await conv.end_run("r1", "cancelled", event=RunEnd(run_id="r1", outcome="cancelled"))
+    assert end is not None and end.seq == 1
+    assert await conv.events("r1") == [end]
+
+
+async def test_recovery_ends_queued_and_running_runs_of_a_dead_process(tmp_path):
+    async with SqliteStore(tmp_path / "pluto.db") as store:
+        conv = store.conversations
+        session = await conv.session("k", "a")
+        await conv.queue_run("waiting", session.id, "a", "later")
+        await conv.start_run("going", session.id, "a", "now",
+                             RunStart(run_id="going", session_id=session.id, agent="a"))
+    async with SqliteStore(tmp_path / "pluto.db") as store:  # the next process
+        ended = await store.conversations.recover_interrupted()
+        assert {e.run_id: e.seq for e in ended} == {"waiting": 1, "going": 2}
+        for run_id in ("waiting", "going"):
+            assert (await store.conversations.run(run_id)).status == "interrupted"
+
+
+async def test_a_message_that_starts_a_run_is_handled_in_the_same_commit(store):
+    assert await store.inbound.accept("telegram", "1:1", {"text": "hi"})
+    assert await store.inbound.unhandled("telegram") == [{"text": "hi"}]
+    session = await store.conversations.session("k", "a")
+    await store.conversations.queue_run("r1", session.id, "a", "hi",
+                                        source=("telegram", "1:1"))
+    assert await store.inbound.unhandled("telegram") == []
+
+
+async def test_a_database_written_by_a_newer_pluto_is_refused(tmp_path):
+    async with SqliteStore(tmp_path / "pluto.db") as store:
+        await store.engine.write(("UPDATE schema_versions SET version = 99"
+                                  " WHERE component = 'outbox'", ()))
+    with pytest.raises(StorageError, match="newer Pluto"):
+        async with SqliteStore(tmp_path / "pluto.db"):
+            pass
+
+
+async def test_an_unusable_database_path_is_one_sentence(tmp_path):
+    (tmp_path / "pluto.db").mkdir()  # a directory where the file should be
+    store = SqliteStore(tmp_path / "pluto.db")
+    with pytest.raises(StorageError, match="cannot"):
+        await store.open()
+    assert not store.is_open
