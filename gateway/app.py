@@ -123,6 +123,7 @@ class Gateway:
             stack.push_async_callback(self._close_providers)  # after the HTTP server stops
             if self.serve:
                 self.data.prepare_soon()  # registered datasets load now, not at the first question
+                stack.push_async_callback(self.data.close)
                 if self.http is not None:
                     mount_admin(self.http.app, self)
                     await self._listen(stack)

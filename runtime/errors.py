@@ -1,9 +1,10 @@
 """The runtime's exceptions: one root, and errors that carry what a person needs to know."""
 
 from __future__ import annotations
+from pluto.errors import PlutoError
 
 
-class RuntimeFailure(Exception):
+class RuntimeFailure(PlutoError):
     """Root of the runtime's errors. ``str(e)`` is one plain sentence for a chat user."""
 
 

@@ -24,9 +24,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from pluto.errors import PlutoError
 
 
-class ToolError(Exception):
+class ToolError(PlutoError):
     """Raised by a tool for an error the model should read and can act on."""
 
 

@@ -388,3 +388,21 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 def test_the_api_answers_as_its_openapi_document_says(case: Any, live: LiveGateway) -> None:
     case.call_and_validate(base_url=live.base, headers=AUTH)
+
+
+async def test_a_step_posted_without_wait_has_its_run_id_at_once(config_dir, data_dir, keys,
+                                                                 http):
+    slow = ScriptedModel(fallback=lambda m: Scripted(text="slow " * 40, chunk=5, delay=0.02))
+    async with served(config_dir, data_dir, slow) as gw:
+        status, task = await call(http, gw, "POST", "/api/v1/agent/tasks", {"input": "one"})
+        step = task["last_step"]
+        assert status == 201 and step["run_id"] and step["status"] in ("created", "running")
+        assert step["events_url"] == f"/api/v1/agent/{step['run_id']}/events"
+        path = f"/api/v1/agent/tasks/{task['task_id']}/steps"
+        _, queued = await call(http, gw, "POST", path, {"input": "two"})  # behind the first
+        assert queued["run_id"] and queued["status"] == "created"
+        events = await sse(http, gw, queued["run_id"])  # follow it before it even started
+        assert [e["event"] for e in events][0] == "run.start"
+        assert events[-1]["event"] == "run.end" and events[-1]["data"]["outcome"] == "ok"
+        done = await _step_if_done(gw, http, f"{path}/{queued['step_id']}")
+        assert done is not None and done["output"].startswith("slow")

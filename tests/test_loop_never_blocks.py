@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -290,3 +291,71 @@ def test_the_data_tools_import_duckdb_and_matplotlib_off_the_loop(tmp_path: Path
                                 "run_sql": False, "make_chart": False}, out.stdout
     assert report["rows"] == 2
     assert report["on_loop"] == {"duckdb": False, "matplotlib": False}
+
+
+# the shared import of litellm, in-process (with a stand-in for the slow import) ---------------
+
+@pytest.fixture
+def slow_import(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], threading.Event]:
+    from pluto.runtime import model
+
+    threads: list[str] = []
+    release = threading.Event()
+
+    def importing() -> str:
+        threads.append(threading.current_thread().name)
+        if not release.wait(10):
+            raise TimeoutError("never released")
+        return "the litellm module"
+
+    monkeypatch.setattr(model, "_import_and_warm", importing)
+    monkeypatch.setattr(model, "_import", None)
+    return threads, release
+
+
+def test_callers_on_many_loops_share_one_import_in_a_thread(slow_import) -> None:
+    from pluto.runtime.model import imported_litellm, warm_litellm
+
+    threads, release = slow_import
+    started = time.perf_counter()
+    asyncio.run(warm_litellm())  # starts it, does not wait for it
+    assert time.perf_counter() - started < 0.5 and threads == ["litellm-import"]
+
+    async def cancelled_then_awaited() -> str:
+        waiter = asyncio.create_task(imported_litellm())
+        await asyncio.sleep(0.05)
+        waiter.cancel()  # e.g. Ctrl+C: the waiter goes at once, the import goes on
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        return await imported_litellm()
+
+    got: list[str] = []
+    loops = [threading.Thread(target=lambda: got.append(asyncio.run(cancelled_then_awaited())))
+             for _ in range(4)]
+    for t in loops:
+        t.start()
+    time.sleep(0.2)
+    release.set()
+    for t in loops:
+        t.join(10)
+    assert got == ["the litellm module"] * 4 and threads == ["litellm-import"]
+    assert asyncio.run(warm_litellm()) is None and threads == ["litellm-import"]
+
+
+def test_a_failed_import_is_reported_to_its_waiters_and_tried_again(slow_import,
+                                                                   monkeypatch) -> None:
+    from pluto.runtime import model
+
+    threads, release = slow_import
+    monkeypatch.setattr(model, "_import_and_warm", lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        asyncio.run(model.imported_litellm())
+    monkeypatch.setattr(model, "_import_and_warm", lambda: "the litellm module")
+    assert asyncio.run(model.imported_litellm()) == "the litellm module"
+
+
+def test_which_models_use_litellm() -> None:
+    from pluto.runtime.model import uses_litellm
+
+    assert not uses_litellm("offline") and not uses_litellm("echo")
+    assert uses_litellm("openai/gpt-4o-mini") and uses_litellm("ollama/llama3")

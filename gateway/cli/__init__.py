@@ -10,7 +10,9 @@ from typing import Any
 
 from pluto import __version__
 
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+from pluto.gateway.cli.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
+
+__all__ = ["EXIT_CONFIG", "EXIT_FAILED", "EXIT_OK", "build_parser", "main"]
 
 
 def _common(sub: argparse.ArgumentParser, top: bool = False) -> None:

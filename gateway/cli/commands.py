@@ -14,7 +14,7 @@ from pathlib import Path
 from pluto.errors import ConfigError, PlutoError
 from pluto import __version__
 from pluto.gateway.app import Gateway
-from pluto.gateway.cli import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
+from pluto.gateway.cli.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from pluto.settings import PlutoConfig, load_pluto_config
 from pluto.types import IncomingMessage
 from pluto.gateway.logs import setup_logging

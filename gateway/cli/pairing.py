@@ -8,7 +8,7 @@ import getpass
 import sys
 from pathlib import Path
 
-from pluto.gateway.cli import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
+from pluto.gateway.cli.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from pluto.settings import PlutoConfig
 from pluto.storage import store_for
 from pluto.storage.rows import PairingError, format_code

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pluto.agents.registry import AgentRegistry
 from pluto.errors import ConfigError
-from pluto.gateway.cli import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
+from pluto.gateway.cli.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from pluto.gateway.pipeline.explain import explain, message_from, unreachable
 from pluto.gateway.reload import load_routes
 from pluto.settings import PlutoConfig

@@ -14,7 +14,7 @@ import yaml
 
 from pluto.agents.registry import discard_staged, load_checked, publish_agent, remove_agent, stage_agent
 from pluto.agents.spec import MAX_INSTRUCTIONS_BYTES, NAME_RE, AgentSpec
-from pluto.errors import ConfigError
+from pluto.errors import ConfigError, PlutoError
 from pluto import __version__
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ BODY_KEYS = ("agent", "agent_yaml", "files")
 _locks: weakref.WeakKeyDictionary[Gateway, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 
-class BadRequest(Exception):
+class BadRequest(PlutoError):
     """A request the admin must fix; ``status`` and ``extra`` go into the JSON answer."""
 
     def __init__(self, message: str, status: int = 400, **extra: Any):

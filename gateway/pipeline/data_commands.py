@@ -66,6 +66,13 @@ class DataCommands:
 
         self._preparing = asyncio.create_task(prepare(), name="data:prepare")
 
+    async def close(self) -> None:
+        """Stop preparing (a DuckDB load in a worker thread finishes on its own)."""
+        if self._preparing is not None and not self._preparing.done():
+            self._preparing.cancel()
+            await asyncio.gather(self._preparing, return_exceptions=True)
+        self._preparing = None
+
     def register(self, commands: Commands) -> None:
         commands.add("datasets", "list the datasets you can ask about", self._datasets)
         commands.add("describe", "columns, statistics and sample rows of a dataset: "

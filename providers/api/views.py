@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pluto.errors import PlutoError
 from pluto.events import MessageDelta, MessageFinal, RunEvent, ToolEnd, ToolStart
 from pluto.storage.ports import RunReader
 from pluto.storage.rows import StepRow, TaskRow
@@ -33,7 +34,7 @@ def is_text(value: str) -> bool:
     return True
 
 
-class ApiError(Exception):
+class ApiError(PlutoError):
     """Answered as ``{"error": message, "code": code}`` with ``status``."""
 
     def __init__(self, status: int, code: str, message: str):

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from pluto.errors import PlutoError
 from pluto.types import Attachment
 from pluto.providers.slack.inbound import PROVIDER
 
@@ -28,7 +29,7 @@ SLACK_HOSTS = ("slack.com", "slack-edge.com", "slack-files.com")
 CHUNK = 64 * 1024
 
 
-class FileProblem(Exception):
+class FileProblem(PlutoError):
     """A file could not be fetched; the message is one sentence for the user."""
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pluto.errors import PlutoError
 from pluto.types import (
     MessageDelta,
     MessageFinal,
@@ -40,7 +41,7 @@ MAX_DETAIL_TEXT = 4000
 MAX_IMAGE_URL = 2048
 
 
-class ProtocolError(Exception):
+class ProtocolError(PlutoError):
     """A client frame we refuse; ``message`` is one sentence for the visitor."""
 
     def __init__(self, code: str, message: str, *, reply_to: str | None = None):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 import zlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -239,3 +240,26 @@ async def test_an_image_made_by_a_tool_is_sent_as_an_image(harness: Harness) -> 
                                      what="the reply and the image")
     assert [(s.kind, s.text) for s in shown] == [("text", "Here is the chart."), ("image", "")]
     assert shown[1].data == image
+
+
+@pytest.mark.parametrize("harness", harnesses(lambda h: {"flood_control", "groups"}
+                                              <= h.features), indirect=True)
+async def test_a_flood_controlled_chat_never_delays_another(harness: Harness) -> None:
+    """The platform answers the reply in chat A with "retry after 3 s": chat B is answered
+    within a second all the same, and A gets its reply once the wait is over."""
+    a, b = harness.direct_chat, harness.group_chat
+    harness.rate_limit_sends(a, after=0, retry_after=3)
+    await harness.start()
+    await harness.user_says("/help", chat=a)
+    await harness.wait_shown(lambda s: bool(harness.refused_sends()), chat=a,
+                             what="the platform refusing the reply in chat A")
+    asked = time.monotonic()
+    await harness.user_says("hello from B", chat=b, mention=True)
+    await harness.wait_shown(lambda s: any("hello from B" in m.text for m in s), chat=b,
+                             timeout=1, what="the answer in chat B within a second")
+    assert time.monotonic() - asked < 1
+    [refused] = harness.refused_sends()
+    shown = await harness.wait_shown(lambda s: bool(s), chat=a, timeout=10,
+                                     what="chat A's reply after its wait")
+    assert "/help" in shown[0].text or "/new" in shown[0].text
+    assert harness.accepted_sends(a)[0] - refused >= 2.9  # it waited as long as it was asked

@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from pluto.errors import PlutoError
 from .stream import Close, Open, Text, Token, merge
 
 __all__ = ["SplitError", "split"]
@@ -33,7 +34,7 @@ _SPACE = re.compile(r"\s+")
 _SENTENCE_END = re.compile(r"[.!?…][\"')\]»”’]?$")
 
 
-class SplitError(Exception):
+class SplitError(PlutoError):
     """No boundary fits within the limit (only possible for absurdly small limits)."""
 
 
