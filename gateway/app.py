@@ -21,10 +21,9 @@ import uuid
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
 
 from pluto.agents.registry import AgentRegistry
-from pluto.errors import StartupError
+from pluto.errors import PlutoError, StartupError
 from pluto.gateway.delivery.delivery import Delivery
 from pluto.gateway.delivery.outbox import Outbox
 from pluto.gateway.delivery.streaming import EditThrottle
@@ -43,7 +42,7 @@ from pluto.gateway.provider_registry import build_provider, enabled
 from pluto.gateway.reload import ConfigWatcher, load_routes
 from pluto.gateway.supervisor import TaskHealth, supervise
 from pluto.runtime.data_tools import DATA_TOOLS
-from pluto.runtime.model import Model, ModelSettings, model_for
+from pluto.runtime.model import Model, ModelSettings, model_for, uses_litellm, warm_litellm
 from pluto.runtime.runner import Runner
 from pluto.runtime.tools import BUILTIN_TOOLS
 from pluto.settings import PlutoConfig, load_pluto_config
@@ -122,6 +121,8 @@ class Gateway:
             await self._open_storage(stack)
             stack.push_async_callback(self._close_providers)  # after the HTTP server stops
             if self.serve:
+                if self._uses_litellm():
+                    await warm_litellm()  # imported in a thread now, not at the first question
                 self.data.prepare_soon()  # registered datasets load now, not at the first question
                 stack.push_async_callback(self.data.close)
                 if self.http is not None:
@@ -139,6 +140,17 @@ class Gateway:
             await stack.aclose()
             raise
         self._stack = stack
+
+    def _uses_litellm(self) -> bool:
+        """Whether a model this gateway is configured to call goes through litellm."""
+        models = {m.model for m in self.config.models.values()}
+        for name in self.routes.agents():
+            try:  # agents the table routes to are loaded already; they may name a model
+                spec = self.registry.get(name)
+            except (PlutoError, LookupError):
+                continue
+            models.add(self.runner.settings_for(spec).model)
+        return any(uses_litellm(m) for m in models)
 
     def _configured_providers(self) -> list[Provider]:
         if not self.serve:
@@ -251,8 +263,3 @@ class Gateway:
             h.state in ("running", "done") for h in self.health.values())
 
     # for the HTTP server and the admin API --------------------------------------------------
-
-    def status(self) -> dict[str, Any]:
-        return {"instance": self.instance, "started_at": self.started_at,
-                "providers": {name: h.state for name, h in self.health.items()},
-                "intake": {name: q.waiting for name, q in self.intakes.items()}}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
@@ -118,7 +118,6 @@ class ProviderContext:
     chats: ChatDirectory | None = None
     runs: RunReader | None = None
     tasks: TaskStore | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # command-line options (pluto chat)
 
     def secret(self, field_name: str, default_env: str) -> str | None:
         """The secret named by ``<field_name>`` in the provider's config (an env var name)."""

@@ -5,8 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The dependencies from the hashed lock (exact versions; `bash scripts/lock.sh` regenerates it),
 # then Pluto itself, editable, without letting pip resolve anything else.
-python3 -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements/lock.txt
-python3 -m pip install --quiet --disable-pip-version-check --no-deps -e .
+bash scripts/install.sh test
 # The browser test drives Debian's Chromium (never a downloaded one: no `playwright install`).
 if [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; elif command -v sudo >/dev/null; then SUDO="sudo"; else

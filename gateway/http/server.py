@@ -58,7 +58,9 @@ class HttpServer:
             "config": True,
             "storage": gw.store.is_open,
             "providers": {name: h.state for name, h in gw.health.items()},
+            "intake": {name: q.waiting for name, q in gw.intakes.items()},  # not yet handled
         }
         ready = gw.ready
-        return web.json_response({"status": "ready" if ready else "not ready", "checks": checks},
+        return web.json_response({"status": "ready" if ready else "not ready",
+                                  "instance": gw.instance, "checks": checks},
                                  status=200 if ready else 503)
