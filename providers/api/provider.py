@@ -36,7 +36,9 @@ MAX_WAIT_SECONDS = 60
 
 class ApiProvider(Provider):
     name = "api"
-    capabilities = Capabilities(max_message_length=1_000_000, markup=MARKDOWN)
+    # clients watch a run's progress over SSE (the run feed); a step's output is its run's
+    capabilities = Capabilities(max_message_length=1_000_000, markup=MARKDOWN,
+                                streams_deltas=True)
 
     def __init__(self, settings: ApiSettings, keys: list[bytes], *, chats: ChatDirectory,
                  runs: RunReader, tasks: TaskStore, feed: RunFeed):

@@ -102,7 +102,10 @@ class CliProvider(Provider):
                     self.errors += 1
                 case Duplicate():
                     pass
-                case _:  # answered, or told why not: the answer comes through delivery
+                case Refused() | Dropped():  # told why, through delivery: not an answer
+                    await _wait(replied)
+                    self.errors += 1
+                case _:  # answered: the answer comes through delivery
                     await _wait(replied)
             if stopping:
                 await asyncio.gather(*stopping, return_exceptions=True)

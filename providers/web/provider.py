@@ -182,7 +182,7 @@ class WebProvider(Provider):
         else:
             frame = protocol.frame("message.final", text=message.text, **base)
         shown = self._shown.get(run_id)
-        if shown is not None and shown.replied.is_set():
+        if run_id in self._finished or (shown is not None and shown.replied.is_set()):
             return str(frame["id"])  # a later chunk (a chart: the tabs have it from its tool)
         if shown is not None:
             while shown.seq < message.seq - 1 and run_id in self._shown:

@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
+from tests.conformance.api_harness import ApiHarness
 from tests.conformance.cli_harness import CliHarness
 from tests.conformance.discord_harness import DiscordHarness
 from tests.conformance.harness import Harness
 from tests.conformance.slack_harness import SlackHttpHarness, SlackSocketHarness
 from tests.conformance.telegram_harness import TelegramHarness
+from tests.conformance.web_harness import WebHarness
 
 # One entry per provider. Adding a provider to the suite = adding its harness here.
 HARNESSES: dict[str, type[Harness]] = {
@@ -21,6 +23,8 @@ HARNESSES: dict[str, type[Harness]] = {
     "discord": DiscordHarness,
     "slack-http": SlackHttpHarness,
     "slack-socket": SlackSocketHarness,
+    "web": WebHarness,
+    "api": ApiHarness,
 }
 
 
