@@ -31,15 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pluto.agents.spec import NAME_RE, AgentSpec, load_agent
-from pluto.errors import ConfigError
+from pluto.errors import ConfigError, UnknownAgent
 
 log = logging.getLogger(__name__)
 
 Stamp = tuple[str, int, int, int, int]  # resolved dir, its inode, newest mtime, files, bytes
-
-
-class UnknownAgent(LookupError):
-    pass
 
 
 @dataclass(slots=True)

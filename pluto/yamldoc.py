@@ -29,7 +29,7 @@ from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
-from pluto.errors import ConfigError
+from pluto.errors import ConfigError, PlutoError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -37,7 +37,7 @@ MAX_CONFIG_BYTES = 2**20  # a config file larger than this is refused unread
 _MAX_CONFIG_TEXT = "1 MiB"
 
 
-class FileRefused(OSError):
+class FileRefused(PlutoError, OSError):
     """A file that is not read: not a regular file, or larger than allowed (``str``: why)."""
 
 
@@ -232,7 +232,7 @@ class YamlDoc:
 MAX_VALUES = 100_000  # YAML aliases can multiply a small file into a huge document
 
 
-class _TooBig(Exception):
+class _TooBig(PlutoError):
     def __init__(self, message: str, line: int):
         super().__init__(message)
         self.line = line

@@ -23,6 +23,7 @@ the same name. ``GET /agents/{name}/.well-known/agent.json`` is the agent's A2A 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
 import json
@@ -33,8 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from pluto.agents.registry import UnknownAgent
-from pluto.errors import ConfigError
+from pluto.errors import ConfigError, UnknownAgent
 from pluto.gateway.http.admin_agents import AgentFiles, BadRequest, agent_card, agent_view, delete, save
 from pluto.gateway.pipeline.explain import explain, message_from
 from pluto.gateway.http.server import GATEWAY_KEY
@@ -132,8 +132,9 @@ async def _list_agents(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY_KEY]
     offset = _int(request, "offset", 0, 0, 10**9)
     limit = _int(request, "limit", 100, 1, 1000)
-    names = gw.registry.names()
-    page = [agent_view(gw, name, full=False) for name in names[offset:offset + limit]]
+    names = await gw.registry.list_names()
+    page = await asyncio.to_thread(  # the agents' files are read off the loop
+        lambda: [agent_view(gw, name, full=False) for name in names[offset:offset + limit]])
     return web.json_response({"total": len(names), "offset": offset, "agents": page})
 
 
@@ -141,7 +142,7 @@ async def _get_agent(request: web.Request) -> web.Response:
     gw, name = request.app[GATEWAY_KEY], request.match_info["name"]
     if name not in gw.registry:
         return _error(404, f"no agent named {name!r}")
-    return web.json_response(agent_view(gw, name, full=True))
+    return web.json_response(await asyncio.to_thread(agent_view, gw, name, full=True))
 
 
 async def _put_agent(request: web.Request) -> web.Response:
@@ -150,7 +151,8 @@ async def _put_agent(request: web.Request) -> web.Response:
     created = await save(gw, files)
     log.info("admin API: agent %s %s (from %s)", name, "created" if created else "replaced",
              request.remote)
-    return web.json_response(agent_view(gw, name, full=True), status=201 if created else 200)
+    view = await asyncio.to_thread(agent_view, gw, name, full=True)
+    return web.json_response(view, status=201 if created else 200)
 
 
 async def _delete_agent(request: web.Request) -> web.Response:
@@ -163,7 +165,7 @@ async def _delete_agent(request: web.Request) -> web.Response:
 async def _card(request: web.Request) -> web.Response:
     gw, name = request.app[GATEWAY_KEY], request.match_info["name"]
     try:
-        spec = gw.registry.get(name)
+        spec = await gw.registry.load(name)
     except UnknownAgent:
         return _error(404, f"no agent named {name!r}")
     except ConfigError:

@@ -112,7 +112,7 @@ async def save(gw: Gateway, agent: AgentFiles) -> bool:
         created = not (root / agent.name).is_dir()
         publish_agent(root, staged)  # no await in between: atomic for this process
     gw.registry.forget(agent.name)
-    gw.watcher.reload_now()
+    await gw.watcher.reload_now_async()
     return created
 
 
@@ -133,7 +133,7 @@ async def delete(gw: Gateway, name: str) -> None:
     async with _lock(gw):
         remove_agent(registry.dirs[-1], name)
     registry.forget(name)
-    gw.watcher.reload_now()
+    await gw.watcher.reload_now_async()
 
 
 def agent_view(gw: Gateway, name: str, *, full: bool) -> dict[str, Any]:

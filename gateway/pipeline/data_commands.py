@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pluto.agents.registry import AgentRegistry
-from pluto.errors import ConfigError
+from pluto.errors import PlutoError
 from pluto.gateway.pipeline.commands import Commands, Failed
 from pluto.settings import PlutoConfig
 from pluto.types import Attachment, IncomingMessage, Route
@@ -79,17 +79,21 @@ class DataCommands:
                      "/describe NAME", self._describe)
         commands.add("sql", "run a read-only SQL query: /sql SELECT …", self._sql)
 
-    def scope(self, route: Route) -> Scope:
+    async def scope(self, route: Route) -> Scope:
+        """What the chat may query (DuckDB and the agent's files are loaded off the loop)."""
+        from pluto.runtime.data import preload
+
+        await preload("child", "sandbox", "format", "warehouse", "describe")
         try:
-            allowed = self.registry.get(route.agent).datasets
-        except (LookupError, ConfigError):
+            allowed = (await self.registry.load(route.agent)).datasets
+        except (LookupError, PlutoError):
             allowed = ()  # an agent that cannot be loaded sees no global dataset
         return self.service.scope(route.session_key, allowed)
 
     # commands ---------------------------------------------------------------------------
 
     async def _datasets(self, msg: IncomingMessage, route: Route, args: str) -> str:
-        found = await self.service.visible(self.scope(route))
+        found = await self.service.visible(await self.scope(route))
         if not found:
             return ("No datasets here yet. Send a CSV, TSV, Parquet or JSON file in this chat "
                     "and it becomes one.")
@@ -108,7 +112,7 @@ class DataCommands:
         if not name:
             return "Which dataset? Send `/describe NAME`; `/datasets` lists them."
         try:
-            info = await self.service.get(name, self.scope(route))
+            info = await self.service.get(name, await self.scope(route))
             return description_markdown(await describe(info, self.service.limits))
         except DataError as e:
             return Failed(one_line(str(e)))
@@ -120,7 +124,7 @@ class DataCommands:
         if not sql:
             return f"Send a query after /sql, e.g. `/sql {EXAMPLE}`. `/datasets` lists the tables."
         try:
-            result = await self.service.query(sql, self.scope(route), max_rows=SQL_ROWS)
+            result = await self.service.query(sql, await self.scope(route), max_rows=SQL_ROWS)
         except QueryRefused as e:
             return Failed(f"The query was refused: {one_line(str(e))}")
         except DataError as e:

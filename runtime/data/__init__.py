@@ -3,7 +3,8 @@
 No dependency on the rest of Pluto. The runtime's data tools are built on these names.
 Modules: `warehouse` (datasets, scopes, the catalog), `ingest` (files into DuckDB),
 `sandbox` (a query in a locked-down child process), `child` (the gate and that process),
-`format` (results as text), `demo` (the demo dataset), `service` (one gateway's data).
+`format` (results as text), `demo` (the demo dataset), `service` (one gateway's data),
+`filetypes` (which files can be datasets).
 
 Names are imported on first use, so importing this package (or `service`) does not import
 DuckDB: start-up stays fast for commands that never touch data. Async code first awaits

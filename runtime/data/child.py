@@ -58,7 +58,13 @@ DENIED_FUNCTIONS = frozenset({
 _CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_$]*)\s*\(")
 
 
-class DataError(Exception):
+if __name__ == "__main__":  # the sandbox's child: the standard library and duckdb only
+    _Root = Exception
+else:
+    from pluto.errors import PlutoError as _Root
+
+
+class DataError(_Root):  # type: ignore[valid-type,misc]
     """Root of every error raised by `runtime.data`; messages are meant for the model."""
 
 

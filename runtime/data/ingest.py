@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 
 from .child import DataError, clean_message
-from .service import FORMATS
+from .filetypes import FORMATS
 
 MAX_FOLDER_FILES = 1000
 

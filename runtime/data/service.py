@@ -23,19 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .filetypes import FORMATS, MIME_FORMATS, SPREADSHEETS
+
 if TYPE_CHECKING:  # DuckDB is imported on first use, not with this module
     from .sandbox import QueryResult
     from .warehouse import DatasetInfo, Scope, Warehouse
 
 log = logging.getLogger(__name__)
 
-FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".parquet": "parquet", ".pq": "parquet",
-           ".json": "json", ".ndjson": "ndjson", ".jsonl": "ndjson"}  # what ingest reads
-MIME_FORMATS = {"text/csv": ".csv", "application/csv": ".csv", "text/x-csv": ".csv",
-                "text/tab-separated-values": ".tsv", "application/json": ".json",
-                "application/x-ndjson": ".ndjson", "application/jsonl": ".jsonl",
-                "application/vnd.apache.parquet": ".parquet", "application/x-parquet": ".parquet"}
-SPREADSHEETS = frozenset({".xlsx", ".xls", ".xlsm", ".ods", ".numbers"})
 DEMO_MARK = ".demo-made"
 
 
