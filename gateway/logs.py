@@ -79,8 +79,7 @@ def setup_logging(level: str, *, secret_env_names: Iterable[str] = (),
         h.addFilter(redact)
         root.addHandler(h)
     root.setLevel(level)
-    for noisy in ("LiteLLM", "litellm", "httpx", "httpcore", "aiosqlite", "asyncio",
-                  "discord.gateway"):
+    for noisy in ("LiteLLM", "litellm", "httpx", "httpcore", "aiosqlite", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -62,13 +62,14 @@ def _routes_and_pairing(subs: Any) -> list[argparse.ArgumentParser]:
                                "errors)")
     ex = actions.add_parser("explain", help="which rule, agent and session a message gets, and "
                             "why (exit 1 when it gets nothing)")
-    ex.add_argument("--provider", required=True, help="e.g. telegram, discord, slack, web, cli")
+    ex.add_argument("--provider", required=True, help="the provider's name in pluto.yaml (or cli)")
     ex.add_argument("--chat", required=True, help="the chat / channel id")
     ex.add_argument("--user", required=True, help="the user id")
     ex.add_argument("--group", action="store_true", help="a group message (default: direct)")
     ex.add_argument("--mention", action="store_true", help="the message mentions the bot")
     ex.add_argument("--thread", metavar="ID", help="the thread id")
-    ex.add_argument("--guild", metavar="ID", help="the guild (Discord) or team (Slack) id")
+    ex.add_argument("--guild", metavar="ID",
+                    help="the workspace, server or team id the platform gives")
     ex.add_argument("--text", default="", help="the message text (for text_prefix/text_regex)")
     pairing = subs.add_parser("pairing", help="approve users who asked for access by DM")
     acts = pairing.add_subparsers(dest="pairing_command", metavar="ACTION", required=True)

@@ -99,6 +99,9 @@ class DiscordProvider(Provider):
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> DiscordProvider:
         settings, token = load_settings(ctx)
+        # discord.py logs every gateway heartbeat and resume at INFO: keep them out of the way
+        discord_log = logging.getLogger("discord.gateway")
+        discord_log.setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
         return cls(settings, token, data_dir=ctx.data_dir)
 
     # lifecycle ---------------------------------------------------------------------------
