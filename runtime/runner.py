@@ -46,6 +46,7 @@ class RunRequest:
     agent: AgentSpec
     text: str
     tools: tuple[str, ...] | None = None  # the route's narrowing of the agent's tools
+    source: tuple[str, str] | None = None  # (provider, message id): the inbox's message
 
 
 @dataclass(slots=True)
@@ -110,7 +111,8 @@ class Runner:
                                            agent.history.max_tokens)
         start = await self.store.start_run(
             req.run_id, req.session.id, agent.name, req.text,
-            RunStart(run_id=req.run_id, session_id=req.session.id, agent=agent.name))
+            RunStart(run_id=req.run_id, session_id=req.session.id, agent=agent.name),
+            source=req.source)
         observe(start)
         system = [{"role": "system", "content": agent.instructions}] if agent.instructions else []
         state = _RunState(req, observe, time.monotonic() + agent.budget.max_seconds,
@@ -145,15 +147,18 @@ class Runner:
                     yield await self._commit(state, MessageDelta(run_id=state.req.run_id, text=item))
             assert turn is not None
             self._account(state, turn)
-            if not turn.tool_calls:
-                final = await self.store.add_message(
-                    state.req.session.id, "assistant", turn.text, run_id=state.req.run_id,
-                    event=MessageFinal(run_id=state.req.run_id, text=turn.text))
-                assert final is not None
+            if not turn.tool_calls:  # the answer and the run's end, in one commit
+                state.ended = True
+                usage = self._usage(state)
+                final, end = await self.store.complete_run(
+                    state.req.run_id, state.req.session.id,
+                    MessageFinal(run_id=state.req.run_id, text=turn.text),
+                    RunEnd(run_id=state.req.run_id, outcome="ok", usage=usage), usage=usage)
                 state.partial = ""
                 state.observe(final)
+                state.observe(end)
                 yield final
-                yield await self._end(state, "ok")
+                yield end
                 return
             if state.total_tokens >= state.req.agent.budget.max_tokens:
                 raise BudgetExceeded(_budget_msg("tokens", state), "tokens")
@@ -251,9 +256,13 @@ class Runner:
         return await self._commit(state, RunError(run_id=state.req.run_id, message=message,
                                                   kind=kind))
 
+    @staticmethod
+    def _usage(state: _RunState) -> dict[str, int]:
+        return dict(state.usage, total_tokens=state.total_tokens, tool_calls=state.tool_calls)
+
     async def _end(self, state: _RunState, outcome: Any, error: str | None = None) -> RunEvent:
         state.ended = True
-        usage = dict(state.usage, total_tokens=state.total_tokens, tool_calls=state.tool_calls)
+        usage = self._usage(state)
         event = await self.store.end_run(state.req.run_id, outcome, error=error, usage=usage,
                                          event=RunEnd(run_id=state.req.run_id, outcome=outcome,
                                                       usage=usage))

@@ -54,14 +54,23 @@ class ConversationStore(RunReader, Protocol):
 
     async def queue_run(self, run_id: str, session_id: str, agent: str, input_text: str, *,
                         source: tuple[str, str] | None = None) -> None:
-        """Record a run accepted for a session: ``queued`` until it starts. ``source`` (provider,
-        message id): the inbox's message it answers, marked handled in the same commit."""
+        """Record a run accepted for a session: ``queued`` until it starts (recorded before:
+        unchanged). ``source`` (provider, message id): the inbox's message it answers, marked
+        handled in the same commit."""
         ...
 
     async def start_run(self, run_id: str, session_id: str, agent: str, input_text: str,
-                        event: RunEvent) -> RunEvent:
+                        event: RunEvent, *, source: tuple[str, str] | None = None) -> RunEvent:
         """Mark the run running (recording it if it was not queued), with the user's message
-        and its ``run.start``, in one commit."""
+        and its ``run.start``, in one commit; ``source``: the inbox's message it answers,
+        marked handled in that commit too."""
+        ...
+
+    async def cancel_run(self, run_id: str, session_id: str, agent: str, input_text: str,
+                         event: RunEvent, *, error: str,
+                         source: tuple[str, str] | None = None) -> RunEvent | None:
+        """A run stopped before it could start (or before it was recorded at all): record it
+        cancelled with its ``run.end``, unless it has ended already (None then)."""
         ...
 
     async def append_event(self, event: RunEvent) -> RunEvent:
@@ -72,6 +81,12 @@ class ConversationStore(RunReader, Protocol):
                       usage: dict[str, int] | None = None,
                       event: RunEvent | None = None) -> RunEvent | None:
         """Close a run (and record its ``run.end``) in one commit."""
+        ...
+
+    async def complete_run(self, run_id: str, session_id: str, final: RunEvent, end: RunEvent,
+                           *, usage: dict[str, int]) -> tuple[RunEvent, RunEvent]:
+        """A run's answer (the assistant's message with its ``message.final``) and its
+        ``run.end``, in one commit; returns both with their ``seq``."""
         ...
 
     async def recover_interrupted(self) -> list[RunEvent]:
@@ -99,6 +114,13 @@ class OutboxStore(Protocol):
         """Unsent chunks for a provider, oldest reply first, each reply's chunks in order."""
         ...
 
+    async def record_claimed(self, rows: list[OutboxRow], owner: str,
+                             lease_seconds: float) -> tuple[list[OutboxRow], bool]:
+        """:meth:`record`, and in the same commit claim the reply for ``owner`` and count a
+        first attempt of its pending chunks (the sender calls the platform next); False when
+        another owner holds it."""
+        ...
+
     async def claim(self, reply_id: str, owner: str, lease_seconds: float) -> bool:
         """Take a reply for sending; False while another owner's lease on it holds."""
         ...
@@ -109,7 +131,11 @@ class OutboxStore(Protocol):
         """Counted before each platform call (a later failure sets ``error``)."""
         ...
 
-    async def sent(self, row_id: int, platform_id: str | None) -> None: ...
+    async def sent(self, row_id: int, platform_id: str | None, *,
+                   release: tuple[str, str] | None = None) -> None:
+        """Mark a chunk sent; ``release`` (reply id, owner): give up the claim in the same
+        commit (after the reply's last chunk)."""
+        ...
 
     async def failed(self, row_ids: list[int], error: str) -> None: ...
 
@@ -161,6 +187,10 @@ class TaskStore(Protocol):
     async def steps(self, task_id: str, offset: int, limit: int) -> tuple[list[StepRow], int]: ...
 
     async def started(self, step_id: str, run_id: str) -> None: ...
+
+    async def has_run(self, run_id: str) -> bool:
+        """Whether a step points at this run (it may not have started yet)."""
+        ...
 
     async def answered(self, step_id: str, *, output: str | None = None,
                        error: str | None = None) -> None: ...

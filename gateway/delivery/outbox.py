@@ -75,6 +75,7 @@ class Outbox:
         self.owner = owner or uuid.uuid4().hex
         self._chats: dict[ChatKey, _Chat] = {}
         self._done: dict[str, asyncio.Future[bool]] = {}  # reply id → settles when it is out
+        self._fresh: dict[str, list[OutboxRow]] = {}  # recorded and claimed by deliver()
         self._sweeper: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
@@ -117,8 +118,11 @@ class Outbox:
         if not messages:
             _settle(done, True)
             return done
-        rows = await self.rows.record([_to_row(provider.name, reply_id, i, m)
-                                       for i, m in enumerate(messages)])
+        rows, claimed = await self.rows.record_claimed(
+            [_to_row(provider.name, reply_id, i, m) for i, m in enumerate(messages)],
+            self.owner, self.lease_seconds)  # one commit: recorded, ours, first try counted
+        if claimed:
+            self._fresh[reply_id] = rows
         if all(r.status != "pending" for r in rows):  # recorded and sent before
             self._done.pop(reply_id, None)
             _settle(done, all(r.status == "sent" for r in rows))
@@ -167,7 +171,9 @@ class Outbox:
                 reply_id = chat.replies[0]
                 provider = self.providers.get(key[0])
                 if provider is None:  # not running: it flushes this when it (re)starts
-                    self._finish(reply_id, False)
+                    for waiting in chat.replies:
+                        self._fresh.pop(waiting, None)
+                        self._finish(waiting, False)
                     chat.replies.clear()
                     return
                 ok = await self._send_reply(provider, reply_id)
@@ -175,6 +181,7 @@ class Outbox:
                 self._finish(reply_id, ok is True)
                 if ok is None:  # out of retries: rest; the sweep tries this chat again
                     for later in chat.replies:
+                        self._fresh.pop(later, None)
                         self._finish(later, False)
                     chat.replies.clear()
         finally:
@@ -190,21 +197,29 @@ class Outbox:
     async def _send_reply(self, provider: Provider, reply_id: str) -> bool | None:
         """Send a reply's pending chunks in order: True when all went out, False when the
         platform refused it for good, None when the retries ran out (still pending)."""
-        if not await self.rows.claim(reply_id, self.owner, self.lease_seconds):
+        fresh = self._fresh.pop(reply_id, None)
+        if fresh is None and not await self.rows.claim(reply_id, self.owner,
+                                                       self.lease_seconds):
             log.debug("outbox: reply %s is being sent by another sender", reply_id)
             return True
+        released = False
         try:
-            rows = await self.rows.reply(reply_id)
+            rows = fresh if fresh is not None else await self.rows.reply(reply_id)
+            pending = [r for r in rows if r.status == "pending"]
             for i, row in enumerate(rows):
                 if row.status != "pending":
                     continue
+                last = row is pending[-1]
                 try:
-                    await self._send_one(provider, row)
+                    await self._send_one(provider, row, counted=fresh is not None,
+                                         release=(reply_id, self.owner) if last else None)
                 except ProviderError as e:
                     return await self._failed(provider, row, rows[i:], e)
+                released = last
             return True
         finally:
-            await self.rows.release(reply_id, self.owner)
+            if not released:
+                await self.rows.release(reply_id, self.owner)
 
     async def _failed(self, provider: Provider, row: OutboxRow, rest: list[OutboxRow],
                       e: ProviderError) -> bool | None:
@@ -217,9 +232,12 @@ class Outbox:
                   row.chat_id, e)
         return None
 
-    async def _send_one(self, provider: Provider, row: OutboxRow) -> str | None:
+    async def _send_one(self, provider: Provider, row: OutboxRow, *, counted: bool = False,
+                        release: tuple[str, str] | None = None) -> str | None:
+        """Send one chunk, retrying by the platform's rules. ``counted``: its first attempt was
+        counted when it was recorded; ``release``: the reply's claim goes with the last one."""
         assert row.id is not None
-        if row.attempts and row.error is None:
+        if row.attempts and row.error is None and not counted:
             log.warning("%s: chunk %d of reply %s may have been delivered before a crash; "
                         "sending it again", provider.name, row.chunk, row.reply_id)
         message = _to_message(row)
@@ -227,7 +245,8 @@ class Outbox:
         for attempt in range(self.retry.attempts):
             if message.edit_of:
                 await self.throttle.turn(key)  # edits of one chat keep their pace
-            await self.rows.attempted(row.id)
+            if attempt or not counted:
+                await self.rows.attempted(row.id)
             try:
                 platform_id = await _call(provider, message)
             except ProviderError as e:
@@ -243,7 +262,7 @@ class Outbox:
                 log.warning("%s: sending failed (%s); retrying in %.1fs", provider.name, e, delay)
                 await asyncio.sleep(delay)
                 continue
-            await self.rows.sent(row.id, platform_id)
+            await self.rows.sent(row.id, platform_id, release=release)
             return platform_id
         raise DeliveryRefused("the platform kept refusing the message")
 

@@ -16,6 +16,7 @@ and delivery of the reply. Every answer — a command's, a notice, a run's — l
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -51,6 +52,12 @@ class Job:
     route: Route
     run_id: str
     received: float
+    session_id: str  # the session when it was accepted (a /new meanwhile starts a fresh one)
+
+    @property
+    def source(self) -> tuple[str, str] | None:
+        """The inbox's message this job answers, marked handled when its run is recorded."""
+        return (self.msg.provider, self.msg.message_id) if self.msg.message_id else None
 
 
 class Pipeline:
@@ -109,37 +116,40 @@ class Pipeline:
         return await self._queue(msg, route)
 
     async def _queue(self, msg: IncomingMessage, route: Route) -> Outcome:
-        run_id = uuid.uuid4().hex
+        """Into the session's lane. A message that will wait is recorded as a queued run now;
+        one that starts at once is recorded by its start (one commit fewer on the way)."""
         session = await self.conversations.session(route.session_key, route.agent)
-        await self.conversations.queue_run(
-            run_id, session.id, route.agent, msg.text,
-            source=(msg.provider, msg.message_id) if msg.message_id else None)
+        job = Job(msg, route, uuid.uuid4().hex, time.time(), session.id)
         waiting = self.lanes.busy(route.session_key)
-        if not self.lanes.submit(route.session_key, Job(msg, route, run_id, time.time())):
-            await self._drop(run_id, "the gateway is stopping")  # closed meanwhile
+        if waiting:
+            await self.conversations.queue_run(job.run_id, session.id, route.agent, msg.text,
+                                               source=job.source)
+        if not self.lanes.submit(route.session_key, job):
+            await self._drop(job, "the gateway is stopping")  # closed meanwhile
             return Dropped("the gateway is stopping")
-        return Accepted(run_id, queued=waiting)
+        return Accepted(job.run_id, queued=waiting)
 
     async def stop(self, session_key: str) -> tuple[bool, int]:
         """``/stop``: cancel the session's run and drop what waits behind it."""
         running, dropped = self.lanes.cancel(session_key)
         for job in dropped:
-            await self._drop(job.run_id, "dropped by /stop before it ran")
+            await self._drop(job, "dropped by /stop before it ran")
         return running, len(dropped)
 
     async def close(self, grace: float) -> None:
         """Stop taking messages; let runs finish for ``grace`` seconds, then cancel them."""
         for job in await self.lanes.close(grace):
-            await self._drop(job.run_id, "the gateway stopped before it ran")
+            await self._drop(job, "the gateway stopped before it ran")
 
-    async def _drop(self, run_id: str, why: str) -> None:
-        """A queued run that will never start: end it, so its watchers are not left waiting."""
+    async def _drop(self, job: Job, why: str) -> None:
+        """A run that will never start (or was stopped before it did): record it cancelled,
+        so its watchers are not left waiting."""
         try:
-            end = await self.conversations.end_run(run_id, "cancelled", error=why,
-                                                   event=RunEnd(run_id=run_id,
-                                                                outcome="cancelled"))
+            end = await self.conversations.cancel_run(
+                job.run_id, job.session_id, job.route.agent, job.msg.text,
+                RunEnd(run_id=job.run_id, outcome="cancelled"), error=why, source=job.source)
         except Exception:
-            log.exception("recording the end of queued run %s failed", run_id)
+            log.exception("recording the end of run %s failed", job.run_id)
             return
         if end is not None:
             self.publish(end)
@@ -147,32 +157,39 @@ class Pipeline:
     # a job's turn ---------------------------------------------------------------------------
 
     async def process(self, job: Job) -> None:
+        try:
+            await self._process(job)
+        except asyncio.CancelledError:  # /stop or shutdown; a run that had started is ended
+            await asyncio.shield(self._drop(job, STOPPED))  # by the runner: this is a no-op
+            raise
+
+    async def _process(self, job: Job) -> None:
         msg, route = job.msg, job.route
         provider = self.providers.get(msg.provider)
         if provider is None:
-            await self._drop(job.run_id, f"the provider {msg.provider} is gone")
+            await self._drop(job, f"the provider {msg.provider} is gone")
             return
         observe = self._observer(provider.name)
         try:
             agent = await self.registry.load(route.agent)
         except (PlutoError, LookupError) as e:
             log.error("agent %s unavailable: %s", route.agent, e)
-            await self._deliver(provider, msg, job.run_id, self._without_run(
-                job.run_id, "error", f"The agent '{route.agent}' is not available right now.",
+            await self._deliver(provider, msg, job, self._without_run(
+                job, "error", f"The agent '{route.agent}' is not available right now.",
                 observe))
             return
         session = await self.conversations.session(route.session_key, agent.name)
         text = await self.data.take_uploads(msg, route, session.id, lambda text, kind: (
             self.delivery.reply(provider, msg, text, kind=kind)))  # files sent become datasets
         if text is None:  # only files were sent, or one could not be read: the user was told
-            await self._deliver(provider, msg, job.run_id,
-                                self._without_run(job.run_id, "ok", None, observe))
+            await self._deliver(provider, msg, job, self._without_run(job, "ok", None, observe))
             return
-        req = RunRequest(job.run_id, session, agent, text, route.tools)
-        await self._deliver(provider, msg, job.run_id, self.runner.run(req, observe))
+        req = RunRequest(job.run_id, session, agent, text, route.tools, source=job.source)
+        await self._deliver(provider, msg, job, self.runner.run(req, observe))
 
-    async def _deliver(self, provider: Provider, msg: IncomingMessage, run_id: str,
+    async def _deliver(self, provider: Provider, msg: IncomingMessage, job: Job,
                        events: AsyncIterator[RunEvent]) -> None:
+        run_id = job.run_id
         try:
             last = await self.delivery.run(provider, msg, events)
         except ProviderError:
@@ -186,13 +203,16 @@ class Pipeline:
             return
         try:  # it failed before it could end: end it, say so, and release its watchers
             await self.delivery.run(provider, msg, self._without_run(
-                run_id, "error", INTERNAL_ERROR, self._observer(provider.name)))
+                job, "error", INTERNAL_ERROR, self._observer(provider.name)))
         except Exception:
             log.exception("recording the failure of run %s failed too", run_id)
 
-    async def _without_run(self, run_id: str, outcome: str, message: str | None,
+    async def _without_run(self, job: Job, outcome: str, message: str | None,
                            observe: Callable[[RunEvent], None]) -> AsyncIterator[RunEvent]:
-        """End a queued run that needs no model: with an error sentence, or quietly."""
+        """End a run that needs no model: with an error sentence, or quietly."""
+        run_id = job.run_id
+        await self.conversations.queue_run(run_id, job.session_id, job.route.agent,
+                                           job.msg.text, source=job.source)
         if message is not None:
             error = await self.conversations.append_event(RunError(run_id=run_id,
                                                                    message=message))

@@ -211,7 +211,7 @@ class ApiProvider(Provider):
         after = views.int_query(request, "after", 0, 0, 10_000_000)
         if last is not None:
             after = int(last) if last.isdigit() and len(last) < 9 else after
-        if await self.runs.run(run_id) is None:
+        if await self.runs.run(run_id) is None and not await self.tasks.has_run(run_id):
             raise ApiError(404, "not_found", "There is no run with that id.")
         return await self.streams.stream(request, run_id, after)
 

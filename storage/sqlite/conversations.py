@@ -11,6 +11,7 @@ import json
 import sqlite3
 import time
 import uuid
+from collections import OrderedDict, deque
 from dataclasses import replace
 from typing import Any
 
@@ -67,21 +68,34 @@ MIGRATIONS: list[str] = [
     """,
 ]
 SESSION_CACHE = 10_000
+HISTORY_SESSIONS = 1_000  # sessions whose recent messages are kept in memory
+HISTORY_MESSAGES = 200  # of each, at most this many (a longer window reads the database)
 
 
-def _message_stmt(session_id: str, role: str, content: str | None, run_id: str | None,
-                  tool_calls: list[dict] | None, tool_call_id: str | None,
-                  name: str | None) -> Statement:
+def _message(role: str, content: str | None, run_id: str | None,
+             tool_calls: list[dict] | None = None, tool_call_id: str | None = None,
+             name: str | None = None) -> MessageRow:
     tokens = estimate_tokens(content or "") + estimate_tokens(json.dumps(tool_calls or ""))
+    return MessageRow(role, content, tool_calls, tool_call_id, name, tokens, run_id, time.time())
+
+
+def _message_stmt(session_id: str, m: MessageRow) -> Statement:
     return ("INSERT INTO messages (session_id, run_id, role, content, tool_calls, tool_call_id,"
             " name, tokens, created_at) VALUES (?,?,?,?,?,?,?,?,?)",
-            (session_id, run_id, role, content, json.dumps(tool_calls) if tool_calls else None,
-             tool_call_id, name, tokens, time.time()))
+            (session_id, m.run_id, m.role, m.content,
+             json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id, m.name,
+             m.tokens, m.created_at))
 
 
 def _event_stmt(event: RunEvent) -> Statement:
     return ("INSERT INTO run_events (run_id, seq, type, data) VALUES (?,?,?,?)",
             (event.run_id, event.seq, event.type, json.dumps(event_to_dict(event), default=str)))
+
+
+def _handled(source: tuple[str, str]) -> Statement:
+    """The inbox's message (provider, message id) is handled: it will not be replayed."""
+    return ("UPDATE inbound_seen SET handled = 1, payload = NULL WHERE provider = ? AND"
+            " message_id = ?", source)
 
 
 def _session(row: sqlite3.Row) -> SessionRow:
@@ -93,6 +107,10 @@ class SqliteConversations:
         self.engine = engine
         self._seq: dict[str, int] = {}  # the last seq of each run this process is writing
         self._sessions: dict[str, SessionRow] = {}  # active session by key (bounded cache)
+        # The newest messages of recently used sessions, appended to as they are committed:
+        # a run reads its history from memory. This process is the only writer of the file
+        # (SQLite serves one gateway), so the copy cannot go stale.
+        self._recent: OrderedDict[str, deque[MessageRow]] = OrderedDict()
 
     async def migrate(self) -> None:
         await self.engine.migrate(COMPONENT, MIGRATIONS)
@@ -132,11 +150,13 @@ class SqliteConversations:
                           run_id: str | None = None, tool_calls: list[dict] | None = None,
                           tool_call_id: str | None = None, name: str | None = None,
                           event: RunEvent | None = None) -> RunEvent | None:
-        stmts = [_message_stmt(session_id, role, content, run_id, tool_calls, tool_call_id, name)]
+        message = _message(role, content, run_id, tool_calls, tool_call_id, name)
+        stmts = [_message_stmt(session_id, message)]
         if event is not None:
             event = self._numbered(event)
             stmts.append(_event_stmt(event))
         await self.engine.write(*stmts)
+        self._remember(session_id, message)
         return event
 
     async def messages(self, session_id: str, limit: int = 1000) -> list[MessageRow]:
@@ -152,7 +172,18 @@ class SqliteConversations:
                       max_tokens: int) -> list[dict[str, Any]]:
         if max_messages <= 0:
             return []
-        rows = await self.messages(session_id, limit=max_messages)
+        recent = self._recent.get(session_id)
+        if recent is not None and max_messages <= HISTORY_MESSAGES:
+            self._recent.move_to_end(session_id)
+            rows = list(recent)[-max_messages:]
+        else:
+            rows = await self.messages(session_id, limit=max(max_messages, HISTORY_MESSAGES))
+            if session_id not in self._recent:
+                self._recent[session_id] = deque(rows[-HISTORY_MESSAGES:],
+                                                 maxlen=HISTORY_MESSAGES)
+                while len(self._recent) > HISTORY_SESSIONS:
+                    self._recent.popitem(last=False)
+            rows = rows[-max_messages:]
         kept: list[MessageRow] = []
         total = 0
         for row in reversed(rows):
@@ -161,6 +192,12 @@ class SqliteConversations:
                 break
             kept.append(row)
         return sanitize_history([r.as_model_message() for r in reversed(kept)])
+
+    def _remember(self, session_id: str, *messages: MessageRow) -> None:
+        """Messages just committed join the session's copy in memory, if it has one."""
+        recent = self._recent.get(session_id)
+        if recent is not None:
+            recent.extend(messages)
 
     # runs and events ----------------------------------------------------------------------
 
@@ -172,27 +209,31 @@ class SqliteConversations:
     async def queue_run(self, run_id: str, session_id: str, agent: str, input_text: str, *,
                         source: tuple[str, str] | None = None) -> None:
         stmts: list[Statement] = [(
-            "INSERT INTO runs (id, session_id, agent, status, input, started_at)"
+            "INSERT OR IGNORE INTO runs (id, session_id, agent, status, input, started_at)"
             " VALUES (?,?,?,'queued',?,?)", (run_id, session_id, agent, input_text, time.time()))]
         if source is not None:  # the inbox's message is handled with this very commit
-            stmts.append(("UPDATE inbound_seen SET handled = 1, payload = NULL"
-                          " WHERE provider = ? AND message_id = ?", source))
+            stmts.append(_handled(source))
         await self.engine.write(*stmts)
 
     async def start_run(self, run_id: str, session_id: str, agent: str, input_text: str,
-                        event: RunEvent) -> RunEvent:
+                        event: RunEvent, *, source: tuple[str, str] | None = None) -> RunEvent:
         now = time.time()
         self._seq[run_id] = 0
         event = self._numbered(event)
-        await self.engine.write(
+        message = _message("user", input_text, run_id)
+        stmts: list[Statement] = [
             ("INSERT INTO runs (id, session_id, agent, status, input, started_at)"
              " VALUES (?,?,?,'running',?,?) ON CONFLICT(id) DO UPDATE SET status = 'running',"
              " session_id = excluded.session_id, agent = excluded.agent,"
              " input = excluded.input, started_at = excluded.started_at",
              (run_id, session_id, agent, input_text, now)),
             ("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id)),
-            _message_stmt(session_id, "user", input_text, run_id, None, None, None),
-            _event_stmt(event))
+            _message_stmt(session_id, message),
+            _event_stmt(event)]
+        if source is not None:
+            stmts.append(_handled(source))
+        await self.engine.write(*stmts)
+        self._remember(session_id, message)
         return event
 
     async def append_event(self, event: RunEvent) -> RunEvent:
@@ -216,6 +257,48 @@ class SqliteConversations:
         finally:
             self._seq.pop(run_id, None)
         return event
+
+    async def cancel_run(self, run_id: str, session_id: str, agent: str, input_text: str,
+                         event: RunEvent, *, error: str,
+                         source: tuple[str, str] | None = None) -> RunEvent | None:
+        def cancel(conn: sqlite3.Connection) -> RunEvent | None:
+            row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is not None and row["status"] not in ("queued", "running"):
+                return None  # it ended on its own
+            now = time.time()
+            if row is None:
+                conn.execute("INSERT INTO runs (id, session_id, agent, status, input,"
+                             " started_at) VALUES (?,?,?,'cancelled',?,?)",
+                             (run_id, session_id, agent, input_text, now))
+            seq = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE run_id = ?",
+                               (run_id,)).fetchone()[0]
+            end = replace(event, seq=seq + 1)
+            conn.execute(*_event_stmt(end))
+            conn.execute("UPDATE runs SET status = 'cancelled', error = ?, ended_at = ?"
+                         " WHERE id = ?", (error, now, run_id))
+            if source is not None:
+                conn.execute(*_handled(source))
+            return end
+
+        try:
+            return await self.engine.transact(cancel)
+        finally:
+            self._seq.pop(run_id, None)
+
+    async def complete_run(self, run_id: str, session_id: str, final: RunEvent, end: RunEvent,
+                           *, usage: dict[str, int]) -> tuple[RunEvent, RunEvent]:
+        final, end = self._numbered(final), self._numbered(end)
+        message = _message("assistant", getattr(final, "text", None), run_id)
+        try:
+            await self.engine.write(
+                _message_stmt(session_id, message),
+                _event_stmt(final), _event_stmt(end),
+                ("UPDATE runs SET status = 'ok', error = NULL, usage = ?, ended_at = ?"
+                 " WHERE id = ?", (json.dumps(usage), time.time(), run_id)))
+        finally:
+            self._seq.pop(run_id, None)
+        self._remember(session_id, message)
+        return final, end
 
     async def _last_seq(self, run_id: str) -> int:
         row = await self.engine.fetchone(

@@ -15,8 +15,9 @@ each inside its own savepoint, so
 Reads (:meth:`read`) run in the same thread between batches, so they never see a change that
 is not committed. Nothing outside ``storage/`` holds the connection or writes SQL.
 
-aiosqlite (pinned) runs each call in its thread; ``Connection._execute`` runs one function
-there, which is what lets a whole batch cost one hop. It is used here and nowhere else.
+aiosqlite (pinned) runs each call in its thread, in order, from a queue; putting one function
+on that queue (``Connection._tx``, like its own ``_execute`` does) is what lets a whole batch
+cost one hop. These private parts are used here and nowhere else.
 """
 
 from __future__ import annotations
@@ -57,14 +58,21 @@ def _apply_batch(conn: sqlite3.Connection, changes: list[Change]) -> list[Any]:
     results: list[Any] = []
     conn.execute("BEGIN IMMEDIATE")
     try:
-        for change in changes:
-            conn.execute("SAVEPOINT change")
+        if len(changes) == 1:  # alone in its commit: no savepoint needed
             try:
-                results.append(change(conn))
+                results.append(changes[0](conn))
             except Exception as e:  # noqa: BLE001 - handed to its caller
-                conn.execute("ROLLBACK TO change")
-                results.append(_Failed(e))
-            conn.execute("RELEASE change")
+                conn.execute("ROLLBACK")
+                return [_Failed(e)]
+        else:
+            for change in changes:
+                conn.execute("SAVEPOINT change")
+                try:
+                    results.append(change(conn))
+                except Exception as e:  # noqa: BLE001 - handed to its caller
+                    conn.execute("ROLLBACK TO change")
+                    results.append(_Failed(e))
+                conn.execute("RELEASE change")
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
@@ -85,7 +93,9 @@ class SqliteEngine:
         self.path = path
         self._db: aiosqlite.Connection | None = None
         self._pending: list[tuple[Change, asyncio.Future[Any]]] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._committing = False  # a batch is in the database thread
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     @property
     def is_open(self) -> bool:
@@ -116,8 +126,7 @@ class SqliteEngine:
             raise StorageError(f"cannot use the database {self.path}: {e}") from None
 
     async def close(self) -> None:
-        if self._flusher is not None and not self._flusher.done():
-            await asyncio.wait({self._flusher})
+        await self._idle.wait()  # every change handed over is committed (or failed)
         if self._db is not None:
             db, self._db = self._db, None
             await db.close()
@@ -154,30 +163,49 @@ class SqliteEngine:
         ``change`` must not commit, roll back or await: it is plain synchronous SQL."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.append((change, fut))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush(), name="storage:commit")
+        if not self._committing:
+            self._commit_next()
         return await fut
 
     async def write(self, *statements: Statement) -> int:
         """Statements as one atomic change; returns the row count of the last one."""
         return await self.transact(run_statements(statements))
 
-    async def _flush(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                results = await self._conn._execute(_apply_batch, self._conn._conn,
-                                                     [change for change, _ in batch])
-            except Exception as e:  # the commit itself failed: nobody's change is durable
-                log.error("storage: a commit of %d change(s) failed: %s", len(batch), e)
-                results = [_Failed(e)] * len(batch)
-            for (_, fut), result in zip(batch, results):
-                if fut.done():
-                    continue
-                if isinstance(result, _Failed):
-                    fut.set_exception(result.error)
-                else:
-                    fut.set_result(result)
+    def _commit_next(self) -> None:
+        """Hand what is pending to the database thread as one batch. Its end (a callback, not a
+        task: a caller cancelled meanwhile never stops it) settles each change and hands over
+        whatever arrived in the meantime."""
+        batch, self._pending = self._pending, []
+        self._committing = True
+        self._idle.clear()
+        db = self._conn
+        done: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        changes = [change for change, _ in batch]
+        # aiosqlite's worker runs queued functions in order and settles their futures
+        db._tx.put_nowait((done, lambda: _apply_batch(db._conn, changes)))
+        done.add_done_callback(lambda finished: self._committed(batch, finished))
+
+    def _committed(self, batch: list[tuple[Change, asyncio.Future[Any]]],
+                   finished: asyncio.Future[list[Any]]) -> None:
+        if finished.cancelled() or finished.exception() is not None:
+            e = finished.exception() if not finished.cancelled() else StorageError(
+                "the commit was cancelled")
+            log.error("storage: a commit of %d change(s) failed: %s", len(batch), e)
+            results: list[Any] = [_Failed(e)] * len(batch)  # type: ignore[arg-type]
+        else:
+            results = finished.result()
+        for (_, fut), result in zip(batch, results):
+            if fut.done():
+                continue
+            if isinstance(result, _Failed):
+                fut.set_exception(result.error)
+            else:
+                fut.set_result(result)
+        self._committing = False
+        if self._pending and self._db is not None:
+            self._commit_next()
+        else:
+            self._idle.set()
 
     # reads --------------------------------------------------------------------------------
 

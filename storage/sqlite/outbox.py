@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from dataclasses import replace
 from typing import Any
 
 from pluto.storage.rows import OutboxRow
@@ -59,6 +60,11 @@ _COLUMNS = ("reply_id", "chunk", "run_id", "seq", "provider", "chat_id", "thread
             "answers", "edit_of", "kind", "markup", "text", "attachments")
 
 
+_CLAIM = ("INSERT INTO outbox_claims (reply_id, owner, until) VALUES (?,?,?)"
+          " ON CONFLICT(reply_id) DO UPDATE SET owner = excluded.owner, until = excluded.until"
+          " WHERE outbox_claims.until < ? OR outbox_claims.owner = excluded.owner")
+
+
 def _value(row: OutboxRow, column: str) -> Any:
     value = getattr(row, column)
     return json.dumps(value) if column == "attachments" else value
@@ -99,6 +105,33 @@ class SqliteOutbox:
 
         return await self.engine.transact(record)
 
+    async def record_claimed(self, rows: list[OutboxRow], owner: str,
+                             lease_seconds: float) -> tuple[list[OutboxRow], bool]:
+        if not rows:
+            return [], False
+        now = time.time()
+        reply_id = rows[0].reply_id
+        insert = (f"INSERT OR IGNORE INTO outbox ({','.join(_COLUMNS)}, attempts, created_at,"
+                  f" updated_at) VALUES ({','.join('?' * (len(_COLUMNS) + 3))}) RETURNING id")
+
+        def record(conn: sqlite3.Connection) -> tuple[list[OutboxRow], bool]:
+            claimed = conn.execute(_CLAIM, (reply_id, owner, now + lease_seconds,
+                                            now)).rowcount > 0
+            tries = 1 if claimed else 0  # the sender's first call, counted with the record
+            ids = [conn.execute(insert, (*(_value(r, c) for c in _COLUMNS), tries, now,
+                                         now)).fetchone() for r in rows]
+            if all(found is not None for found in ids):  # all new: no need to read them back
+                return [replace(r, id=found[0], attempts=tries)
+                        for r, found in zip(rows, ids)], claimed
+            if claimed:  # recorded before: count the attempt on what is still pending
+                conn.execute("UPDATE outbox SET attempts = attempts + 1, error = NULL,"
+                             " updated_at = ? WHERE reply_id = ? AND status = 'pending'",
+                             (now, reply_id))
+            return [_row(r) for r in conn.execute(
+                "SELECT * FROM outbox WHERE reply_id = ? ORDER BY chunk", (reply_id,))], claimed
+
+        return await self.engine.transact(record)
+
     async def reply(self, reply_id: str) -> list[OutboxRow]:
         rows = await self.engine.fetchall(
             "SELECT * FROM outbox WHERE reply_id = ? ORDER BY chunk", (reply_id,))
@@ -112,11 +145,7 @@ class SqliteOutbox:
 
     async def claim(self, reply_id: str, owner: str, lease_seconds: float) -> bool:
         now = time.time()
-        taken = await self.engine.write((
-            "INSERT INTO outbox_claims (reply_id, owner, until) VALUES (?,?,?)"
-            " ON CONFLICT(reply_id) DO UPDATE SET owner = excluded.owner, until = excluded.until"
-            " WHERE outbox_claims.until < ? OR outbox_claims.owner = excluded.owner",
-            (reply_id, owner, now + lease_seconds, now)))
+        taken = await self.engine.write((_CLAIM, (reply_id, owner, now + lease_seconds, now)))
         return taken > 0
 
     async def release(self, reply_id: str, owner: str) -> None:
@@ -126,8 +155,15 @@ class SqliteOutbox:
     async def attempted(self, row_id: int) -> None:
         await self._update(row_id, "attempts = attempts + 1, error = NULL")
 
-    async def sent(self, row_id: int, platform_id: str | None) -> None:
-        await self._update(row_id, "status = 'sent', platform_id = ?, error = NULL", platform_id)
+    async def sent(self, row_id: int, platform_id: str | None, *,
+                   release: tuple[str, str] | None = None) -> None:
+        mark = ("UPDATE outbox SET status = 'sent', platform_id = ?, error = NULL,"
+                " updated_at = ? WHERE id = ?", (platform_id, time.time(), row_id))
+        if release is None:
+            await self.engine.write(mark)
+        else:
+            await self.engine.write(mark, ("DELETE FROM outbox_claims WHERE reply_id = ? AND"
+                                           " owner = ?", release))
 
     async def failed(self, row_ids: list[int], error: str) -> None:
         now = time.time()

@@ -134,6 +134,10 @@ class SqliteTasks:
         await self.engine.write((
             "UPDATE api_steps SET run_id = ?, status = 'running' WHERE id = ?", (run_id, step_id)))
 
+    async def has_run(self, run_id: str) -> bool:
+        return await self.engine.fetchone("SELECT 1 FROM api_steps WHERE run_id = ?",
+                                          (run_id,)) is not None
+
     async def answered(self, step_id: str, *, output: str | None = None,
                        error: str | None = None) -> None:
         """A step answered without a run: a command's reply, or a refusal (``error``)."""
