@@ -123,6 +123,9 @@ class Runner:
             async for event in self._loop(state):
                 yield event
         except (ModelError, BudgetExceeded) as e:
+            if isinstance(e, BudgetExceeded):
+                log.warning("run %s (agent %s) stopped at its %s budget", req.run_id,
+                            agent.name, e.budget)
             yield await self._fail(state, str(e), "budget" if isinstance(e, BudgetExceeded)
                                    else "error")
             yield await self._end(state, "budget" if isinstance(e, BudgetExceeded) else "error",
@@ -175,12 +178,21 @@ class Runner:
             remaining = state.deadline - time.monotonic()
             if remaining <= 0:
                 raise BudgetExceeded(_budget_msg("seconds", state), "seconds")
+            stream = model.stream(state.messages, schemas, state.settings)
             try:
-                async with asyncio.timeout(remaining):
-                    async for item in model.stream(state.messages, schemas, state.settings):
-                        shown = shown or isinstance(item, str)
-                        yield item
-                return
+                # The time limit bounds each wait for the model, never a ``yield``: a timeout
+                # around a yield would fire in the consumer (storing, sending) and look like
+                # a user's stop there, not like the budget it is.
+                while True:
+                    if (left := state.deadline - time.monotonic()) <= 0:
+                        raise TimeoutError
+                    try:
+                        async with asyncio.timeout(left):
+                            item = await anext(stream)
+                    except StopAsyncIteration:
+                        return
+                    shown = shown or isinstance(item, str)
+                    yield item
             except TimeoutError:
                 raise BudgetExceeded(_budget_msg("seconds", state), "seconds") from None
             except ModelError as e:
@@ -193,6 +205,9 @@ class Runner:
                 log.warning("model %s: %s; retry %d in %.1fs", state.settings.model, e,
                             attempt, delay)
                 await asyncio.sleep(delay)
+            finally:
+                if (close := getattr(stream, "aclose", None)) is not None:
+                    await close()
 
     def _account(self, state: _RunState, turn: ModelTurn) -> None:
         usage = turn.usage or {

@@ -203,3 +203,27 @@ async def test_history_window_and_continuity(store, tmp_path):
     narrow = dataclasses.replace(spec, history=HistoryWindow(max_messages=2))
     await run(store, model, narrow, text="message 3")
     assert [m["role"] for m in model.calls[-1]] == ["system", "user", "assistant", "user"]
+
+
+async def test_streaming_past_the_time_budget_ends_as_budget_not_cancelled(store, tmp_path,
+                                                                           caplog):
+    """The deadline passes while the consumer (storing, sending) is busy, not the model: the
+    run still ends with the budget sentence, its partial text kept, outcome ``budget``."""
+    model = ScriptedModel(Scripted(text="word " * 200, chunk=10))
+    spec = agent(tmp_path, max_seconds=2)
+    runner = Runner(store, models={}, tools=TOOLS, data_dir=Path("."), model_factory=model)
+    session = await store.session("slow-reader", "a")
+    events = []
+    async for event in runner.run(RunRequest("r-budget", session, spec, "hi")):
+        events.append(event)
+        if isinstance(event, MessageDelta):
+            await asyncio.sleep(0.1)  # a slow consumer: 100 deltas take 10 s
+    err = next(e for e in events if isinstance(e, RunError))
+    assert err.message == "I stopped: this answer took longer than the 2-second limit."
+    assert err.kind == "budget" and events[-1].outcome == "budget"
+    row = await store.run("r-budget")
+    assert row.status == "budget" and "2-second limit" in row.error
+    shown = "".join(e.text for e in events if isinstance(e, MessageDelta))
+    history = await store.history(session.id, 10, 10_000)
+    assert shown and history[-1] == {"role": "assistant", "content": shown}
+    assert any("stopped at its seconds budget" in r.getMessage() for r in caplog.records)
