@@ -23,7 +23,8 @@ from pluto.agents.spec import AgentSpec
 from pluto.events import (MessageDelta, MessageFinal, RunEnd, RunError, RunEvent, RunStart,
                           ToolEnd, ToolStart)
 from pluto.runtime.errors import BudgetExceeded, ModelError
-from pluto.runtime.model import Model, ModelSettings, ModelTurn, ToolCall, model_for
+from pluto.runtime.model import Model, ModelSettings, ModelTurn, ToolCall
+from pluto.runtime.openai_compat import model_for
 from pluto.runtime.tools import Tool, ToolContext, ToolError, ToolResult
 from pluto.storage.ports import ConversationStore
 from pluto.storage.rows import SessionRow, estimate_tokens
