@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,8 +48,10 @@ class _Entry:
 
 
 class AgentRegistry:
-    def __init__(self, *dirs: Path, cache_size: int = 256, recheck_seconds: float = 0.25):
+    def __init__(self, *dirs: Path, cache_size: int = 256, recheck_seconds: float = 0.25,
+                 key_envs: Collection[str] = ()):
         self.dirs = list(dirs)
+        self.key_envs = frozenset(key_envs)  # what an agent may name in api_key_env
         self.cache_size = cache_size
         self.recheck_seconds = recheck_seconds  # files are looked at no more often than this
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
@@ -71,7 +74,7 @@ class AgentRegistry:
         for d in self.dirs:
             if d.is_dir():
                 found.update(p.name for p in d.iterdir()
-                             if NAME_RE.match(p.name) and _defines_agent(p))
+                             if NAME_RE.fullmatch(p.name) and _defines_agent(p))
         return sorted(found)
 
     def __contains__(self, name: str) -> bool:
@@ -82,7 +85,7 @@ class AgentRegistry:
             return len(self._cache)  # agents held in memory
 
     def dir_of(self, name: str) -> Path | None:
-        if not NAME_RE.match(name):
+        if not NAME_RE.fullmatch(name):
             return None
         for d in reversed(self.dirs):  # later dirs (dynamic agents) override earlier ones
             if _defines_agent(d / name):
@@ -116,7 +119,7 @@ class AgentRegistry:
                 self._touch(name)
             return kept.spec
         try:
-            spec = load_checked(agent_dir)
+            spec = load_checked(agent_dir, self.key_envs)
         except ConfigError as e:
             self._broken(name, e, stamp, kept)
             if kept is not None:
@@ -169,7 +172,16 @@ class AgentRegistry:
         agent_dir = self.dir_of(name)
         if agent_dir is None:
             raise UnknownAgent(name)
-        return load_checked(agent_dir)
+        return load_checked(agent_dir, self.key_envs)
+
+    def allow_key_envs(self, key_envs: Collection[str]) -> None:
+        """``agents.api_key_envs`` changed in pluto.yaml: every agent is looked at again."""
+        with self._lock:
+            changed = frozenset(key_envs) != self.key_envs
+            self.key_envs = frozenset(key_envs)
+            if changed:  # the files did not change, so their stamps alone would not tell
+                self._cache.clear()
+                self._reported.clear()
 
     def forget(self, name: str) -> None:
         """Look at the agent's files again on its next use (they were just written)."""
@@ -214,11 +226,11 @@ class AgentRegistry:
         return found is not None and len(self.dirs) > 1 and found.parent == self.dirs[-1]
 
 
-def load_checked(agent_dir: Path) -> AgentSpec:
+def load_checked(agent_dir: Path, key_envs: Collection[str] = ()) -> AgentSpec:
     """:func:`load_agent`, with any failure reported as a :class:`ConfigError` naming the file
     (a YAML nested too deeply, an unreadable path), never as a crash."""
     try:
-        return load_agent(agent_dir)
+        return load_agent(agent_dir, key_envs)
     except ConfigError:
         raise
     except RecursionError:
@@ -253,7 +265,7 @@ def stage_agent(root: Path, name: str, files: dict[str, bytes]) -> Path:
 
     Returns ``<root>/.staging/<id>/<name>``, which :func:`load_agent` can validate and
     :func:`publish_agent` puts in place."""
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise ValueError(f"invalid agent name {name!r}")
     staged = root / ".staging" / uuid.uuid4().hex / name
     staged.mkdir(parents=True)
@@ -287,7 +299,7 @@ def publish_agent(root: Path, staged: Path) -> bool:
 
 def remove_agent(root: Path, name: str) -> bool:
     final = root / name
-    if not NAME_RE.match(name) or not final.is_dir():
+    if not NAME_RE.fullmatch(name) or not final.is_dir():
         return False
     trash = root / ".staging" / f"old-{uuid.uuid4().hex}"
     trash.parent.mkdir(parents=True, exist_ok=True)

@@ -8,21 +8,27 @@ tools: [current_time]
 budget: {max_seconds: 120, max_tokens: 60000, max_tool_calls: 12}
 history: {max_messages: 40, max_tokens: 8000}
 ```
+
+Agent files are data, never templates: ``${NAME}`` in them stays as written (only ``pluto.yaml``
+expands the environment), so no field of an agent (its description is on the public A2A card)
+can copy a secret out of the environment. An agent may name a key in ``api_key_env`` only when
+``pluto.yaml`` allows that variable (``agents.api_key_envs``): anything else is a ConfigError.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pluto.errors import ConfigError
 from pluto.yamldoc import FileRefused, YamlDoc, read_regular_file
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")  # use with fullmatch: "evil\n" fails
 MAX_INSTRUCTIONS_BYTES = 256_000
 
 
@@ -85,19 +91,29 @@ class AgentSpec:
     source: Path
 
 
-def load_agent(agent_dir: Path) -> AgentSpec:
-    """Load and validate one agent directory; errors name the file, line and field."""
+def load_agent(agent_dir: Path, key_envs: Collection[str] = ()) -> AgentSpec:
+    """Load and validate one agent directory; errors name the file, line and field.
+
+    ``key_envs``: the environment variables the agent may name in ``api_key_env`` (from
+    ``agents.api_key_envs`` in ``pluto.yaml``); by default none."""
     name = agent_dir.name
     path = agent_dir / "agent.yaml"
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise ConfigError([(str(agent_dir), None, "name",
                             "agent directory names use a-z, 0-9, '-' and '_' (max 64)")])
     doc = YamlDoc(path)
     if doc.data is not None and not isinstance(doc.data, dict):
         raise ConfigError([(doc.name, 1, "", "expected a mapping (description, model, ...)")])
-    spec = doc.validate(AgentFile)
+    try:  # validated as written: no ${NAME} expansion in agent files
+        spec = AgentFile.model_validate(doc.data if doc.data is not None else {})
+    except ValidationError as e:
+        raise doc.error_from(e) from None
     if spec.name is not None and spec.name != name:
         raise doc.problem(("name",), f"must match the directory name '{name}' (or be left out)")
+    if spec.api_key_env is not None and spec.api_key_env not in key_envs:
+        allowed = ", ".join(sorted(key_envs)) or "none"
+        raise doc.problem(("api_key_env",), f"{spec.api_key_env} is not a variable agents may "
+                          f"use (pluto.yaml agents.api_key_envs allows: {allowed})")
     return AgentSpec(
         name=name,
         description=spec.description.strip(),

@@ -48,7 +48,7 @@ class AgentFiles:
 
     @classmethod
     def from_body(cls, name: str, body: dict[str, Any]) -> AgentFiles:
-        if not NAME_RE.match(name):
+        if not NAME_RE.fullmatch(name):
             raise BadRequest("agent names use a-z, 0-9, '-' and '_' (at most 64, starting "
                              "with a letter or digit)")
         unknown = sorted(set(body) - set(BODY_KEYS))
@@ -78,7 +78,7 @@ def _extra_files(files: Any) -> dict[str, bytes]:
                          "file names and their text")
     out = {}
     for filename, text in files.items():
-        if not FILE_RE.match(filename) or filename == "agent.yaml" or ".." in filename:
+        if not FILE_RE.fullmatch(filename) or filename == "agent.yaml" or ".." in filename:
             raise BadRequest(f"invalid file name {filename!r}: a plain name like "
                              "'instructions.md' (no folders), not agent.yaml")
         if not isinstance(text, str):
@@ -102,7 +102,7 @@ async def save(gw: Gateway, agent: AgentFiles) -> bool:
     async with _lock(gw):
         staged = await asyncio.to_thread(stage_agent, root, agent.name, agent.files)
         try:
-            load_checked(staged)
+            load_checked(staged, gw.registry.key_envs)
         except ConfigError as e:
             discard_staged(staged)
             final = str(root / agent.name)

@@ -101,7 +101,7 @@ def agent_name(data: dict[str, Any]) -> str | None:
     value = data.get("agent")
     if value is None:
         return None
-    if not isinstance(value, str) or not AGENT_NAME.match(value):
+    if not isinstance(value, str) or not AGENT_NAME.fullmatch(value):
         raise bad("'agent' must be an agent's name (letters, digits, '_', '.', '-').")
     return value
 

@@ -100,12 +100,12 @@ def parse_frame(raw: str, max_chars: int) -> ClientFrame:
         raise ProtocolError("bad_frame", "A frame must be a JSON object with a 'type'.")
     kind = _field(data, "type", str, optional=False)
     client_id = data.get("id")
-    if client_id is not None and (not isinstance(client_id, str) or not CLIENT_ID.match(client_id)):
+    if client_id is not None and (not isinstance(client_id, str) or not CLIENT_ID.fullmatch(client_id)):
         raise ProtocolError("bad_frame", "'id' must be up to 64 letters, digits or _.:-")
     match kind:
         case "hello":
             agent = _field(data, "agent", str)
-            if agent is not None and not AGENT_NAME.match(agent):
+            if agent is not None and not AGENT_NAME.fullmatch(agent):
                 raise ProtocolError("bad_frame", "'agent' is not a valid agent name.")
             token = _field(data, "token", str)
             return Hello(token=token[:512] if token else None, agent=agent or None)

@@ -92,7 +92,7 @@ class SessionSigner:
     def verify(self, token: object) -> Verified:
         if token is None or token == "":
             return Verified(None, "missing")
-        m = _TOKEN.match(token) if isinstance(token, str) else None
+        m = _TOKEN.fullmatch(token) if isinstance(token, str) else None
         if m is None:
             return Verified(None, "invalid")
         body = m.group(0).rsplit(".", 1)[0]
