@@ -6,6 +6,7 @@ Secrets are named by environment variable (``*_env`` fields) and read only where
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,22 @@ class AccessConfig(Strict):
         return v.strip() or None if isinstance(v, str) else v
 
 
+class AgentsPolicy(Strict):
+    """What agent files (and agents put through the admin API) may ask for."""
+
+    # the only environment variables an agent may name in api_key_env (none by default): an
+    # agent's api_base + api_key_env would otherwise send any secret to any host
+    api_key_envs: list[str] = Field(default_factory=list)
+
+    @field_validator("api_key_envs")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        bad = [n for n in v if not re.fullmatch(ENV_NAME, n)]
+        if bad:
+            raise ValueError(f"not an environment variable name: {bad[0]!r}")
+        return v
+
+
 class AdminConfig(Strict):
     api_key_env: str | None = Field(default=None, pattern=ENV_NAME)  # unset: no admin API
 
@@ -112,13 +129,14 @@ class DataConfig(Strict):
 
 
 class PlutoConfig(Strict):
-    data_dir: Path = Path(".pluto")
+    data_dir: Path = Field(default=Path(".pluto"), validate_default=True)  # made absolute
     http: HttpConfig = HttpConfig()
     models: dict[str, ModelConfig] = Field(default_factory=lambda: {"default": ModelConfig()})
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     gateway: GatewayLimits = GatewayLimits()
     access: AccessConfig = AccessConfig()
     admin: AdminConfig = AdminConfig()
+    agents: AgentsPolicy = AgentsPolicy()
     data: DataConfig = DataConfig()
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
 
@@ -127,19 +145,40 @@ class PlutoConfig(Strict):
     def _default_dir(cls, v: Any) -> Any:
         return v or ".pluto"
 
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, v: Path) -> Path:
+        """Decided once, here: relative to the working directory, made absolute, so no later
+        step can join it to itself (``.pluto/.pluto/artifacts/…``)."""
+        return absolute(v)
+
     def secret_names(self) -> list[str]:
         """Environment variables that hold secrets (for log redaction)."""
         names = [m.api_key_env for m in self.models.values() if m.api_key_env]
         names += [self.admin.api_key_env] if self.admin.api_key_env else []
+        names += self.agents.api_key_envs
         for p in self.providers.values():
             names += [v for k, v in (p.model_extra or {}).items() if k.endswith("_env") and v]
         return names
 
 
+def absolute(path: Path | str) -> Path:
+    """A path as the process sees it now: ``~`` expanded, made absolute, symlinks resolved."""
+    return Path(path).expanduser().resolve()
+
+
+def data_dir_for(config: PlutoConfig, override: Path | str | None = None) -> Path:
+    """The one data dir of a command: ``--data-dir`` or ``$PLUTO_DATA_DIR`` when given, else
+    ``data_dir`` in pluto.yaml; always absolute."""
+    chosen = override or os.environ.get("PLUTO_DATA_DIR") or config.data_dir
+    return absolute(chosen)
+
+
 def load_pluto_config(config_dir: Path) -> PlutoConfig:
     path = config_dir / "pluto.yaml"
     if not config_dir.is_dir():
-        raise ConfigError([(str(config_dir), None, "", "config directory not found")])
+        raise ConfigError([(str(config_dir), None, "", "config directory not found; make one with "
+                           "'pluto init' (or pass --config DIR)")])
     if not path.exists():
         return PlutoConfig()
     doc = YamlDoc(path)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pluto.runtime.errors import ModelError
+from pluto.runtime.model_errors import classify_error
 from pluto.yamldoc import paused_gc
 
 
@@ -194,7 +195,7 @@ class LiteLLMModel:
         except ModelError:
             raise
         except Exception as e:  # litellm wraps every provider error; classify by status
-            raise classify_error(e, settings.model) from e
+            raise classify_error(e, settings) from e
         yield acc.turn()
 
 
@@ -237,44 +238,6 @@ class _TurnBuilder:
         calls = [ToolCall(c["id"] or f"call_{i}", c["name"], c["arguments"] or "{}")
                  for i, c in sorted(self.calls.items())]
         return ModelTurn("".join(self.text), calls, self.usage, self.finish)
-
-
-def classify_error(e: Exception, model: str) -> ModelError:
-    """One plain sentence for people, and whether trying again may help."""
-    status = getattr(e, "status_code", None)
-    name = type(e).__name__
-    retry_after = _retry_after(e)
-    if "Missing credentials" in str(e) or "api_key client option must be set" in str(e):
-        return ModelError("No API key is set for the model; an admin should set the variable "
-                          "named by api_key_env in pluto.yaml.")
-    if "ContextWindow" in name:
-        return ModelError("The conversation is too long for the model; send /new to start afresh.")
-    if status == 429 or "RateLimit" in name:
-        return ModelError("The model is rate limited right now; please try again in a moment.",
-                          retryable=True, retry_after=retry_after)
-    if "Timeout" in name or status == 408:
-        return ModelError("The model did not answer in time.", retryable=True)
-    if status in (401, 403) or "Authentication" in name or "PermissionDenied" in name:
-        return ModelError("The model service rejected the API key; an admin should check it.")
-    if status == 404 or "NotFound" in name:
-        return ModelError(f"The model '{model}' was not found at the configured endpoint.")
-    if "APIConnectionError" in name or "Connection error" in str(e):
-        return ModelError("Could not reach the model service.", retryable=True)
-    if status is not None and status >= 500 or "InternalServer" in name or "Unavailable" in name:
-        return ModelError("The model service had an error.", retryable=True)
-    if status == 400 or "BadRequest" in name:
-        return ModelError("The model service refused the request.")
-    return ModelError("The model call failed unexpectedly.", retryable=True)
-
-
-def _retry_after(e: Exception) -> float | None:
-    headers = getattr(e, "litellm_response_headers", None) or getattr(
-        getattr(e, "response", None), "headers", None) or {}
-    try:
-        value = headers.get("retry-after")
-        return float(value) if value is not None else None
-    except (TypeError, ValueError, AttributeError):
-        return None
 
 
 OFFLINE_REPLY = (

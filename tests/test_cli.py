@@ -97,7 +97,8 @@ def test_run_failure_is_one_sentence_and_non_zero(model_env, config_dir, fake) -
     fake.script(Reply(status=400, error_message="bad things"))
     out = pluto("run", "hi", env=model_env, config=config_dir)
     assert out.returncode == 1
-    assert out.stderr.strip() == "! The model service refused the request."
+    assert out.stderr.strip() == (f"! The model service at {fake.base_url} refused the "
+                                  "request: bad things.")
     assert "Traceback" not in out.stdout + out.stderr
 
 

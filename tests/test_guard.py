@@ -29,6 +29,5 @@ async def test_a_real_model_call_fails_fast_and_plainly() -> None:
     with pytest.raises(ModelError) as exc:
         async for _ in LiteLLMModel().stream([{"role": "user", "content": "hi"}], [], settings):
             pass
-    assert str(exc.value) in ("No API key is set for the model; an admin should set the variable "
-                              "named by api_key_env in pluto.yaml.",
-                              "Could not reach the model service.")
+    assert str(exc.value).startswith(("No API key is set for the model openai/gpt-4o-mini",
+                                      "Could not reach the model service"))

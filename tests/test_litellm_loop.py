@@ -118,7 +118,8 @@ async def test_wrong_key_is_reported_without_the_key(setup, fake, monkeypatch):
     gw, p = setup
     monkeypatch.setenv("PLUTO_API_KEY", "sk-wrong-key")
     [msg] = await ask(p, "hi")
-    assert msg == "The model service rejected the API key; an admin should check it."
+    assert msg.startswith("The model service at http") and "rejected the API key in " \
+        "PLUTO_API_KEY: Incorrect API key provided. Check the value of PLUTO_API_KEY." in msg
     assert "sk-wrong" not in msg
 
 
@@ -148,5 +149,6 @@ async def test_unreachable_model_is_reported(config_dir, data_dir):
         p = RecordingProvider()
         gw.add_provider(p)
         [msg] = await ask(p, "hi")
-        assert msg == "Could not reach the model service."
+        assert msg.startswith("Could not reach the model service at ") and \
+            "http://127.0.0.1:9/v1" in msg and "PLUTO_API_BASE" in msg
     await asyncio.sleep(0)

@@ -15,7 +15,7 @@ from pluto.errors import ConfigError, PlutoError
 from pluto import __version__
 from pluto.gateway.app import Gateway
 from pluto.gateway.cli.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
-from pluto.settings import PlutoConfig, load_pluto_config
+from pluto.settings import PlutoConfig, data_dir_for, load_pluto_config
 from pluto.types import IncomingMessage
 from pluto.gateway.logs import setup_logging
 from pluto.gateway.ports import Provider, ProviderContext
@@ -30,7 +30,7 @@ def dispatch(args: argparse.Namespace) -> int:
         config = load_pluto_config(args.config)
     except ConfigError as e:
         return _config_failed(e)
-    data_dir = args.data_dir or Path(os.environ.get("PLUTO_DATA_DIR") or config.data_dir)
+    data_dir = data_dir_for(config, args.data_dir)  # absolute, decided once
     quiet = args.command in ("chat", "run", "agents", "routes", "pairing", "data")
     setup_logging("DEBUG" if args.verbose else config.log_level,
                   secret_env_names=config.secret_names(),
@@ -146,8 +146,8 @@ async def _serve(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) 
     _on_signals(on_signal, signal.SIGINT, signal.SIGTERM)
     async with gw:
         assert gw.http is not None
-        log.info("pluto %s serving on %s; config %s, data %s", __version__, gw.http.url,
-                 args.config, data_dir)
+        log.info("pluto %s serving on %s (config: %s, data: %s)", __version__, gw.http.url,
+                 args.config.resolve(), data_dir)
         await stop.wait()
     log.info("stopped")
     return EXIT_OK
@@ -156,7 +156,8 @@ async def _serve(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) 
 def _agents(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
     from pluto.agents.registry import AgentRegistry
 
-    registry = AgentRegistry(args.config / "agents", data_dir / "agents")
+    registry = AgentRegistry(args.config / "agents", data_dir / "agents",
+                             key_envs=config.agents.api_key_envs)
     failed = False
     for name in registry.names():
         try:

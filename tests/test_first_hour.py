@@ -1,0 +1,151 @@
+"""The first hour of a new user (issue 17): each surprise they met, kept fixed.
+
+The shipped config (a relative ``data_dir``) delivering the headline chart; model errors that
+name their cause, endpoint and variable; the data dir decided once, absolute.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pluto.runtime.errors import ModelError
+from pluto.runtime.model import LiteLLMModel, ModelSettings
+from pluto.runtime.model_errors import endpoint, service_reason
+from pluto.settings import PlutoConfig, data_dir_for, load_pluto_config
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ToolCall("make_chart", {"sql": "SELECT month(date) AS month, sum(amount) AS total "
+                                       "FROM sales GROUP BY 1 ORDER BY 1",
+                                "kind": "line", "x": "month", "title": "By month"})
+
+
+def pluto_cmd() -> list[str]:
+    exe = shutil.which("pluto")
+    return [exe] if exe else [sys.executable, "-m", "pluto.gateway.cli"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLUTO_")}
+    return env | {"PYTHONUNBUFFERED": "1"} | extra
+
+
+# ---- (1) the headline example with the shipped config ----------------------------------
+
+
+def test_the_shipped_config_delivers_the_chart_in_the_terminal(tmp_path: Path) -> None:
+    """As in the README: the example config (data_dir: .pluto, relative), run from its
+    parent directory; the PNG is delivered, not dropped for a doubled path."""
+    shutil.copytree(ROOT / "config", tmp_path / "config")
+    with FakeOpenAI.in_thread(api_key="sk-first") as fake:
+        fake.script(Reply(tool_calls=[CHART]), Reply(text="Sales peak in **December**."))
+        env = clean_env(PLUTO_MODEL="openai/fake", PLUTO_API_BASE=fake.base_url,
+                        PLUTO_API_KEY="sk-first", PYTHONPATH=os.pathsep.join(sys.path))
+        out = subprocess.run([*pluto_cmd(), "run", "which month sold best? draw it by month"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    [line] = [ln for ln in out.stdout.splitlines() if ln.startswith("[image: ")]
+    png = Path(line.removeprefix("[image: ").rstrip("]"))
+    assert png.is_absolute() and png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
+    assert png.is_relative_to(tmp_path / ".pluto" / "artifacts")
+    assert not (tmp_path / ".pluto" / ".pluto").exists()
+    log = (tmp_path / ".pluto" / "pluto.log").read_text()
+    assert "outside the data dir or missing" not in log
+
+
+def test_the_data_dir_is_absolute_once_decided(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PLUTO_DATA_DIR", raising=False)
+    assert PlutoConfig().data_dir == tmp_path / ".pluto"
+    assert PlutoConfig(data_dir="~/state").data_dir == Path.home() / "state"
+    shutil.copytree(ROOT / "config", tmp_path / "config")
+    config = load_pluto_config(tmp_path / "config")
+    assert config.data_dir == tmp_path / ".pluto"
+    assert data_dir_for(config, Path("elsewhere")) == tmp_path / "elsewhere"
+    monkeypatch.setenv("PLUTO_DATA_DIR", "from-env")
+    assert data_dir_for(config) == tmp_path / "from-env"
+
+
+def test_outside_a_config_dir_the_error_says_how_to_get_one(tmp_path: Path) -> None:
+    out = subprocess.run([*pluto_cmd(), "agents"], cwd=tmp_path, env=clean_env(
+        PYTHONPATH=os.pathsep.join(sys.path)), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "config directory not found; make one with 'pluto init'" in out.stderr
+
+
+# ---- (5) model errors that name their cause --------------------------------------------
+
+
+@pytest.fixture
+async def fake():
+    async with FakeOpenAI(api_key="sk-right") as server:
+        yield server
+
+
+async def fail(settings: ModelSettings) -> str:
+    with pytest.raises(ModelError) as caught:
+        async for _ in LiteLLMModel().stream([{"role": "user", "content": "hi"}], [], settings):
+            pass
+    return str(caught.value)
+
+
+async def test_a_mistyped_model_name_shows_the_services_reason_and_logs_it(fake, caplog,
+                                                                           monkeypatch):
+    monkeypatch.setenv("PLUTO_API_KEY", "sk-right")
+    fake.script(Reply(status=400, error_message="The model `gpt-4o-mimi` does not exist"))
+    settings = ModelSettings(model="openai/gpt-4o-mimi", api_base=fake.base_url,
+                             api_key_env="PLUTO_API_KEY", retries=0)
+    with caplog.at_level(logging.WARNING, logger="pluto.runtime.model"):
+        said = await fail(settings)
+    assert said == (f"The model service at {fake.base_url} refused the request: "
+                    "The model `gpt-4o-mimi` does not exist.")
+    logged = [r.getMessage() for r in caplog.records if r.name == "pluto.runtime.model"]
+    assert any("gpt-4o-mimi" in m and "does not exist" in m for m in logged), logged
+
+
+async def test_an_unreachable_api_base_is_named(monkeypatch):
+    monkeypatch.setenv("PLUTO_API_KEY", "sk-any")
+    said = await fail(ModelSettings(model="openai/fake", api_base="http://user:pw@127.0.0.1:9/v1",
+                                    api_key_env="PLUTO_API_KEY", retries=0, timeout=5))
+    assert said == ("Could not reach the model service at http://127.0.0.1:9/v1. Check "
+                    "PLUTO_API_BASE (api_base in pluto.yaml) and that the server is up.")
+    assert "pw" not in said
+
+
+async def test_a_missing_key_names_the_variable(monkeypatch):
+    monkeypatch.delenv("PLUTO_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    said = await fail(ModelSettings(model="openai/gpt-4o-mini", api_key_env="PLUTO_API_KEY",
+                                    retries=0, timeout=5))
+    assert said == ("No API key is set for the model openai/gpt-4o-mini: set the environment "
+                    "variable PLUTO_API_KEY (api_key_env in pluto.yaml).")
+
+
+async def test_a_wrong_key_is_named_but_never_shown(fake, monkeypatch):
+    monkeypatch.setenv("PLUTO_API_KEY", "sk-wrong-value-123")
+    fake.script(Reply(status=401, error_message="Incorrect API key provided: sk-wrong-value-123"))
+    said = await fail(ModelSettings(model="openai/fake", api_base=fake.base_url,
+                                    api_key_env="PLUTO_API_KEY", retries=0))
+    assert "rejected the API key in PLUTO_API_KEY" in said and "sk-wrong-value" not in said
+
+
+async def test_a_model_without_a_provider_prefix_says_how_to_write_it(monkeypatch):
+    said = await fail(ModelSettings(model="gpt-4o-mimi", api_base="http://127.0.0.1:9/v1",
+                                    retries=0))
+    assert said.startswith("The model name 'gpt-4o-mimi' does not say which service serves it")
+
+
+def test_reasons_and_endpoints_are_short_and_clean() -> None:
+    assert endpoint("https://u:p@host.example:8443/v1?key=x") == "https://host.example:8443/v1"
+    assert endpoint(None) == ""
+    long = Exception("litellm.BadRequestError: OpenAIException - " + "x" * 1000 + "\nmore")
+    reason = service_reason(long)
+    assert len(reason) == 240 and reason.endswith("…") and "OpenAIException" not in reason
+    assert service_reason(Exception("key sk-abcdefghijk leaked")) == "key sk-*** leaked"
