@@ -1,13 +1,16 @@
 """Storage: what the core keeps — sessions and messages, runs and their events, the outbox,
 inbound dedupe, the API's tasks, pairing — behind the interfaces in :mod:`.ports`.
 
-SQLite (:mod:`.sqlite`) is the embedded default. :func:`open_store` picks the engine; no
+SQLite (:mod:`.sqlite`) is the embedded default; PostgreSQL (:mod:`.postgres`) is the engine
+for several gateway instances sharing one database. :func:`store_for` picks the engine; no
 module outside this package holds a connection or writes SQL.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from pluto.errors import ConfigError
 
 from pluto.storage.ports import (ConversationStore, InboundStore, OutboxStore, PairingStore,
                                  RunReader, Store, TaskStore)
@@ -16,8 +19,16 @@ __all__ = ["ConversationStore", "InboundStore", "OutboxStore", "PairingStore", "
            "Store", "TaskStore", "store_for"]
 
 
-def store_for(data_dir: Path) -> Store:
-    """The store of a data dir (not yet open): ``<data_dir>/pluto.db``."""
+def store_for(data_dir: Path, url: str | None = None) -> Store:
+    """The store (not yet open): PostgreSQL when ``url`` is a ``postgresql://`` URL, else
+    SQLite in ``<data_dir>/pluto.db``."""
+    if url:
+        if not url.startswith(("postgresql://", "postgres://")):
+            raise ConfigError("storage: the database URL must start with postgresql:// "
+                              "(SQLite needs no URL: it is the default, in the data dir)")
+        from pluto.storage.postgres import PostgresStore
+
+        return PostgresStore(url)
     from pluto.storage.sqlite import SqliteStore
 
     return SqliteStore(data_dir / "pluto.db")

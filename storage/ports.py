@@ -144,6 +144,45 @@ class OutboxStore(Protocol):
     async def prune(self, older_than_seconds: float) -> int: ...
 
 
+class LeaseStore(Protocol):
+    """Leases with fencing tokens (see :mod:`pluto.storage.sqlite.leases`): which instance
+    holds a chat's intake, a session's runs, or a single-owner connection."""
+
+    async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
+        """The lease's token if ``owner`` holds it now; None when another does."""
+        ...
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool: ...
+
+    async def renew_all(self, owner: str, tokens: dict[str, int], ttl: float) -> set[str]:
+        """Renew many at once; the names that were lost."""
+        ...
+
+    async def release(self, name: str, owner: str, token: int) -> bool: ...
+
+    async def holder(self, name: str) -> Any | None: ...
+
+    async def held(self, prefix: str = "") -> list[Any]: ...
+
+
+class FloodStore(Protocol):
+    """Flood control: per destination (provider, chat), the time (seconds since the epoch)
+    before which nothing may be sent to it — a platform's retry-after, kept across restarts
+    (see gateway/delivery/flood.py)."""
+
+    async def hold(self, provider: str, chat_id: str, until: float) -> None:
+        """Keep ``until`` for the chat, unless a later deadline is kept already."""
+        ...
+
+    async def holds(self, now: float) -> list[tuple[str, str, float]]:
+        """(provider, chat id, until) of every hold still in force at ``now``."""
+        ...
+
+    async def prune(self, now: float) -> int:
+        """Forget the holds that ended before ``now``."""
+        ...
+
+
 class InboundStore(Protocol):
     """The inbox: messages handed over by providers, keyed by the platform's message id, so a
     redelivery is recognised (dedupe) and a message not yet handled survives a restart."""
@@ -223,9 +262,20 @@ class Store(Protocol):
     inbound: InboundStore
     tasks: TaskStore
     pairing: PairingStore
+    flood: FloodStore
+    leases: LeaseStore
+
+    @property
+    def shared(self) -> bool:
+        """Several gateway instances use this database at once (PostgreSQL)."""
+        ...
 
     @property
     def is_open(self) -> bool: ...
+
+    def describe(self) -> str:
+        """The engine and where, fit for a log line (no password)."""
+        ...
 
     async def open(self) -> None:
         """Connect and bring every table to its newest schema."""

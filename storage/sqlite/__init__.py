@@ -3,6 +3,9 @@
 ``async with SqliteStore(path) as store:`` opens the file, brings every table to its newest
 schema and hands out the parts (``store.conversations``, ``store.outbox``, ...), which all share
 one connection and one write path (:mod:`.engine`).
+
+The parts are written once for both engines (:mod:`pluto.storage.sql`); :class:`SqlStore`
+composes them over an engine, and PostgreSQL (:mod:`pluto.storage.postgres`) uses it too.
 """
 
 from __future__ import annotations
@@ -11,23 +14,29 @@ from pathlib import Path
 
 from pluto.storage.sqlite.conversations import SqliteConversations
 from pluto.storage.sqlite.engine import SqliteEngine
+from pluto.storage.sqlite.flood import SqlFlood
 from pluto.storage.sqlite.inbound import SqliteInbound
+from pluto.storage.sqlite.leases import SqlLeases
 from pluto.storage.sqlite.outbox import SqliteOutbox
 from pluto.storage.sqlite.pairing import SqlitePairing, approved_sync
 from pluto.storage.sqlite.tasks import SqliteTasks
+from pluto.storage.sql import Engine
 
-__all__ = ["SqliteStore", "approved_sync"]
+__all__ = ["SqlStore", "SqliteStore", "approved_sync"]
 
 
-class SqliteStore:
-    def __init__(self, path: Path):
-        self.path = path
-        self.engine = SqliteEngine(path)
+class SqlStore:
+    """Every part of the store over one engine (see :mod:`pluto.storage.sql`)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
         self.conversations = SqliteConversations(self.engine)
         self.outbox = SqliteOutbox(self.engine)
         self.inbound = SqliteInbound(self.engine)
         self.tasks = SqliteTasks(self.engine)
         self.pairing = SqlitePairing(self.engine)
+        self.leases = SqlLeases(self.engine)
+        self.flood = SqlFlood(self.engine)
 
     @property
     def is_open(self) -> bool:
@@ -37,7 +46,7 @@ class SqliteStore:
         await self.engine.open()
         try:
             for part in (self.conversations, self.outbox, self.inbound, self.tasks,
-                         self.pairing):
+                         self.pairing, self.leases, self.flood):
                 await part.migrate()
         except BaseException:
             await self.engine.close()
@@ -46,9 +55,25 @@ class SqliteStore:
     async def close(self) -> None:
         await self.engine.close()
 
-    async def __aenter__(self) -> SqliteStore:
+    @property
+    def shared(self) -> bool:
+        return self.engine.shared
+
+    def describe(self) -> str:
+        return "SQL"
+
+    async def __aenter__(self) -> SqlStore:
         await self.open()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class SqliteStore(SqlStore):
+    def __init__(self, path: Path):
+        self.path = path
+        super().__init__(SqliteEngine(path))
+
+    def describe(self) -> str:
+        return f"SQLite at {self.path}"

@@ -8,7 +8,6 @@ back with the event. A run is recorded as ``queued`` when the gateway accepts it
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 import uuid
 from collections import OrderedDict, deque
@@ -18,7 +17,7 @@ from typing import Any
 from pluto.events import RunEnd, RunEvent, event_from_dict, event_to_dict
 from pluto.storage.rows import (MessageRow, RunRow, SessionRow, estimate_tokens,
                                 sanitize_history)
-from pluto.storage.sqlite.engine import SqliteEngine, Statement
+from pluto.storage.sql import Engine, Statement
 
 COMPONENT = "conversations"
 MIGRATIONS: list[str] = [
@@ -98,19 +97,21 @@ def _handled(source: tuple[str, str]) -> Statement:
             " message_id = ?", source)
 
 
-def _session(row: sqlite3.Row) -> SessionRow:
+def _session(row: Any) -> SessionRow:
     return SessionRow(row["id"], row["key"], row["agent"], row["created_at"])
 
 
 class SqliteConversations:
-    def __init__(self, engine: SqliteEngine):
+    def __init__(self, engine: Engine):
         self.engine = engine
         self._seq: dict[str, int] = {}  # the last seq of each run this process is writing
         self._sessions: dict[str, SessionRow] = {}  # active session by key (bounded cache)
         # The newest messages of recently used sessions, appended to as they are committed:
-        # a run reads its history from memory. This process is the only writer of the file
-        # (SQLite serves one gateway), so the copy cannot go stale.
+        # a run reads its history from memory. Only when this process is the only writer of
+        # the database (SQLite serves one gateway), so the copies cannot go stale; a shared
+        # database (several instances) is always read.
         self._recent: OrderedDict[str, deque[MessageRow]] = OrderedDict()
+        self._cache = not engine.shared
 
     async def migrate(self) -> None:
         await self.engine.migrate(COMPONENT, MIGRATIONS)
@@ -118,10 +119,10 @@ class SqliteConversations:
     # sessions and messages ----------------------------------------------------------------
 
     async def session(self, key: str, agent: str) -> SessionRow:
-        if (cached := self._sessions.get(key)) is not None:
+        if self._cache and (cached := self._sessions.get(key)) is not None:
             return cached
 
-        def find_or_create(conn: sqlite3.Connection) -> SessionRow:
+        def find_or_create(conn: Any) -> SessionRow:
             row = conn.execute("SELECT id, key, agent, created_at FROM sessions"
                                " WHERE key = ? AND active = 1", (key,)).fetchone()
             if row is not None:
@@ -133,6 +134,8 @@ class SqliteConversations:
             return new
 
         session = await self.engine.transact(find_or_create)
+        if not self._cache:
+            return session
         if len(self._sessions) >= SESSION_CACHE:
             self._sessions.clear()
         self._sessions[key] = session
@@ -172,13 +175,13 @@ class SqliteConversations:
                       max_tokens: int) -> list[dict[str, Any]]:
         if max_messages <= 0:
             return []
-        recent = self._recent.get(session_id)
+        recent = self._recent.get(session_id) if self._cache else None
         if recent is not None and max_messages <= HISTORY_MESSAGES:
             self._recent.move_to_end(session_id)
             rows = list(recent)[-max_messages:]
         else:
             rows = await self.messages(session_id, limit=max(max_messages, HISTORY_MESSAGES))
-            if session_id not in self._recent:
+            if self._cache and session_id not in self._recent:
                 self._recent[session_id] = deque(rows[-HISTORY_MESSAGES:],
                                                  maxlen=HISTORY_MESSAGES)
                 while len(self._recent) > HISTORY_SESSIONS:
@@ -209,8 +212,8 @@ class SqliteConversations:
     async def queue_run(self, run_id: str, session_id: str, agent: str, input_text: str, *,
                         source: tuple[str, str] | None = None) -> None:
         stmts: list[Statement] = [(
-            "INSERT OR IGNORE INTO runs (id, session_id, agent, status, input, started_at)"
-            " VALUES (?,?,?,'queued',?,?)", (run_id, session_id, agent, input_text, time.time()))]
+            "INSERT INTO runs (id, session_id, agent, status, input, started_at)"
+            " VALUES (?,?,?,'queued',?,?) ON CONFLICT DO NOTHING", (run_id, session_id, agent, input_text, time.time()))]
         if source is not None:  # the inbox's message is handled with this very commit
             stmts.append(_handled(source))
         await self.engine.write(*stmts)
@@ -261,7 +264,7 @@ class SqliteConversations:
     async def cancel_run(self, run_id: str, session_id: str, agent: str, input_text: str,
                          event: RunEvent, *, error: str,
                          source: tuple[str, str] | None = None) -> RunEvent | None:
-        def cancel(conn: sqlite3.Connection) -> RunEvent | None:
+        def cancel(conn: Any) -> RunEvent | None:
             row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
             if row is not None and row["status"] not in ("queued", "running"):
                 return None  # it ended on its own
@@ -351,7 +354,7 @@ class SqliteConversations:
                  "started_at": r["started_at"], "ended_at": r["ended_at"]} for r in rows]
 
     async def stats(self) -> dict[str, int]:
-        def count(conn: sqlite3.Connection) -> dict[str, int]:
+        def count(conn: Any) -> dict[str, int]:
             return {table: conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
                     for table in ("sessions", "messages", "runs", "run_events")}
         return await self.engine.read(count)

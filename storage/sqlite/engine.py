@@ -32,22 +32,12 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from pluto.errors import StorageError
+from pluto.storage.sql import Change, Migration, Statement, migration_for, run_statements
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Statement = tuple[str, tuple[Any, ...]]
-Change = Callable[[sqlite3.Connection], Any]
-
-
-def run_statements(statements: tuple[Statement, ...]) -> Change:
-    """A change made of plain statements; its result is the row count of the last one."""
-    def change(conn: sqlite3.Connection) -> int:
-        count = 0
-        for sql, params in statements:
-            count = conn.execute(sql, params).rowcount
-        return count
-    return change
+__all__ = ["Change", "SqliteEngine", "Statement", "run_statements"]
 
 
 def _apply_batch(conn: sqlite3.Connection, changes: list[Change]) -> list[Any]:
@@ -89,6 +79,10 @@ class _Failed:
 
 
 class SqliteEngine:
+    dialect = "sqlite"
+    shared = False  # one gateway process serves a SQLite file
+    now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
+
     def __init__(self, path: Path):
         self.path = path
         self._db: aiosqlite.Connection | None = None
@@ -133,7 +127,7 @@ class SqliteEngine:
 
     # schema -------------------------------------------------------------------------------
 
-    async def migrate(self, component: str, migrations: list[str]) -> None:
+    async def migrate(self, component: str, migrations: list[Migration]) -> None:
         """Bring one component's tables to its newest schema (each component is versioned on
         its own, so features evolve apart). Each step commits with its version."""
         def step(conn: sqlite3.Connection) -> int:
@@ -145,7 +139,7 @@ class SqliteEngine:
                                    f"newer Pluto (schema {version})")
             for i in range(version, len(migrations)):
                 conn.executescript(
-                    f"BEGIN; {migrations[i]}; INSERT INTO schema_versions (component, version)"
+                    f"BEGIN; {migration_for('sqlite', migrations[i])}; INSERT INTO schema_versions (component, version)"
                     f" VALUES ('{component}', {i + 1}) ON CONFLICT(component) DO UPDATE SET"
                     f" version = excluded.version; COMMIT;")
             return len(migrations) - version

@@ -14,7 +14,7 @@ import json
 import time
 from typing import Any
 
-from pluto.storage.sqlite.engine import SqliteEngine
+from pluto.storage.sql import Engine
 
 COMPONENT = "inbound"
 MIGRATIONS: list[str] = [
@@ -32,11 +32,13 @@ MIGRATIONS: list[str] = [
     ALTER TABLE inbound_seen ADD COLUMN handled INTEGER NOT NULL DEFAULT 1;
     CREATE INDEX inbound_unhandled ON inbound_seen(provider, seen_at) WHERE handled = 0;
     """,
+    # The order of arrival: SQLite's implicit rowid; PostgreSQL names a sequence the same.
+    {"sqlite": "SELECT 1", "postgres": "ALTER TABLE inbound_seen ADD COLUMN rowid BIGSERIAL"},
 ]
 
 
 class SqliteInbound:
-    def __init__(self, engine: SqliteEngine, *, max_rows: int = 100_000,
+    def __init__(self, engine: Engine, *, max_rows: int = 100_000,
                  max_age: float = 14 * 86400, prune_every: int = 1000):
         self.engine = engine
         self.max_rows = max_rows
@@ -50,8 +52,8 @@ class SqliteInbound:
 
     async def accept(self, provider: str, message_id: str, payload: dict[str, Any]) -> bool:
         inserted = await self.engine.write((
-            "INSERT OR IGNORE INTO inbound_seen (provider, message_id, seen_at, payload, handled)"
-            " VALUES (?,?,?,?,0)", (provider, message_id, time.time(), json.dumps(payload))))
+            "INSERT INTO inbound_seen (provider, message_id, seen_at, payload, handled)"
+            " VALUES (?,?,?,?,0) ON CONFLICT DO NOTHING", (provider, message_id, time.time(), json.dumps(payload))))
         if inserted == 0:
             return False
         self._since_prune += 1
@@ -70,7 +72,7 @@ class SqliteInbound:
     async def unhandled(self, provider: str) -> list[dict[str, Any]]:
         rows = await self.engine.fetchall(
             "SELECT payload FROM inbound_seen WHERE provider = ? AND handled = 0"
-            " ORDER BY seen_at, rowid", (provider,))
+            " ORDER BY rowid", (provider,))
         return [json.loads(r["payload"]) for r in rows if r["payload"]]
 
     async def prune(self) -> int:
@@ -81,8 +83,8 @@ class SqliteInbound:
             old = conn.execute("DELETE FROM inbound_seen WHERE seen_at < ?",
                                (time.time() - self.max_age,)).rowcount  # handled or not
             extra = conn.execute(
-                "DELETE FROM inbound_seen WHERE rowid IN (SELECT rowid FROM inbound_seen"
-                " ORDER BY seen_at DESC LIMIT -1 OFFSET ?)", (self.max_rows,)).rowcount
+                "DELETE FROM inbound_seen WHERE seen_at < (SELECT seen_at FROM inbound_seen"
+                " ORDER BY seen_at DESC LIMIT 1 OFFSET ?)", (self.max_rows - 1,)).rowcount
             return old + extra
 
         return await self.engine.transact(prune)

@@ -10,13 +10,12 @@ and a lease) so that two senders never send it at once. Old rows are pruned.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from dataclasses import replace
 from typing import Any
 
 from pluto.storage.rows import OutboxRow
-from pluto.storage.sqlite.engine import SqliteEngine
+from pluto.storage.sql import Engine
 
 COMPONENT = "outbox"
 MIGRATIONS: list[str] = [
@@ -70,7 +69,7 @@ def _value(row: OutboxRow, column: str) -> Any:
     return json.dumps(value) if column == "attachments" else value
 
 
-def _row(r: sqlite3.Row) -> OutboxRow:
+def _row(r: Any) -> OutboxRow:
     return OutboxRow(
         id=r["id"], reply_id=r["reply_id"], chunk=r["chunk"], run_id=r["run_id"], seq=r["seq"],
         provider=r["provider"], chat_id=r["chat_id"], thread_id=r["thread_id"],
@@ -81,24 +80,26 @@ def _row(r: sqlite3.Row) -> OutboxRow:
 
 
 class SqliteOutbox:
-    def __init__(self, engine: SqliteEngine):
+    def __init__(self, engine: Engine):
         self.engine = engine
 
     async def migrate(self) -> None:
         await self.engine.migrate(COMPONENT, MIGRATIONS)
-        # One gateway serves a SQLite file: claims left by a process that died are void now.
-        await self.engine.write(("DELETE FROM outbox_claims", ()))
+        if not self.engine.shared:
+            # One gateway serves this database: claims left by a process that died are void
+            # now. (A shared database keeps them: they expire with their lease.)
+            await self.engine.write(("DELETE FROM outbox_claims", ()))
 
     async def record(self, rows: list[OutboxRow]) -> list[OutboxRow]:
         if not rows:
             return []
         now = time.time()
         values = [(*(_value(r, c) for c in _COLUMNS), now, now) for r in rows]
-        sql = (f"INSERT OR IGNORE INTO outbox ({','.join(_COLUMNS)}, created_at, updated_at)"
-               f" VALUES ({','.join('?' * (len(_COLUMNS) + 2))})")
+        sql = (f"INSERT INTO outbox ({','.join(_COLUMNS)}, created_at, updated_at)"
+               f" VALUES ({','.join('?' * (len(_COLUMNS) + 2))}) ON CONFLICT DO NOTHING")
         reply_id = rows[0].reply_id
 
-        def record(conn: sqlite3.Connection) -> list[OutboxRow]:
+        def record(conn: Any) -> list[OutboxRow]:
             conn.executemany(sql, values)
             return [_row(r) for r in conn.execute(
                 "SELECT * FROM outbox WHERE reply_id = ? ORDER BY chunk", (reply_id,))]
@@ -111,10 +112,11 @@ class SqliteOutbox:
             return [], False
         now = time.time()
         reply_id = rows[0].reply_id
-        insert = (f"INSERT OR IGNORE INTO outbox ({','.join(_COLUMNS)}, attempts, created_at,"
-                  f" updated_at) VALUES ({','.join('?' * (len(_COLUMNS) + 3))}) RETURNING id")
+        insert = (f"INSERT INTO outbox ({','.join(_COLUMNS)}, attempts, created_at,"
+                  f" updated_at) VALUES ({','.join('?' * (len(_COLUMNS) + 3))})"
+                  f" ON CONFLICT DO NOTHING RETURNING id")
 
-        def record(conn: sqlite3.Connection) -> tuple[list[OutboxRow], bool]:
+        def record(conn: Any) -> tuple[list[OutboxRow], bool]:
             claimed = conn.execute(_CLAIM, (reply_id, owner, now + lease_seconds,
                                             now)).rowcount > 0
             tries = 1 if claimed else 0  # the sender's first call, counted with the record

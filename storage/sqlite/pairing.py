@@ -18,7 +18,7 @@ from typing import Any
 
 from pluto.storage.rows import (ALPHABET, CODE_LENGTH, Approval, PairingError, PairingRequest,
                                 normalize_code)
-from pluto.storage.sqlite.engine import SqliteEngine
+from pluto.storage.sql import Engine
 
 COMPONENT = "access"
 MIGRATIONS = [
@@ -56,7 +56,7 @@ def _approval(r: Any) -> Approval:
 
 
 class SqlitePairing:
-    def __init__(self, engine: SqliteEngine, *, clock: Callable[[], float] = time.time):
+    def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.time):
         self.engine = engine
         self.clock = clock
 
@@ -73,7 +73,7 @@ class SqlitePairing:
                       ttl: float) -> PairingRequest:
         now = self.clock()
 
-        def request(conn: sqlite3.Connection) -> PairingRequest:
+        def request(conn: Any) -> PairingRequest:
             conn.execute("DELETE FROM pairing_requests WHERE expires_at <= ?", (now,))
             row = conn.execute("SELECT * FROM pairing_requests WHERE provider = ? AND"
                                " user_id = ?", (provider, user_id)).fetchone()
@@ -81,12 +81,15 @@ class SqlitePairing:
                 return _request(row)
             for _ in range(10):
                 code = "".join(secrets.choice(ALPHABET) for _ in range(CODE_LENGTH))
-                try:
-                    conn.execute(
+                if not conn.execute(
                         "INSERT INTO pairing_requests (code, provider, user_id, chat_id,"
-                        " user_name, created_at, expires_at) VALUES (?,?,?,?,?,?,?)",
-                        (code, provider, user_id, chat_id, user_name, now, now + ttl))
-                except sqlite3.IntegrityError:
+                        " user_name, created_at, expires_at) VALUES (?,?,?,?,?,?,?)"
+                        " ON CONFLICT DO NOTHING",
+                        (code, provider, user_id, chat_id, user_name, now, now + ttl)).rowcount:
+                    mine = conn.execute("SELECT * FROM pairing_requests WHERE provider = ?"
+                                        " AND user_id = ?", (provider, user_id)).fetchone()
+                    if mine is not None:  # the same user asked at the same moment elsewhere
+                        return _request(mine)
                     continue  # the code is someone else's: draw again
                 return PairingRequest(code, provider, user_id, chat_id, user_name, now,
                                       now + ttl, new=True)
@@ -97,7 +100,7 @@ class SqlitePairing:
     async def approve(self, code: str, *, by: str) -> Approval:
         now = self.clock()
 
-        def approve(conn: sqlite3.Connection) -> Approval:
+        def approve(conn: Any) -> Approval:
             row = conn.execute("SELECT * FROM pairing_requests WHERE code = ? AND"
                                " expires_at > ?", (normalize_code(code), now)).fetchone()
             if row is None:

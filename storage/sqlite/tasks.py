@@ -9,13 +9,12 @@ and outcome are read from the run itself; a step answered without a run (a comma
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 import uuid
 from typing import Any
 
 from pluto.storage.rows import StepRow, TaskRow
-from pluto.storage.sqlite.engine import SqliteEngine
+from pluto.storage.sql import Engine
 
 COMPONENT = "api_tasks"
 MIGRATIONS: list[str] = [
@@ -62,7 +61,7 @@ def _step(r: Any) -> StepRow:
 
 
 class SqliteTasks:
-    def __init__(self, engine: SqliteEngine):
+    def __init__(self, engine: Engine):
         self.engine = engine
 
     async def migrate(self) -> None:
@@ -88,7 +87,7 @@ class SqliteTasks:
         return _task(row) if row is not None else None
 
     async def tasks(self, offset: int, limit: int) -> tuple[list[TaskRow], int]:
-        def page(conn: sqlite3.Connection) -> tuple[list[TaskRow], int]:
+        def page(conn: Any) -> tuple[list[TaskRow], int]:
             rows = conn.execute("SELECT * FROM api_tasks ORDER BY created_at DESC, id"
                                 " LIMIT ? OFFSET ?", (limit, offset)).fetchall()
             total = conn.execute("SELECT COUNT(*) FROM api_tasks").fetchone()[0]
@@ -100,7 +99,7 @@ class SqliteTasks:
         now = time.time()
         step_id = uuid.uuid4().hex
 
-        def add(conn: sqlite3.Connection) -> StepRow:
+        def add(conn: Any) -> StepRow:
             conn.execute(
                 "INSERT INTO api_steps (id, task_id, seq, input, additional_input, status,"
                 " created_at) VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM api_steps"
@@ -122,7 +121,7 @@ class SqliteTasks:
         return _step(row) if row is not None else None
 
     async def steps(self, task_id: str, offset: int, limit: int) -> tuple[list[StepRow], int]:
-        def page(conn: sqlite3.Connection) -> tuple[list[StepRow], int]:
+        def page(conn: Any) -> tuple[list[StepRow], int]:
             rows = conn.execute("SELECT * FROM api_steps WHERE task_id = ? ORDER BY seq"
                                 " LIMIT ? OFFSET ?", (task_id, limit, offset)).fetchall()
             total = conn.execute("SELECT COUNT(*) FROM api_steps WHERE task_id = ?",

@@ -1,0 +1,24 @@
+"""PostgreSQL, for several gateway instances sharing one database (``DATABASE_URL``).
+
+``async with PostgresStore(url) as store:`` opens a connection pool, brings every table to its
+newest schema and hands out the same parts as SQLite (``store.conversations``, ``store.outbox``,
+...): each part is written once (:mod:`pluto.storage.sql`) and runs here on
+:class:`~.engine.PostgresEngine`. Because other processes write the same tables, nothing is
+cached across calls that another instance could change (``engine.shared``).
+"""
+
+from __future__ import annotations
+
+from pluto.storage.postgres.engine import PostgresEngine, redact
+from pluto.storage.sqlite import SqlStore
+
+__all__ = ["PostgresStore", "redact"]
+
+
+class PostgresStore(SqlStore):
+    def __init__(self, url: str, **pool: int):
+        self.url = url
+        super().__init__(PostgresEngine(url, **pool))
+
+    def describe(self) -> str:
+        return f"PostgreSQL at {redact(self.url)}"

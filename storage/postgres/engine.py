@@ -1,0 +1,236 @@
+"""The PostgreSQL engine: psycopg 3 and its connection pool, for several gateway instances.
+
+The store's parts are written once as synchronous changes (:mod:`pluto.storage.sql`); here
+each change runs in a worker thread holding one pooled connection, inside one transaction, so
+the event loop never waits on the database and a change is never half-made. A change that
+meets a serialization failure or a deadlock is run again (it is a pure function of the
+database). Statements are written with ``?`` placeholders, which this module turns into
+psycopg's ``%s`` once per statement text; rows can be read by name or by position, as SQLite's
+are.
+
+Migrations run under a transaction-scoped advisory lock, so instances starting together bring
+the schema up once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from typing import Any, TypeVar
+
+from pluto.errors import StorageError
+from pluto.storage.sql import Migration, Statement, migration_for, run_statements
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+MIGRATION_LOCK = zlib.crc32(b"pluto-migrations")  # held while one instance migrates
+RETRIES = 5  # a change that meets a serialization failure or deadlock is run again
+
+
+@lru_cache(maxsize=1024)
+def _pg(sql: str) -> str:
+    """``?`` placeholders as psycopg's ``%s`` (a literal ``%`` doubled)."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+class Row(tuple):  # type: ignore[type-arg]
+    """A result row readable by column name and by position, like ``sqlite3.Row``."""
+
+    __slots__ = ()
+    _index: dict[str, int]
+
+    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+        if isinstance(key, str):
+            return tuple.__getitem__(self, self._index[key])
+        return tuple.__getitem__(self, key)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+
+def _row_factory(cursor: Any) -> Callable[[Sequence[Any]], Row]:
+    names = [d.name for d in cursor.description or ()]
+    cls = type("Row", (Row,), {"__slots__": (), "_index": {n: i for i, n in enumerate(names)}})
+    return lambda values: cls(values)
+
+
+class _Conn:
+    """The slice of a DB-API connection the changes use, over a psycopg connection."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: Any):
+        self._conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        cur = self._conn.cursor(row_factory=_row_factory)
+        if params:
+            cur.execute(_pg(sql), params, prepare=True)
+        else:
+            cur.execute(sql)
+        return cur
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
+        cur = self._conn.cursor(row_factory=_row_factory)
+        cur.executemany(_pg(sql), rows)
+        return cur
+
+
+def redact(url: str) -> str:
+    """A connection URL fit for a log line or an error: no password."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+
+
+class PostgresEngine:
+    dialect = "postgres"
+    shared = True  # several gateway processes may use the database at once
+    now_sql = "extract(epoch from clock_timestamp())::double precision"
+
+    def __init__(self, url: str, *, min_size: int = 2, max_size: int = 10,
+                 connect_timeout: float = 10.0):
+        self.url = url
+        self.min_size = min_size
+        self.max_size = max_size
+        self.connect_timeout = connect_timeout
+        self._pool: Any = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._open_calls = 0  # changes handed to a thread and not yet settled
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def is_open(self) -> bool:
+        return self._pool is not None
+
+    def __repr__(self) -> str:
+        return f"PostgresEngine({redact(self.url)})"
+
+    async def open(self) -> None:
+        self._executor = ThreadPoolExecutor(self.max_size, thread_name_prefix="pluto-pg")
+        try:
+            self._pool = await self._in_thread(self._open_pool)
+        except Exception as e:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            raise StorageError(f"cannot open the PostgreSQL database {redact(self.url)}: "
+                               f"{_reason(e)}") from None
+
+    def _open_pool(self) -> Any:
+        from psycopg_pool import ConnectionPool  # imported here: in a thread, only when used
+
+        pool = ConnectionPool(self.url, min_size=self.min_size, max_size=self.max_size,
+                              open=False, timeout=self.connect_timeout,
+                              kwargs={"autocommit": False, "connect_timeout":
+                                      max(1, int(self.connect_timeout))},
+                              name="pluto")
+        try:
+            pool.open(wait=True, timeout=self.connect_timeout)
+            with pool.connection() as conn, conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+                conn.execute("CREATE TABLE IF NOT EXISTS schema_versions (component TEXT"
+                             " PRIMARY KEY, version INTEGER NOT NULL)")
+        except BaseException:
+            pool.close()
+            raise
+        return pool
+
+    async def close(self) -> None:
+        await self._idle.wait()
+        pool, self._pool = self._pool, None
+        executor, self._executor = self._executor, None
+        if pool is not None and executor is not None:
+            await asyncio.get_running_loop().run_in_executor(executor, pool.close)
+        if executor is not None:
+            executor.shutdown(wait=False)
+
+    # schema -------------------------------------------------------------------------------
+
+    async def migrate(self, component: str, migrations: list[Migration]) -> None:
+        def step(conn: _Conn) -> int:
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
+            row = conn.execute("SELECT version FROM schema_versions WHERE component = ?",
+                               (component,)).fetchone()
+            version = row[0] if row else 0
+            if version > len(migrations):
+                raise StorageError(f"the {component} tables were written by a newer Pluto "
+                                   f"(schema {version})")
+            for i in range(version, len(migrations)):
+                conn._conn.execute(migration_for("postgres", migrations[i]))
+                conn.execute("INSERT INTO schema_versions (component, version) VALUES (?,?)"
+                             " ON CONFLICT(component) DO UPDATE SET version = excluded.version",
+                             (component, i + 1))
+            return len(migrations) - version
+
+        applied = await self.transact(step)
+        if applied:
+            log.info("storage: migrated %s schema to %d", component, len(migrations))
+
+    # changes and reads --------------------------------------------------------------------
+
+    async def transact(self, change: Callable[[Any], T]) -> T:
+        return await self._in_thread(self._run, change)
+
+    async def write(self, *statements: Statement) -> int:
+        return await self.transact(run_statements(statements))
+
+    async def read(self, query: Callable[[Any], T]) -> T:
+        return await self._in_thread(self._run, query)
+
+    async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        return await self.read(lambda conn: conn.execute(sql, params).fetchall())
+
+    async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> Any | None:
+        return await self.read(lambda conn: conn.execute(sql, params).fetchone())
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._executor is None:
+            raise StorageError("storage is not open")
+        self._open_calls += 1
+        self._idle.clear()
+        fut = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        try:
+            # a caller cancelled meanwhile does not stop the change: it commits or fails whole
+            return await asyncio.shield(fut)
+        finally:
+            if fut.done():
+                self._settled()
+            else:
+                fut.add_done_callback(lambda _: self._settled())
+
+    def _settled(self) -> None:
+        self._open_calls -= 1
+        if self._open_calls == 0:
+            self._idle.set()
+
+    def _run(self, change: Callable[[Any], T]) -> T:
+        """In a worker thread: ``change`` in one transaction on a pooled connection."""
+        import psycopg
+
+        pool = self._pool
+        if pool is None:
+            raise StorageError("storage is not open")
+        for attempt in range(RETRIES):
+            try:
+                with pool.connection() as conn:
+                    with conn.transaction():
+                        return change(_Conn(conn))
+            except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
+                if attempt == RETRIES - 1:
+                    raise
+                time.sleep(0.01 * (attempt + 1))
+            except psycopg.OperationalError as e:
+                raise StorageError(f"the PostgreSQL database is unreachable: {_reason(e)}") \
+                    from None
+        raise AssertionError("unreachable")
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

@@ -1,0 +1,80 @@
+"""What the store's parts need of an SQL engine, whichever it is.
+
+Each part of the store (conversations, outbox, inbox, tasks, pairing, leases) is written once,
+as plain synchronous changes (``Change``: a function of a DB-API connection) in one SQL dialect
+that SQLite and PostgreSQL both speak: ``?`` placeholders, ``INSERT … ON CONFLICT``,
+``RETURNING``, no engine-only functions. An :class:`Engine` runs a change atomically — SQLite in
+its one database thread with group commit (:mod:`.sqlite.engine`), PostgreSQL in a worker
+thread holding a pooled connection (:mod:`.postgres.engine`) — and the part never learns which.
+
+Migrations are kept with their part, one versioned list for both engines. A step is either one
+script for both (the PostgreSQL engine spells two column types its way: an autoincrement key
+and ``REAL``) or a ``{"sqlite": …, "postgres": …}`` pair where the engines truly differ.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+Statement = tuple[str, tuple[Any, ...]]
+Change = Callable[[Any], Any]
+Migration = str | Mapping[str, str]
+
+
+def run_statements(statements: tuple[Statement, ...]) -> Change:
+    """A change made of plain statements; its result is the row count of the last one."""
+    def change(conn: Any) -> int:
+        count = 0
+        for sql, params in statements:
+            count = conn.execute(sql, params).rowcount
+        return count
+    return change
+
+
+def migration_for(dialect: str, step: Migration) -> str:
+    """One migration step as the engine ``dialect`` runs it."""
+    if not isinstance(step, str):
+        return step[dialect]
+    if dialect == "postgres":
+        step = re.sub(r"INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY", step)
+        step = re.sub(r"\bREAL\b", "DOUBLE PRECISION", step)
+    return step
+
+
+class Engine(Protocol):
+    """An open database that runs changes atomically (see the module's docstring)."""
+
+    dialect: str  # "sqlite" or "postgres"
+    shared: bool  # several gateway processes use this database at once
+    now_sql: str  # the database's clock, in seconds since the epoch (one clock for everyone)
+
+    @property
+    def is_open(self) -> bool: ...
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def migrate(self, component: str, migrations: list[Migration]) -> None:
+        """Bring one component's tables to its newest schema, each step with its version."""
+        ...
+
+    async def transact(self, change: Callable[[Any], T]) -> T:
+        """Run ``change`` atomically; return its result once committed. ``change`` is plain
+        synchronous SQL: it never commits, rolls back or awaits."""
+        ...
+
+    async def write(self, *statements: Statement) -> int:
+        """Statements as one atomic change; the row count of the last one."""
+        ...
+
+    async def read(self, query: Callable[[Any], T]) -> T:
+        """Run ``query`` against committed data; return its result."""
+        ...
+
+    async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]: ...
+
+    async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> Any | None: ...

@@ -1,0 +1,225 @@
+"""The store on both engines: every part behaves the same on SQLite and on PostgreSQL, and on
+PostgreSQL two instances sharing the database never both win a claim, a lease or a message.
+
+The PostgreSQL tests use the server named by ``PLUTO_TEST_DATABASE_URL`` (tests/helpers/pg.py)
+and fail when it is not reachable."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from pluto.events import MessageDelta, MessageFinal, RunEnd, RunStart
+from pluto.storage import store_for
+from pluto.storage.postgres import PostgresStore, redact
+from pluto.storage.rows import OutboxRow
+from pluto.storage.sqlite import SqlStore, SqliteStore
+from tests.helpers.pg import fresh_schema
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqlStore]:
+    if request.param == "sqlite":
+        async with SqliteStore(tmp_path / "pluto.db") as s:
+            yield s
+    else:
+        with fresh_schema() as url:
+            async with PostgresStore(url) as s:
+                yield s
+
+
+@pytest.fixture
+async def pg_url() -> AsyncIterator[str]:
+    with fresh_schema() as url:
+        yield url
+
+
+def chunk(reply_id: str, n: int, text: str = "hello", chat: str = "c1") -> OutboxRow:
+    return OutboxRow(id=0, reply_id=reply_id, chunk=n, run_id=reply_id, seq=0,
+                     provider="telegram", chat_id=chat, thread_id=None, reply_to=None,
+                     answers=None, edit_of=None, kind="reply", markup="plain", text=text,
+                     attachments=[], status="pending", attempts=0, platform_id=None, error=None)
+
+
+# every part, on both engines -------------------------------------------------------------
+
+async def test_a_run_is_recorded_numbered_and_completed(store):
+    conv = store.conversations
+    session = await conv.session("k", "agent")
+    assert (await conv.session("k", "agent")).id == session.id
+    await conv.queue_run("r1", session.id, "agent", "hi")
+    assert (await conv.run("r1")).status == "queued"
+    await conv.queue_run("r1", session.id, "agent", "hi")  # recorded before: unchanged
+    start = await conv.start_run("r1", session.id, "agent", "hi",
+                                 RunStart(run_id="r1", session_id=session.id, agent="agent"))
+    delta = await conv.append_event(MessageDelta(run_id="r1", text="he"))
+    final, end = await conv.complete_run(
+        "r1", session.id, MessageFinal(run_id="r1", text="hello"),
+        RunEnd(run_id="r1", outcome="ok"), usage={"total_tokens": 3})
+    assert [start.seq, delta.seq, final.seq, end.seq] == [1, 2, 3, 4]
+    assert await conv.events("r1", after=2) == [final, end]
+    run = await conv.run("r1")
+    assert (run.status, run.usage) == ("ok", {"total_tokens": 3})
+    history = await conv.history(session.id, 10, 10_000)
+    assert history == [{"role": "user", "content": "hi"},
+                       {"role": "assistant", "content": "hello"}]
+    assert await conv.reset_session("k")
+    assert (await conv.session("k", "agent")).id != session.id
+    assert (await conv.stats())["runs"] == 1
+
+
+async def test_a_run_cancelled_before_it_started(store):
+    conv = store.conversations
+    session = await conv.session("k", "agent")
+    end = await conv.cancel_run("r9", session.id, "agent", "hi",
+                                RunEnd(run_id="r9", outcome="cancelled"), error="stopped")
+    assert end is not None and end.seq == 1
+    assert (await conv.run("r9")).status == "cancelled"
+    again = await conv.cancel_run("r9", session.id, "agent", "hi",
+                                  RunEnd(run_id="r9", outcome="cancelled"), error="stopped")
+    assert again is None  # it has ended: nothing more
+
+
+async def test_the_inbox_dedupes_and_keeps_arrival_order(store):
+    for i in (3, 1, 2):
+        assert await store.inbound.accept("telegram", f"m{i}", {"n": i})
+    assert not await store.inbound.accept("telegram", "m1", {"n": 1})
+    assert await store.inbound.unhandled("telegram") == [{"n": 3}, {"n": 1}, {"n": 2}]
+    await store.inbound.handled("telegram", "m1")
+    assert await store.inbound.unhandled("telegram") == [{"n": 3}, {"n": 2}]
+    assert await store.inbound.count() == 3
+
+
+async def test_the_inbox_is_bounded(store):
+    store.inbound.max_rows = 5
+    for i in range(8):
+        await store.inbound.accept("telegram", f"m{i}", {"n": i})
+        await asyncio.sleep(0.001)  # distinct arrival times
+    await store.inbound.prune()
+    assert await store.inbound.count() == 5
+
+
+async def test_outbox_chunks_are_recorded_once_and_claimed_by_one_owner(store):
+    rows, claimed = await store.outbox.record_claimed([chunk("r1", 0), chunk("r1", 1)], "a", 30)
+    assert claimed and [r.chunk for r in rows] == [0, 1] and rows[0].attempts == 1
+    again, claimed_again = await store.outbox.record_claimed([chunk("r1", 0)], "b", 30)
+    assert not claimed_again and [r.id for r in again] == [r.id for r in rows]
+    assert not await store.outbox.claim("r1", "b", 30)
+    await store.outbox.sent(rows[0].id, "p1", release=None)
+    await store.outbox.sent(rows[1].id, "p2", release=("r1", "a"))
+    assert await store.outbox.claim("r1", "b", 30)  # released: free for anyone
+    assert [r.status for r in await store.outbox.reply("r1")] == ["sent", "sent"]
+    assert await store.outbox.pending("telegram") == []
+
+
+async def test_pairing_codes_and_approvals(store):
+    req = await store.pairing.request("telegram", "u1", "c1", "Ann", ttl=60)
+    assert req.new and (await store.pairing.request("telegram", "u1", "c1", "Ann", 60)).code \
+        == req.code
+    approval = await store.pairing.approve(req.code, by="admin")
+    assert approval.user_id == "u1" and await store.pairing.is_approved("telegram", "u1")
+    assert await store.pairing.revoke("telegram", "u1")
+    assert not await store.pairing.is_approved("telegram", "u1")
+
+
+async def test_tasks_and_steps(store):
+    task = await store.tasks.create_task("agent", "hi", {})
+    step = await store.tasks.add_step(task.id, "hi", {})
+    await store.tasks.started(step.id, "run-1")
+    assert await store.tasks.has_run("run-1")
+    await store.tasks.answered(step.id, output="hello")
+    assert (await store.tasks.last_step(task.id)).id == step.id
+    tasks, total = await store.tasks.tasks(0, 10)
+    assert total == 1 and tasks[0].id == task.id
+
+
+async def test_a_lease_has_one_holder_and_a_takeover_fences_the_old_one(store):
+    leases = store.leases
+    token = await leases.acquire("chat:1", "a", ttl=30)
+    assert token == 1
+    assert await leases.acquire("chat:1", "b", ttl=30) is None
+    assert await leases.acquire("chat:1", "a", ttl=30) == 1  # its own: same token
+    assert (await leases.holder("chat:1")).owner == "a"
+    await leases.renew("chat:1", "a", token, ttl=-1)  # ran out (a paused instance)
+    taken = await leases.acquire("chat:1", "b", ttl=30)
+    assert taken == 2
+    assert not await leases.renew("chat:1", "a", token, ttl=30)  # fenced: a lost it
+    assert await leases.renew_all("a", {"chat:1": token}, 30) == {"chat:1"}
+    assert not await leases.release("chat:1", "a", token)
+    assert [lease.owner for lease in await leases.held("chat:")] == ["b"]
+    assert await leases.release("chat:1", "b", taken)
+    assert await leases.holder("chat:1") is None
+
+
+# PostgreSQL: several instances on one database ---------------------------------------------
+
+async def test_store_for_picks_the_engine_by_url(tmp_path, pg_url):
+    assert isinstance(store_for(tmp_path), SqliteStore)
+    pg = store_for(tmp_path, pg_url)
+    assert isinstance(pg, PostgresStore) and pg.shared
+    assert redact("postgresql://u:secret@h/db") == "postgresql://u:***@h/db"
+    assert "secret" not in PostgresStore("postgresql://u:secret@h/db").describe()
+
+
+async def test_an_unreachable_server_is_one_sentence_without_the_password():
+    from pluto.errors import StorageError
+
+    store = PostgresStore("postgresql://u:secret@127.0.0.1:1/db")
+    store.engine.connect_timeout = 2
+    with pytest.raises(StorageError) as e:
+        await store.open()
+    assert "cannot open the PostgreSQL database" in str(e.value)
+    assert "secret" not in str(e.value) and not store.is_open
+
+
+async def test_instances_starting_together_migrate_once(pg_url):
+    stores = [PostgresStore(pg_url) for _ in range(3)]
+    await asyncio.gather(*(s.open() for s in stores))
+    try:
+        rows = await stores[0].engine.fetchall("SELECT component, version FROM schema_versions")
+        assert {r["component"] for r in rows} >= {"conversations", "outbox", "inbound", "leases"}
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+
+
+async def test_across_instances_one_message_one_claim_one_lease(pg_url):
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
+    async with a, b:
+        # the same message delivered to both instances at once: one of them takes it
+        won = await asyncio.gather(*[s.inbound.accept("slack", "ev1", {"n": 1})
+                                     for s in (a, b) for _ in range(5)])
+        assert won.count(True) == 1
+        # fifty senders race for one reply: exactly one claim
+        await a.outbox.record([chunk("r1", 0)])
+        claims = await asyncio.gather(*[(a if i % 2 else b).outbox.claim("r1", f"o{i}", 30)
+                                        for i in range(50)])
+        assert claims.count(True) == 1
+        # twenty instances race for the Telegram poller's lease: one holder, token 1
+        tokens = await asyncio.gather(*[(a if i % 2 else b).leases.acquire(
+            "provider:telegram", f"i{i}", 30) for i in range(20)])
+        assert [t for t in tokens if t is not None] == [1]
+
+
+async def test_a_new_session_on_one_instance_is_seen_by_another(pg_url):
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
+    async with a, b:
+        first = await a.conversations.session("k", "agent")
+        assert (await b.conversations.session("k", "agent")).id == first.id
+        await b.conversations.reset_session("k")  # /new, handled by instance b
+        assert (await a.conversations.session("k", "agent")).id != first.id
+        s = await a.conversations.session("k", "agent")
+        await a.conversations.add_message(s.id, "user", "from a")
+        await b.conversations.add_message(s.id, "user", "from b")
+        assert [m["content"] for m in await a.conversations.history(s.id, 10, 1000)] == [
+            "from a", "from b"]
+
+
+async def test_a_claim_left_by_a_dead_instance_is_kept_until_it_runs_out(pg_url):
+    async with PostgresStore(pg_url) as a:
+        await a.outbox.record([chunk("r1", 0)])
+        assert await a.outbox.claim("r1", "a", 30)
+    async with PostgresStore(pg_url) as b:  # another instance starts: a's claim still holds
+        assert not await b.outbox.claim("r1", "b", 30)
