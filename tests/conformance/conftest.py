@@ -15,6 +15,7 @@ from tests.conformance.harness import Harness
 from tests.conformance.slack_harness import SlackHttpHarness, SlackSocketHarness
 from tests.conformance.telegram_harness import TelegramHarness
 from tests.conformance.web_harness import WebHarness
+from tests.conformance.whatsapp_harness import WhatsAppHarness
 
 # One entry per provider. Adding a provider to the suite = adding its harness here.
 HARNESSES: dict[str, type[Harness]] = {
@@ -25,6 +26,7 @@ HARNESSES: dict[str, type[Harness]] = {
     "slack-socket": SlackSocketHarness,
     "web": WebHarness,
     "api": ApiHarness,
+    "whatsapp": WhatsAppHarness,
 }
 
 

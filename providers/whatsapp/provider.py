@@ -1,0 +1,310 @@
+"""The WhatsApp provider: the Cloud API, by plain aiohttp (see the README for why not pywa).
+
+Receiving: Meta posts to ``webhook_path`` on the gateway's HTTP server. ``GET`` there is the
+subscription handshake (``hub.verify_token`` checked, ``hub.challenge`` echoed); every ``POST``
+is checked against ``X-Hub-Signature-256`` before anything else is read. Each message is handed
+to intake before the post is answered 200; when intake is full the answer is 503 and Meta
+delivers the post again (a redelivery is recognised by its ``wamid``, here and by the gateway's
+dedupe). Documents and images are downloaded into the data dir.
+Sending: text in WhatsApp's own formatting, images and documents (uploaded first), the read
+receipt with the typing indicator. WhatsApp cannot edit a message. Free-form messages reach a
+person only within 24 hours of their last message: a reply that would fall outside (known here,
+or refused with 131047) is logged and the admin is told; it is never dropped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+from aiohttp import web
+
+from pluto.errors import DeliveryRefused, ProviderError
+from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
+from pluto.providers.whatsapp.api import GraphApi, TooLarge
+from pluto.providers.whatsapp.errors import (OUTSIDE_WINDOW, GraphError, Waits, provider_error,
+                                             redact_secrets_in_logs)
+from pluto.providers.whatsapp.inbound import (READABLE, Inbound, Status, media_of, parse,
+                                              signature_ok, to_incoming, upload_path)
+from pluto.providers.whatsapp.markup import WHATSAPP
+from pluto.providers.whatsapp.settings import WhatsAppSecrets, WhatsAppSettings, load_settings
+from pluto.types import Attachment, Capabilities, OutgoingMessage
+
+log = logging.getLogger(__name__)
+
+WINDOW = 24 * 3600.0
+MAX_CAPTION = 1024
+TYPING_LASTS = 20.0  # WhatsApp shows it up to 25 s, or until the reply
+REMEMBERED = 4096  # message ids kept to recognise redeliveries before any work is done
+ADMIN_NOTICE_EVERY = 3600.0  # per person, so an admin is told once, not once per chunk
+
+
+class WhatsAppProvider(Provider):
+    name = "whatsapp"
+    capabilities = Capabilities(max_message_length=4096, markup=WHATSAPP, can_send_images=True,
+                                can_send_files=True, has_typing=True)
+
+    def __init__(self, settings: WhatsAppSettings, secrets: WhatsAppSecrets, *, data_dir: Path,
+                 http: HttpMount | None):
+        redact_secrets_in_logs(secrets.values())
+        self.settings = settings
+        self._secrets = secrets
+        self.api = GraphApi(settings.api_url, settings.phone_number_id, secrets.token)
+        self.waits = Waits(settings.pair_rate_wait_seconds, settings.throughput_wait_seconds)
+        self.uploads = data_dir / "uploads" / "whatsapp"
+        self._intake: Intake | None = None
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._last_in: dict[str, tuple[float, str]] = {}  # wa_id → (when they wrote, wamid)
+        self._typing: dict[str, tuple[str, float]] = {}  # wa_id → (wamid, when shown)
+        self._told_admin: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        if http is not None:
+            http.router.add_get(settings.webhook_path, self._on_verify)
+            http.router.add_post(settings.webhook_path, self._on_webhook)
+
+    @classmethod
+    def from_context(cls, ctx: ProviderContext) -> WhatsAppProvider:
+        settings, secrets = load_settings(ctx)
+        return cls(settings, secrets, data_dir=ctx.data_dir, http=ctx.http)
+
+    # lifecycle ---------------------------------------------------------------------------
+
+    async def run(self, intake: Intake) -> None:
+        await self._check_number()
+        self._intake = intake
+        log.info("whatsapp: receiving for number %s at %s", self.settings.phone_number_id,
+                 self.settings.webhook_path)
+        try:
+            await asyncio.Event().wait()  # messages arrive through the webhook until cancelled
+        finally:
+            self._intake = None
+
+    async def _check_number(self) -> None:
+        """The token and the number id work (a rejected token stops the provider for good)."""
+        try:
+            async with self.api.session().get(
+                    f"{self.settings.api_url}/{self.settings.phone_number_id}",
+                    params={"fields": "display_phone_number,verified_name"}) as r:
+                await self.api._json(r)  # noqa: SLF001 - the same error handling
+        except GraphError as e:
+            error = provider_error(e, self.waits)
+            raise type(error)(f"{error} (the token in {self.settings.token_env}, the number "
+                              f"{self.settings.phone_number_id})") from None
+        except Exception as e:  # noqa: BLE001 - unreachable: the supervisor retries
+            raise provider_error(e, self.waits) from None
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.api.close()
+
+    # receiving ---------------------------------------------------------------------------
+
+    async def _on_verify(self, request: web.Request) -> web.Response:
+        q = request.query
+        if (q.get("hub.mode") == "subscribe"
+                and q.get("hub.verify_token", "") == self._secrets.verify_token
+                and q.get("hub.challenge")):
+            log.info("whatsapp: webhook subscription verified")
+            return web.Response(text=q["hub.challenge"])
+        return web.Response(status=403, text="verification failed")
+
+    async def _on_webhook(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if not signature_ok(self._secrets.app_secret, body,
+                            request.headers.get("X-Hub-Signature-256", "")):
+            return web.Response(status=401, text="bad signature")
+        intake = self._intake
+        if intake is None:
+            return web.Response(status=503, text="not ready")  # Meta delivers it again
+        try:
+            messages, statuses = parse(json.loads(body), self.settings.phone_number_id)
+        except ValueError:
+            return web.Response(status=400, text="not a WhatsApp webhook")
+        for status in statuses:
+            self._on_status(status)
+        for message in messages:
+            if not await self._receive(message, intake):
+                return web.Response(status=503, text="busy")  # Meta delivers it again
+        return web.Response(text="ok")
+
+    async def _receive(self, inbound: Inbound, intake: Intake) -> bool:
+        """Hand one message to the gateway; False when intake had no room."""
+        if inbound.id in self._seen:
+            log.debug("whatsapp: message %s arrived again; ignored", inbound.id)
+            return True
+        self._note_inbound(inbound)
+        if inbound.kind not in READABLE:
+            if inbound.kind not in ("reaction", "unsupported", "system", "request_welcome"):
+                await self._quiet_notice(inbound.wa_id, "I can read text, documents and images; "
+                                         "please send your question as one of those.")
+            self._remember(inbound.id)
+            return True
+        attachments: tuple[Attachment, ...] = ()
+        media = media_of(inbound)
+        if media is not None:
+            attachments, problem = await self._download(inbound, *media)
+            if problem:
+                await self._quiet_notice(inbound.wa_id, problem)
+        incoming = to_incoming(inbound, attachments)
+        if not incoming.text and not incoming.attachments:
+            self._remember(inbound.id)
+            return True
+        if await intake.offer(incoming) is None:
+            return False
+        self._remember(inbound.id)
+        return True
+
+    def _note_inbound(self, inbound: Inbound) -> None:
+        when = inbound.timestamp or time.time()
+        known = self._last_in.get(inbound.wa_id)
+        if known is None or when >= known[0]:
+            self._last_in[inbound.wa_id] = (when, inbound.id)
+
+    def _remember(self, message_id: str) -> None:
+        self._seen[message_id] = None
+        while len(self._seen) > REMEMBERED:
+            self._seen.popitem(last=False)
+
+    async def _download(self, inbound: Inbound, media_id: str, name: str, mime: str,
+                        kind: str) -> tuple[tuple[Attachment, ...], str | None]:
+        path = upload_path(self.uploads, inbound, name)
+        limit = int(self.settings.max_download_mb * 1024 * 1024)
+        try:
+            await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+            size = await self.api.download(media_id, path, limit)
+        except TooLarge:
+            await asyncio.to_thread(path.unlink, missing_ok=True)
+            return (), (f"The file {name} is too large for me to read (the limit is "
+                        f"{self.settings.max_download_mb:g} MB).")
+        except (GraphError, OSError, asyncio.TimeoutError, Exception) as e:  # noqa: BLE001
+            await asyncio.to_thread(path.unlink, missing_ok=True)
+            log.warning("whatsapp: downloading %s from %s failed: %s", name, inbound.wa_id,
+                        provider_error(e, self.waits))
+            return (), f"I could not download the file {name}; please send it again."
+        return (Attachment(filename=name, mime_type=mime, size=size, path=path,
+                           kind="image" if kind == "image" else "file"),), None
+
+    def _on_status(self, status: Status) -> None:
+        if status.status != "failed":
+            return
+        codes = [int(e.get("code") or 0) for e in status.errors if str(e.get("code", "")).isdigit()]
+        if OUTSIDE_WINDOW in codes:
+            self._spawn(self._window_closed(status.recipient, status.message_id))
+        else:
+            detail = "; ".join(str(e.get("title") or e.get("message") or e.get("code"))
+                               for e in status.errors) or "no reason given"
+            log.warning("whatsapp: message %s to %s was not delivered: %s", status.message_id,
+                        status.recipient, detail)
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _quiet_notice(self, wa_id: str, text: str) -> None:
+        try:
+            await self.send(OutgoingMessage(chat_id=wa_id, text=text, kind="notice"))
+        except ProviderError as e:
+            log.warning("whatsapp: could not tell %s: %s", wa_id, e)
+
+    # the 24-hour window ---------------------------------------------------------------------
+
+    def _outside_window(self, wa_id: str) -> bool:
+        known = self._last_in.get(wa_id)
+        return known is not None and time.time() - known[0] > WINDOW
+
+    async def _window_closed(self, wa_id: str, what: str) -> None:
+        """A reply to ``wa_id`` cannot go out: say so in the log, and to the admin."""
+        log.warning("whatsapp: a reply to %s was not delivered (%s): more than 24 hours have "
+                    "passed since they last wrote, and WhatsApp only lets a template message "
+                    "through until they write again", wa_id, what)
+        admin = self.settings.admin_number
+        if not admin or admin == wa_id or self._outside_window(admin):
+            if not admin:
+                log.warning("whatsapp: no admin_number is set; nobody else was told")
+            return
+        now = time.monotonic()
+        if now - self._told_admin.get(wa_id, -ADMIN_NOTICE_EVERY) < ADMIN_NOTICE_EVERY:
+            return
+        self._told_admin[wa_id] = now
+        try:
+            await self.api.message(admin, "text", {
+                "body": f"Pluto could not deliver a reply to +{wa_id}: their 24-hour WhatsApp "
+                        "window is closed. They will get answers again once they write."})
+        except Exception as e:  # noqa: BLE001 - the log line above stands either way
+            log.warning("whatsapp: could not tell the admin (%s): %s", admin,
+                        provider_error(e, self.waits))
+
+    # sending -----------------------------------------------------------------------------
+
+    async def send(self, message: OutgoingMessage) -> str | None:
+        to = message.chat_id
+        if not to.isdigit():
+            raise DeliveryRefused(f"{to!r} is not a WhatsApp number (wa_id)")
+        if self._outside_window(to):
+            await self._window_closed(to, f"{message.kind} of run {message.run_id or '-'}")
+            raise DeliveryRefused("WhatsApp's 24-hour window with this person is closed")
+        try:
+            if message.attachments:
+                return await self._send_files(message)
+            return await self.api.message(to, "text", {"body": message.text,
+                                                        "preview_url": False},
+                                          reply_to=message.reply_to)
+        except GraphError as e:
+            if e.code == OUTSIDE_WINDOW:
+                await self._window_closed(to, f"{message.kind} of run {message.run_id or '-'}")
+            raise provider_error(e, self.waits) from None
+        except (OSError, asyncio.TimeoutError, Exception) as e:
+            if isinstance(e, ProviderError):
+                raise
+            raise provider_error(e, self.waits) from None
+
+    async def _send_files(self, message: OutgoingMessage) -> str:
+        caption: str | None = message.text if len(message.text) <= MAX_CAPTION else None
+        first: str | None = None
+        if message.text and caption is None:
+            first = await self.api.message(message.chat_id, "text",
+                                           {"body": message.text, "preview_url": False})
+        for attachment in message.attachments:
+            sent = await self._send_file(message.chat_id, attachment, caption or None)
+            first, caption = first or sent, None
+        assert first is not None
+        return first
+
+    async def _send_file(self, to: str, attachment: Attachment, caption: str | None) -> str:
+        if attachment.path is None:
+            raise DeliveryRefused(f"the file {attachment.filename} has no path")
+        try:
+            data = await asyncio.to_thread(attachment.path.read_bytes)
+        except OSError:
+            raise DeliveryRefused(f"the file {attachment.filename} can no longer be read") from None
+        media_id = await self.api.upload(data, attachment.filename, attachment.mime_type)
+        if attachment.kind == "image" and attachment.mime_type in ("image/png", "image/jpeg"):
+            content: dict[str, str] = {"id": media_id}
+            kind = "image"
+        else:
+            content, kind = {"id": media_id, "filename": attachment.filename}, "document"
+        if caption:
+            content["caption"] = caption
+        return await self.api.message(to, kind, content)
+
+    async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
+        """The read receipt on the person's last message, and the typing indicator."""
+        known = self._last_in.get(chat_id)
+        if known is None:
+            return
+        shown = self._typing.get(chat_id)
+        if shown is not None and shown[0] == known[1] and time.monotonic() - shown[1] < TYPING_LASTS:
+            return
+        self._typing[chat_id] = (known[1], time.monotonic())
+        try:
+            await self.api.mark_read(known[1], typing=True)
+        except Exception as e:  # noqa: BLE001 - a missing indicator is no failure of the reply
+            log.debug("whatsapp: typing indicator for %s: %s", chat_id,
+                      provider_error(e, self.waits))

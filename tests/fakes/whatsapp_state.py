@@ -1,0 +1,166 @@
+"""Records, errors and test controls of the fake WhatsApp Cloud API (whatsapp_server.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+MAX_TEXT = 4096
+MAX_CAPTION = 1024
+WINDOW = 24 * 3600.0
+
+# the Graph API's error codes the fake answers with, and their titles
+TITLES = {
+    190: "Invalid OAuth access token - Cannot parse access token",
+    100: "Invalid parameter",
+    131009: "Parameter value is not valid",
+    131047: "Re-engagement message",
+    131056: "(Business Account, Consumer Account) pair rate limit hit",
+    130429: "Rate limit hit",
+    131026: "Message undeliverable",
+    131053: "Media upload error",
+}
+
+
+class GraphFailure(Exception):
+    """An error the fake answers with: ``{"error": {...}}`` and an HTTP status."""
+
+    def __init__(self, code: int, details: str = "", status: int | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(code)
+        self.code = code
+        self.details = details
+        self.status = status or (401 if code == 190 else 400)
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        title = TITLES.get(self.code, "Unknown error")
+        return {"error": {"message": f"(#{self.code}) {title}",
+                          "type": "OAuthException", "code": self.code,
+                          "error_data": {"messaging_product": "whatsapp",
+                                         "details": self.details or title},
+                          "fbtrace_id": "AfakeTrace0123"}}
+
+    def as_status_error(self) -> dict[str, Any]:
+        title = TITLES.get(self.code, "Unknown error")
+        return {"code": self.code, "title": title, "message": title,
+                "error_data": {"details": self.details or title}}
+
+
+@dataclass
+class Call:
+    method: str
+    path: str
+    payload: Any
+    status: int = 0
+    time: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Sent:
+    """A message the business number sent (accepted by the API)."""
+
+    id: str
+    to: str
+    type: str  # text | image | document
+    text: str  # the body, or the caption
+    media_id: str | None
+    file_bytes: bytes | None
+    filename: str | None
+    context: str | None
+    payload: dict[str, Any]
+    time: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Delivery:
+    """One webhook post (and its retries)."""
+
+    payload: dict[str, Any]
+    statuses: list[int] = field(default_factory=list)  # HTTP status of each attempt (0: failed)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def delivered(self) -> bool:
+        return bool(self.statuses) and self.statuses[-1] == 200
+
+
+@dataclass
+class Said:
+    """What a user sent: its wamid and the delivery that carried it (to redeliver)."""
+
+    wa_id: str
+    id: str
+    delivery: Delivery
+
+
+class Controls:
+    """Test controls, records and waits shared by the fake."""
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self.sent: list[Sent] = []
+        self.reads: list[tuple[str, bool]] = []  # (wamid, with typing indicator)
+        self.deliveries: list[Delivery] = []
+        self.users: dict[str, str] = {}  # wa_id → profile name
+        self.last_inbound: dict[str, float] = {}  # wa_id → when they last wrote (time.time())
+        self.inbound_ids: dict[str, str] = {}  # wamid → wa_id
+        self.media: dict[str, tuple[bytes, str, str]] = {}  # id → (bytes, mime, filename)
+        self._failures: list[tuple[Callable[[dict[str, Any]], bool], GraphFailure]] = []
+        self._seq = itertools.count(1)
+        self._changed = asyncio.Event()
+
+    def _notify(self) -> None:
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    async def _wait_change(self, timeout: float | None) -> None:
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    async def wait_until(self, check: Callable[[], T], timeout: float = 5.0,
+                         what: str = "the condition") -> T:
+        deadline = time.monotonic() + timeout
+        while not (value := check()):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"fake WhatsApp: {what} did not happen in {timeout}s")
+            await self._wait_change(min(remaining, 0.05))
+        return value
+
+    def wamid(self) -> str:
+        return f"wamid.HBgLFAKE{next(self._seq):08d}=="
+
+    def add_user(self, wa_id: str, name: str = "Alice") -> None:
+        self.users[wa_id] = name
+
+    def age_window(self, wa_id: str, seconds: float) -> None:
+        """Pretend the user last wrote ``seconds`` ago."""
+        self.last_inbound[wa_id] = time.time() - seconds
+
+    def fail_next(self, code: int, *, when: Callable[[dict[str, Any]], bool] = lambda p: True,
+                  details: str = "", status: int | None = None,
+                  headers: dict[str, str] | None = None) -> None:
+        """The next send whose payload matches ``when`` is refused with ``code``."""
+        self._failures.append((when, GraphFailure(code, details, status, headers)))
+
+    def _take_failure(self, payload: dict[str, Any]) -> GraphFailure | None:
+        for i, (when, failure) in enumerate(self._failures):
+            if when(payload):
+                del self._failures[i]
+                return failure
+        return None
+
+    def messages_to(self, wa_id: str) -> list[Sent]:
+        return [s for s in self.sent if s.to == wa_id]
+
+    def calls_to(self, method: str, path_part: str = "") -> list[Call]:
+        return [c for c in self.calls if c.method == method and path_part in c.path]
