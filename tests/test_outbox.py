@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import pluto.gateway.delivery.flood as flood_module
 import pluto.gateway.delivery.outbox as outbox_module
 from pluto.errors import DeliveryRefused, ProviderError, RateLimited
 from pluto.gateway.delivery.outbox import Outbox, RetryPolicy
@@ -46,11 +47,14 @@ async def outbox(store: SqliteStore, providers: dict[str, Provider]) -> Outbox:
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The outbox's waits, recorded instead of slept."""
     waited: list[float] = []
+    clock = [time.time()]  # flood control's clock: a recorded wait lets that time pass
 
     async def fake_sleep(seconds: float) -> None:
         waited.append(seconds)
+        clock[0] += seconds
 
     monkeypatch.setattr(outbox_module.asyncio, "sleep", fake_sleep)
+    monkeypatch.setattr(flood_module, "_now", lambda: clock[0])
     return waited
 
 
@@ -160,9 +164,16 @@ async def test_retry_after_is_honoured_and_other_errors_back_off(outbox, store, 
 async def test_a_rate_limit_holds_the_chats_edits_too(outbox, store, providers, sleeps):
     provider = running(providers, RecordingProvider())
     provider.fail_next(RateLimited("slow down", retry_after=9))
+    held: list[tuple] = []
+    real_hold = outbox.flood.hold
+
+    async def hold(key: tuple[str, str], seconds: float) -> None:
+        held.append((key, seconds))
+        await real_hold(key, seconds)
+
+    outbox.flood.hold = hold  # type: ignore[method-assign]
     assert await sent(outbox, provider, "run1", chunks("hello"))
-    loop = asyncio.get_running_loop()
-    assert outbox.throttle._next[("test", "c1")] > loop.time() + 8  # previews wait as well
+    assert held == [(("test", "c1"), 9)] and sleeps == [pytest.approx(9)]  # previews share it
 
 
 async def test_a_long_retry_after_is_capped(store, sleeps, providers):

@@ -96,8 +96,10 @@ class Delivery:
         came from; returns the last event."""
         caps = provider.capabilities
         live = caps.can_edit and not caps.streams_deltas
-        state = _Run(LivePreview(provider, reply_to(msg, ""), self.throttle) if live else None,
-                     Typing(provider, msg.chat_id, msg.thread_id, self.typing_interval))
+        flood = self.outbox.flood  # one flood-control state per chat, for every send
+        state = _Run(LivePreview(provider, reply_to(msg, ""), self.throttle, flood)
+                     if live else None,
+                     Typing(provider, msg.chat_id, msg.thread_id, self.typing_interval, flood))
         state.typing.start()
         last: RunEvent | None = None
         try:

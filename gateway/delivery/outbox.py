@@ -6,7 +6,9 @@ chat, so replies to a chat go out in the order they were recorded and a chat tha
 controlled or failing never holds up another chat — or the pipeline that recorded the reply.
 
 Retries live here, in one place: a transient error is retried with exponential backoff, a
-rate limit after the platform's ``retry_after`` (the chat's live previews back off too); a
+rate limit after the platform's ``retry_after``, which is kept as the chat's flood control
+(:class:`~pluto.gateway.delivery.flood.FloodControl`): every send to that chat — previews,
+finals, notices, replies taken up again after a restart — waits it out first; a
 permanent refusal (chat gone, bot blocked) ends the reply and is recorded. When the retries run
 out, the reply stays pending and the chat's sender rests: a sweep every ``sweep_seconds`` (and
 every provider start) picks pending replies up again, until they expire.
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pluto.errors import DeliveryRefused, ProviderError, RateLimited
+from pluto.gateway.delivery.flood import FloodControl
 from pluto.gateway.delivery.streaming import EditThrottle
 from pluto.gateway.ports import Provider
 from pluto.storage.ports import OutboxStore
@@ -64,11 +67,13 @@ class Outbox:
     def __init__(self, rows: OutboxStore, providers: Mapping[str, Provider], *,
                  retry: RetryPolicy | None = None, throttle: EditThrottle | None = None,
                  keep_seconds: float = 7 * 86400, lease_seconds: float = 300.0,
-                 sweep_seconds: float = 30.0, owner: str | None = None):
+                 sweep_seconds: float = 30.0, owner: str | None = None,
+                 flood: FloodControl | None = None):
         self.rows = rows
         self.providers = providers  # the running providers, by name (read at each send)
         self.retry = retry or RetryPolicy()
         self.throttle = throttle or EditThrottle(0.0)
+        self.flood = flood or FloodControl()  # one per gateway: previews consult it too
         self.keep_seconds = keep_seconds
         self.lease_seconds = lease_seconds
         self.sweep_seconds = sweep_seconds
@@ -79,6 +84,7 @@ class Outbox:
         self._sweeper: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
+        await self.flood.load()  # a retry-after from before a restart still holds
         pruned = await self.rows.prune(self.keep_seconds)
         if pruned:
             log.debug("outbox: pruned %d delivered chunk(s)", pruned)
@@ -245,6 +251,7 @@ class Outbox:
         for attempt in range(self.retry.attempts):
             if message.edit_of:
                 await self.throttle.turn(key)  # edits of one chat keep their pace
+            await self.flood.wait(key)
             if attempt or not counted:
                 await self.rows.attempted(row.id)
             try:
@@ -257,10 +264,11 @@ class Outbox:
                 if isinstance(e, DeliveryRefused) or attempt == self.retry.attempts - 1:
                     raise
                 delay = self.retry.delay(e, attempt)
-                if isinstance(e, RateLimited):
-                    self.throttle.hold(key, delay)  # previews of this chat wait as well
                 log.warning("%s: sending failed (%s); retrying in %.1fs", provider.name, e, delay)
-                await asyncio.sleep(delay)
+                if isinstance(e, RateLimited):  # every send to this chat waits (kept)
+                    await self.flood.hold(key, delay)
+                else:
+                    await asyncio.sleep(delay)
                 continue
             await self.rows.sent(row.id, platform_id, release=release)
             return platform_id

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from pluto.errors import DeliveryRefused, ProviderError
 
+from pluto.gateway.delivery.flood import FloodControl
 from pluto.gateway.ports import Provider
 from pluto.gateway.delivery.render import render_preview
 from pluto.types import OutgoingMessage
@@ -54,8 +55,10 @@ class EditThrottle:
 class LivePreview:
     """One reply shown while it grows: sent once, then edited (throttled) with the latest text."""
 
-    def __init__(self, provider: Provider, target: OutgoingMessage, throttle: EditThrottle):
+    def __init__(self, provider: Provider, target: OutgoingMessage, throttle: EditThrottle,
+                 flood: FloodControl | None = None):
         self.provider = provider
+        self.flood = flood or FloodControl()
         self.target = replace(target, kind="delta", markup=provider.capabilities.markup.name)
         self.throttle = throttle
         self.key: ChatKey = (provider.name, target.chat_id)
@@ -101,6 +104,7 @@ class LivePreview:
         while not self._closed:
             await self._changed.wait()
             await self.throttle.turn(self.key)
+            await self.flood.wait(self.key)
             if self._closed:
                 return
             self._changed.clear()
@@ -112,8 +116,8 @@ class LivePreview:
                 if not await self._show(text):
                     return
             except ProviderError as e:
-                if e.retry_after is not None:
-                    self.throttle.hold(self.key, e.retry_after)
+                if e.retry_after is not None:  # the final and every other send wait too
+                    await self.flood.hold(self.key, e.retry_after)
                     self._changed.set()
                 elif isinstance(e, DeliveryRefused):
                     log.info("%s: live preview stopped: %s", self.provider.name, e)
@@ -140,8 +144,9 @@ class Typing:
     """Repeats the platform's typing indicator every ``interval`` seconds until stopped."""
 
     def __init__(self, provider: Provider, chat_id: str, thread_id: str | None,
-                 interval: float = 4.0):
+                 interval: float = 4.0, flood: FloodControl | None = None):
         self.provider = provider
+        self.flood = flood
         self.chat_id = chat_id
         self.thread_id = thread_id
         self.interval = interval
@@ -159,7 +164,9 @@ class Typing:
     async def _loop(self) -> None:
         while True:
             try:
-                await self.provider.typing(self.chat_id, self.thread_id)
+                if self.flood is None or not self.flood.remaining((self.provider.name,
+                                                                    self.chat_id)):
+                    await self.provider.typing(self.chat_id, self.thread_id)
             except Exception as e:  # a lost typing indicator is not worth a failed reply
                 log.debug("%s: typing indicator failed: %s", self.provider.name, e)
             await asyncio.sleep(self.interval)

@@ -1,0 +1,81 @@
+"""Flood control: one state per destination that every send consults.
+
+When a platform answers "too many requests, retry after N seconds" for a chat, nothing goes to
+that chat until the time is up — not the live preview's next edit, not the final reply, not a
+notice, not a reply the outbox takes up again after a restart. The deadline is kept in storage
+(:class:`~pluto.storage.ports.FloodStore`) as wall-clock time, so a gateway restarted inside
+the window still waits it out. Other chats are never held up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pluto.storage.ports import FloodStore
+
+log = logging.getLogger(__name__)
+
+ChatKey = tuple[str, str]  # (provider name, chat id)
+MAX_KEYS = 10_000  # expired holds are dropped from memory past this many
+_now = time.time  # wall clock: a deadline is kept across restarts (tests may replace it)
+
+
+class FloodControl:
+    def __init__(self, store: FloodStore | None = None):
+        self.store = store
+        self._until: dict[ChatKey, float] = {}  # epoch seconds
+
+    async def load(self) -> int:
+        """Take up the holds still in force (at start); returns how many."""
+        if self.store is None:
+            return 0
+        now = _now()
+        try:
+            await self.store.prune(now)
+            holds = await self.store.holds(now)
+        except Exception as e:  # noqa: BLE001 - storage trouble never stops a send
+            log.error("flood control: the kept holds could not be read: %s", e)
+            return 0
+        for provider, chat_id, until in holds:
+            key = (provider, chat_id)
+            self._until[key] = max(self._until.get(key, 0.0), until)
+        if holds:
+            log.info("flood control: %d chat(s) still inside a platform's retry-after window",
+                     len(holds))
+        return len(holds)
+
+    def remaining(self, key: ChatKey) -> float:
+        """Seconds before anything may be sent to ``key`` (0 when it may now)."""
+        until = self._until.get(key)
+        if until is None:
+            return 0.0
+        left = until - _now()
+        if left <= 0:
+            del self._until[key]
+            return 0.0
+        return left
+
+    async def wait(self, key: ChatKey) -> None:
+        """Return once ``key`` may be sent to (a hold made meanwhile is waited out too)."""
+        while (left := self.remaining(key)) > 0:
+            await asyncio.sleep(left)
+
+    async def hold(self, key: ChatKey, seconds: float) -> None:
+        """The platform asked to wait ``seconds`` before the next call for ``key``; kept."""
+        until = _now() + max(0.0, seconds)
+        if until <= self._until.get(key, 0.0):
+            return
+        self._until[key] = until
+        if len(self._until) > MAX_KEYS:
+            now = _now()
+            self._until = {k: t for k, t in self._until.items() if t > now}
+        log.info("%s: chat %s is flood controlled for %.1fs", key[0], key[1], seconds)
+        if self.store is not None:
+            try:
+                await self.store.hold(key[0], key[1], until)
+            except Exception as e:  # noqa: BLE001 - storage trouble never stops a send  # held in memory all the same
+                log.error("flood control: a hold could not be kept: %s", e)

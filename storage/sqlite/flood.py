@@ -1,0 +1,45 @@
+"""Flood control in SQL: per destination (provider, chat), the moment (seconds since the epoch)
+before which nothing may be sent to it — a platform's retry-after — kept so that a gateway
+restarted inside the window still waits it out.
+
+Written in the SQL both engines speak (``?`` placeholders, ``INSERT … ON CONFLICT``): SQLite and
+PostgreSQL run the same part over their own engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+COMPONENT = "flood"
+MIGRATIONS: list[Any] = [
+    """
+    CREATE TABLE IF NOT EXISTS flood_holds (
+        provider TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        hold_until REAL NOT NULL,
+        PRIMARY KEY (provider, chat_id)
+    );
+    """,
+]
+
+
+class SqlFlood:
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    async def migrate(self) -> None:
+        await self.engine.migrate(COMPONENT, MIGRATIONS)
+
+    async def hold(self, provider: str, chat_id: str, until: float) -> None:
+        await self.engine.write((
+            "INSERT INTO flood_holds (provider, chat_id, hold_until) VALUES (?,?,?)"
+            " ON CONFLICT (provider, chat_id) DO UPDATE SET hold_until = excluded.hold_until"
+            " WHERE excluded.hold_until > flood_holds.hold_until", (provider, chat_id, until)))
+
+    async def holds(self, now: float) -> list[tuple[str, str, float]]:
+        rows = await self.engine.fetchall(
+            "SELECT provider, chat_id, hold_until FROM flood_holds WHERE hold_until > ?", (now,))
+        return [(r[0], r[1], float(r[2])) for r in rows]
+
+    async def prune(self, now: float) -> int:
+        return await self.engine.write(("DELETE FROM flood_holds WHERE hold_until <= ?", (now,)))
