@@ -25,6 +25,7 @@ from pathlib import Path
 from pluto.agents.registry import AgentRegistry
 from pluto.errors import PlutoError, StartupError
 from pluto.gateway.delivery.delivery import Delivery
+from pluto.gateway.delivery.flood import FloodControl
 from pluto.gateway.delivery.outbox import Outbox
 from pluto.gateway.delivery.streaming import EditThrottle
 from pluto.gateway.directory import Directory
@@ -42,7 +43,8 @@ from pluto.gateway.provider_registry import build_provider, enabled
 from pluto.gateway.reload import ConfigWatcher, load_routes
 from pluto.gateway.supervisor import TaskHealth, supervise
 from pluto.runtime.data_tools import DATA_TOOLS
-from pluto.runtime.model import Model, ModelSettings, model_for, uses_litellm, warm_litellm
+from pluto.runtime.model import Model, ModelSettings, warm_litellm
+from pluto.runtime.openai_compat import close_sessions, model_for, uses_litellm
 from pluto.runtime.runner import Runner
 from pluto.runtime.tools import BUILTIN_TOOLS
 from pluto.settings import PlutoConfig, load_pluto_config
@@ -69,7 +71,8 @@ class Gateway:
         self.data_dir = (data_dir or self.config.data_dir).resolve()  # one absolute path
         self.instance = uuid.uuid4().hex[:12]
         self.store: Store = store or store_for(self.data_dir)
-        self.registry = AgentRegistry(config_dir / "agents", self.data_dir / "agents")
+        self.registry = AgentRegistry(config_dir / "agents", self.data_dir / "agents",
+                                      key_envs=self.config.agents.api_key_envs)
         self.routes: RoutingTable = load_routes(config_dir, self.registry)
         self.metrics = Metrics()
         self.feed = LocalRunFeed(self.store.conversations)
@@ -79,7 +82,7 @@ class Gateway:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         throttle = EditThrottle(lambda: self.config.gateway.stream_edit_interval_seconds)
         self.outbox = Outbox(self.store.outbox, self.providers, throttle=throttle,
-                             owner=self.instance)
+                             owner=self.instance, flood=FloodControl(self.store.flood))
         self.delivery = Delivery(self.outbox, data_dir=self.data_dir, throttle=throttle)
         self.data = DataCommands(data_service(self.config, config_dir, self.data_dir),
                                  self.registry, self.store.conversations)
@@ -119,6 +122,7 @@ class Gateway:
         try:
             configured = self._configured_providers()  # validated before anything is opened
             await self._open_storage(stack)
+            stack.push_async_callback(close_sessions)  # the model connections, last
             stack.push_async_callback(self._close_providers)  # after the HTTP server stops
             if self.serve:
                 if self._uses_litellm():
@@ -143,13 +147,13 @@ class Gateway:
 
     def _uses_litellm(self) -> bool:
         """Whether a model this gateway is configured to call goes through litellm."""
-        models = {m.model for m in self.config.models.values()}
+        models = list(self._model_settings().values())
         for name in self.routes.agents():
             try:  # agents the table routes to are loaded already; they may name a model
                 spec = self.registry.get(name)
             except (PlutoError, LookupError):
                 continue
-            models.add(self.runner.settings_for(spec).model)
+            models.append(self.runner.settings_for(spec))
         return any(uses_litellm(m) for m in models)
 
     def _configured_providers(self) -> list[Provider]:
