@@ -14,13 +14,14 @@ from typing import Any
 
 import aiohttp
 
+from pluto.errors import PlutoError
 from pluto.providers.whatsapp.errors import GraphError, graph_error
 
 TIMEOUT = aiohttp.ClientTimeout(total=60, connect=10)
 CHUNK = 64 * 1024
 
 
-class TooLarge(Exception):
+class TooLarge(PlutoError):
     """A download is larger than allowed."""
 
 

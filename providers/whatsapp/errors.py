@@ -22,7 +22,8 @@ from typing import Any
 
 import aiohttp
 
-from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable, RateLimited
+from pluto.errors import (DeliveryRefused, PlutoError, ProviderError, ProviderUnusable,
+                          RateLimited)
 from pluto.gateway.logs import MaskSecrets
 
 OUTSIDE_WINDOW = 131047
@@ -47,18 +48,16 @@ PERMANENT = {OUTSIDE_WINDOW: "more than 24 hours have passed since the person la
              133010: "the phone number is not registered"}
 
 
-@dataclass(frozen=True, slots=True)
-class GraphError(Exception):
-    """One refused Graph API call, as the platform said it."""
+class GraphError(PlutoError):
+    """One refused Graph API call, as the platform said it (turned into a ProviderError by
+    :func:`provider_error` before it leaves the provider)."""
 
-    status: int
-    code: int
-    message: str
-    details: str = ""
-    retry_after: float | None = None  # a Retry-After header, if one came
-
-    def __str__(self) -> str:
-        return f"{self.message} (code {self.code}, HTTP {self.status})"
+    def __init__(self, status: int, code: int, message: str, details: str = "",
+                 retry_after: float | None = None):
+        super().__init__(f"{message} (code {code}, HTTP {status})")
+        self.status, self.code, self.message = status, code, message
+        self.details = details
+        self.retry_after = retry_after  # a Retry-After header, if one came
 
 
 def graph_error(status: int, body: Any, headers: Any = None) -> GraphError:
