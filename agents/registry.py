@@ -49,9 +49,11 @@ class _Entry:
 
 class AgentRegistry:
     def __init__(self, *dirs: Path, cache_size: int = 256, recheck_seconds: float = 0.25,
-                 key_envs: Collection[str] = ()):
+                 key_envs: Collection[str] = (), known_tools: Collection[str] | None = None):
         self.dirs = list(dirs)
         self.key_envs = frozenset(key_envs)  # what an agent may name in api_key_env
+        # the tools an agent may list (None: not checked here, only when it runs)
+        self.known_tools = None if known_tools is None else frozenset(known_tools)
         self.cache_size = cache_size
         self.recheck_seconds = recheck_seconds  # files are looked at no more often than this
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
@@ -119,7 +121,7 @@ class AgentRegistry:
                 self._touch(name)
             return kept.spec
         try:
-            spec = load_checked(agent_dir, self.key_envs)
+            spec = load_checked(agent_dir, self.key_envs, self.known_tools)
         except ConfigError as e:
             self._broken(name, e, stamp, kept)
             if kept is not None:
@@ -172,7 +174,7 @@ class AgentRegistry:
         agent_dir = self.dir_of(name)
         if agent_dir is None:
             raise UnknownAgent(name)
-        return load_checked(agent_dir, self.key_envs)
+        return load_checked(agent_dir, self.key_envs, self.known_tools)
 
     def allow_key_envs(self, key_envs: Collection[str]) -> None:
         """``agents.api_key_envs`` changed in pluto.yaml: every agent is looked at again."""
@@ -226,11 +228,12 @@ class AgentRegistry:
         return found is not None and len(self.dirs) > 1 and found.parent == self.dirs[-1]
 
 
-def load_checked(agent_dir: Path, key_envs: Collection[str] = ()) -> AgentSpec:
+def load_checked(agent_dir: Path, key_envs: Collection[str] = (),
+                 known_tools: Collection[str] | None = None) -> AgentSpec:
     """:func:`load_agent`, with any failure reported as a :class:`ConfigError` naming the file
     (a YAML nested too deeply, an unreadable path), never as a crash."""
     try:
-        return load_agent(agent_dir, key_envs)
+        return load_agent(agent_dir, key_envs, known_tools)
     except ConfigError:
         raise
     except RecursionError:

@@ -7,6 +7,8 @@ instructions: [instructions.md, persona.md]
 tools: [current_time]
 budget: {max_seconds: 120, max_tokens: 60000, max_tool_calls: 12}
 history: {max_messages: 40, max_tokens: 8000}
+mcp: {}                   # the agent's own MCP servers (see pluto.agents.toolspec)
+skills: []                # its skills: folders with a SKILL.md
 ```
 
 Agent files are data, never templates: ``${NAME}`` in them stays as written (only ``pluto.yaml``
@@ -25,6 +27,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from pluto.agents.toolspec import (McpServer, McpServerSpec, Skill, check_mcp, check_tools,
+                                   load_skills, skills_index)
 from pluto.errors import ConfigError
 from pluto.yamldoc import FileRefused, YamlDoc, read_regular_file
 
@@ -61,6 +65,8 @@ class AgentFile(_Strict):
     datasets: list[str] | str = Field(default_factory=list)
     budget: Budget = Budget()
     history: HistoryWindow = HistoryWindow()
+    mcp: dict[str, McpServer] = Field(default_factory=dict)
+    skills: list[str] = Field(default_factory=list)
 
     @field_validator("api_base", mode="before")
     @classmethod
@@ -89,13 +95,17 @@ class AgentSpec:
     budget: Budget
     history: HistoryWindow
     source: Path
+    mcp: tuple[McpServerSpec, ...] = ()
+    skills: tuple[Skill, ...] = ()
 
 
-def load_agent(agent_dir: Path, key_envs: Collection[str] = ()) -> AgentSpec:
+def load_agent(agent_dir: Path, key_envs: Collection[str] = (),
+               known_tools: Collection[str] | None = None) -> AgentSpec:
     """Load and validate one agent directory; errors name the file, line and field.
 
-    ``key_envs``: the environment variables the agent may name in ``api_key_env`` (from
-    ``agents.api_key_envs`` in ``pluto.yaml``); by default none."""
+    ``key_envs``: the environment variables the agent may name in ``api_key_env`` and in its
+    MCP servers' ``*_env`` keys (from ``agents.api_key_envs`` in ``pluto.yaml``); by default
+    none. ``known_tools``: the names ``tools:`` may use (None: not checked)."""
     name = agent_dir.name
     path = agent_dir / "agent.yaml"
     if not NAME_RE.fullmatch(name):
@@ -114,6 +124,12 @@ def load_agent(agent_dir: Path, key_envs: Collection[str] = ()) -> AgentSpec:
         allowed = ", ".join(sorted(key_envs)) or "none"
         raise doc.problem(("api_key_env",), f"{spec.api_key_env} is not a variable agents may "
                           f"use (pluto.yaml agents.api_key_envs allows: {allowed})")
+    check_tools(doc, spec.tools, known_tools)
+    mcp = check_mcp(doc, agent_dir, spec.mcp, key_envs)
+    skills = load_skills(doc, agent_dir, spec.skills)
+    instructions = _read_instructions(doc, agent_dir, spec.instructions)
+    if skills:
+        instructions = "\n\n".join(p for p in (instructions, skills_index(skills)) if p)
     return AgentSpec(
         name=name,
         description=spec.description.strip(),
@@ -121,12 +137,14 @@ def load_agent(agent_dir: Path, key_envs: Collection[str] = ()) -> AgentSpec:
         api_base=spec.api_base,
         api_key_env=spec.api_key_env,
         temperature=spec.temperature,
-        instructions=_read_instructions(doc, agent_dir, spec.instructions),
+        instructions=instructions,
         tools=tuple(spec.tools),
         datasets=spec.datasets if isinstance(spec.datasets, str) else tuple(spec.datasets),
         budget=spec.budget,
         history=spec.history,
         source=agent_dir,
+        mcp=mcp,
+        skills=skills,
     )
 
 

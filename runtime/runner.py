@@ -22,9 +22,11 @@ from typing import Any
 from pluto.agents.spec import AgentSpec
 from pluto.events import (MessageDelta, MessageFinal, RunEnd, RunError, RunEvent, RunStart,
                           ToolEnd, ToolStart)
+from pluto.runtime.batching import batched
 from pluto.runtime.errors import BudgetExceeded, ModelError
 from pluto.runtime.model import Model, ModelSettings, ModelTurn, ToolCall
 from pluto.runtime.openai_compat import model_for
+from pluto.runtime.skills import skill_tools
 from pluto.runtime.tools import Tool, ToolContext, ToolError, ToolResult
 from pluto.storage.ports import ConversationStore
 from pluto.storage.rows import SessionRow, estimate_tokens
@@ -75,7 +77,7 @@ class Runner:
                  tools: Mapping[str, Tool], data_dir: Path,
                  services: dict[str, Any] | None = None,
                  model_factory: Callable[[ModelSettings], Model] = model_for,
-                 retry_base_delay: float = 0.5):
+                 retry_base_delay: float = 0.5, delta_interval: float = 0.04):
         self.store = conversations
         self.models = models
         self.tools = tools
@@ -83,6 +85,7 @@ class Runner:
         self.services = services or {}
         self.model_factory = model_factory
         self.retry_base_delay = retry_base_delay
+        self.delta_interval = delta_interval  # text deltas are committed and shown in batches
 
     def settings_for(self, agent: AgentSpec) -> ModelSettings:
         """An agent names a model from pluto.yaml, or gives a litellm model string itself."""
@@ -104,6 +107,16 @@ class Runner:
         if missing:
             log.warning("agent %s lists unknown tools: %s", agent.name, ", ".join(missing))
         return {n: self.tools[n] for n in names if n in self.tools}
+
+    async def agent_tools(self, agent: AgentSpec,
+                          narrowed: tuple[str, ...] | None) -> dict[str, Tool]:
+        """The agent's own tools: its skills' loader, and its MCP servers' tools (the servers
+        are started now if they are not running: ``services["mcp"]``, a runtime.mcp.McpHub)."""
+        tools = skill_tools(agent)
+        hub = self.services.get("mcp")
+        if hub is not None and agent.mcp:
+            tools.update(await hub.tools_for(agent, narrowed))
+        return tools
 
     async def run(self, req: RunRequest, observe: Observer = _ignore) -> AsyncIterator[RunEvent]:
         """Run one turn; yields events, each already committed to storage and observed."""
@@ -140,10 +153,14 @@ class Runner:
                 await asyncio.shield(self._finish_cancelled(state))
 
     async def _loop(self, state: _RunState) -> AsyncIterator[RunEvent]:
+        state.tools.update(await self.agent_tools(state.req.agent, state.req.tools))
         schemas = [t.schema() for t in state.tools.values()]
         while True:
             turn = None
-            async for item in self._model_turn(state, schemas):
+            items = self._model_turn(state, schemas)
+            if self.delta_interval > 0:
+                items = batched(items, interval=self.delta_interval)
+            async for item in items:
                 if isinstance(item, ModelTurn):
                     turn = item
                 else:

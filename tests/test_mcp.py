@@ -1,0 +1,415 @@
+"""Per-agent MCP servers, against real servers built with the SDK (tests/mcp_servers/demo.py),
+driven through the fake OpenAI-compatible model: a tool call whose result the answer uses; a
+server killed mid-call (the model gets a tool error, the person a normal answer, the next
+message works); a call hanging past its timeout; isError; a server that will not start; a
+server with 200 tools; two agents that never see each other's tools; streamable HTTP with a
+header from the environment; tools/list_changed; images; /stop; idle servers stopped; the
+bound on servers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pluto.agents.spec import AgentSpec, load_agent
+from pluto.events import MessageFinal, RunEnd, ToolEnd
+from pluto.runtime.mcp import McpHub
+from pluto.runtime.model import ModelSettings
+from pluto.runtime.runner import Runner, RunRequest
+from pluto.runtime.tools import BUILTIN_TOOLS
+from pluto.storage.sqlite import SqliteStore
+from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "sk-mcp-test"
+
+
+def demo(*extra: str, **settings: object) -> dict:
+    """A stdio server entry for agent.yaml running tests/mcp_servers/demo.py."""
+    return {"command": sys.executable, "args": ["-m", "tests.mcp_servers.demo", *extra],
+            "cwd": str(ROOT), **settings}
+
+
+def write_agent(root: Path, name: str, mcp: dict, **fields: object) -> Path:
+    import yaml
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    body = {"model": "fake", "instructions": [], "tools": ["current_time"], "mcp": mcp, **fields}
+    (d / "agent.yaml").write_text(yaml.safe_dump(body))
+    return d
+
+
+def agent(tmp_path: Path, mcp: dict, name: str = "helper", key_envs: tuple = (),
+          **fields: object) -> AgentSpec:
+    return load_agent(write_agent(tmp_path / "agents", name, mcp, **fields), key_envs)
+
+
+@pytest.fixture
+async def fake():
+    async with FakeOpenAI(api_key=KEY) as server:
+        yield server
+
+
+@pytest.fixture
+async def hub():
+    async with McpHub(idle_seconds=600) as h:
+        yield h
+
+
+@pytest.fixture
+async def runner(fake, hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("PLUTO_TEST_KEY", KEY)
+    models = {"fake": ModelSettings(model="openai/fake", api_base=fake.base_url,
+                                    api_key_env="PLUTO_TEST_KEY", retries=0, timeout=20)}
+    async with SqliteStore(tmp_path / "p.db") as store:
+        yield Runner(store.conversations, models=models, tools=BUILTIN_TOOLS,
+                     data_dir=tmp_path / "data", services={"mcp": hub})
+
+
+async def ask(runner: Runner, spec: AgentSpec, text: str, key: str = "chat") -> list:
+    session = await runner.store.session(key, spec.name)
+    return [e async for e in runner.run(RunRequest(uuid.uuid4().hex, session, spec, text))]
+
+
+def tool_ends(events: list) -> list[ToolEnd]:
+    return [e for e in events if isinstance(e, ToolEnd)]
+
+
+def final(events: list) -> str:
+    return next(e.text for e in events if isinstance(e, MessageFinal))
+
+
+def offered(request: dict) -> set[str]:
+    return {t["function"]["name"] for t in request.get("tools", [])}
+
+
+async def wait_for_file(path: Path, timeout: float = 20) -> str:
+    async with asyncio.timeout(timeout):
+        while not path.exists():
+            await asyncio.sleep(0.02)
+    return path.read_text()
+
+
+# --- the done-when scenario --------------------------------------------------------------------
+
+async def test_a_stdio_tool_answers_a_killed_server_is_a_tool_error_and_the_next_message_works(
+        runner, fake, tmp_path):
+    pid_file = tmp_path / "demo.pid"
+    spec = agent(tmp_path, {"demo": demo("--pid-file", str(pid_file))})
+
+    fake.script(Reply(tool_calls=[ToolCall("demo_weather", {"city": "Paris"})]),
+                Reply(text="It rains in Paris: 14 °C."))
+    events = await ask(runner, spec, "Weather in Paris?")
+    [end] = tool_ends(events)
+    assert not end.is_error and end.content == "Weather in Paris: light rain, 14 °C."
+    assert {"demo_weather", "demo_hold", "current_time"} <= offered(fake.requests[0])
+    schema = next(t for t in fake.requests[0]["tools"]
+                  if t["function"]["name"] == "demo_weather")["function"]["parameters"]
+    assert schema["properties"]["city"]["type"] == "string" and schema["required"] == ["city"]
+    assert fake.requests[1]["messages"][-1]["content"] == end.content  # the model read it
+    assert final(events) == "It rains in Paris: 14 °C."
+    first_pid = int(pid_file.read_text())
+
+    fake.script(Reply(tool_calls=[ToolCall("demo_hold", {"seconds": 30})]),
+                Reply(text="The slow tool is unavailable; here is what I know anyway."))
+    run = asyncio.create_task(ask(runner, spec, "Do the slow thing"))
+    os.kill(int(await wait_for_file(Path(f"{pid_file}.busy"))), signal.SIGKILL)
+    events = await asyncio.wait_for(run, 30)
+    [end] = tool_ends(events)
+    assert end.is_error and "'demo' server are unavailable right now" in end.content
+    assert "it stopped during the call" in end.content and "Traceback" not in end.content
+    assert fake.requests[3]["messages"][-1]["content"] == end.content
+    assert final(events) == "The slow tool is unavailable; here is what I know anyway."
+    assert events[-1].outcome == "ok"
+
+    fake.script(Reply(tool_calls=[ToolCall("demo_weather", {"city": "Oslo"})]),
+                Reply(text="Snow in Oslo."))
+    events = await ask(runner, spec, "And Oslo?")
+    [end] = tool_ends(events)
+    assert not end.is_error and end.content == "Weather in Oslo: snow, -3 °C."
+    assert final(events) == "Snow in Oslo."
+    assert int(pid_file.read_text()) != first_pid  # a new process
+
+
+# --- failures stay small -----------------------------------------------------------------------
+
+async def test_is_error_goes_back_to_the_model_which_corrects_itself(runner, fake, tmp_path):
+    spec = agent(tmp_path, {"demo": demo()})
+    fake.script(Reply(tool_calls=[ToolCall("demo_weather", {"city": "Atlantis"})]),
+                Reply(tool_calls=[ToolCall("demo_weather", {"city": "Lima"})]),
+                Reply(text="Sunny in Lima."))
+    events = await ask(runner, spec, "Weather?")
+    bad, good = tool_ends(events)
+    assert bad.is_error and bad.content.startswith("Error: ") and "no weather station" in \
+        bad.content
+    assert not good.is_error and "sunny" in good.content
+    assert final(events) == "Sunny in Lima."
+
+
+async def test_a_call_hanging_past_its_timeout_is_a_tool_error_and_the_server_goes_on(
+        runner, fake, tmp_path):
+    spec = agent(tmp_path, {"demo": demo(call_timeout=1)})
+    fake.script(Reply(tool_calls=[ToolCall("demo_hold", {"seconds": 60})]),
+                Reply(tool_calls=[ToolCall("demo_add", {"a": 2, "b": 3})]),
+                Reply(text="2 + 3 = 5"))
+    events = await ask(runner, spec, "hold, then add")
+    hung, added = tool_ends(events)
+    assert hung.is_error and "did not answer within 1 s" in hung.content
+    assert not added.is_error and added.content == "5"
+    assert final(events) == "2 + 3 = 5"
+
+
+async def test_a_crash_mid_call_leaves_the_other_servers_and_tools_working(
+        runner, fake, hub, tmp_path):
+    spec = agent(tmp_path, {"demo": demo(), "calc": demo("--name", "calc")})
+    fake.script(Reply(tool_calls=[ToolCall("demo_crash", {}), ToolCall("calc_add", {"a": 1,
+                                                                                    "b": 1}),
+                                  ToolCall("current_time", {})]),
+                Reply(text="done"))
+    events = await ask(runner, spec, "crash one")
+    crashed, added, now = tool_ends(events)
+    assert crashed.is_error and "unavailable right now" in crashed.content
+    assert not added.is_error and added.content == "2"
+    assert not now.is_error
+    health = hub.health()
+    assert sorted(h["state"] for h in health.values()) == ["down", "ready"]
+    assert final(events) == "done"
+
+
+async def test_a_server_that_will_not_start_leaves_the_agent_its_other_tools(
+        runner, fake, hub, tmp_path):
+    broken = {"command": sys.executable, "args": ["-c", "import sys; sys.exit(1)"],
+              "connect_timeout": 10}
+    spec = agent(tmp_path, {"broken": broken, "demo": demo()})
+    fake.script(Reply(tool_calls=[ToolCall("demo_add", {"a": 1, "b": 2})]), Reply(text="3"))
+    events = await ask(runner, spec, "add")
+    assert final(events) == "3" and events[-1].outcome == "ok"
+    tools = offered(fake.requests[0])
+    assert "demo_add" in tools and not any(t.startswith("broken_") for t in tools)
+    [down] = [h for k, h in hub.health().items() if k.startswith("broken@")]
+    assert down["state"] == "down" and down["error"]
+
+
+async def test_stop_cancels_the_call_and_the_server_stays_usable(runner, fake, hub, tmp_path):
+    pid_file = tmp_path / "demo.pid"
+    spec = agent(tmp_path, {"demo": demo("--pid-file", str(pid_file))})
+    fake.script(Reply(tool_calls=[ToolCall("demo_hold", {"seconds": 60})]))
+    run = asyncio.create_task(ask(runner, spec, "hold"))
+    await wait_for_file(Path(f"{pid_file}.busy"))
+    run.cancel()  # what /stop does to the run's task
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    fake.script(Reply(tool_calls=[ToolCall("demo_add", {"a": 4, "b": 4})]), Reply(text="8"))
+    events = await ask(runner, spec, "add")
+    assert tool_ends(events)[0].content == "8" and final(events) == "8"
+    assert [h["state"] for h in hub.health().values()] == ["ready"]
+
+
+# --- tools, per agent --------------------------------------------------------------------------
+
+async def test_two_agents_with_different_servers_never_see_each_others_tools(
+        hub, tmp_path):
+    a = agent(tmp_path, {"weather": demo(tools=["weather"])}, name="a")
+    b = agent(tmp_path, {"sums": demo("--name", "sums", tools=["add"])}, name="b")
+    c = agent(tmp_path, {"maths": demo("--name", "sums", tools=["add"], prefix="m_")}, name="c")
+    assert set(await hub.tools_for(a)) == {"weather_weather"}
+    assert set(await hub.tools_for(b)) == {"sums_add"}
+    assert set(await hub.tools_for(c)) == {"m_add"}  # same settings as b's: one process
+    assert len(hub.health()) == 2
+
+
+async def test_a_server_with_200_tools_and_an_allowlist(hub, tmp_path):
+    everything = agent(tmp_path, {"big": demo("--many", "200")}, name="all")
+    tools = await hub.tools_for(everything)
+    assert len([n for n in tools if n.startswith("big_t")]) == 200
+    assert tools["big_t199"].parameters["properties"]["x"]["type"] == "integer"
+    few = agent(tmp_path, {"big": demo("--many", "200", tools=["t007", "add"])}, name="few")
+    assert set(await hub.tools_for(few)) == {"big_t007", "big_add"}
+    assert set(await hub.tools_for(few, ("big_add", "current_time"))) == {"big_add"}
+
+
+async def test_the_tool_list_is_refreshed_when_the_server_says_it_changed(runner, fake, hub,
+                                                                         tmp_path):
+    spec = agent(tmp_path, {"demo": demo()})
+    assert "demo_extra" not in await hub.tools_for(spec)
+    fake.script(Reply(tool_calls=[ToolCall("demo_grow", {})]), Reply(text="grown"))
+    await ask(runner, spec, "grow")
+    async with asyncio.timeout(10):
+        while "demo_extra" not in await hub.tools_for(spec):
+            await asyncio.sleep(0.05)
+    fake.script(Reply(tool_calls=[ToolCall("demo_extra", {})]), Reply(text="ok"))
+    assert tool_ends(await ask(runner, spec, "use it"))[0].content == "extra here"
+
+
+async def test_an_image_is_saved_as_an_artifact_for_the_chat(runner, fake, tmp_path):
+    spec = agent(tmp_path, {"demo": demo()})
+    fake.script(Reply(tool_calls=[ToolCall("demo_picture", {})]), Reply(text="A red dot."))
+    events = await ask(runner, spec, "draw")
+    [end] = tool_ends(events)
+    assert "an image, sent to the user" in end.content
+    image = Path(end.details["image"])
+    assert image.is_relative_to(tmp_path / "data" / "artifacts") and image.suffix == ".png"
+    assert image.read_bytes().startswith(b"\x89PNG")
+    assert end.details["attachments"][0]["kind"] == "image"
+
+
+async def test_a_stdio_server_gets_only_the_variables_named_by_env_keys(
+        runner, fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("PLUTO_DEMO_TOKEN", "tok-123")
+    monkeypatch.setenv("PLUTO_OTHER_SECRET", "never-passed")
+    spec = agent(tmp_path, {"demo": demo(env={"DEMO_TOKEN_env": "PLUTO_DEMO_TOKEN"})},
+                 key_envs=("PLUTO_DEMO_TOKEN",))
+    fake.script(Reply(tool_calls=[ToolCall("demo_secret", {"name": "DEMO_TOKEN"}),
+                                  ToolCall("demo_secret", {"name": "PLUTO_OTHER_SECRET"},
+                                           id="c2")]),
+                Reply(text="ok"))
+    given, other = tool_ends(await ask(runner, spec, "env"))
+    assert given.content == "tok-123" and other.content == "<unset>"
+
+
+async def test_a_missing_variable_makes_the_server_unavailable_not_the_agent(
+        runner, fake, hub, tmp_path, monkeypatch):
+    monkeypatch.delenv("PLUTO_DEMO_TOKEN", raising=False)
+    spec = agent(tmp_path, {"demo": demo(env={"DEMO_TOKEN_env": "PLUTO_DEMO_TOKEN"})},
+                 key_envs=("PLUTO_DEMO_TOKEN",))
+    fake.script(Reply(text="hello"))
+    assert final(await ask(runner, spec, "hi")) == "hello"
+    [health] = hub.health().values()
+    assert health == {"state": "down", "tools": 0, "calls": 0,
+                      "error": "the environment variable PLUTO_DEMO_TOKEN is not set"}
+
+
+# --- lifecycle ---------------------------------------------------------------------------------
+
+async def test_idle_servers_stop_and_start_again_when_needed(tmp_path):
+    pid_file = tmp_path / "demo.pid"
+    spec = agent(tmp_path, {"demo": demo("--pid-file", str(pid_file))})
+    async with McpHub(idle_seconds=3600) as hub:
+        await hub.tools_for(spec)
+        first = int(pid_file.read_text())
+        assert hub.stop_idle() == []
+        assert hub.stop_idle(now=asyncio.get_running_loop().time() + 7200) == ["demo"]
+        await asyncio.gather(*hub._stopping)
+        assert hub.health() == {}
+        await _gone(first)
+        assert "demo_add" in await hub.tools_for(spec)
+        assert int(pid_file.read_text()) != first
+
+
+async def test_the_number_of_servers_is_bounded(tmp_path):
+    pid_file = tmp_path / "demo.pid"
+    a = agent(tmp_path, {"one": demo("--pid-file", str(pid_file))}, name="a")
+    b = agent(tmp_path, {"two": demo("--name", "two")}, name="b")
+    async with McpHub(max_servers=1) as hub:
+        tools = await hub.tools_for(a)
+        call = asyncio.create_task(tools["one_hold"].fn(_ctx(tmp_path), {"seconds": 30}))
+        await wait_for_file(Path(f"{pid_file}.busy"))
+        assert await hub.tools_for(b) == {}  # the one running is busy: refused
+        assert [h["state"] for h in hub.health().values()] == ["ready", "refused"]
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        assert set(await hub.tools_for(b)) >= {"two_add"}  # the idle one made way
+        assert [h["state"] for h in hub.health().values()] == ["ready"]
+
+
+async def test_closing_the_hub_stops_every_server(tmp_path):
+    pid_file = tmp_path / "demo.pid"
+    spec = agent(tmp_path, {"demo": demo("--pid-file", str(pid_file))})
+    hub = McpHub()
+    await hub.tools_for(spec)
+    await hub.aclose()
+    await _gone(int(pid_file.read_text()))
+    assert await hub.tools_for(spec) == {}
+
+
+def _ctx(tmp_path: Path):
+    from pluto.runtime.tools import ToolContext
+    return ToolContext("run", "s", "k", "a", tmp_path)
+
+
+async def _gone(pid: int) -> None:
+    async with asyncio.timeout(15):
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            await asyncio.sleep(0.05)
+
+
+# --- streamable HTTP ---------------------------------------------------------------------------
+
+class HttpServer:
+    """The demo server over streamable HTTP (uvicorn, its own thread), refusing requests
+    without the expected Authorization header."""
+
+    def __init__(self, token: str):
+        import uvicorn
+        from tests.mcp_servers.demo import http_app
+        app = http_app(name="web")
+        self.seen: list[str] = []
+
+        async def guarded(scope, receive, send):
+            if scope["type"] == "http":
+                auth = dict(scope["headers"]).get(b"authorization", b"").decode()
+                self.seen.append(auth)
+                if auth != f"Bearer {token}":
+                    await send({"type": "http.response.start", "status": 401, "headers": []})
+                    await send({"type": "http.response.body", "body": b"no"})
+                    return
+            await app(scope, receive, send)
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(guarded, log_level="warning",
+                                                    lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
+
+    def __enter__(self) -> HttpServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+async def test_streamable_http_with_a_header_from_the_environment(runner, fake, hub, tmp_path,
+                                                                  monkeypatch):
+    monkeypatch.setenv("PLUTO_WEB_AUTH", "Bearer s3cret")
+    with HttpServer("s3cret") as web:
+        url = f"http://127.0.0.1:{web.port}/mcp"
+        spec = agent(tmp_path, {"web": {"url": url, "headers": {
+            "Authorization_env": "PLUTO_WEB_AUTH"}, "call_timeout": 1}},
+            key_envs=("PLUTO_WEB_AUTH",))
+        fake.script(Reply(tool_calls=[ToolCall("web_weather", {"city": "lima"}),
+                                      ToolCall("web_hold", {"seconds": 30}, id="c2")]),
+                    Reply(text="Sunny in Lima."))
+        events = await ask(runner, spec, "Lima?")
+        weather, hung = tool_ends(events)
+        assert weather.content == "Weather in Lima: sunny, 22 °C."
+        assert hung.is_error and "did not answer within 1 s" in hung.content
+        assert final(events) == "Sunny in Lima."
+        assert set(web.seen) == {"Bearer s3cret"}
+
+        monkeypatch.setenv("PLUTO_WEB_AUTH", "Bearer wrong")
+        other = agent(tmp_path, {"web": {"url": url, "headers": {
+            "Authorization_env": "PLUTO_WEB_AUTH"}, "connect_timeout": 5}}, name="other",
+            key_envs=("PLUTO_WEB_AUTH",))
+        fake.script(Reply(text="Without the web tools."))
+        events = await ask(runner, other, "hi", key="other")
+        assert final(events) == "Without the web tools." and events[-1].outcome == "ok"
+        assert "web_weather" not in offered(fake.requests[-1])
+        assert any(h["state"] == "down" for h in hub.health().values())
+        await hub.aclose()  # before the server's thread stops
