@@ -262,6 +262,7 @@ class ConfigWatcher:
         gw.config = new
         gw.runner.models = gw._model_settings()
         gw.pipeline.lanes.max_queued = new.gateway.max_queued_per_session
+        gw.registry.allow_key_envs(new.agents.api_key_envs)
         root = logging.getLogger()
         if new.log_level != old.log_level:
             for h in root.handlers:

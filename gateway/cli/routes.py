@@ -16,7 +16,8 @@ from pluto.storage.sqlite import approved_sync
 
 
 def routes_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
-    registry = AgentRegistry(args.config / "agents", data_dir / "agents")
+    registry = AgentRegistry(args.config / "agents", data_dir / "agents",
+                             key_envs=config.agents.api_key_envs)
     try:
         table = load_routes(args.config, registry)
     except ConfigError as e:
