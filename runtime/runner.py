@@ -4,8 +4,9 @@ It loads the session's history, builds the prompt, streams the model, executes t
 the model makes, feeds the results back and repeats until a final answer, within the agent's
 budgets. Every event is committed to storage (which numbers it: ``seq``) before it is handed
 to the run's observer (the run feed, metrics) and then yielded, so nobody is ever shown
-something that is not on disk. The observer sees every event, including those recorded when a
-run is cancelled (which are not yielded: the consumer is gone).
+something that is not on disk. The model's text deltas are committed in batches (at most one
+per ``delta_interval``, the first at once: :mod:`.batching`). The observer sees every event,
+including those recorded when a run is cancelled (which are not yielded: the consumer is gone).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from pluto.agents.spec import AgentSpec
 from pluto.events import (MessageDelta, MessageFinal, RunEnd, RunError, RunEvent, RunStart,
                           ToolEnd, ToolStart)
 from pluto.runtime.batching import batched
+from pluto.errors import RunTakenOver
 from pluto.runtime.errors import BudgetExceeded, ModelError
 from pluto.runtime.model import Model, ModelSettings, ModelTurn, ToolCall
 from pluto.runtime.openai_compat import model_for
@@ -144,6 +147,9 @@ class Runner:
                                    else "error")
             yield await self._end(state, "budget" if isinstance(e, BudgetExceeded) else "error",
                                   error=str(e))
+        except RunTakenOver:
+            state.ended = True  # another instance answers it: nothing more is said here
+            raise
         except Exception:
             log.exception("run %s failed", req.run_id)
             yield await self._fail(state, INTERNAL_ERROR, "error")
@@ -160,12 +166,14 @@ class Runner:
             items = self._model_turn(state, schemas)
             if self.delta_interval > 0:
                 items = batched(items, interval=self.delta_interval)
-            async for item in items:
-                if isinstance(item, ModelTurn):
-                    turn = item
-                else:
-                    state.partial += item
-                    yield await self._commit(state, MessageDelta(run_id=state.req.run_id, text=item))
+            async with aclosing(items):  # type: ignore[type-var]
+                async for item in items:
+                    if isinstance(item, ModelTurn):
+                        turn = item
+                    else:
+                        state.partial += item
+                        yield await self._commit(state, MessageDelta(run_id=state.req.run_id,
+                                                                     text=item))
             assert turn is not None
             self._account(state, turn)
             if not turn.tool_calls:  # the answer and the run's end, in one commit

@@ -63,7 +63,7 @@ async def test_streams_the_answer_token_by_token(setup, fake):
     assert await ask(p, "question?") == ["The answer is forty-two."]
     events = await run_events(gw)
     deltas = [e.text for e in events if isinstance(e, MessageDelta)]
-    assert len(deltas) >= 6 and "".join(deltas) == "The answer is forty-two."
+    assert deltas and "".join(deltas) == "The answer is forty-two."  # in batches
     body = fake.requests[0]
     assert body["stream"] is True and body["model"] == "fake"
     assert body["messages"][0]["role"] == "system" and body["messages"][-1] == {

@@ -13,7 +13,8 @@ import pytest
 from pluto.agents.spec import AgentSpec, Budget, HistoryWindow
 from pluto.runtime.errors import ModelError
 from pluto.events import MessageDelta, MessageFinal, RunEnd, RunError, RunStart, ToolEnd, ToolStart
-from pluto.runtime.model import ToolCall
+from pluto.runtime.batching import batched
+from pluto.runtime.model import ModelTurn, ToolCall
 from pluto.runtime.runner import Runner, RunRequest
 from pluto.runtime.testing import Scripted, ScriptedModel
 from pluto.runtime.tools import BUILTIN_TOOLS, ToolContext, ToolError, tool
@@ -78,7 +79,7 @@ async def test_plain_answer_streams_and_is_persisted(store, tmp_path):
     events = await run(store, model, agent(tmp_path))
     assert isinstance(events[0], RunStart)
     deltas = [e.text for e in events if isinstance(e, MessageDelta)]
-    assert "".join(deltas) == "Hello there, friend." and len(deltas) == 4
+    assert deltas == ["Hello there, friend."]  # written at once: one batch, one commit
     assert isinstance(events[-2], MessageFinal) and events[-2].text == "Hello there, friend."
     assert isinstance(events[-1], RunEnd) and events[-1].outcome == "ok"
     stored = await store.events(events[0].run_id)
@@ -205,13 +206,16 @@ async def test_history_window_and_continuity(store, tmp_path):
     assert [m["role"] for m in model.calls[-1]] == ["system", "user", "assistant", "user"]
 
 
-async def test_streaming_past_the_time_budget_ends_as_budget_not_cancelled(store, tmp_path,
-                                                                           caplog):
-    """The deadline passes while the consumer (storing, sending) is busy, not the model: the
-    run still ends with the budget sentence, its partial text kept, outcome ``budget``."""
-    model = ScriptedModel(Scripted(text="word " * 200, chunk=10))
+@pytest.mark.parametrize(("interval", "delay"), [(0, 0.0), (0.04, 0.03)])
+async def test_streaming_past_the_time_budget_ends_as_budget_not_cancelled(
+        store, tmp_path, caplog, interval, delay):
+    """The deadline passes while the consumer (storing, sending) is busy as well as the model:
+    the run still ends with the budget sentence, its partial text kept, outcome ``budget``
+    (unbatched, the deadline used to cancel the consumer: a "user's stop")."""
+    model = ScriptedModel(Scripted(text="word " * 200, chunk=10, delay=delay))
     spec = agent(tmp_path, max_seconds=2)
-    runner = Runner(store, models={}, tools=TOOLS, data_dir=Path("."), model_factory=model)
+    runner = Runner(store, models={}, tools=TOOLS, data_dir=Path("."), model_factory=model,
+                    delta_interval=interval)
     session = await store.session("slow-reader", "a")
     events = []
     async for event in runner.run(RunRequest("r-budget", session, spec, "hi")):
@@ -227,3 +231,51 @@ async def test_streaming_past_the_time_budget_ends_as_budget_not_cancelled(store
     history = await store.history(session.id, 10, 10_000)
     assert shown and history[-1] == {"role": "assistant", "content": shown}
     assert any("stopped at its seconds budget" in r.getMessage() for r in caplog.records)
+
+
+async def test_deltas_are_committed_in_batches_the_first_at_once(store, tmp_path):
+    model = ScriptedModel(Scripted(text="Hello there, friend.", chunk=1, delay=0.02))
+    runner = Runner(store, models={}, tools=TOOLS, data_dir=Path("."), model_factory=model,
+                    delta_interval=3600)  # no batch is due before the turn ends
+    session = await store.session("batched", "a")
+    events = [e async for e in runner.run(RunRequest("r-batch", session, agent(tmp_path), "hi"))]
+    deltas = [e.text for e in events if isinstance(e, MessageDelta)]
+    assert deltas == ["H", "ello there, friend."]  # the first token is never held back
+    assert await store.events("r-batch") == events
+    assert events[-2].text == "Hello there, friend." and events[-1].outcome == "ok"
+
+
+async def _source(pieces: list[str], *, delay: float = 0.01, error: Exception | None = None,
+                  closed: list[bool] | None = None):
+    try:
+        for piece in pieces:
+            await asyncio.sleep(delay)
+            yield piece
+        if error is not None:
+            raise error
+        yield ModelTurn("".join(pieces))
+    finally:
+        if closed is not None:
+            closed.append(True)
+
+
+async def test_a_batch_goes_once_it_holds_max_chars():
+    out = [item async for item in batched(_source(["abcd"] * 7), interval=3600, max_chars=10)]
+    assert out[:-1] == ["abcd", "abcdabcdabcd", "abcdabcdabcd"] and isinstance(out[-1], ModelTurn)
+
+
+async def test_an_error_comes_after_the_text_read_before_it():
+    got: list = []
+    with pytest.raises(ModelError, match="cut"):
+        async for item in batched(_source(["ab", "cd"], error=ModelError("cut")),
+                                  interval=3600):
+            got.append(item)
+    assert "".join(got) == "abcd"
+
+
+async def test_closing_the_batches_closes_the_model_stream():
+    closed: list[bool] = []
+    stream = batched(_source(["x"] * 1000, delay=0.005, closed=closed), interval=0.01)
+    assert await anext(stream) == "x"
+    await stream.aclose()
+    assert closed == [True]

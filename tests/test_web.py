@@ -66,7 +66,7 @@ async def test_a_message_streams_its_answer_and_every_frame_has_ids(gw, http):
     start = tab.of("run.start")[0]
     assert start["message_id"] == "m1" and start["run_id"] == final["run_id"]
     deltas = tab.of("message.delta")
-    assert len(deltas) >= 5 and "".join(d["text"] for d in deltas) == final["text"]
+    assert deltas and "".join(d["text"] for d in deltas) == final["text"]  # in batches
     run_frames = [f for f in tab.frames if f.get("run_id")]
     assert [f["seq"] for f in run_frames] == list(range(1, len(run_frames) + 1))
     ids = [f["id"] for f in tab.frames]
