@@ -17,13 +17,14 @@ import asyncio
 import errno
 import logging
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+import contextlib
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 from pluto.agents.registry import AgentRegistry
 from pluto.errors import PlutoError, StartupError
+from pluto.gateway.cluster import Cluster, new_instance_id
 from pluto.gateway.delivery.delivery import Delivery
 from pluto.gateway.delivery.flood import FloodControl
 from pluto.gateway.delivery.outbox import Outbox
@@ -35,7 +36,7 @@ from pluto.gateway.http.server import HttpServer
 from pluto.gateway.metrics import Metrics
 from pluto.gateway.pipeline.access import Access
 from pluto.gateway.pipeline.data_commands import DataCommands, data_service
-from pluto.gateway.pipeline.intake import IntakeQueue
+from pluto.gateway.pipeline.intake import IntakeQueue, Shared
 from pluto.gateway.pipeline.pipeline import Pipeline
 from pluto.gateway.pipeline.routing import RoutingTable
 from pluto.gateway.ports import HttpMount, Provider, ProviderContext
@@ -43,6 +44,7 @@ from pluto.gateway.provider_registry import build_provider, enabled
 from pluto.gateway.reload import ConfigWatcher, load_routes
 from pluto.gateway.supervisor import TaskHealth, supervise
 from pluto.runtime.data_tools import DATA_TOOLS
+from pluto.runtime.mcp import McpHub
 from pluto.runtime.model import Model, ModelSettings, warm_litellm
 from pluto.runtime.openai_compat import close_sessions, model_for, uses_litellm
 from pluto.runtime.runner import Runner
@@ -69,10 +71,17 @@ class Gateway:
         self.config_dir = config_dir
         self.config = config or load_pluto_config(config_dir)
         self.data_dir = (data_dir or self.config.data_dir).resolve()  # one absolute path
-        self.instance = uuid.uuid4().hex[:12]
-        self.store: Store = store or store_for(self.data_dir)
+        self.instance = new_instance_id()
+        self.store: Store = store or store_for(self.data_dir, self.config.storage.url())
+        # several instances on one database (PostgreSQL): who holds which chat, session and
+        # single-owner connection; on SQLite a formality
+        self.shared = self.store.shared
+        self.cluster = Cluster(self.store.leases if self.shared else None, self.instance,
+                               ttl=self.config.storage.lease_seconds)
+        self.store.conversations.owner = self.instance  # type: ignore[attr-defined]
         self.registry = AgentRegistry(config_dir / "agents", self.data_dir / "agents",
-                                      key_envs=self.config.agents.api_key_envs)
+                                      key_envs=self.config.agents.api_key_envs,
+                                      known_tools=self._tool_names)
         self.routes: RoutingTable = load_routes(config_dir, self.registry)
         self.metrics = Metrics()
         self.feed = LocalRunFeed(self.store.conversations)
@@ -86,9 +95,13 @@ class Gateway:
         self.delivery = Delivery(self.outbox, data_dir=self.data_dir, throttle=throttle)
         self.data = DataCommands(data_service(self.config, config_dir, self.data_dir),
                                  self.registry, self.store.conversations)
+        self.mcp = McpHub(log_dir=self.data_dir / "logs" / "mcp")  # the agents' MCP servers
         self.runner = Runner(self.store.conversations, models=self._model_settings(),
                              tools={**BUILTIN_TOOLS, **DATA_TOOLS}, data_dir=self.data_dir,
-                             services={"data": self.data.service}, model_factory=model_factory)
+                             services={"data": self.data.service, "mcp": self.mcp},
+                             model_factory=model_factory)
+        # extra reports in /readyz: informative, they never make the gateway unready
+        self.health_reports: dict[str, Callable[[], object]] = {"mcp": self.mcp.health}
         self.access = Access(self.store.pairing, lambda: self.config.access)
         self.pipeline = Pipeline(
             conversations=self.store.conversations,
@@ -96,7 +109,10 @@ class Gateway:
             registry=self.registry, routes=lambda: self.routes, data=self.data,
             runner=self.runner, delivery=self.delivery, providers=self.providers,
             metrics=self.metrics, publish=self.feed.publish,
-            max_queued=self.config.gateway.max_queued_per_session)
+            max_queued=self.config.gateway.max_queued_per_session,
+            session_guard=(lambda key: self.cluster.holding(f"session:{key}"))
+            if self.shared else None, track_runs=self.shared)
+        self.health_reports["cluster"] = self._cluster_report
         self.directory = Directory(lambda: self.routes, self.registry, self.store.conversations)
         self.watcher = ConfigWatcher(self)  # live reload of the config dir (serve only)
         self.serve = serve
@@ -105,6 +121,11 @@ class Gateway:
         self.started_at = time.time()
         self._stack: AsyncExitStack | None = None
         self._stopping = False
+
+    def _tool_names(self) -> Collection[str]:
+        """The tools an agent may name in ``tools:`` (an unknown one is a ConfigError)."""
+        runner = getattr(self, "runner", None)  # (routes are checked before it exists)
+        return (runner.tools if runner is not None else {**BUILTIN_TOOLS, **DATA_TOOLS}).keys()
 
     def _model_settings(self) -> dict[str, ModelSettings]:
         return {name: ModelSettings(model=m.model, api_base=m.api_base, api_key_env=m.api_key_env,
@@ -123,6 +144,7 @@ class Gateway:
             configured = self._configured_providers()  # validated before anything is opened
             await self._open_storage(stack)
             stack.push_async_callback(close_sessions)  # the model connections, last
+            stack.push_async_callback(self.mcp.aclose)  # the MCP servers, once no run is left
             stack.push_async_callback(self._close_providers)  # after the HTTP server stops
             if self.serve:
                 if self._uses_litellm():
@@ -172,11 +194,44 @@ class Gateway:
     async def _open_storage(self, stack: AsyncExitStack) -> None:
         await self.store.open()
         stack.push_async_callback(self.store.close)
-        interrupted = await self.store.conversations.recover_interrupted()
-        if interrupted:
-            log.warning("%d run(s) were interrupted by the last shutdown; marked as such",
-                        len(interrupted))
+        log.info("storage: %s", self.store.describe())
+        if self.shared:  # other instances may be running: take over only what is orphaned
+            await self.cluster.start()
+            stack.push_async_callback(self.cluster.stop)
+            orphans = asyncio.create_task(self._adopt_orphans(), name="cluster:orphans")
+            stack.push_async_callback(_cancel, orphans)
+        else:
+            interrupted = await self.store.conversations.recover_interrupted()
+            if interrupted:
+                log.warning("%d run(s) were interrupted by the last shutdown; their messages "
+                            "are answered again", len(interrupted))
         await self.outbox.open()
+
+    async def _adopt_orphans(self) -> None:
+        """Several instances: now and then, find runs whose instance died and have the chat's
+        intake take them over (their messages are answered again, in order)."""
+        every = max(1.0, self.cluster.ttl / 3)
+        while True:
+            await asyncio.sleep(every)
+            try:
+                alive = await self.cluster.alive()
+                for provider, chat in await self.store.conversations.orphaned_chats(alive):
+                    if (intake := self.intakes.get(provider)) is not None:
+                        intake.kick(chat)
+            except Exception as e:  # noqa: BLE001 - the database is away: next time
+                log.warning("cluster: looking for orphaned runs failed: %s", e)
+
+    async def _take_over_chat(self, provider: str, chat: str) -> None:
+        taken = await self.store.conversations.take_over_chat(provider, chat)
+        for end in taken:
+            self.feed.publish(end)
+        if taken:
+            log.warning("cluster: took over %d run(s) of %s chat %s from an instance that "
+                        "stopped; answering again", len(taken), provider, chat)
+
+    def _cluster_report(self) -> dict[str, object]:
+        return {"instance": self.instance, "database": self.store.describe(),
+                "shared": self.shared, "leases": self.cluster.held()}
 
     async def _listen(self, stack: AsyncExitStack) -> None:
         assert self.http is not None
@@ -203,9 +258,11 @@ class Gateway:
         """The provider's intake: its bounded queue in front of the pipeline."""
         queue = self.intakes.get(provider.name)
         if queue is None:
+            shared = Shared(self.cluster, self._take_over_chat,
+                            self.pipeline.finished) if self.shared else None
             queue = self.intakes[provider.name] = IntakeQueue(
                 provider.name, self.pipeline.handle, self.store.inbound,
-                capacity=INTAKE_CAPACITY)
+                capacity=INTAKE_CAPACITY, shared=shared)
         return queue
 
     def add_provider(self, provider: Provider, *, restart: bool = True) -> asyncio.Task[None]:
@@ -218,7 +275,11 @@ class Gateway:
         async def run() -> None:
             await intake.replay()  # what a dead process had received and not handled
             await self.outbox.flush(provider)  # and what it had not sent
-            await provider.run(intake)
+            if self.shared and provider.single_owner():  # one instance at a time holds it
+                await self.cluster.exclusive(f"provider:{provider.name}",
+                                             lambda: provider.run(intake))
+            else:
+                await provider.run(intake)
 
         task = asyncio.create_task(supervise(health, run, max_restarts=None if restart else 0),
                                    name=f"provider:{provider.name}")
@@ -267,3 +328,9 @@ class Gateway:
             h.state in ("running", "done") for h in self.health.values())
 
     # for the HTTP server and the admin API --------------------------------------------------
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -160,6 +160,13 @@ class Provider(ABC):
     async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
         """Show that a reply is being written, where the platform can."""
 
+    def single_owner(self) -> bool:
+        """Whether only one process at a time may hold this provider's connection (a long
+        poll, a gateway session, a socket). With several instances on one database, one of
+        them holds it through a lease and another takes over when it dies; the others still
+        send replies. Webhook-style intake (False) works on every instance."""
+        return False
+
     async def close(self) -> None:
         """Release connections. Called once, after ``run`` has ended."""
 

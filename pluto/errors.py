@@ -39,6 +39,11 @@ class StorageError(PlutoError):
     """The database could not be opened or written."""
 
 
+class RunTakenOver(StorageError):
+    """Several instances: another instance took this run over (it found this one's lease run
+    out), so this one must not answer it too."""
+
+
 class UnknownAgent(PlutoError, LookupError):
     """No agent has this name."""
 

@@ -128,6 +128,18 @@ class DataConfig(Strict):
         return v
 
 
+class StorageConfig(Strict):
+    """Where sessions, runs and the outbox are kept: SQLite in the data dir by default;
+    PostgreSQL when the variable named by ``url_env`` holds a ``postgresql://`` URL (needed
+    to run several instances on one database)."""
+
+    url_env: str = Field(default="DATABASE_URL", pattern=ENV_NAME)
+    lease_seconds: float = Field(default=10.0, ge=2, le=300)  # several instances: takeover time
+
+    def url(self) -> str | None:
+        return os.environ.get(self.url_env, "").strip() or None
+
+
 class PlutoConfig(Strict):
     data_dir: Path = Field(default=Path(".pluto"), validate_default=True)  # made absolute
     http: HttpConfig = HttpConfig()
@@ -138,6 +150,7 @@ class PlutoConfig(Strict):
     admin: AdminConfig = AdminConfig()
     agents: AgentsPolicy = AgentsPolicy()
     data: DataConfig = DataConfig()
+    storage: StorageConfig = StorageConfig()
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
 
     @field_validator("data_dir", mode="before")
@@ -157,6 +170,7 @@ class PlutoConfig(Strict):
         names = [m.api_key_env for m in self.models.values() if m.api_key_env]
         names += [self.admin.api_key_env] if self.admin.api_key_env else []
         names += self.agents.api_key_envs
+        names += [self.storage.url_env]  # the database URL may carry a password
         for p in self.providers.values():
             names += [v for k, v in (p.model_extra or {}).items() if k.endswith("_env") and v]
         return names

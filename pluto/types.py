@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pluto.events import (  # re-exported: the one place to import core types from
     MessageDelta,
@@ -179,3 +179,22 @@ class Dropped:
 
 
 Outcome = Accepted | Answered | Refused | Duplicate | Dropped
+
+
+def outcome_to_dict(outcome: Outcome) -> dict[str, Any]:
+    """An outcome as JSON-able data (kept with the message in the inbox, so the instance that
+    received a message learns what another instance decided)."""
+    return {f: getattr(outcome, f) for f in outcome.__dataclass_fields__}
+
+
+def outcome_from_dict(d: dict[str, Any]) -> Outcome:
+    kinds: dict[str, type] = {"accepted": Accepted, "answered": Answered, "refused": Refused,
+                              "duplicate": Duplicate, "dropped": Dropped}
+    kind = kinds.get(str(d.get("type")))
+    if kind is None:  # handled, with nothing more said
+        return Duplicate()
+    fields = {k: v for k, v in d.items() if k in kind.__dataclass_fields__ and k != "type"}
+    try:
+        return kind(**fields)  # type: ignore[no-any-return]
+    except TypeError:
+        return Duplicate()

@@ -14,6 +14,15 @@ The queue is bounded per provider (``capacity`` messages not yet handled): when 
 :meth:`IntakeQueue.offer` says no at once (a webhook answers 503 and the platform redelivers).
 Nothing is dropped silently. The :class:`Ticket` a provider gets back resolves to the typed
 :data:`~pluto.types.Outcome` once the pipeline has decided.
+
+**Several instances** (a shared database, :class:`Shared`): a chat's messages may reach any
+instance (webhooks behind a load balancer), and the inbox is the chat's queue. The instance
+that holds the chat's lease takes its unhandled messages in arrival order — whoever received
+them — and waits for each run to end before it takes the next, so a chat is answered in order
+and never by two runs at once. It first takes over any run of the chat that a dead instance
+left (its message goes back to the inbox, ahead of the later ones). An instance that received a
+message while another holds the chat only waits to learn, from the inbox, what became of it.
+A sweep finds chats whose messages wait with nobody holding them (their instance died).
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from pluto.storage.ports import InboundStore
-from pluto.types import Attachment, Dropped, Duplicate, IncomingMessage, Outcome
+from pluto.types import (Accepted, Attachment, Dropped, Duplicate, IncomingMessage, Outcome,
+                         outcome_from_dict, outcome_to_dict)
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +79,19 @@ class Ticket:
             self._future.set_result(outcome)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Shared:
+    """What intake needs when several instances share the database (see the module)."""
+
+    cluster: Any  # pluto.gateway.cluster.Cluster
+    take_over: Callable[[str, str], Awaitable[Any]]  # (provider, chat): a dead one's runs
+    finished: Callable[[str], Awaitable[None]]  # a run accepted here has ended
+    sweep_every: float = 2.0
+
+
 class IntakeQueue:
     def __init__(self, name: str, handler: Handler, inbox: InboundStore, *,
-                 capacity: int = 1000):
+                 capacity: int = 1000, shared: Shared | None = None):
         self.name = name
         self.handler = handler
         self.inbox = inbox
@@ -82,6 +102,8 @@ class IntakeQueue:
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._closed = False
         self._replayed = False
+        self.shared = shared
+        self._sweeper: asyncio.Task[None] | None = None
 
     @property
     def waiting(self) -> int:
@@ -130,6 +152,12 @@ class IntakeQueue:
         if self._replayed:  # once per process: later ones are in the queue already
             return 0
         self._replayed = True
+        if self.shared is not None:  # the chats' holders take them, in order; we help
+            chats = await self.inbox.waiting_chats(self.name, 0.0)
+            for key in chats:
+                self.kick(key)
+            self.start_sweeping()
+            return len(chats)
         found = await self.inbox.unhandled(self.name)
         for payload in found:
             try:
@@ -159,7 +187,8 @@ class IntakeQueue:
             queue = self._chats[key] = deque()
         queue.append(ticket)
         if key not in self._workers:
-            self._workers[key] = asyncio.create_task(self._work(key, queue),
+            work = self._work if self.shared is None else self._work_shared
+            self._workers[key] = asyncio.create_task(work(key, queue),
                                                      name=f"intake:{self.name}:{key}")
         return ticket
 
@@ -187,6 +216,100 @@ class IntakeQueue:
                 self._release()
             queue.clear()
 
+    # several instances ------------------------------------------------------------------------
+
+    async def _work_shared(self, key: str, queue: deque[Ticket]) -> None:
+        assert self.shared is not None
+        cluster = self.shared.cluster
+        lease = f"chat:{self.name}:{key}"
+        try:
+            while True:
+                await self._learn_outcomes(queue)  # decided elsewhere meanwhile
+                if await cluster.acquire(lease) is None:  # another instance holds the chat
+                    if not queue:
+                        return  # nothing of ours waits: the holder takes the rest
+                    await asyncio.sleep(cluster.poll)
+                    continue
+                try:
+                    await self._drain_chat(key, queue)
+                finally:
+                    await asyncio.shield(cluster.release(lease))
+                # a message recorded elsewhere just before we let go: ours to take as well
+                if not queue and not await self.inbox.unhandled_in_chat(self.name, key, 1):
+                    return
+        finally:
+            if self._chats.get(key) is queue:
+                del self._chats[key]
+            self._workers.pop(key, None)
+            for ticket in queue:
+                ticket.settle(Dropped("the gateway is stopping"))
+                self._release()
+            queue.clear()
+
+    async def _drain_chat(self, key: str, queue: deque[Ticket]) -> None:
+        """Holding the chat: its unhandled messages, in arrival order, each run to its end."""
+        assert self.shared is not None
+        await self.shared.take_over(self.name, key)
+        while payloads := await self.inbox.unhandled_in_chat(self.name, key):
+            for payload in payloads:
+                try:
+                    msg = message_from_dict(payload)
+                except (TypeError, ValueError, KeyError) as e:
+                    log.error("%s: a stored message of chat %s is unreadable (%s); skipped",
+                              self.name, key, e)
+                    await self.inbox.handled(self.name, str(payload.get("message_id")),
+                                             {"type": "dropped", "reason": "unreadable"})
+                    continue
+                ticket = next((t for t in queue if t.message.message_id == msg.message_id),
+                              None)
+                try:
+                    outcome = await self.handler(ticket.message if ticket else msg)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("%s: handling a message of chat %s failed", self.name, key)
+                    outcome = Dropped("an internal error")
+                    await self.inbox.handled(self.name, msg.message_id,
+                                             outcome_to_dict(outcome))
+                if ticket is not None:
+                    ticket.settle(outcome)
+                    queue.remove(ticket)
+                    self._release()
+                if isinstance(outcome, Accepted):  # the next message waits for this run
+                    await self.shared.finished(outcome.run_id)
+
+    async def _learn_outcomes(self, queue: deque[Ticket]) -> None:
+        for ticket in list(queue):
+            found = await self.inbox.outcome(self.name, ticket.message.message_id)
+            if found is not None:
+                ticket.settle(outcome_from_dict(found))
+                queue.remove(ticket)
+                self._release()
+
+    def start_sweeping(self) -> None:
+        """Several instances: now and then, take up chats whose messages wait with nobody
+        holding them (the instance that received them died)."""
+        if self.shared is not None and self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep(), name=f"intake:{self.name}:sweep")
+
+    async def _sweep(self) -> None:
+        assert self.shared is not None
+        while not self._closed:
+            await asyncio.sleep(self.shared.sweep_every)
+            try:
+                for key in await self.inbox.waiting_chats(self.name, self.shared.sweep_every):
+                    self.kick(key)
+            except Exception as e:  # noqa: BLE001 - the database is away: next time
+                log.warning("%s: the intake sweep failed: %s", self.name, e)
+
+    def kick(self, key: str) -> None:
+        """Look at chat ``key``'s waiting messages now (shared mode), if no worker does."""
+        if self.shared is None or self._closed or key in self._workers:
+            return
+        queue = self._chats[key] = deque()
+        self._workers[key] = asyncio.create_task(self._work_shared(key, queue),
+                                                 name=f"intake:{self.name}:{key}")
+
     async def idle(self) -> None:
         """Wait until every message handed over has been handled."""
         while workers := list(self._workers.values()):
@@ -200,6 +323,8 @@ class IntakeQueue:
         """Take no more messages; let those handed over be handled for ``grace`` seconds."""
         self._closed = True
         self._room.set()  # submitters waiting for room are told the gateway is stopping
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         workers = list(self._workers.values())
         if not workers:
             return

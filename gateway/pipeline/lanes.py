@@ -8,8 +8,9 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +25,13 @@ class _Lane(Generic[J]):
 
 
 class SessionLanes(Generic[J]):
-    def __init__(self, handler: Callable[[J], Awaitable[None]], *, max_queued: int = 50):
+    def __init__(self, handler: Callable[[J], Awaitable[None]], *, max_queued: int = 50,
+                 guard: Callable[[str], AbstractAsyncContextManager[Any]] | None = None):
         self.handler = handler
         self.max_queued = max_queued
+        # Several instances: a lane runs only while it holds its session (a lease: no other
+        # instance runs that session meanwhile); losing it cancels the running job.
+        self.guard = guard
         self._lanes: dict[str, _Lane[J]] = {}
         self._closed = False
 
@@ -62,14 +67,25 @@ class SessionLanes(Generic[J]):
 
     async def _work(self, key: str, lane: _Lane[J]) -> None:
         try:
-            while lane.queue:
-                job = lane.queue.popleft()
-                lane.current = asyncio.create_task(self._guarded(job))
-                await asyncio.wait({lane.current})  # a cancelled job does not stop the lane
-                lane.current = None
+            if self.guard is None:
+                await self._drain(lane)
+            else:
+                async with self.guard(key):
+                    await self._drain(lane)
+        except asyncio.CancelledError:
+            if lane.current is not None:  # the session was lost (or we are stopping)
+                lane.current.cancel()
+            raise
         finally:
             if self._lanes.get(key) is lane:
                 del self._lanes[key]
+
+    async def _drain(self, lane: _Lane[J]) -> None:
+        while lane.queue:
+            job = lane.queue.popleft()
+            lane.current = asyncio.create_task(self._guarded(job))
+            await asyncio.wait({lane.current})  # a cancelled job does not stop the lane
+            lane.current = None
 
     async def _guarded(self, job: J) -> None:
         try:

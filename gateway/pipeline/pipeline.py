@@ -21,10 +21,12 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 from dataclasses import dataclass
 
 from pluto.agents.registry import AgentRegistry
-from pluto.errors import PlutoError, ProviderError
+from pluto.errors import PlutoError, ProviderError, RunTakenOver
 from pluto.events import RunEnd, RunError, RunEvent
 from pluto.gateway.delivery.delivery import Delivery
 from pluto.gateway.metrics import Metrics
@@ -36,7 +38,8 @@ from pluto.gateway.pipeline.routing import RoutingTable
 from pluto.gateway.ports import Provider
 from pluto.runtime.runner import INTERNAL_ERROR, Runner, RunRequest
 from pluto.storage.ports import ConversationStore, InboundStore
-from pluto.types import Accepted, Answered, Dropped, IncomingMessage, Outcome, Refused, Route
+from pluto.types import (Accepted, Answered, Dropped, IncomingMessage, Outcome, Refused, Route,
+                         outcome_to_dict)
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +68,9 @@ class Pipeline:
                  access: Access, registry: AgentRegistry, routes: Callable[[], RoutingTable],
                  data: DataCommands, runner: Runner, delivery: Delivery,
                  providers: Mapping[str, Provider], metrics: Metrics,
-                 publish: Callable[[RunEvent], None], max_queued: int = 50):
+                 publish: Callable[[RunEvent], None], max_queued: int = 50,
+                 session_guard: Callable[[str], AbstractAsyncContextManager[Any]] | None = None,
+                 track_runs: bool = False):
         self.conversations = conversations
         self.inbox = inbox
         self.access = access
@@ -77,7 +82,12 @@ class Pipeline:
         self.providers = providers
         self.metrics = metrics
         self.publish = publish  # to the run feed
-        self.lanes: SessionLanes[Job] = SessionLanes(self.process, max_queued=max_queued)
+        self.lanes: SessionLanes[Job] = SessionLanes(self.process, max_queued=max_queued,
+                                                     guard=session_guard)
+        # Several instances: a chat's intake waits for each run to end before it takes the
+        # chat's next message (see intake), so the runs it started are followed here.
+        self.track_runs = track_runs
+        self._unfinished: dict[str, asyncio.Future[None]] = {}
         self.commands = Commands(registry, conversations, self.stop)
         data.register(self.commands)
         access.is_command = self.commands.knows
@@ -89,8 +99,20 @@ class Pipeline:
         it was handled (with the run it starts, in the same commit)."""
         outcome = await self._handle(msg)
         if msg.message_id and not isinstance(outcome, Accepted):
-            await self.inbox.handled(msg.provider, msg.message_id)
+            await self.inbox.handled(msg.provider, msg.message_id, outcome_to_dict(outcome))
         return outcome
+
+    async def finished(self, run_id: str) -> None:
+        """Wait until the run (accepted by :meth:`handle`, with ``track_runs``) has ended and
+        its reply is in the outbox."""
+        fut = self._unfinished.get(run_id)
+        if fut is not None:
+            await asyncio.shield(fut)
+
+    def _settled(self, run_id: str) -> None:
+        fut = self._unfinished.pop(run_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     async def _handle(self, msg: IncomingMessage) -> Outcome:
         provider = self.providers.get(msg.provider)
@@ -120,6 +142,8 @@ class Pipeline:
         one that starts at once is recorded by its start (one commit fewer on the way)."""
         session = await self.conversations.session(route.session_key, route.agent)
         job = Job(msg, route, uuid.uuid4().hex, time.time(), session.id)
+        if self.track_runs:
+            self._unfinished[job.run_id] = asyncio.get_running_loop().create_future()
         waiting = self.lanes.busy(route.session_key)
         if waiting:
             await self.conversations.queue_run(job.run_id, session.id, route.agent, msg.text,
@@ -144,6 +168,7 @@ class Pipeline:
     async def _drop(self, job: Job, why: str) -> None:
         """A run that will never start (or was stopped before it did): record it cancelled,
         so its watchers are not left waiting."""
+        self._settled(job.run_id)
         try:
             end = await self.conversations.cancel_run(
                 job.run_id, job.session_id, job.route.agent, job.msg.text,
@@ -162,6 +187,8 @@ class Pipeline:
         except asyncio.CancelledError:  # /stop or shutdown; a run that had started is ended
             await asyncio.shield(self._drop(job, STOPPED))  # by the runner: this is a no-op
             raise
+        finally:
+            self._settled(job.run_id)
 
     async def _process(self, job: Job) -> None:
         msg, route = job.msg, job.route
@@ -192,6 +219,9 @@ class Pipeline:
         run_id = job.run_id
         try:
             last = await self.delivery.run(provider, msg, events)
+        except RunTakenOver as e:  # another instance answers it: say nothing more here
+            log.warning("%s", e)
+            return
         except ProviderError:
             self.metrics.error("delivery")  # already logged by delivery; the run is recorded
             return

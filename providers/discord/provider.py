@@ -132,6 +132,9 @@ class DiscordProvider(Provider):
             self._client = client
             return client
 
+    def single_owner(self) -> bool:
+        return True  # one gateway session per bot (and shard)
+
     async def run(self, intake: Intake) -> None:
         client = await self._logged_in()
         consumer = asyncio.create_task(self._consume(client, intake), name="discord:inbox")

@@ -111,6 +111,9 @@ class SlackProvider(Provider):
                                      team_id=str(found.get("team_id") or ""))
             return self._who
 
+    def single_owner(self) -> bool:
+        return self.settings.mode != "http"  # Socket Mode: a few sockets per app, one holder
+
     async def run(self, intake: Intake) -> None:
         self._intake = intake  # events that arrive while connecting wait for the identity
         try:

@@ -87,6 +87,9 @@ class TelegramProvider(Provider):
             except TelegramError as e:
                 raise provider_error(e) from None
 
+    def single_owner(self) -> bool:
+        return self.settings.mode != "webhook"  # one getUpdates consumer per token
+
     async def run(self, intake: Intake) -> None:
         await self._ready()
         try:

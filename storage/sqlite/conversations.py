@@ -14,6 +14,7 @@ from collections import OrderedDict, deque
 from dataclasses import replace
 from typing import Any
 
+from pluto.errors import RunTakenOver
 from pluto.events import RunEnd, RunEvent, event_from_dict, event_to_dict
 from pluto.storage.rows import (MessageRow, RunRow, SessionRow, estimate_tokens,
                                 sanitize_history)
@@ -65,6 +66,14 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_id, seq)
     );
     """,
+    # Several instances: which instance runs it (its owner) and the inbox's message it
+    # answers, so that another instance can take a dead one's runs over.
+    """
+    ALTER TABLE runs ADD COLUMN owner TEXT;
+    ALTER TABLE runs ADD COLUMN source_provider TEXT;
+    ALTER TABLE runs ADD COLUMN source_id TEXT;
+    CREATE INDEX runs_owner ON runs(owner, status);
+    """,
 ]
 SESSION_CACHE = 10_000
 HISTORY_SESSIONS = 1_000  # sessions whose recent messages are kept in memory
@@ -91,10 +100,12 @@ def _event_stmt(event: RunEvent) -> Statement:
             (event.run_id, event.seq, event.type, json.dumps(event_to_dict(event), default=str)))
 
 
-def _handled(source: tuple[str, str]) -> Statement:
-    """The inbox's message (provider, message id) is handled: it will not be replayed."""
-    return ("UPDATE inbound_seen SET handled = 1, payload = NULL WHERE provider = ? AND"
-            " message_id = ?", source)
+def _handled(source: tuple[str, str], run_id: str) -> Statement:
+    """The inbox's message (provider, message id) is handled by run ``run_id``: it will not be
+    replayed. Its payload stays (until the inbox is pruned): if the instance running it dies,
+    another one answers it again from there."""
+    return ("UPDATE inbound_seen SET handled = 1, outcome = ? WHERE provider = ? AND"
+            " message_id = ?", (json.dumps({"type": "accepted", "run_id": run_id}), *source))
 
 
 def _session(row: Any) -> SessionRow:
@@ -112,6 +123,7 @@ class SqliteConversations:
         # database (several instances) is always read.
         self._recent: OrderedDict[str, deque[MessageRow]] = OrderedDict()
         self._cache = not engine.shared
+        self.owner = "local"  # the instance whose runs these are (set by the gateway)
 
     async def migrate(self) -> None:
         await self.engine.migrate(COMPONENT, MIGRATIONS)
@@ -212,10 +224,12 @@ class SqliteConversations:
     async def queue_run(self, run_id: str, session_id: str, agent: str, input_text: str, *,
                         source: tuple[str, str] | None = None) -> None:
         stmts: list[Statement] = [(
-            "INSERT INTO runs (id, session_id, agent, status, input, started_at)"
-            " VALUES (?,?,?,'queued',?,?) ON CONFLICT DO NOTHING", (run_id, session_id, agent, input_text, time.time()))]
+            "INSERT INTO runs (id, session_id, agent, status, input, started_at, owner,"
+            " source_provider, source_id) VALUES (?,?,?,'queued',?,?,?,?,?) ON CONFLICT DO"
+            " NOTHING", (run_id, session_id, agent, input_text, time.time(), self.owner,
+                         *(source or (None, None))))]
         if source is not None:  # the inbox's message is handled with this very commit
-            stmts.append(_handled(source))
+            stmts.append(_handled(source, run_id))
         await self.engine.write(*stmts)
 
     async def start_run(self, run_id: str, session_id: str, agent: str, input_text: str,
@@ -225,16 +239,19 @@ class SqliteConversations:
         event = self._numbered(event)
         message = _message("user", input_text, run_id)
         stmts: list[Statement] = [
-            ("INSERT INTO runs (id, session_id, agent, status, input, started_at)"
-             " VALUES (?,?,?,'running',?,?) ON CONFLICT(id) DO UPDATE SET status = 'running',"
+            ("INSERT INTO runs (id, session_id, agent, status, input, started_at, owner,"
+             " source_provider, source_id) VALUES (?,?,?,'running',?,?,?,?,?)"
+             " ON CONFLICT(id) DO UPDATE SET status = 'running',"
              " session_id = excluded.session_id, agent = excluded.agent,"
-             " input = excluded.input, started_at = excluded.started_at",
-             (run_id, session_id, agent, input_text, now)),
+             " input = excluded.input, started_at = excluded.started_at,"
+             " owner = excluded.owner",
+             (run_id, session_id, agent, input_text, now, self.owner,
+              *(source or (None, None)))),
             ("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id)),
             _message_stmt(session_id, message),
             _event_stmt(event)]
         if source is not None:
-            stmts.append(_handled(source))
+            stmts.append(_handled(source, run_id))
         await self.engine.write(*stmts)
         self._remember(session_id, message)
         return event
@@ -280,7 +297,7 @@ class SqliteConversations:
             conn.execute("UPDATE runs SET status = 'cancelled', error = ?, ended_at = ?"
                          " WHERE id = ?", (error, now, run_id))
             if source is not None:
-                conn.execute(*_handled(source))
+                conn.execute(*_handled(source, run_id))
             return end
 
         try:
@@ -292,12 +309,19 @@ class SqliteConversations:
                            *, usage: dict[str, int]) -> tuple[RunEvent, RunEvent]:
         final, end = self._numbered(final), self._numbered(end)
         message = _message("assistant", getattr(final, "text", None), run_id)
+        def complete(conn: Any) -> None:
+            # fenced: a run taken over by another instance (it thought this one dead) ends
+            # there, and its answer here is refused rather than given twice
+            if conn.execute("UPDATE runs SET status = 'ok', error = NULL, usage = ?,"
+                            " ended_at = ? WHERE id = ? AND status = 'running'",
+                            (json.dumps(usage), time.time(), run_id)).rowcount == 0:
+                raise RunTakenOver(f"run {run_id} was taken over by another instance")
+            for stmt in (_message_stmt(session_id, message), _event_stmt(final),
+                         _event_stmt(end)):
+                conn.execute(*stmt)
+
         try:
-            await self.engine.write(
-                _message_stmt(session_id, message),
-                _event_stmt(final), _event_stmt(end),
-                ("UPDATE runs SET status = 'ok', error = NULL, usage = ?, ended_at = ?"
-                 " WHERE id = ?", (json.dumps(usage), time.time(), run_id)))
+            await self.engine.transact(complete)
         finally:
             self._seq.pop(run_id, None)
         self._remember(session_id, message)
@@ -322,16 +346,56 @@ class SqliteConversations:
         return [replace(event_from_dict(json.loads(r["data"])), seq=r["seq"]) for r in rows]
 
     async def recover_interrupted(self) -> list[RunEvent]:
+        """At start, with one process per database: every run that had not ended was the last
+        process's. Each is recorded interrupted and its message goes back to the inbox, to be
+        answered again (a run already answered is never run twice)."""
+        return await self._take_over("status IN ('queued', 'running')", ())
+
+    async def take_over_chat(self, provider: str, chat_id: str) -> list[RunEvent]:
+        """Several instances: this instance now holds the chat, so a run of the chat that has
+        not ended and belongs to another instance was left by one that died (or lost the
+        chat). Each is recorded interrupted — fencing its owner: a late answer from it is
+        refused (:meth:`complete_run`) — and its message goes back to the inbox, ahead of the
+        chat's later ones."""
+        return await self._take_over(
+            "status IN ('queued', 'running') AND owner != ? AND source_provider = ? AND"
+            " source_id IN (SELECT message_id FROM inbound_seen WHERE provider = ? AND"
+            " chat_id = ?)", (self.owner, provider, provider, chat_id))
+
+    async def orphaned_chats(self, alive: set[str]) -> list[tuple[str, str]]:
+        """(provider, chat) of runs not ended whose owner is not among the ``alive``
+        instances."""
         rows = await self.engine.fetchall(
-            "SELECT id, status FROM runs WHERE status IN ('queued', 'running')")
-        ended = []
-        for r in rows:
-            reason = ("the gateway stopped before this message was answered"
-                      if r["status"] == "queued" else "the gateway stopped during this run")
-            end = await self.end_run(r["id"], "interrupted", error=reason,
-                                     event=RunEnd(run_id=r["id"], outcome="interrupted"))
-            if end is not None:
+            "SELECT DISTINCT i.provider, i.chat_id, r.owner FROM runs r JOIN inbound_seen i"
+            " ON i.provider = r.source_provider AND i.message_id = r.source_id"
+            " WHERE r.status IN ('queued', 'running')")
+        return [(r[0], r[1]) for r in rows if r[2] not in alive and r[1] is not None]
+
+    async def _take_over(self, where: str, params: tuple[Any, ...]) -> list[RunEvent]:
+        def take(conn: Any) -> list[RunEvent]:
+            ended = []
+            now = time.time()
+            rows = conn.execute(f"SELECT id, status, source_provider, source_id FROM runs"
+                                f" WHERE {where} ORDER BY started_at", params).fetchall()
+            for r in rows:
+                reason = ("the gateway stopped before this message was answered"
+                          if r[1] == "queued" else "the gateway stopped during this run")
+                seq = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE"
+                                   " run_id = ?", (r[0],)).fetchone()[0]
+                end = RunEnd(run_id=r[0], outcome="interrupted", seq=seq + 1)
+                conn.execute(*_event_stmt(end))
+                conn.execute("UPDATE runs SET status = 'interrupted', error = ?, ended_at = ?"
+                             " WHERE id = ?", (reason, now, r[0]))
+                if r[2] is not None:  # answered again: its message is back in the inbox
+                    conn.execute("UPDATE inbound_seen SET handled = 0, outcome = NULL WHERE"
+                                 " provider = ? AND message_id = ? AND payload IS NOT NULL",
+                                 (r[2], r[3]))
                 ended.append(end)
+            return ended
+
+        ended = await self.engine.transact(take)
+        for end in ended:
+            self._seq.pop(end.run_id, None)
         return ended
 
     async def recent_runs(self, *, limit: int = 50, agent: str | None = None,

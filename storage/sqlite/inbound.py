@@ -34,6 +34,13 @@ MIGRATIONS: list[str] = [
     """,
     # The order of arrival: SQLite's implicit rowid; PostgreSQL names a sequence the same.
     {"sqlite": "SELECT 1", "postgres": "ALTER TABLE inbound_seen ADD COLUMN rowid BIGSERIAL"},
+    # Several instances: a chat's messages are taken in arrival order by whichever instance
+    # holds the chat, and the one that received a message reads back what became of it.
+    """
+    ALTER TABLE inbound_seen ADD COLUMN chat_id TEXT;
+    ALTER TABLE inbound_seen ADD COLUMN outcome TEXT;
+    CREATE INDEX inbound_chat ON inbound_seen(provider, chat_id, handled);
+    """,
 ]
 
 
@@ -52,8 +59,10 @@ class SqliteInbound:
 
     async def accept(self, provider: str, message_id: str, payload: dict[str, Any]) -> bool:
         inserted = await self.engine.write((
-            "INSERT INTO inbound_seen (provider, message_id, seen_at, payload, handled)"
-            " VALUES (?,?,?,?,0) ON CONFLICT DO NOTHING", (provider, message_id, time.time(), json.dumps(payload))))
+            "INSERT INTO inbound_seen (provider, message_id, seen_at, payload, handled, chat_id)"
+            " VALUES (?,?,?,?,0,?) ON CONFLICT DO NOTHING",
+            (provider, message_id, time.time(), json.dumps(payload),
+             str(payload.get("chat_id", "")))))
         if inserted == 0:
             return False
         self._since_prune += 1
@@ -64,10 +73,38 @@ class SqliteInbound:
     async def first_time(self, provider: str, message_id: str) -> bool:
         return await self.accept(provider, message_id, {})
 
-    async def handled(self, provider: str, message_id: str) -> None:
+    async def handled(self, provider: str, message_id: str,
+                      outcome: dict[str, Any] | None = None) -> None:
         await self.engine.write((
-            "UPDATE inbound_seen SET handled = 1, payload = NULL WHERE provider = ? AND"
-            " message_id = ?", (provider, message_id)))
+            "UPDATE inbound_seen SET handled = 1, payload = NULL, outcome = ? WHERE"
+            " provider = ? AND message_id = ?",
+            (json.dumps(outcome) if outcome else None, provider, message_id)))
+
+    async def outcome(self, provider: str, message_id: str) -> dict[str, Any] | None:
+        """What became of a message once it is handled (by any instance); None until then."""
+        row = await self.engine.fetchone(
+            "SELECT handled, outcome FROM inbound_seen WHERE provider = ? AND message_id = ?",
+            (provider, message_id))
+        if row is None:
+            return {"type": "dropped", "reason": "forgotten"}
+        if not row[0]:
+            return None
+        return json.loads(row[1]) if row[1] else {"type": "handled"}
+
+    async def unhandled_in_chat(self, provider: str, chat_id: str,
+                                limit: int = 100) -> list[dict[str, Any]]:
+        """The chat's messages not yet handled, in arrival order (whoever received them)."""
+        rows = await self.engine.fetchall(
+            "SELECT payload FROM inbound_seen WHERE provider = ? AND chat_id = ? AND"
+            " handled = 0 ORDER BY rowid LIMIT ?", (provider, chat_id, limit))
+        return [json.loads(r[0]) for r in rows if r[0]]
+
+    async def waiting_chats(self, provider: str, older_than: float) -> list[str]:
+        """Chats with a message that has waited longer than ``older_than`` seconds."""
+        rows = await self.engine.fetchall(
+            "SELECT DISTINCT chat_id FROM inbound_seen WHERE provider = ? AND handled = 0"
+            " AND seen_at < ?", (provider, time.time() - older_than))
+        return [r[0] for r in rows if r[0] is not None]
 
     async def unhandled(self, provider: str) -> list[dict[str, Any]]:
         rows = await self.engine.fetchall(

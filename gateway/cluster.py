@@ -1,0 +1,192 @@
+"""Several gateway instances on one database: who holds what.
+
+With SQLite one process serves the database and :class:`Cluster` is a formality: every lease
+is this process's at once and nothing touches the database. On a shared database (PostgreSQL)
+each instance holds
+
+- ``instance:<id>`` while it lives (its heartbeat renews it, every ``ttl / 3`` seconds);
+- ``chat:<provider>:<chat>`` while it takes that chat's messages, in arrival order, from the
+  shared inbox (:mod:`.pipeline.intake`);
+- ``session:<key>`` while it runs that session's messages (:mod:`.pipeline.lanes`);
+- ``provider:<name>`` while it holds a connection only one process may hold (a Telegram long
+  poll, a Discord gateway session, a Slack socket): :meth:`Cluster.exclusive`.
+
+Leases are renewed together by the heartbeat; one that cannot be renewed (the database says
+another instance took it: its token moved on) is lost, and whatever held it is cancelled —
+an instance paused past its lease stops acting as the holder. When an instance dies its leases
+run out after ``ttl`` seconds and the others take its chats, sessions and connections over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from pluto.storage.ports import LeaseStore
+
+log = logging.getLogger(__name__)
+
+LEASE_SECONDS = 10.0
+
+
+def new_instance_id() -> str:
+    """``PLUTO_INSTANCE_ID``, or host-pid-random: unique per process, readable in logs."""
+    given = os.environ.get("PLUTO_INSTANCE_ID", "").strip()
+    if given:
+        return given[:64]
+    return f"{socket.gethostname()[:24]}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class LeaseLost(Exception):
+    """The lease ran out or was taken over while its holder was still working."""
+
+
+class Cluster:
+    def __init__(self, leases: LeaseStore | None, instance_id: str, *,
+                 ttl: float = LEASE_SECONDS, poll: float = 0.25):
+        self.leases = leases  # None: one process (SQLite), nothing to coordinate
+        self.id = instance_id
+        self.ttl = ttl
+        self.poll = poll
+        self._held: dict[str, int] = {}  # lease name → token
+        self._holders: dict[str, asyncio.Task[Any]] = {}  # tasks cancelled when one is lost
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.leases is not None
+
+    def held(self) -> list[str]:
+        return sorted(self._held)
+
+    async def start(self) -> None:
+        if self.leases is None:
+            return
+        if await self.acquire(f"instance:{self.id}") is None:
+            raise RuntimeError(f"another live instance uses the id {self.id!r}")
+        self._heartbeat = asyncio.create_task(self._beat(), name="cluster:heartbeat")
+        log.info("cluster: instance %s joined (leases of %gs)", self.id, self.ttl)
+
+    async def stop(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+            self._heartbeat = None
+        if self.leases is not None:
+            for name in list(self._held):
+                await self.release(name)
+
+    async def alive(self) -> set[str]:
+        """The ids of the instances whose heartbeat is current."""
+        if self.leases is None:
+            return {self.id}
+        return {lease.name.removeprefix("instance:")
+                for lease in await self.leases.held("instance:")}
+
+    # leases -------------------------------------------------------------------------------
+
+    async def acquire(self, name: str) -> int | None:
+        """Take ``name`` if it is free (or ours); its token, or None when another holds it."""
+        if self.leases is None:
+            self._held[name] = 1
+            return 1
+        token = await self.leases.acquire(name, self.id, self.ttl)
+        if token is not None:
+            self._held[name] = token
+        return token
+
+    async def wait_for(self, name: str, *, cancelled: Callable[[], bool] = lambda: False) -> int:
+        """Take ``name``, waiting while another instance holds it."""
+        delay = self.poll / 5
+        while True:
+            token = await self.acquire(name)
+            if token is not None:
+                return token
+            if cancelled():
+                raise asyncio.CancelledError
+            await asyncio.sleep(delay)
+            delay = min(self.poll, delay * 2)
+
+    async def release(self, name: str) -> None:
+        token = self._held.pop(name, None)
+        self._holders.pop(name, None)
+        if token is not None and self.leases is not None:
+            try:
+                await self.leases.release(name, self.id, token)
+            except Exception as e:  # noqa: BLE001 - it runs out on its own
+                log.warning("cluster: could not release %s (%s); it runs out in %gs", name,
+                            e, self.ttl)
+
+    @contextlib.asynccontextmanager
+    async def holding(self, name: str) -> AsyncIterator[int]:
+        """Hold ``name`` (waiting for it) for the body; the body is cancelled if it is lost."""
+        token = await self.wait_for(name)
+        task = asyncio.current_task()
+        if task is not None and self.leases is not None:
+            self._holders[name] = task
+        try:
+            yield token
+        finally:
+            await asyncio.shield(self.release(name))
+
+    async def exclusive(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
+        """Run ``work`` only while holding ``name``: wait for the lease, run, and when the
+        lease is lost stop the work and wait for the lease again. Returns when ``work``
+        returns."""
+        if self.leases is None:
+            await work()
+            return
+        waiting_logged = False
+        while True:
+            token = await self.acquire(name)
+            if token is None:
+                if not waiting_logged:
+                    holder = await self.leases.holder(name)
+                    log.info("cluster: %s is held by %s; standing by", name,
+                             holder.owner if holder else "another instance")
+                    waiting_logged = True
+                await asyncio.sleep(min(2.0, self.ttl / 4))
+                continue
+            waiting_logged = False
+            log.info("cluster: holding %s (token %d)", name, token)
+            runner = asyncio.create_task(work(), name=f"exclusive:{name}")
+            self._holders[name] = runner
+            try:
+                await runner
+                return
+            except asyncio.CancelledError:
+                if name in self._held:  # we were cancelled, not the lease lost
+                    raise
+                log.warning("cluster: lost %s; standing by", name)
+            finally:
+                if not runner.done():
+                    runner.cancel()
+                    with contextlib.suppress(BaseException):
+                        await runner
+                await asyncio.shield(self.release(name))
+
+    async def _beat(self) -> None:
+        assert self.leases is not None
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            tokens = dict(self._held)
+            try:
+                lost = await self.leases.renew_all(self.id, tokens, self.ttl)
+            except Exception as e:  # noqa: BLE001 - the database is away: try again soon
+                log.warning("cluster: could not renew leases (%s)", e)
+                continue
+            for name in lost:
+                if self._held.get(name) != tokens[name]:
+                    continue  # released or retaken meanwhile
+                log.warning("cluster: lease %s was lost", name)
+                del self._held[name]
+                holder = self._holders.pop(name, None)
+                if holder is not None and not holder.done():
+                    holder.cancel()
