@@ -9,6 +9,8 @@ timestamp, and one API key reading another's tasks.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +71,9 @@ async def test_an_agent_file_never_copies_a_secret_onto_the_public_agent_card(
             async with http.get(f"{url}/agents/put-leaky/.well-known/agent.json") as r:
                 card = await r.text()
             assert SECRET not in card and "${SLACK_BOT_TOKEN}" in card
-            async with http.get(f"{url}/readyz") as r:
-                ready = await r.json()
-            assert set(ready) == {"status", "instance", "checks"}
-            assert set(ready["checks"]) <= {"config", "storage", "providers", "intake", "mcp"}
+            for public in ("/readyz", "/api/v1/openapi.json", "/healthz"):
+                async with http.get(f"{url}{public}") as r:
+                    assert SECRET not in await r.text() and ADMIN_KEY not in await r.text()
     finally:
         await gw.stop()
 
@@ -110,3 +111,215 @@ def test_names_with_a_trailing_newline_are_refused(tmp_path: Path) -> None:
     assert AGENT_NAME.fullmatch("evil\n") is None
     with pytest.raises(protocol.ProtocolError):
         protocol.parse_frame('{"type": "hello", "agent": "evil\\n"}', 100)
+
+
+# 5. JSON nested too deeply, bodies too large, posts without a timestamp ----------------------------
+
+DEEP = "[" * 50_000 + "]" * 50_000  # Python's decoder: RecursionError
+NESTED = json.loads("[" * 70 + "]" * 70)  # Python parses it; 70 deep
+
+
+async def test_nested_json_gets_a_clean_400_on_every_endpoint(
+        config_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from tests.helpers.served import API_KEY, Tab, served, url
+
+    monkeypatch.setenv("PLUTO_TEST_API_KEYS", API_KEY)
+    monkeypatch.setenv("PLUTO_ADMIN_KEY", ADMIN_KEY)
+    api = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    admin = {**ADMIN, "Content-Type": "application/json"}
+    async with served(config_dir, data_dir, ScriptedModel(fallback=echo),
+                      admin={"api_key_env": "PLUTO_ADMIN_KEY"}) as gw, \
+            aiohttp.ClientSession() as http:
+        async with http.post(url(gw, "/api/v1/agent/tasks"), json={"input": "hi"},
+                             headers=api) as r:
+            task = (await r.json())["task_id"]
+        posts = [("/api/v1/agent/tasks", api), (f"/api/v1/agent/tasks/{task}/steps", api),
+                 ("/admin/routes/explain", admin), ("/admin/pairing/approve", admin)]
+        for path, headers in posts:
+            for body in (DEEP, '{"input": "x", "additional_input": %s}' % json.dumps(NESTED)):
+                async with http.post(url(gw, path), data=body, headers=headers) as r:
+                    answer = await r.json()
+                    assert r.status == 400, (path, r.status, answer)
+                    assert "Traceback" not in json.dumps(answer)
+        async with http.put(url(gw, "/admin/agents/deep"), data=DEEP, headers=admin) as r:
+            assert r.status == 400 and "nested" in (await r.json())["error"]
+        tab = await Tab.open(http, gw)
+        await tab.ws.send_str("[" * 3000 + "]" * 3000)  # under the frame cap, too deep
+        error = await tab.until("error")
+        assert error["code"] == "bad_json"
+        await tab.send(type="message", text="still here")
+        final = await tab.until("message.final")
+        assert final["text"] == "echo: still here"  # the socket stayed open and serves
+        await tab.ws.close()
+        async with http.get(url(gw, "/healthz")) as r:
+            assert r.status == 200
+    assert "Traceback" not in caplog.text and "RecursionError" not in caplog.text
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
+async def test_a_chunked_body_over_the_limit_is_a_413(
+        config_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.helpers.served import API_KEY, served, url
+
+    monkeypatch.setenv("PLUTO_TEST_API_KEYS", API_KEY)
+
+    async def chunks(total: int):
+        block = b"x" * (1024 * 1024)
+        for _ in range(total):
+            yield block
+
+    async with served(config_dir, data_dir, ScriptedModel(fallback=echo)) as gw, \
+            aiohttp.ClientSession() as http:
+        headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+        # more than aiohttp's client_max_size (32 MiB): before, the API answered 500
+        async with http.post(url(gw, "/api/v1/agent/tasks"), data=chunks(40),
+                             headers=headers) as r:
+            assert r.status == 413 and (await r.json())["code"] == "too_large"
+
+
+async def test_slack_posts_without_a_timestamp_or_nested_too_deeply_are_refused_cleanly(
+        config_dir: Path, data_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from tests.conformance.slack_harness import SlackHttpHarness
+
+    h = SlackHttpHarness(config_dir=config_dir, data_dir=data_dir)
+    await h.open()
+    try:
+        await h.start()
+        url = h.fake.events_url
+        assert url
+        event = h.fake.event_callback({"type": "message", "channel": h.direct_chat, "text": "x",
+                                       "user": h.fake.default_user, "ts": h.fake.next_ts()})
+        for timestamp in ("", "soon", "1e9", "١٢٣"):  # before: int("") in the SDK, a 500
+            status, _, text = await h.fake.post_signed(
+                url, event, headers={"X-Slack-Request-Timestamp": timestamp})
+            assert status == 401 and "Traceback" not in text, (timestamp, status, text)
+        deep = '{"type": "event_callback", "event": ' + "[" * 3000 + "]" * 3000 + "}"
+        nested = json.dumps({**event, "event": {**event["event"], "blocks": NESTED}})
+        for body in (deep, nested):  # signed: it gets past the signature check
+            status, _, text = await h.fake.post_signed(url, body)
+            assert status == 400 and "Traceback" not in text, (status, text)
+        assert h.received == [] and h.model.calls == []
+    finally:
+        await h.close()
+    assert "Traceback" not in caplog.text and "RecursionError" not in caplog.text
+
+
+# 2. mentions and links from model text -------------------------------------------------------------
+
+PINGS = ("Look: [everyone](!here), [all](!channel) [x](!everyone) [you](@U0PLUTOUSER) "
+         "[there](#C0PLUTOTEAM) [me](tg://user?id=42) [js](javascript:alert(1)) and "
+         "[docs](https://pluto.example/docs)")
+
+
+async def test_model_text_never_pings_a_slack_channel(
+        config_dir: Path, data_dir: Path) -> None:
+    from tests.conformance.slack_harness import SlackHttpHarness
+
+    h = SlackHttpHarness(config_dir=config_dir, data_dir=data_dir)
+    await h.open()
+    try:
+        await h.start(ScriptedModel(fallback=lambda m: Scripted(text=PINGS)))
+        await h.user_says("summarise the dataset")
+        await h.fake.wait_until(lambda: h.bot_messages(h.direct_chat), 10, "the answer")
+        [raw] = [m["text"] for m in h.bot_messages(h.direct_chat)]
+    finally:
+        await h.close()
+    for special in ("<!here", "<!channel", "<!everyone", "<@U", "<#C", "<tg:", "<javascript:"):
+        assert special not in raw, raw
+    assert "everyone" in raw and "<https://pluto.example/docs|docs>" in raw
+
+
+@pytest.mark.parametrize("dialect", ["slack", "telegram", "discord"])
+def test_links_carry_only_web_and_mail_targets(dialect: str) -> None:
+    from pluto.gateway.delivery.render import render
+    from pluto.providers.discord.markup import DISCORD
+    from pluto.providers.slack.markup import SLACK_MRKDWN
+    from pluto.providers.telegram.markup import TELEGRAM_HTML
+
+    d = {"slack": SLACK_MRKDWN, "telegram": TELEGRAM_HTML, "discord": DISCORD}[dialect]
+    out = render(PINGS + " <@123> <#456> <@&789> [m](mailto:a@pluto.example)", d)
+    for target in ("!here", "!channel", "!everyone", "@U0PLUTOUSER", "#C0PLUTOTEAM", "tg://"):
+        assert f"]({target}" not in out and f'"{target}' not in out and f"<{target}" not in out
+    assert "<javascript" not in out and '"javascript' not in out  # (markdown-it: never a link)
+    assert "https://pluto.example/docs" in out and "mailto:a@pluto.example" in out
+    if dialect == "discord":  # shown as text, never a mention (and allowed_mentions pings none)
+        assert "\\<@123>" in out and "\\<#456>" in out and "\\<@&789>" in out
+
+
+# 3. a regular expression from routes.yaml cannot freeze the gateway --------------------------------
+
+BOMB_ROUTES = """\
+routes:
+  - name: bomb
+    match: {text_regex: '^(a|a)+$'}
+    agent: default
+  - name: classic-bomb
+    match: {text_regex: '^(b+)+$'}
+    agent: default
+  - name: everyone-else
+    match: {provider: api}
+    agent: default
+default: null
+"""
+
+
+class LoopLag:
+    """How late the event loop runs a task that asks to wake every 5 ms (the worst, seconds)."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self.samples = 0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            asked = loop.time()
+            await asyncio.sleep(0.005)
+            self.worst = max(self.worst, loop.time() - asked - 0.005)
+            self.samples += 1
+
+
+def test_a_catastrophic_text_regex_is_stopped_and_denies_the_message(tmp_path: Path) -> None:
+    from pluto.gateway.pipeline.explain import explain, message_from
+    from pluto.gateway.pipeline.routing import RoutingTable
+
+    (tmp_path / "routes.yaml").write_text(BOMB_ROUTES)
+    table = RoutingTable.load(tmp_path / "routes.yaml", {"default"})
+    for text, rule in (("a" * 27 + "!", "bomb"), ("b" * 40 + "!", "classic-bomb")):
+        m = message_from("api", "c", "u", text=text)
+        decision = table.decide(m)  # before: 2**27 steps of backtracking, seconds of freeze
+        assert (decision.outcome, decision.label) in (("deny", rule), ("route", "everyone-else"))
+        assert decision.outcome == "deny" or rule == "classic-bomb"  # `regex` is quick on it
+    m = message_from("api", "c", "u", text="a" * 27 + "!")
+    assert "took longer than" in " ".join(explain(table, m).steps[0].reasons)
+    assert table.decide(message_from("api", "c", "u", text="aaa")).label == "bomb"
+
+
+async def test_healthz_answers_while_a_regex_bomb_is_sent(
+        config_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.helpers.served import API_KEY, served, url
+
+    monkeypatch.setenv("PLUTO_TEST_API_KEYS", API_KEY)
+    (config_dir / "routes.yaml").write_text(BOMB_ROUTES)
+    lag = LoopLag()
+    async with served(config_dir, data_dir, ScriptedModel(fallback=echo)) as gw, \
+            aiohttp.ClientSession() as http:
+        probe = asyncio.create_task(lag.run())
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        healthz: list[int] = []
+        try:
+            for n in range(27, 47):  # each character more doubled the freeze (8.9 s at 27)
+                async with http.post(url(gw, "/api/v1/agent/tasks"), headers=headers,
+                                     json={"input": "a" * n + "!"}) as r:
+                    assert r.status == 403 and (await r.json())["code"] == "not_routed"
+                async with http.get(url(gw, "/healthz")) as r:
+                    healthz.append(r.status)
+            async with http.post(url(gw, "/api/v1/agent/tasks?wait=10"), headers=headers,
+                                 json={"input": "hello"}) as r:
+                assert r.status == 201  # an ordinary message still gets its answer
+        finally:
+            probe.cancel()
+    assert healthz == [200] * 20 and lag.samples > 10
+    print(f"\nloop lag: worst {lag.worst * 1000:.1f} ms over {lag.samples} samples")
+    assert lag.worst < 0.1, f"the event loop stalled for {lag.worst * 1000:.0f} ms"

@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from pluto import jsonlimits
 from pluto.errors import ConfigError, UnknownAgent
+from pluto.jsonlimits import JsonTooDeep
 from pluto.gateway.http.admin_agents import AgentFiles, BadRequest, agent_card, agent_view, delete, save
 from pluto.gateway.pipeline.explain import explain, message_from
 from pluto.gateway.http.server import GATEWAY_KEY
@@ -86,10 +88,8 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except BadRequest as e:
         return _error(e.status, str(e), **e.extra)
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        return _error(e.status, e.reason.lower())
+    except web.HTTPException:
+        raise  # aiohttp's own answers (a 413 for a body too large, a redirect): unchanged
     except Exception:
         log.exception("admin API: %s %s failed", request.method, request.path)
         return _error(500, "internal error; the details are in the gateway log")
@@ -268,7 +268,9 @@ async def _run(request: web.Request) -> web.Response:
 
 async def _json(request: web.Request) -> dict[str, Any]:
     try:
-        body = await request.json()
+        body = jsonlimits.loads(await request.read())
+    except JsonTooDeep as e:
+        raise BadRequest(str(e)) from None
     except (ValueError, UnicodeDecodeError):
         raise BadRequest("the body is not valid JSON") from None
     if not isinstance(body, dict):

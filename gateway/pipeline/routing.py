@@ -27,18 +27,22 @@ why, rule by rule.
 from __future__ import annotations
 
 import functools
-import re
+import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from pluto.errors import ConfigError
+from pluto.errors import ConfigError, PlutoError
 from pluto.yamldoc import YamlDoc
 from pluto.gateway.pipeline.ratelimit import Rate, parse_rate
 from pluto.types import IncomingMessage, Route, SessionScope
+
+log = logging.getLogger(__name__)
 
 AccessMode = Literal["open", "pairing"]
 Outcome = Literal["route", "deny", "unmatched", "needs_mention"]
@@ -58,9 +62,30 @@ def _str_list(v: Any) -> Any:
     return v
 
 
+# A text_regex runs on the event loop, on text anyone can send, so it runs with a time bound:
+# the `regex` module (Python's syntax) stops a search after its timeout — a pattern that
+# backtracks exponentially (``^(a|a)+$``, ``^(a+)+$``, backreferences) costs at most this, and
+# the message is then refused (denied), never routed by the rules after it.
+REGEX_BUDGET_SECONDS = 0.02  # for all the text_regex searches of one message together
+
+
+class RegexTimeout(PlutoError):
+    """A text_regex did not finish within its time budget on a message's text."""
+
+
 @functools.lru_cache(maxsize=4096)
-def _regex(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
+def _regex(pattern: str) -> regex.Pattern[str]:
+    return regex.compile(pattern)
+
+
+def _search(pattern: str, text: str, deadline: float) -> bool:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise RegexTimeout(pattern)
+    try:
+        return _regex(pattern).search(text, timeout=left) is not None
+    except TimeoutError:
+        raise RegexTimeout(pattern) from None
 
 
 def _either(values: list[str]) -> str:
@@ -92,18 +117,24 @@ class Match(_Strict):
         if v is not None:
             try:
                 _regex(v)
-            except (re.error, RecursionError, OverflowError) as e:
+            except (regex.error, RecursionError, OverflowError, ValueError) as e:
                 raise ValueError(f"not a valid regular expression: {e}") from None
         return v
 
-    def matches(self, m: IncomingMessage) -> bool:
-        return next(self._failures(m), None) is None
+    def matches(self, m: IncomingMessage, deadline: float | None = None) -> bool:
+        """Raises :class:`RegexTimeout` when the text_regex ran out of time (by ``deadline``,
+        a ``time.monotonic()``; by default :data:`REGEX_BUDGET_SECONDS` from now)."""
+        return next(self._failures(m, deadline), None) is None
 
     def failures(self, m: IncomingMessage) -> list[str]:
         """Why this match does not take the message: one reason per failing condition."""
-        return list(self._failures(m))
+        try:
+            return list(self._failures(m))
+        except RegexTimeout:
+            return [f"the text_regex /{self.text_regex}/ took longer than "
+                    f"{REGEX_BUDGET_SECONDS * 1000:.0f} ms on this text: the message is refused"]
 
-    def _failures(self, m: IncomingMessage) -> Iterator[str]:
+    def _failures(self, m: IncomingMessage, deadline: float | None = None) -> Iterator[str]:
         for field, allowed, value in (
                 ("provider", self.provider, m.provider), ("chat", self.chat, m.chat_id),
                 ("user", self.user, m.user_id), ("guild", self.guild, m.guild_id),
@@ -119,7 +150,9 @@ class Match(_Strict):
                    else "the bot is mentioned, the rule wants no mention")
         if self.text_prefix is not None and not m.text.startswith(tuple(self.text_prefix)):
             yield f"the text does not start with {_either(self.text_prefix)}"
-        if self.text_regex is not None and not _regex(self.text_regex).search(m.text):
+        if self.text_regex is not None and not _search(
+                self.text_regex, m.text,
+                time.monotonic() + REGEX_BUDGET_SECONDS if deadline is None else deadline):
             yield f"the text does not match /{self.text_regex}/"
 
 
@@ -233,6 +266,12 @@ class RoutingTable:
         if doc.data is not None and not isinstance(doc.data, dict):
             raise ConfigError([(doc.name, 1, "", "expected 'routes:' (a list) and 'default:'")])
         spec = doc.validate(RoutesFile, context={"agents": agents})
+        if not doc.data or not {"routes", "default"} & set(doc.data):
+            # empty, blank, comments only, or half-written: applying it as "no rules" would
+            # drop every deny, pairing and rate limit at once
+            raise ConfigError([(doc.name, None, "", "the file says neither 'routes:' nor "
+                                "'default:' (empty, or still being written?); write "
+                                "'routes: []' for a table without rules")])
         seen: set[str] = set()
         for i, rule in enumerate(spec.routes):
             if rule.name is not None and rule.name in seen:
@@ -277,9 +316,18 @@ class RoutingTable:
                       rule.rate_limit if rule.rate_limit is not None else d.rate_limit)
 
     def decide(self, m: IncomingMessage) -> Decision:
-        """What happens to a message, and which rule decided it."""
+        """What happens to a message, and which rule decided it. A text_regex that runs out
+        of time denies the message (by that rule): it never falls through to later rules."""
+        deadline = time.monotonic() + REGEX_BUDGET_SECONDS
         for i, rule in enumerate(self.spec.routes):
-            if rule.match.matches(m):
+            try:
+                matched = rule.match.matches(m, deadline)
+            except RegexTimeout:
+                log.warning("routes: the text_regex of %s ran out of time (%.0f ms) on a "
+                            "message from %s chat %s; the message is refused", self.label(i),
+                            REGEX_BUDGET_SECONDS * 1000, m.provider, m.chat_id)
+                return Decision("deny", self.label(i), i, rule, policy=self.policy(rule))
+            if matched:
                 return self._decided(m, i, rule)
         return self._decided(m, None, None)
 

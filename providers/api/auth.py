@@ -82,6 +82,8 @@ class Guard:
                 return await handler(request)
             except ApiError as e:
                 return e.response()
+            except web.HTTPException:
+                raise  # aiohttp's own answers (413 for a body over client_max_size): as they are
             except Exception:
                 log.exception("api: %s %s failed", request.method, request.path)
                 return ApiError(500, "internal", "Something went wrong on our side; the error "

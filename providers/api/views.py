@@ -12,7 +12,9 @@ from typing import Any
 
 from aiohttp import web
 
+from pluto import jsonlimits
 from pluto.errors import PlutoError
+from pluto.jsonlimits import JsonTooDeep
 from pluto.events import MessageDelta, MessageFinal, RunEvent, ToolEnd, ToolStart
 from pluto.storage.ports import RunReader
 from pluto.storage.rows import StepRow, TaskRow
@@ -54,15 +56,13 @@ def bad(message: str) -> ApiError:
 async def json_body(request: web.Request, fields: tuple[str, ...],
                     max_bytes: int) -> dict[str, Any]:
     """The request's JSON object, with only ``fields`` in it."""
-    if (request.content_length or 0) > max_bytes:
-        raise ApiError(413, "too_large", f"The request body is larger than {max_bytes:,} bytes.")
-    raw = await request.read()
-    if len(raw) > max_bytes:
-        raise ApiError(413, "too_large", f"The request body is larger than {max_bytes:,} bytes.")
+    raw = await read_body(request, max_bytes)
     if not raw.strip():
         raise bad("The request body is empty; send a JSON object.")
     try:
-        data = json.loads(raw)
+        data = jsonlimits.loads(raw)
+    except JsonTooDeep as e:
+        raise bad(str(e)) from None
     except (ValueError, UnicodeDecodeError):
         raise bad("The request body is not valid JSON.") from None
     if not isinstance(data, dict):
@@ -71,6 +71,20 @@ async def json_body(request: web.Request, fields: tuple[str, ...],
     if unknown:
         raise bad(f"Unknown field '{unknown[0][:40]}'; expected: {', '.join(fields)}.")
     return data
+
+
+async def read_body(request: web.Request, max_bytes: int) -> bytes:
+    """The body, read no further than ``max_bytes`` (a chunked body has no length to check
+    first): over it, 413."""
+    too_large = ApiError(413, "too_large", f"The request body is larger than {max_bytes:,} bytes.")
+    if (request.content_length or 0) > max_bytes:
+        raise too_large
+    body = bytearray()
+    async for block in request.content.iter_chunked(64 * 1024):
+        body += block
+        if len(body) > max_bytes:
+            raise too_large
+    return bytes(body)
 
 
 def text_input(data: dict[str, Any], max_chars: int) -> str:

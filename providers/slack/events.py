@@ -2,11 +2,13 @@
 the gateway's aiohttp server) or by Socket Mode.
 
 Bolt checks each HTTP request's signature (``v0=`` HMAC-SHA256 of ``v0:<ts>:<body>`` with the
-signing secret) and refuses requests older than five minutes (401); it answers
+signing secret) and refuses requests older than five minutes (401; so is a post without a
+numeric timestamp, before the SDK could fail on it); it answers
 ``url_verification``; and it acknowledges an event before the listener runs
 (``process_before_response=False``), so Slack gets its 200 (or its Socket Mode ack) at once and
 the work happens after. The signature is checked before anything else is read, so a forged or
-malformed request learns nothing (401, then 400 for a signed body that is not an event).
+malformed request learns nothing (401, then 400 for a signed body that is not an event, or
+whose JSON nests deeper than :data:`pluto.jsonlimits.MAX_DEPTH`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from slack_bolt.logger.messages import warning_client_prioritized_and_token_skip
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
+
+from pluto import jsonlimits
+from pluto.jsonlimits import JsonTooDeep
 
 log = logging.getLogger(__name__)
 
@@ -90,17 +95,21 @@ class HttpEvents:
         if raw is None:
             return web.Response(status=413, text="too large")
         headers = request.headers
-        if not self.verifier.is_valid(raw, headers.get("X-Slack-Request-Timestamp", ""),
-                                      headers.get("X-Slack-Signature", "")):
+        timestamp = headers.get("X-Slack-Request-Timestamp", "")
+        if not (timestamp.isascii() and timestamp.isdigit() and len(timestamp) <= 12) or \
+                not self.verifier.is_valid(raw, timestamp, headers.get("X-Slack-Signature", "")):
             log.warning("slack: refused an event post with a bad or stale signature")
             return web.json_response({"error": "invalid request"}, status=401)
         try:
-            bolt_request = AsyncBoltRequest(body=raw.decode("utf-8"),
-                                            query=request.query_string,
+            text = raw.decode("utf-8")
+            if not jsonlimits.nesting_within(raw):  # bolt parses it again, recursively
+                raise JsonTooDeep("nested too deeply")
+            bolt_request = AsyncBoltRequest(body=text, query=request.query_string,
                                             headers={k: v for k, v in headers.items()})
             kind = bolt_request.body.get("type")
-        except (ValueError, AttributeError, TypeError):
-            log.warning("slack: a signed event post was not valid JSON; refused")
+        except (ValueError, AttributeError, TypeError, RecursionError):
+            log.warning("slack: a signed event post was not a Slack event (not JSON, or nested "
+                        "too deeply); refused")
             return web.json_response({"error": "not a Slack event"}, status=400)
         if kind != "url_verification" and not self.ready():
             return web.json_response({"error": "not ready"}, status=503)  # Slack retries

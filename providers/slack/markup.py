@@ -1,5 +1,9 @@
 """Slack's markup dialect: mrkdwn (``chat.postMessage`` with ``mrkdwn=True``), written by
-:class:`SlackEmitter`; the provider declares :data:`SLACK_MRKDWN` in its capabilities."""
+:class:`SlackEmitter`; the provider declares :data:`SLACK_MRKDWN` in its capabilities.
+
+Model text never makes a special mention (``<!here>``, ``<!channel>``, ``<!everyone>``), a user
+or channel reference (``<@U…>``, ``<#C…>``): ``<`` and ``>`` in text are escaped, and a link is
+written as ``<url|text>`` only for http(s) and mailto targets (see ``render/links.py``)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from urllib.parse import quote
 from pluto.gateway.delivery.render.dialects import escape_html
 from pluto.gateway.delivery.render.emit import Emitter
 from pluto.gateway.delivery.render.ir import Inline, plain_text
+from pluto.gateway.delivery.render.links import link_allowed
 from pluto.gateway.delivery.render.stream import Open, Token, prefix_lines, wrap
 from pluto.gateway.delivery.render.stream import Text as Out
 from pluto.types import Dialect
@@ -31,6 +36,8 @@ class SlackEmitter(Emitter):
         return wrap(Open("`", "`", verbatim=True), [Out(escape_html(text))])
 
     def link(self, url: str, children: Sequence[Inline]) -> list[Token]:
+        if not link_allowed(url):  # "<!here|x>", "<@U…|x>", "<#C…|x>" would ping or mention
+            return self.inlines(children, in_span=True)
         target = escape_html(re.sub(r"[\s|<>]", lambda m: quote(m.group()), url))
         markup = Open(f"<{target}|", ">", fallback=f" ({escape_html(url)})")
         return wrap(markup, [Out(escape_html(" ".join(plain_text(children).split())))])

@@ -1,5 +1,8 @@
 """Telegram's markup dialect: the Bot API's HTML (``parse_mode=HTML``), written by
-:class:`TelegramEmitter`; the provider declares :data:`TELEGRAM_HTML` in its capabilities."""
+:class:`TelegramEmitter`; the provider declares :data:`TELEGRAM_HTML` in its capabilities.
+
+Links carry only http(s) and mailto targets (``tg://user?id=…`` would mention a user); any other
+target shows the link's text alone (see ``render/links.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from collections.abc import Sequence
 from pluto.gateway.delivery.render.dialects import escape_attr, escape_html
 from pluto.gateway.delivery.render.emit import Emitter
 from pluto.gateway.delivery.render.ir import Inline
+from pluto.gateway.delivery.render.links import link_allowed
 from pluto.gateway.delivery.render.stream import Open, Token, prefix_lines, wrap
 from pluto.gateway.delivery.render.stream import Text as Out
 from pluto.types import Dialect
@@ -32,6 +36,8 @@ class TelegramEmitter(Emitter):
         return wrap(Open("<code>", "</code>", verbatim=True), [Out(escape_html(text))])
 
     def link(self, url: str, children: Sequence[Inline]) -> list[Token]:
+        if not link_allowed(url):  # "tg://user?id=…" would mention a user
+            return self.inlines(children, in_span=True)
         markup = Open(f'<a href="{escape_attr(url)}">', "</a>", fallback=f" ({escape_html(url)})")
         return wrap(markup, self.inlines(children, in_span=True))
 

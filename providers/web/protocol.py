@@ -14,7 +14,6 @@ See the README for the full description.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import uuid
@@ -22,7 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pluto import jsonlimits
 from pluto.errors import PlutoError
+from pluto.jsonlimits import JsonTooDeep
 from pluto.types import (
     MessageDelta,
     MessageFinal,
@@ -93,7 +94,9 @@ def _is_text(value: str) -> bool:
 def parse_frame(raw: str, max_chars: int) -> ClientFrame:
     """One client frame, or :class:`ProtocolError` saying what is wrong with it."""
     try:
-        data = json.loads(raw)
+        data = jsonlimits.loads(raw)
+    except JsonTooDeep:
+        raise ProtocolError("bad_json", "That frame nests too deeply to be one of ours.") from None
     except ValueError:
         raise ProtocolError("bad_json", "That frame was not valid JSON.") from None
     if not isinstance(data, dict):
