@@ -323,3 +323,43 @@ async def test_healthz_answers_while_a_regex_bomb_is_sent(
     assert healthz == [200] * 20 and lag.samples > 10
     print(f"\nloop lag: worst {lag.worst * 1000:.1f} ms over {lag.samples} samples")
     assert lag.worst < 0.1, f"the event loop stalled for {lag.worst * 1000:.0f} ms"
+
+
+# 4. nothing fails open: an empty routes.yaml is a broken edit ---------------------------------------
+
+GUARDED = """\
+routes:
+  - {name: blocked, match: {user: mallory}, deny: true}
+  - {name: everyone, match: {provider: test}, agent: default}
+"""
+
+
+@pytest.mark.parametrize("text", ["", "   \n\n", "# halfway through a slow write\n",
+                                  "defaults: {rate_limit: {user: 1/minute}}\n", "{}\n"])
+def test_an_empty_or_keyless_routes_file_is_refused(tmp_path: Path, text: str) -> None:
+    from pluto.gateway.pipeline.routing import RoutingTable
+
+    (tmp_path / "routes.yaml").write_text(text)
+    with pytest.raises(ConfigError) as e:
+        RoutingTable.load(tmp_path / "routes.yaml", {"default"})
+    assert "neither 'routes:' nor 'default:'" in str(e.value)
+    (tmp_path / "routes.yaml").write_text("routes: []\n")  # a table without rules, said so
+    assert RoutingTable.load(tmp_path / "routes.yaml", {"default"}).spec.routes == []
+
+
+async def test_an_emptied_routes_file_keeps_the_last_good_table_serving(
+        config_dir: Path, data_dir: Path) -> None:
+    (config_dir / "routes.yaml").write_text(GUARDED)
+    cfg = PlutoConfig(data_dir=data_dir, gateway={"reload_interval_seconds": 0})
+    async with Gateway(config_dir, config=cfg, model_factory=ScriptedModel(fallback=echo)) as gw:
+        p = RecordingProvider("test")
+        gw.add_provider(p)
+        await p.running.wait()
+        assert gw.routes.decide(p.msg("hi", user="mallory")).outcome == "deny"
+        for text in ("", "# being written\n"):
+            (config_dir / "routes.yaml").write_text(text)
+            status = await gw.watcher.reload_now_async()
+            assert not status.ok and "neither 'routes:' nor 'default:'" in str(status.as_dict())
+            assert gw.routes.decide(p.msg("hi", user="mallory")).outcome == "deny"  # still
+        with pytest.raises(ConfigError):  # and a gateway never starts with one
+            Gateway(config_dir, config=cfg)
