@@ -12,7 +12,7 @@ import time
 
 from bench.common import Report
 
-SECTIONS = ("startup", "roundtrip", "memory", "data")
+SECTIONS = ("startup", "roundtrip", "streaming", "memory", "data")
 
 
 def main() -> int:
@@ -31,6 +31,9 @@ def main() -> int:
             case "roundtrip":
                 from bench import roundtrip
                 roundtrip.run(report, quick=args.quick)
+            case "streaming":
+                from bench import streaming
+                streaming.run(report, quick=args.quick)
             case "memory":
                 from bench import memory
                 memory.run(report, quick=args.quick)
