@@ -12,6 +12,7 @@ from tests.conformance.api_harness import ApiHarness
 from tests.conformance.cli_harness import CliHarness
 from tests.conformance.discord_harness import DiscordHarness
 from tests.conformance.harness import Harness
+from tests.conformance.matrix_harness import MatrixHarness
 from tests.conformance.slack_harness import SlackHttpHarness, SlackSocketHarness
 from tests.conformance.telegram_harness import TelegramHarness
 from tests.conformance.web_harness import WebHarness
@@ -27,6 +28,7 @@ HARNESSES: dict[str, type[Harness]] = {
     "web": WebHarness,
     "api": ApiHarness,
     "whatsapp": WhatsAppHarness,
+    "matrix": MatrixHarness,
 }
 
 

@@ -1,0 +1,381 @@
+"""The Matrix provider: a bot account on any homeserver, through mautrix's client API.
+
+Receiving: ``/sync`` long polling in our own loop (so a failure reaches the gateway's
+supervisor, and events are handled one after another, in order). The position is stored after
+each batch was recorded by intake (``sync_token.py``): a restart resumes where it stopped.
+Invitations are accepted (``auto_join``); rooms of two are direct chats; in larger rooms the bot
+answers mentions, replies to it and threads it takes part in; a thread is its own session.
+Files and images users send are downloaded into the data dir.
+Sending: ``org.matrix.custom.html`` with its plain body, images and files (uploaded to the media
+repository first), edits (``m.replace``) for streamed replies, the typing indicator, replies in
+the thread a message came from. Rate limits (``M_LIMIT_EXCEEDED``) carry the homeserver's
+``retry_after_ms``. End-to-end encrypted rooms are not supported: the bot says so in the log
+(once per room) and leaves their events alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from mautrix.client import ClientAPI
+from mautrix.errors import MatrixError
+from mautrix.types import EventType, RoomID
+
+from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable, RateLimited
+from pluto.gateway.ports import Intake, Provider, ProviderContext
+from pluto.providers.matrix.errors import HomeserverApi, provider_error, redact_secrets_in_logs
+from pluto.providers.matrix.inbound import (TEXT_TYPES, Event, mentions, to_incoming,
+                                            upload_path)
+from pluto.providers.matrix.markup import MATRIX_HTML, to_event_content
+from pluto.providers.matrix.settings import MatrixSettings, load_settings
+from pluto.providers.matrix.sync_token import SyncTokenFile
+from pluto.types import Attachment, Capabilities, OutgoingMessage
+
+log = logging.getLogger(__name__)
+
+FILTER = json.dumps({"presence": {"not_types": ["*"]}, "account_data": {"not_types": ["*"]},
+                     "room": {"timeline": {"limit": 100}, "ephemeral": {"not_types": ["*"]},
+                              "state": {"lazy_load_members": True}}})
+REMEMBERED = 4096
+CHUNK = 64 * 1024
+
+
+class MatrixProvider(Provider):
+    name = "matrix"
+    capabilities = Capabilities(max_message_length=4000, markup=MATRIX_HTML, can_edit=True,
+                                can_send_images=True, can_send_files=True, has_typing=True)
+
+    def __init__(self, settings: MatrixSettings, token: str, *, data_dir: Path):
+        redact_secrets_in_logs([token])
+        self.settings = settings
+        self._token = token
+        self.data_dir = data_dir
+        self.uploads = data_dir / "uploads" / "matrix"
+        self._client: ClientAPI | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._identity_lock = asyncio.Lock()
+        self.user_id: str | None = None
+        self.display_name: str | None = None
+        self._members: dict[str, int] = {}  # room → joined members (cached)
+        self._encrypted: set[str] = set()
+        self._mine: OrderedDict[str, bool] = OrderedDict()  # event → sent by the bot?
+        self._threads: set[str] = set()  # thread roots the bot takes part in
+        self._seen: OrderedDict[str, None] = OrderedDict()
+
+    @classmethod
+    def from_context(cls, ctx: ProviderContext) -> MatrixProvider:
+        settings, token = load_settings(ctx)
+        return cls(settings, token, data_dir=ctx.data_dir)
+
+    # lifecycle ---------------------------------------------------------------------------
+
+    def client(self) -> ClientAPI:
+        if self._client is None:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=10,
+                                            sock_read=self.settings.sync_timeout_seconds + 30)
+            self._session = aiohttp.ClientSession(timeout=timeout)
+            api = HomeserverApi(self.settings.homeserver, self._token,
+                                client_session=self._session,
+                                log=logging.getLogger("pluto.providers.matrix.http"))
+            self._client = ClientAPI(api=api)
+        return self._client
+
+    async def identity(self) -> str:
+        """The bot's user id (``whoami``, once) and display name."""
+        async with self._identity_lock:
+            if self.user_id is None:
+                try:
+                    who = await self.client().whoami()
+                except Exception as e:  # noqa: BLE001 - typed below
+                    error = provider_error(e)
+                    if isinstance(error, ProviderUnusable):
+                        error = ProviderUnusable(f"{error} (the token in "
+                                                 f"{self.settings.access_token_env})")
+                    raise error from None
+                wanted = self.settings.user_id
+                if wanted and who.user_id != wanted:
+                    raise ProviderUnusable(f"the token in {self.settings.access_token_env} "
+                                           f"belongs to {who.user_id}, not {wanted}")
+                try:
+                    self.display_name = await self.client().get_displayname(who.user_id)
+                except Exception as e:  # noqa: BLE001 - mentions by id still work
+                    log.debug("matrix: no display name: %s", provider_error(e))
+                self.user_id = str(who.user_id)
+            return self.user_id
+
+    async def run(self, intake: Intake) -> None:
+        me = await self.identity()
+        tokens = SyncTokenFile(self.data_dir, me)
+        since = await tokens.load()
+        log.info("matrix: %s connected to %s (%s)", me, self.settings.homeserver,
+                 "resuming" if since else "first start: earlier messages are not answered")
+        failures = 0
+        while True:
+            try:
+                data = await self.client().sync(
+                    since=since, timeout=int(self.settings.sync_timeout_seconds * 1000 if since
+                                             else 0), filter_id=FILTER)  # type: ignore[arg-type]
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - typed below
+                error = provider_error(e)
+                if isinstance(error, ProviderUnusable):
+                    raise error from None
+                failures += 1
+                delay = (error.retry_after if isinstance(error, RateLimited)
+                         else min(30.0, 2.0 ** failures))
+                log.warning("matrix: sync failed (%s); retrying in %.0fs", error, delay)
+                await asyncio.sleep(delay)
+                continue
+            await self._handle_sync(data, intake, initial=since is None)
+            token = data.get("next_batch")
+            if isinstance(token, str) and token:
+                since = token
+                await tokens.save(token)  # after intake recorded the batch's messages
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        self._session, self._client = None, None
+
+    # receiving ---------------------------------------------------------------------------
+
+    async def _handle_sync(self, data: dict[str, Any], intake: Intake, *, initial: bool) -> None:
+        rooms = data.get("rooms") if isinstance(data.get("rooms"), dict) else {}
+        for room_id in _dict(rooms.get("invite")):
+            await self._invited(room_id)
+        for room_id, room in _dict(rooms.get("join")).items():
+            room = room if isinstance(room, dict) else {}
+            count = _dict(room.get("summary")).get("m.joined_member_count")
+            if isinstance(count, int):
+                self._members[room_id] = count
+            for ev in _events(room.get("state")) + _events(room.get("timeline")):
+                self._note_state(room_id, ev)
+            if initial:
+                continue  # the history before the bot's first start is not answered
+            for ev in _events(room.get("timeline")):
+                if ev.get("type") == "m.room.message":
+                    await self._dispatch(Event(room_id, ev), intake)
+
+    async def _invited(self, room_id: str) -> None:
+        if not self.settings.auto_join:
+            return
+        try:
+            await self.client().join_room_by_id(RoomID(room_id))
+            log.info("matrix: joined %s (invited)", room_id)
+        except Exception as e:  # noqa: BLE001 - one room, not the provider
+            log.warning("matrix: could not join %s: %s", room_id, provider_error(e))
+
+    def _note_state(self, room_id: str, ev: dict[str, Any]) -> None:
+        kind = ev.get("type")
+        if kind == "m.room.member":
+            self._members.pop(room_id, None)  # counted again when needed
+        elif kind in ("m.room.encryption", "m.room.encrypted") and room_id not in self._encrypted:
+            self._encrypted.add(room_id)
+            log.warning("matrix: room %s is end-to-end encrypted; encrypted rooms are not "
+                        "supported, so the bot cannot read or answer messages there", room_id)
+
+    async def _dispatch(self, event: Event, intake: Intake) -> None:
+        """Hand one message to the gateway; a failure is logged, never fatal to receiving."""
+        if not event.id or event.id in self._seen:
+            return
+        try:
+            await self._receive(event, intake)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("matrix: handling event %s in %s failed", event.id, event.room_id)
+        self._seen[event.id] = None
+        while len(self._seen) > REMEMBERED:
+            self._seen.popitem(last=False)
+
+    async def _receive(self, event: Event, intake: Intake) -> None:
+        me = await self.identity()
+        if event.sender == me or event.is_edit or event.room_id in self._encrypted:
+            return
+        if event.msgtype not in TEXT_TYPES and event.file() is None:
+            return
+        direct = await self._is_direct(event.room_id)
+        addressed = direct or await self._addressed(event, me)
+        if not addressed and self.settings.room_messages == "mentions":
+            return
+        if addressed and event.thread_root:
+            self._threads.add(event.thread_root)
+        attachments: tuple[Attachment, ...] = ()
+        if event.file() is not None:
+            attachments, problem = await self._download(event)
+            if problem:
+                await self._quiet_notice(event, problem)
+        incoming = to_incoming(event, bot_id=me, bot_name=self.display_name, direct=direct,
+                               addressed=addressed, attachments=attachments)
+        if incoming.text or incoming.attachments:
+            await intake.submit(incoming)
+
+    async def _addressed(self, event: Event, me: str) -> bool:
+        if mentions(event, me, self.display_name):
+            return True
+        if event.thread_root and (event.thread_root in self._threads
+                                  or await self._is_mine(event.room_id, event.thread_root)):
+            return True
+        return bool(event.reply_to) and await self._is_mine(event.room_id, event.reply_to or "")
+
+    async def _is_direct(self, room_id: str) -> bool:
+        count = self._members.get(room_id)
+        if count is None:
+            try:
+                count = len(await self.client().get_joined_members(RoomID(room_id)))
+            except Exception as e:  # noqa: BLE001 - treat it as a room, answer mentions only
+                log.warning("matrix: members of %s unknown: %s", room_id, provider_error(e))
+                return False
+            self._members[room_id] = count
+        return count <= 2
+
+    async def _is_mine(self, room_id: str, event_id: str) -> bool:
+        known = self._mine.get(event_id)
+        if known is None:
+            try:
+                found = await self.client().get_event(RoomID(room_id), event_id)  # type: ignore[arg-type]
+                known = str(found.sender) == self.user_id
+            except Exception as e:  # noqa: BLE001 - not provably the bot's
+                log.debug("matrix: event %s not read: %s", event_id, provider_error(e))
+                return False
+            self._remember(event_id, known)
+        return known
+
+    def _remember(self, event_id: str, mine: bool) -> None:
+        self._mine[event_id] = mine
+        while len(self._mine) > REMEMBERED:
+            self._mine.popitem(last=False)
+
+    async def _download(self, event: Event) -> tuple[tuple[Attachment, ...], str | None]:
+        found = event.file()
+        assert found is not None
+        url, name, mime, size, kind = found
+        limit = int(self.settings.max_download_mb * 1024 * 1024)
+        too_large = (f"The file {name} is too large for me to read (the limit is "
+                     f"{self.settings.max_download_mb:g} MB).")
+        if size > limit:
+            return (), too_large
+        path = upload_path(self.uploads, event, name)
+        try:
+            await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+            got = await self._fetch(url, path, limit)
+        except _TooLarge:
+            await asyncio.to_thread(path.unlink, missing_ok=True)
+            return (), too_large
+        except Exception as e:  # noqa: BLE001 - told to the person below
+            await asyncio.to_thread(path.unlink, missing_ok=True)
+            log.warning("matrix: downloading %s in %s failed: %s", name, event.room_id,
+                        provider_error(e))
+            return (), f"I could not download the file {name}; please send it again."
+        return (Attachment(filename=name, mime_type=mime, size=got, path=path, kind=kind),), None
+
+    async def _fetch(self, mxc: str, path: Path, limit: int) -> int:
+        """An authenticated media download (Matrix 1.11), streamed to ``path``."""
+        client = self.client()
+        url = client.api.get_download_url(mxc, authenticated=True)
+        size = 0
+        async with client.api.session.get(url, headers={
+                "Authorization": f"Bearer {self._token}"}) as r:
+            r.raise_for_status()
+            with await asyncio.to_thread(path.open, "wb") as out:
+                async for block in r.content.iter_chunked(CHUNK):
+                    size += len(block)
+                    if size > limit:
+                        raise _TooLarge()
+                    await asyncio.to_thread(out.write, block)
+        return size
+
+    async def _quiet_notice(self, event: Event, text: str) -> None:
+        try:
+            await self.send(OutgoingMessage(chat_id=event.room_id, text=text, kind="notice",
+                                            thread_id=event.thread_root))
+        except ProviderError as e:
+            log.warning("matrix: could not tell %s: %s", event.room_id, e)
+
+    # sending -----------------------------------------------------------------------------
+
+    async def send(self, message: OutgoingMessage) -> str | None:
+        first: str | None = None
+        if message.text:
+            content = to_event_content(message.text, message.markup)
+            if message.kind == "notice":
+                content["msgtype"] = "m.notice"
+            first = await self._send(message, content)
+        for attachment in message.attachments:
+            sent = await self._send(message, await self._file_content(attachment))
+            first = first or sent
+        if first is None:
+            raise DeliveryRefused("an empty message cannot be sent")
+        return first
+
+    async def edit(self, message: OutgoingMessage) -> None:
+        assert message.edit_of is not None
+        new = to_event_content(message.text, message.markup)
+        content: dict[str, Any] = {
+            "msgtype": "m.text", "body": f"* {new['body']}", "m.new_content": new,
+            "m.relates_to": {"rel_type": "m.replace", "event_id": message.edit_of}}
+        if "formatted_body" in new:
+            content |= {"format": new["format"], "formatted_body": f"* {new['formatted_body']}"}
+        await self._call(self.client().send_message_event(
+            RoomID(message.chat_id), EventType.ROOM_MESSAGE, content))
+
+    async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
+        await self.identity()
+        await self._call(self.client().set_typing(RoomID(chat_id), timeout=30000))
+
+    async def _send(self, message: OutgoingMessage, content: dict[str, Any]) -> str:
+        if not message.chat_id.startswith("!"):
+            raise DeliveryRefused(f"{message.chat_id!r} is not a Matrix room id")
+        content["m.mentions"] = {}  # a reply never pings anyone by itself
+        if message.thread_id:
+            content["m.relates_to"] = {
+                "rel_type": "m.thread", "event_id": message.thread_id, "is_falling_back": True,
+                "m.in_reply_to": {"event_id": message.answers or message.thread_id}}
+            self._threads.add(message.thread_id)
+        elif message.reply_to:
+            content["m.relates_to"] = {"m.in_reply_to": {"event_id": message.reply_to}}
+        event_id = str(await self._call(self.client().send_message_event(
+            RoomID(message.chat_id), EventType.ROOM_MESSAGE, content)))
+        self._remember(event_id, True)
+        return event_id
+
+    async def _file_content(self, attachment: Attachment) -> dict[str, Any]:
+        if attachment.path is None:
+            raise DeliveryRefused(f"the file {attachment.filename} has no path")
+        try:
+            data = await asyncio.to_thread(attachment.path.read_bytes)
+        except OSError:
+            raise DeliveryRefused(f"the file {attachment.filename} can no longer be read") from None
+        mxc = await self._call(self.client().upload_media(
+            data, mime_type=attachment.mime_type, filename=attachment.filename))
+        image = attachment.kind == "image" and attachment.mime_type.startswith("image/")
+        return {"msgtype": "m.image" if image else "m.file", "body": attachment.filename,
+                "filename": attachment.filename, "url": str(mxc),
+                "info": {"mimetype": attachment.mime_type, "size": len(data)}}
+
+    async def _call(self, coro: Any) -> Any:
+        try:
+            return await coro
+        except (MatrixError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+            raise provider_error(e) from None
+
+
+class _TooLarge(ProviderError):
+    """A download went past the size limit."""
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _events(section: Any) -> list[dict[str, Any]]:
+    events = section.get("events") if isinstance(section, dict) else None
+    return [e for e in events if isinstance(e, dict)] if isinstance(events, list) else []
