@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,11 +49,12 @@ class _Entry:
 
 class AgentRegistry:
     def __init__(self, *dirs: Path, cache_size: int = 256, recheck_seconds: float = 0.25,
-                 key_envs: Collection[str] = (), known_tools: Collection[str] | None = None):
+                 key_envs: Collection[str] = (),
+                 known_tools: Collection[str] | Callable[[], Collection[str]] | None = None):
         self.dirs = list(dirs)
         self.key_envs = frozenset(key_envs)  # what an agent may name in api_key_env
-        # the tools an agent may list (None: not checked here, only when it runs)
-        self.known_tools = None if known_tools is None else frozenset(known_tools)
+        # the tools an agent may list, or a function that tells them (None: not checked)
+        self.known_tools = known_tools
         self.cache_size = cache_size
         self.recheck_seconds = recheck_seconds  # files are looked at no more often than this
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
@@ -121,7 +122,7 @@ class AgentRegistry:
                 self._touch(name)
             return kept.spec
         try:
-            spec = load_checked(agent_dir, self.key_envs, self.known_tools)
+            spec = load_checked(agent_dir, self.key_envs, self._known_tools())
         except ConfigError as e:
             self._broken(name, e, stamp, kept)
             if kept is not None:
@@ -174,7 +175,11 @@ class AgentRegistry:
         agent_dir = self.dir_of(name)
         if agent_dir is None:
             raise UnknownAgent(name)
-        return load_checked(agent_dir, self.key_envs, self.known_tools)
+        return load_checked(agent_dir, self.key_envs, self._known_tools())
+
+    def _known_tools(self) -> Collection[str] | None:
+        known = self.known_tools
+        return known() if callable(known) else known
 
     def allow_key_envs(self, key_envs: Collection[str]) -> None:
         """``agents.api_key_envs`` changed in pluto.yaml: every agent is looked at again."""

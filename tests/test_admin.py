@@ -78,7 +78,7 @@ async def test_no_key_wrong_key_right_key(admin: Admin, caplog) -> None:
                                   headers={"Authorization": wrong}) as r:
             assert r.status == 401 and r.headers["WWW-Authenticate"].startswith("Bearer")
     status, body = await admin.call("GET", "/admin/agents")
-    assert status == 200 and [a["name"] for a in body["agents"]] == ["default"]
+    assert status == 200 and [a["name"] for a in body["agents"]] == ["cook", "default"]
     status, body = await admin.call("GET", "/admin/")
     assert status == 200 and "/admin/agents/{name}" in body["endpoints"]
     assert KEY not in caplog.text
@@ -165,11 +165,11 @@ async def test_config_agents_are_listed_overridden_but_not_deleted(admin: Admin)
     assert await admin.p.wait_finals(1) == ["new: hi"]
     assert (await admin.call("DELETE", "/admin/agents/default"))[0] == 204  # the override only
     status, body = await admin.call("GET", "/admin/agents")
-    assert body["agents"][0]["source"] == "config" and body["total"] == 1
+    assert body["agents"][0]["source"] == "config" and body["total"] == 2  # cook, default
     for name in ("a1", "a2", "a3"):
         await admin.call("PUT", f"/admin/agents/{name}", json={"agent": {}})
     status, body = await admin.call("GET", "/admin/agents?offset=1&limit=2")
-    assert [a["name"] for a in body["agents"]] == ["a2", "a3"] and body["total"] == 4
+    assert [a["name"] for a in body["agents"]] == ["a2", "a3"] and body["total"] == 5
 
 
 @pytest.mark.parametrize("path, body, status, words", [

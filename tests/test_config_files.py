@@ -156,14 +156,14 @@ async def test_the_registry_reads_in_a_worker_thread(config_dir: Path, monkeypat
         return real(self, name)
 
     monkeypatch.setattr(AgentRegistry, "get", spying_get)
-    assert await registry.list_names() == ["default"]
+    assert await registry.list_names() == ["cook", "default"]
     spec = await registry.load("default")
     assert spec.name == "default" and threads and loop_thread not in threads
     threads.clear()
     assert await registry.load("default") is spec  # looked at a moment ago: from memory
     assert threads == []
     write_agent(config_dir, "other", "description: other\n", "hi")
-    assert await registry.list_names() == ["default", "other"]
+    assert await registry.list_names() == ["cook", "default", "other"]
     with pytest.raises(Exception) as e:
         await registry.load("nobody")
     assert type(e.value).__name__ == "UnknownAgent"

@@ -413,3 +413,44 @@ async def test_streamable_http_with_a_header_from_the_environment(runner, fake, 
         assert "web_weather" not in offered(fake.requests[-1])
         assert any(h["state"] == "down" for h in hub.health().values())
         await hub.aclose()  # before the server's thread stops
+
+
+# --- the example agent, through the gateway ----------------------------------------------------
+
+async def test_the_example_agent_converts_through_the_gateway_and_readyz_shows_its_server(
+        fake, config_dir, data_dir, monkeypatch):
+    import aiohttp
+
+    from pluto.gateway.app import Gateway
+    from pluto.settings import PlutoConfig
+    from pluto.types import MARKDOWN, Capabilities
+    from tests.helpers.gateway import RecordingProvider
+
+    monkeypatch.setenv("PLUTO_API_KEY", KEY)
+    (config_dir / "routes.yaml").write_text("routes: []\ndefault: cook\n")
+    cfg = PlutoConfig(data_dir=data_dir, models={"default": {
+        "model": "openai/fake", "api_base": fake.base_url, "api_key_env": "PLUTO_API_KEY",
+        "retries": 0, "timeout": 10}})
+    fake.script(Reply(tool_calls=[ToolCall("load_skill", {"name": "recipe-card"}),
+                                  ToolCall("kitchen_convert", {"value": 1, "from_unit": "cup",
+                                                               "to_unit": "ml"}, id="c2")]),
+                Reply(text="1 cup is about 237 ml."))
+    async with Gateway(config_dir, config=cfg, serve=True, http_bind=("127.0.0.1", 0)) as gw:
+        provider = RecordingProvider(capabilities=Capabilities(max_message_length=4000,
+                                                               markup=MARKDOWN))
+        gw.add_provider(provider)
+        await provider.running.wait()
+        await provider.say("How many ml in a cup?")
+        assert await provider.wait_finals(1, timeout=30) == ["1 cup is about 237 ml."]
+        tools = offered(fake.requests[0])
+        assert {"kitchen_convert", "kitchen_scale", "load_skill", "current_time"} == tools
+        assert "recipe-card: How to present a recipe" in \
+            fake.requests[0]["messages"][0]["content"]
+        skill, converted = fake.requests[1]["messages"][-2:]
+        assert skill["content"].startswith("# Recipe card")
+        assert converted["content"] == "1 cup = 237 ml"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{gw.http.url}/readyz") as r:
+                body = await r.json()
+        [kitchen] = [v for k, v in body["checks"]["mcp"].items() if k.startswith("kitchen@")]
+        assert kitchen == {"state": "ready", "tools": 2, "calls": 0}

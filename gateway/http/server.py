@@ -60,6 +60,7 @@ class HttpServer:
             "providers": {name: h.state for name, h in gw.health.items()},
             "intake": {name: q.waiting for name, q in gw.intakes.items()},  # not yet handled
         }
+        checks.update({name: report() for name, report in gw.health_reports.items()})
         ready = gw.ready
         return web.json_response({"status": "ready" if ready else "not ready",
                                   "instance": gw.instance, "checks": checks},
