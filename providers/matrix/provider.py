@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from mautrix.api import Method, Path
 from mautrix.client import ClientAPI
 from mautrix.errors import MatrixError
 from mautrix.types import EventType, RoomID
@@ -43,6 +44,7 @@ FILTER = json.dumps({"presence": {"not_types": ["*"]}, "account_data": {"not_typ
                      "room": {"timeline": {"limit": 100}, "ephemeral": {"not_types": ["*"]},
                               "state": {"lazy_load_members": True}}})
 REMEMBERED = 4096
+MAX_BACKFILL = 1000  # missed messages fetched for one room after a gap
 CHUNK = 64 * 1024
 
 
@@ -65,7 +67,7 @@ class MatrixProvider(Provider):
         self._members: dict[str, int] = {}  # room → joined members (cached)
         self._encrypted: set[str] = set()
         self._mine: OrderedDict[str, bool] = OrderedDict()  # event → sent by the bot?
-        self._threads: set[str] = set()  # thread roots the bot takes part in
+        self._threads: OrderedDict[str, None] = OrderedDict()  # threads the bot is part of
         self._seen: OrderedDict[str, None] = OrderedDict()
 
     @classmethod
@@ -134,7 +136,7 @@ class MatrixProvider(Provider):
                 log.warning("matrix: sync failed (%s); retrying in %.0fs", error, delay)
                 await asyncio.sleep(delay)
                 continue
-            await self._handle_sync(data, intake, initial=since is None)
+            await self._handle_sync(data, intake, since=since)
             token = data.get("next_batch")
             if isinstance(token, str) and token:
                 since = token
@@ -147,7 +149,8 @@ class MatrixProvider(Provider):
 
     # receiving ---------------------------------------------------------------------------
 
-    async def _handle_sync(self, data: dict[str, Any], intake: Intake, *, initial: bool) -> None:
+    async def _handle_sync(self, data: dict[str, Any], intake: Intake, *,
+                           since: str | None) -> None:
         rooms = data.get("rooms") if isinstance(data.get("rooms"), dict) else {}
         for room_id in _dict(rooms.get("invite")):
             await self._invited(room_id)
@@ -158,11 +161,38 @@ class MatrixProvider(Provider):
                 self._members[room_id] = count
             for ev in _events(room.get("state")) + _events(room.get("timeline")):
                 self._note_state(room_id, ev)
-            if initial:
+            if since is None:
                 continue  # the history before the bot's first start is not answered
-            for ev in _events(room.get("timeline")):
+            timeline = _dict(room.get("timeline"))
+            gap: list[dict[str, Any]] = []
+            if timeline.get("limited") and isinstance(timeline.get("prev_batch"), str):
+                gap = await self._backfill(room_id, timeline["prev_batch"], since)
+            for ev in gap + _events(timeline):
                 if ev.get("type") == "m.room.message":
                     await self._dispatch(Event(room_id, ev), intake)
+
+    async def _backfill(self, room_id: str, prev_batch: str, since: str) -> list[dict[str, Any]]:
+        """The events a cut timeline left out (between ``since`` and ``prev_batch``), oldest
+        first, so a busy room or a long absence loses no message."""
+        found: list[dict[str, Any]] = []
+        token: str | None = prev_batch
+        while token and len(found) < MAX_BACKFILL:
+            try:
+                page = await self.client().api.request(
+                    Method.GET, Path.v3.rooms[room_id].messages,
+                    query_params={"dir": "b", "from": token, "to": since, "limit": "100",
+                                  "filter": json.dumps({"types": ["m.room.message"]})})
+            except Exception as e:  # noqa: BLE001 - what came in the sync is still handled
+                log.warning("matrix: could not fetch the messages missed in %s: %s", room_id,
+                            provider_error(e))
+                break
+            chunk = [e for e in page.get("chunk") or [] if isinstance(e, dict)]
+            found += chunk
+            token = page.get("end") if chunk else None
+        if len(found) >= MAX_BACKFILL:
+            log.warning("matrix: more than %d messages were missed in %s; the oldest are not "
+                        "answered", MAX_BACKFILL, room_id)
+        return list(reversed(found))
 
     async def _invited(self, room_id: str) -> None:
         if not self.settings.auto_join:
@@ -206,8 +236,8 @@ class MatrixProvider(Provider):
         addressed = direct or await self._addressed(event, me)
         if not addressed and self.settings.room_messages == "mentions":
             return
-        if addressed and event.thread_root:
-            self._threads.add(event.thread_root)
+        if addressed:  # a thread on a message to the bot, or one it was called into
+            self._join_thread(event.thread_root or event.id)
         attachments: tuple[Attachment, ...] = ()
         if event.file() is not None:
             attachments, problem = await self._download(event)
@@ -248,6 +278,11 @@ class MatrixProvider(Provider):
                 return False
             self._remember(event_id, known)
         return known
+
+    def _join_thread(self, root: str) -> None:
+        self._threads[root] = None
+        while len(self._threads) > REMEMBERED:
+            self._threads.popitem(last=False)
 
     def _remember(self, event_id: str, mine: bool) -> None:
         self._mine[event_id] = mine
@@ -339,7 +374,7 @@ class MatrixProvider(Provider):
             content["m.relates_to"] = {
                 "rel_type": "m.thread", "event_id": message.thread_id, "is_falling_back": True,
                 "m.in_reply_to": {"event_id": message.answers or message.thread_id}}
-            self._threads.add(message.thread_id)
+            self._join_thread(message.thread_id)
         elif message.reply_to:
             content["m.relates_to"] = {"m.in_reply_to": {"event_id": message.reply_to}}
         event_id = str(await self._call(self.client().send_message_event(
