@@ -126,6 +126,7 @@ class TaskRow:
     additional_input: dict[str, Any]
     created_at: float
     requested_agent: str | None = None  # the agent the client asked for (a routing hint)
+    owner: str | None = None  # the name of the API key that made it (None: from before names)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,8 @@ from pluto.errors import ConfigError
 from pluto.gateway.ports import (ChatDirectory, HttpMount, Intake, Provider, ProviderContext,
                                  RunFeed)
 from pluto.providers.api import views
-from pluto.providers.api.auth import CALLER, ApiSettings, Guard, load_keys, load_settings
+from pluto.providers.api.auth import (CALLER, IS_ADMIN, ApiKey, ApiSettings, Guard, load_keys,
+                                      load_settings)
 from pluto.providers.api.openapi import openapi_document
 from pluto.providers.api.sse import EventStreams
 from pluto.providers.api.steps import Steps
@@ -40,7 +41,7 @@ class ApiProvider(Provider):
     capabilities = Capabilities(max_message_length=1_000_000, markup=MARKDOWN,
                                 streams_deltas=True)
 
-    def __init__(self, settings: ApiSettings, keys: list[bytes], *, chats: ChatDirectory,
+    def __init__(self, settings: ApiSettings, keys: list[ApiKey], *, chats: ChatDirectory,
                  runs: RunReader, tasks: TaskStore, feed: RunFeed):
         self.settings = settings
         self.chats = chats
@@ -50,7 +51,7 @@ class ApiProvider(Provider):
         self.steps = Steps(tasks, feed)
         self._intake: Intake | None = None
         self._ready = asyncio.Event()
-        self._guard = Guard(keys, self._ready)
+        self._guard = Guard(keys, self._ready, settings.admin_keys)
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> ApiProvider:
@@ -151,7 +152,8 @@ class ApiProvider(Provider):
         extra = views.additional_input(data)
         requested = views.agent_name(data)
         agent = await self._check_route(requested, text)
-        task = await self.tasks.create_task(agent, text, extra, requested)
+        task = await self.tasks.create_task(agent, text, extra, requested,
+                                            owner=request[CALLER])
         step = await self.tasks.add_step(task.id, text, extra)
         await self._enter(request, task.id, requested, step)
         step = await self.steps.wait(step, wait) if wait else (
@@ -172,10 +174,18 @@ class ApiProvider(Provider):
         return web.json_response(await views.step_view(self.runs, step), status=201)
 
     async def _task(self, request: web.Request) -> TaskRow:
+        """The task, when the caller's key made it (or is an admin key): another key's task is
+        answered exactly like one that does not exist."""
         task = await self.tasks.task(request.match_info["task_id"])
-        if task is None:
+        if task is None or not self._may_see(request, task):
             raise ApiError(404, "not_found", "There is no task with that id.")
         return task
+
+    @staticmethod
+    def _may_see(request: web.Request, task: TaskRow | None) -> bool:
+        if request[IS_ADMIN]:
+            return True
+        return task is not None and task.owner is not None and task.owner == request[CALLER]
 
     async def _get_task(self, request: web.Request) -> web.Response:
         task = await self._task(request)
@@ -184,7 +194,8 @@ class ApiProvider(Provider):
 
     async def _list_tasks(self, request: web.Request) -> web.Response:
         number, size = views.page(request)
-        rows, total = await self.tasks.tasks((number - 1) * size, size)
+        owner = None if request[IS_ADMIN] else request[CALLER]  # None: every key's tasks
+        rows, total = await self.tasks.tasks((number - 1) * size, size, owner=owner)
         items = [await views.task_view(self.runs, t, await self.tasks.last_step(t.id))
                  for t in rows]
         return web.json_response({"tasks": items,
@@ -211,7 +222,11 @@ class ApiProvider(Provider):
         after = views.int_query(request, "after", 0, 0, 10_000_000)
         if last is not None:
             after = int(last) if last.isdigit() and len(last) < 9 else after
-        if await self.runs.run(run_id) is None and not await self.tasks.has_run(run_id):
+        if request[IS_ADMIN]:
+            known = await self.runs.run(run_id) is not None or await self.tasks.has_run(run_id)
+        else:  # only the runs of the caller's own tasks
+            known = self._may_see(request, await self.tasks.task_of_run(run_id))
+        if not known:
             raise ApiError(404, "not_found", "There is no run with that id.")
         return await self.streams.stream(request, run_id, after)
 

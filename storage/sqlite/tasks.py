@@ -44,6 +44,11 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX api_steps_run ON api_steps(run_id);
     """,
+    # tasks belong to the API key that made them (by its name)
+    """
+    ALTER TABLE api_tasks ADD COLUMN owner TEXT;
+    CREATE INDEX api_tasks_owner ON api_tasks(owner, created_at);
+    """,
 ]
 
 ORPHANED = "The gateway restarted before this step could run; send it again."
@@ -51,7 +56,7 @@ ORPHANED = "The gateway restarted before this step could run; send it again."
 
 def _task(r: Any) -> TaskRow:
     return TaskRow(r["id"], r["agent"], r["input"], json.loads(r["additional_input"]),
-                   r["created_at"], r["requested_agent"])
+                   r["created_at"], r["requested_agent"], r["owner"])
 
 
 def _step(r: Any) -> StepRow:
@@ -72,27 +77,38 @@ class SqliteTasks:
             " WHERE status = 'created' AND run_id IS NULL", (ORPHANED, time.time())))
 
     async def create_task(self, agent: str | None, text: str, additional_input: dict[str, Any],
-                          requested_agent: str | None = None) -> TaskRow:
+                          requested_agent: str | None = None,
+                          owner: str | None = None) -> TaskRow:
         row = TaskRow(uuid.uuid4().hex, agent, text, additional_input, time.time(),
-                      requested_agent)
+                      requested_agent, owner)
         await self.engine.write((
             "INSERT INTO api_tasks (id, agent, requested_agent, input, additional_input,"
-            " created_at) VALUES (?,?,?,?,?,?)",
+            " created_at, owner) VALUES (?,?,?,?,?,?,?)",
             (row.id, agent, requested_agent, text, json.dumps(additional_input),
-             row.created_at)))
+             row.created_at, owner)))
         return row
 
     async def task(self, task_id: str) -> TaskRow | None:
         row = await self.engine.fetchone("SELECT * FROM api_tasks WHERE id = ?", (task_id,))
         return _task(row) if row is not None else None
 
-    async def tasks(self, offset: int, limit: int) -> tuple[list[TaskRow], int]:
+    async def tasks(self, offset: int, limit: int,
+                    owner: str | None = None) -> tuple[list[TaskRow], int]:
+        where, params = ("WHERE owner = ?", (owner,)) if owner is not None else ("", ())
+
         def page(conn: Any) -> tuple[list[TaskRow], int]:
-            rows = conn.execute("SELECT * FROM api_tasks ORDER BY created_at DESC, id"
-                                " LIMIT ? OFFSET ?", (limit, offset)).fetchall()
-            total = conn.execute("SELECT COUNT(*) FROM api_tasks").fetchone()[0]
+            rows = conn.execute(f"SELECT * FROM api_tasks {where} ORDER BY created_at DESC, id"
+                                " LIMIT ? OFFSET ?", (*params, limit, offset)).fetchall()
+            total = conn.execute(f"SELECT COUNT(*) FROM api_tasks {where}",
+                                 params).fetchone()[0]
             return [_task(r) for r in rows], total
         return await self.engine.read(page)
+
+    async def task_of_run(self, run_id: str) -> TaskRow | None:
+        row = await self.engine.fetchone(
+            "SELECT t.* FROM api_tasks t JOIN api_steps s ON s.task_id = t.id"
+            " WHERE s.run_id = ? LIMIT 1", (run_id,))
+        return _task(row) if row is not None else None
 
     async def add_step(self, task_id: str, text: str,
                        additional_input: dict[str, Any]) -> StepRow:
