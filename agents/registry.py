@@ -122,7 +122,7 @@ class AgentRegistry:
                 self._touch(name)
             return kept.spec
         try:
-            spec = load_checked(agent_dir, self.key_envs, self._known_tools())
+            spec = load_checked(agent_dir, self.key_envs, self.known_tool_names())
         except ConfigError as e:
             self._broken(name, e, stamp, kept)
             if kept is not None:
@@ -175,9 +175,10 @@ class AgentRegistry:
         agent_dir = self.dir_of(name)
         if agent_dir is None:
             raise UnknownAgent(name)
-        return load_checked(agent_dir, self.key_envs, self._known_tools())
+        return load_checked(agent_dir, self.key_envs, self.known_tool_names())
 
-    def _known_tools(self) -> Collection[str] | None:
+    def known_tool_names(self) -> Collection[str] | None:
+        """What ``tools:`` may name (None: not checked)."""
         known = self.known_tools
         return known() if callable(known) else known
 

@@ -54,8 +54,10 @@ def agent(tmp_path: Path, mcp: dict, name: str = "helper", key_envs: tuple = (),
 
 @pytest.fixture
 async def fake():
+    from pluto.runtime.openai_compat import close_sessions
     async with FakeOpenAI(api_key=KEY) as server:
         yield server
+    await close_sessions()  # the model's pooled connections
 
 
 @pytest.fixture
@@ -454,3 +456,30 @@ async def test_the_example_agent_converts_through_the_gateway_and_readyz_shows_i
                 body = await r.json()
         [kitchen] = [v for k, v in body["checks"]["mcp"].items() if k.startswith("kitchen@")]
         assert kitchen == {"state": "ready", "tools": 2, "calls": 0}
+
+
+async def test_the_admin_api_refuses_stdio_servers_and_unknown_tools(config_dir, data_dir,
+                                                                    monkeypatch):
+    import aiohttp
+
+    from tests.test_admin import KEY as ADMIN_KEY, Admin, make_admin
+
+    monkeypatch.setenv("PLUTO_ADMIN_KEY", ADMIN_KEY)
+    gw, p = await make_admin(config_dir, data_dir)
+    try:
+        async with aiohttp.ClientSession() as http:
+            admin = Admin(gw, http, p)
+            status, body = await admin.call("PUT", "/admin/agents/local", json={
+                "agent": {"mcp": {"sh": {"command": "sh", "args": ["-c", "id"]}}}})
+            assert status == 422 and body["problems"][0]["field"] == "mcp.sh.command"
+            assert "run programs on the gateway's host" in body["problems"][0]["message"]
+            status, body = await admin.call("PUT", "/admin/agents/typo", json={
+                "agent": {"tools": ["current_time", "run_sqll"]}})
+            assert status == 422 and body["problems"][0]["field"] == "tools.1"
+            status, _ = await admin.call("PUT", "/admin/agents/remote", json={
+                "agent": {"tools": ["run_sql"], "mcp": {"wiki": {
+                    "url": "https://wiki.example/mcp"}}}})
+            assert status == 201
+            assert not (data_dir / "agents" / "local").exists()
+    finally:
+        await gw.stop()

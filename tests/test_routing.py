@@ -243,7 +243,7 @@ def test_routes_check_and_explain_commands(config_dir: Path, data_dir: Path) -> 
         "routes:\n  - {name: grp, match: {provider: telegram, direct: false}, agent: support,"
         " require_mention: true}\n  - {name: no-slack, match: {provider: slack}, deny: true}\n")
     ok = _pluto("routes", "check", config=config_dir, data=data_dir)
-    assert ok.returncode == 0 and "2 rule(s), default agent 'default'; 2 agent(s)" in ok.stdout
+    assert ok.returncode == 0 and "2 rule(s), default agent 'default'; 3 agent(s)" in ok.stdout
     out = _pluto("routes", "explain", "--provider", "telegram", "--chat", "123", "--user", "42",
                  "--group", "--mention", "--text", "hi", config=config_dir, data=data_dir)
     assert out.returncode == 0, out.stderr

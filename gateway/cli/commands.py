@@ -155,9 +155,11 @@ async def _serve(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) 
 
 def _agents(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
     from pluto.agents.registry import AgentRegistry
+    from pluto.runtime.catalog import standard_tools
 
     registry = AgentRegistry(args.config / "agents", data_dir / "agents",
-                             key_envs=config.agents.api_key_envs)
+                             key_envs=config.agents.api_key_envs,
+                             known_tools=standard_tools().keys())
     failed = False
     for name in registry.names():
         try:

@@ -11,13 +11,15 @@ from pluto.errors import ConfigError
 from pluto.gateway.cli.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from pluto.gateway.pipeline.explain import explain, message_from, unreachable
 from pluto.gateway.reload import load_routes
+from pluto.runtime.catalog import standard_tools
 from pluto.settings import PlutoConfig
 from pluto.storage.sqlite import approved_sync
 
 
 def routes_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
     registry = AgentRegistry(args.config / "agents", data_dir / "agents",
-                             key_envs=config.agents.api_key_envs)
+                             key_envs=config.agents.api_key_envs,
+                             known_tools=standard_tools().keys())
     try:
         table = load_routes(args.config, registry)
     except ConfigError as e:

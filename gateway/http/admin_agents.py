@@ -102,7 +102,13 @@ async def save(gw: Gateway, agent: AgentFiles) -> bool:
     async with _lock(gw):
         staged = await asyncio.to_thread(stage_agent, root, agent.name, agent.files)
         try:
-            load_checked(staged, gw.registry.key_envs)
+            spec = load_checked(staged, gw.registry.key_envs, gw.registry.known_tool_names())
+            local = [s.name for s in spec.mcp if s.settings.command is not None]
+            if local:  # a program on this host: only the config directory's files may say so
+                raise ConfigError([(str(staged / "agent.yaml"), None, f"mcp.{local[0]}.command",
+                                    "stdio MCP servers run programs on the gateway's host: "
+                                    "declare them in the config directory's agent files; "
+                                    "through the admin API use url (streamable HTTP)")])
         except ConfigError as e:
             discard_staged(staged)
             final = str(root / agent.name)
