@@ -118,6 +118,15 @@ class DataConfig(Strict):
     max_upload_mb: float = Field(default=100, gt=0, le=100_000)  # files sent in a chat
     query_timeout_seconds: float = Field(default=10, gt=0, le=3600)
     query_memory_mb: int = Field(default=256, ge=16, le=1_000_000)
+    # loading a file (in a child process): beyond these it is refused or stopped
+    ingest_max_rows: int = Field(default=100_000_000, ge=1)
+    ingest_max_columns: int = Field(default=2_000, ge=1, le=100_000)
+    ingest_memory_mb: int = Field(default=1024, ge=64, le=1_000_000)
+    ingest_timeout_seconds: float = Field(default=600, gt=0, le=86_400)
+    # files sent in chats (uploads/) and results and charts (artifacts/): kept this long, and
+    # at most this much together (the oldest go first); datasets stay until removed
+    keep_files_days: float = Field(default=30, gt=0)
+    keep_files_max_mb: float = Field(default=2048, gt=0)
 
     @field_validator("datasets")
     @classmethod

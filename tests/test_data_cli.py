@@ -144,3 +144,152 @@ def test_the_cli_parser_stays_light() -> None:
                           "--help"], capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert out.returncode == 0 and "add" in out.stdout and "share" in out.stdout
     assert " duckdb" not in out.stderr and " matplotlib" not in out.stderr
+
+
+# ---- issue 17: NA is NULL, options for the rest, a name clash refused --------------------
+
+
+def test_na_markers_are_null_and_avg_works(config_dir: Path, data_dir: Path,
+                                           tmp_path: Path) -> None:
+    """R-style NA (as in nycflights13's CSVs), N/A, NULL and empty fields load as NULL, so a
+    numeric column stays numeric."""
+    flights = tmp_path / "flights.csv"
+    flights.write_text("year,dep_delay,carrier,tailnum\n2013,2,UA,N14228\n2013,NA,AA,NA\n"
+                       "2013,-4,N/A,\n2013,NULL,B6,N619AA\n")
+    added = pluto("add", str(flights), config=config_dir, data_dir=data_dir)
+    assert added.returncode == 0, added.stderr
+    info = Warehouse(data_dir / "datasets").get("flights")
+    assert {c.name: c.type for c in info.columns} == {
+        "year": "BIGINT", "dep_delay": "BIGINT", "carrier": "VARCHAR", "tailnum": "VARCHAR"}
+    import asyncio
+
+    result = asyncio.run(Warehouse(data_dir / "datasets").query(
+        "SELECT avg(dep_delay), count(dep_delay), count(carrier), count(tailnum) FROM flights"))
+    assert result.rows == ((-1.0, 2, 3, 2),)
+
+
+def test_add_options_nulls_delimiter_header_and_types(config_dir: Path, data_dir: Path,
+                                                      tmp_path: Path) -> None:
+    semi = tmp_path / "zips.csv"
+    semi.write_text("01234;-;NA\n02139;7;x\n")
+    out = pluto("add", str(semi), "--delimiter", ";", "--no-header", "--null", "-",
+                "--type", "column0=VARCHAR", config=config_dir, data_dir=data_dir)
+    assert out.returncode == 0, out.stderr
+    info = Warehouse(data_dir / "datasets").get("zips")
+    assert [(c.name, c.type) for c in info.columns] == [
+        ("column0", "VARCHAR"), ("column1", "BIGINT"), ("column2", "VARCHAR")]
+    import asyncio
+
+    rows = asyncio.run(Warehouse(data_dir / "datasets").query(
+        "SELECT * FROM zips ORDER BY 1")).rows
+    assert rows == (("01234", None, "NA"), ("02139", 7, "x"))  # NA is text when --null is given
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--type", "nope=INT"], "--type names no column 'nope'; the columns are a, b."),
+    (["--type", "a=BOGUS"], "'BOGUS' is not a column type; use e.g. VARCHAR, BIGINT, DOUBLE, "
+                            "DECIMAL(18,2), DATE, TIMESTAMP."),
+    (["--type", "b=INTEGER"], "Could not read t.csv: line 2: 'x' in column b is not an "
+                              "INTEGER. Give that column another type (--type), or fix the "
+                              "file."),
+    (["--type", "a"], "--type 'a': write it as COLUMN=TYPE, e.g. zip=VARCHAR."),
+    (["--delimiter", ";;"], "--delimiter ';;': give one character, e.g. ';'."),
+    (["--type", "a=INT); DROP TABLE x; --"], "'INT); DROP TABLE x; --' is not a column type; "
+                                             "use e.g. VARCHAR, BIGINT, DOUBLE, DECIMAL(18,2), "
+                                             "DATE, TIMESTAMP."),
+])
+def test_bad_add_options_are_one_line(config_dir: Path, data_dir: Path, tmp_path: Path,
+                                      args: list[str], says: str) -> None:
+    (tmp_path / "t.csv").write_text("a,b\n1,x\n")
+    out = pluto("add", str(tmp_path / "t.csv"), *args, config=config_dir, data_dir=data_dir)
+    assert out.returncode == 1 and out.stdout == "", out.stdout
+    assert out.stderr.strip() == f"pluto data add: {says}"
+
+
+def test_a_name_clash_is_refused_and_points_to_replace(config_dir: Path, data_dir: Path,
+                                                       tmp_path: Path) -> None:
+    stocks = tmp_path / "stocks.csv"
+    stocks.write_text("sym,price\nA,1\n")
+    assert pluto("add", str(stocks), config=config_dir, data_dir=data_dir).returncode == 0
+    again = pluto("add", str(stocks), config=config_dir, data_dir=data_dir)
+    assert again.returncode == 1
+    assert again.stderr.strip() == ("pluto data add: A dataset named stocks already exists. "
+                                    "Add --replace to replace it, or --name to give this one "
+                                    "another name.")
+    names = [d.name for d in Warehouse(data_dir / "datasets").list()]
+    assert "stocks_2" not in names
+    listed = pluto("list", config=config_dir, data_dir=data_dir).stdout
+    assert [ln.split()[3:5] for ln in listed.splitlines() if ln.startswith("stocks")] == [
+        ["14", "B"]]  # the size of the data given, not DuckDB's file (a few hundred KB)
+
+
+def test_a_big_add_says_what_it_is_loading(config_dir: Path, data_dir: Path,
+                                           tmp_path: Path) -> None:
+    big = tmp_path / "big.csv"
+    with big.open("w") as f:
+        f.write("id,value\n")
+        f.writelines(f"{i},{i * 0.5}\n" for i in range(120_000))
+    out = pluto("add", str(big), config=config_dir, data_dir=data_dir)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.startswith("Loading big.csv (1.")
+    assert out.stdout.startswith("Added dataset big: 120,000 rows")
+
+
+# ---- issue 18: ingest runs in a child process, with caps --------------------------------
+
+
+def test_a_file_with_too_many_columns_is_refused_cheaply(tmp_path: Path) -> None:
+    from pluto.runtime.data import DatasetError
+    from pluto.runtime.data.ingest_limits import IngestLimits
+
+    wide = tmp_path / "wide.csv"
+    wide.write_text(",".join(f"c{i}" for i in range(50_000)) + "\n" + ",".join(
+        "1" for _ in range(50_000)) + "\n")
+    wh = Warehouse(tmp_path / "datasets")
+    with pytest.raises(DatasetError, match=r"^wide.csv has 50,000 columns; a dataset may have "
+                                           r"at most 2,000.$"):
+        wh.ingest(wide)
+    narrow = Warehouse(tmp_path / "other", limits=IngestLimits(max_columns=3))
+    (tmp_path / "four.parquet").write_bytes(b"")
+    json_file = tmp_path / "four.json"
+    json_file.write_text('[{"a": 1, "b": 2, "c": 3, "d": 4}]')
+    with pytest.raises(DatasetError, match="four.json has 4 columns; a dataset may have at "
+                                           "most 3."):
+        narrow.ingest(json_file)
+    assert wh.list() == [] and narrow.list() == []
+    assert [p.name for p in (tmp_path / "datasets").iterdir() if p.name.startswith(".ingest")
+            ] == []
+
+
+def test_a_file_that_expands_past_the_row_cap_is_refused(tmp_path: Path) -> None:
+    """A small Parquet file of many repeated rows (the audit's 1.4 MB file became 300 M rows)."""
+    import duckdb
+
+    from pluto.runtime.data import DatasetError
+    from pluto.runtime.data.ingest_limits import IngestLimits
+
+    small = tmp_path / "bomb.parquet"
+    with duckdb.connect() as con:
+        con.execute(f"COPY (SELECT 1 AS x FROM range(3000000)) TO '{small}' (FORMAT parquet)")
+    assert small.stat().st_size < 200_000
+    wh = Warehouse(tmp_path / "datasets", limits=IngestLimits(max_rows=1_000_000))
+    with pytest.raises(DatasetError, match=r"^bomb.parquet has more than 1,000,000 rows, the "
+                                           r"limit for a dataset.$"):
+        wh.ingest(small)
+    assert wh.list() == []
+
+
+def test_ingest_memory_and_time_are_capped_in_the_child(tmp_path: Path) -> None:
+    from pluto.runtime.data import DatasetError
+    from pluto.runtime.data.ingest_limits import IngestLimits
+
+    source = tmp_path / "t.csv"
+    source.write_text("a,b\n" + "".join(f"{i},{'x' * 200}\n" for i in range(20_000)))
+    tight = Warehouse(tmp_path / "datasets", limits=IngestLimits(memory_limit="1MB",
+                                                                 max_file_bytes=2**20 // 4))
+    with pytest.raises(DatasetError) as caught:
+        tight.ingest(source)
+    assert str(caught.value).startswith(("Loading t.csv needed more than its memory limit",
+                                         "t.csv makes a dataset larger than"))
+    assert tight.list() == []
+    assert not [p for p in (tmp_path / "datasets").iterdir() if p.name.startswith(".ingest")]

@@ -272,3 +272,110 @@ async def test_an_agent_without_datasets_sees_only_its_chat_s_files(config_dir: 
         assert await p.wait_finals(1, timeout=30) == ["done"]
     said = model.calls[1][-1]["content"]
     assert said.startswith("The query failed: Catalog Error: Table with name sales does not")
+
+
+# ---- issue 18: the gate, introspection, CSV downloads, retention --------------------------
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM duckdb_databases()", "SELECT path FROM duckdb_databases",
+    "SELECT * FROM duckdb_settings()", "SELECT current_setting('allowed_paths')",
+    "SELECT * FROM pragma_database_list", "SELECT * FROM pg_catalog.pg_settings",
+    "SELECT * FROM (SELECT * FROM \"duckdb_databases\"())",
+])
+async def test_introspection_that_shows_server_paths_is_refused(service: DataService,
+                                                                sql: str) -> None:
+    result = await call("run_sql", context(service), sql=sql)
+    assert result.is_error and result.content.startswith("The query was refused: ")
+    assert "is not available here: it describes the server" in result.content
+    assert str(service.data_dir) not in result.content
+
+
+async def test_a_20k_character_query_never_stalls_the_loop(service: DataService) -> None:
+    """The gate's fallback scan was quadratic (3.5–9 s of the GIL for 20,000 characters): a
+    probe on the loop sees every tick while such queries are checked."""
+    from pluto.runtime.data.child import MAX_SQL_CHARS, _words
+
+    hostile = ["SELECT " + "a" * (MAX_SQL_CHARS - 8),  # one long word, no '('
+               "SELECT " + "a " * ((MAX_SQL_CHARS - 8) // 2),
+               "SELECT " + "(" * 3000 + "1" + ")" * 3000 + " x" * 6000]
+    loop = asyncio.get_running_loop()
+    ticks: list[float] = []
+    done = asyncio.Event()
+
+    async def probe() -> None:
+        while not done.is_set():
+            before = loop.time()
+            await asyncio.sleep(0.005)
+            ticks.append(loop.time() - before)
+
+    watcher = asyncio.create_task(probe())
+    for sql in hostile:
+        assert len(sql) <= MAX_SQL_CHARS
+        result = await call("run_sql", context(service), sql=sql)
+        assert result.is_error and "Traceback" not in result.content
+    done.set()
+    await watcher
+    assert ticks and max(ticks) < 0.1, f"the loop stalled for {max(ticks):.3f} s"
+    calls, words = _words("SELECT f (x), g\n(y), h FROM t")
+    assert calls == {"f", "g"} and words == {"select", "f", "x", "g", "y", "h", "from", "t"}
+
+
+async def test_csv_downloads_neutralize_formula_cells(service: DataService) -> None:
+    sql = ("SELECT * FROM (VALUES ('=HYPERLINK(\"http://x\",\"y\")', -4, '-4'), "
+           "('=cmd|'' /C calc''!A0', 1, '+1.5'), ('@SUM(A1)', 2, '-2+3'), ('plain', 3, 'ok')) "
+           "AS t(\"=label\", n, s)")
+    result = await call("run_sql", context(service), sql=sql)
+    assert not result.is_error, result.content
+    rows = list(csv.reader(Path(result.details["csv"]).open()))
+    assert rows == [["'=label", "n", "s"],
+                    ["'=HYPERLINK(\"http://x\",\"y\")", "-4", "-4"],
+                    ["'=cmd|' /C calc'!A0", "1", "+1.5"],
+                    ["'@SUM(A1)", "2", "'-2+3"],
+                    ["plain", "3", "ok"]]
+    assert result.details["table"]["rows"][0][0] == '=HYPERLINK("http://x","y")'  # shown as is
+
+
+def test_retention_deletes_old_files_then_the_oldest_over_the_size_limit(
+        tmp_path: Path) -> None:
+    import os
+    import time
+
+    from pluto.runtime.data.service import Retention
+
+    service = DataService(tmp_path, demo=False,
+                          retention=Retention(max_age_days=7, max_total_bytes=2500))
+    now = time.time()
+    made = {}
+    for name, age_days in (("uploads/tg/1/old.csv", 8), ("artifacts/r1/a.csv", 3),
+                           ("artifacts/r2/b.png", 2), ("uploads/web/c.csv", 1),
+                           ("artifacts/r3/d.csv", 0)):
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 1000)
+        os.utime(path, (now - age_days * 86400, now - age_days * 86400))
+        made[name] = path
+    assert service.sweep(now) == 3  # the old one, then the two oldest of the rest
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert left == ["artifacts/r3/d.csv", "uploads/web/c.csv"]
+    assert (tmp_path / "artifacts/r1").exists()  # just emptied: a run may be about to write
+    os.utime(tmp_path / "uploads/tg/1", (now - 2 * 3600,) * 2)
+    assert service.sweep(now) == 0
+    assert not (tmp_path / "uploads/tg/1").exists()  # empty and settled: removed
+
+
+async def test_a_refused_upload_is_deleted_at_once(tmp_path: Path) -> None:
+    from pluto.runtime.data import DataError
+
+    service = DataService(tmp_path, demo=False)
+    sent = tmp_path / "uploads" / "web" / "chat1" / "broken.csv"
+    sent.parent.mkdir(parents=True)
+    sent.write_text("a,b\n1,2\n3\n")
+    with pytest.raises(DataError, match="line 3 has 1 fields"):
+        await service.add_upload(sent, "broken.csv", "text/csv", "web:chat1")
+    assert not sent.exists()
+    elsewhere = tmp_path / "mine.xlsx"  # not an upload: never deleted
+    elsewhere.write_bytes(b"PK")
+    with pytest.raises(DataError):
+        await service.add_upload(elsewhere, "mine.xlsx", "application/octet-stream", "x")
+    assert elsewhere.exists()

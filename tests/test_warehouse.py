@@ -116,7 +116,7 @@ def test_folder_of_mixed_formats_is_refused(wh: Warehouse, tmp_path: Path) -> No
 def test_size_limit_is_checked_before_reading(tmp_path: Path) -> None:
     wh = Warehouse(tmp_path / "datasets", max_file_bytes=1000)
     garbage = write(tmp_path / "big.csv", bytes(range(256)) * 8)  # unreadable, and too big
-    with pytest.raises(DatasetError, match=r"big.csv is 2 KB; the limit is 1 KB"):
+    with pytest.raises(DatasetError, match=r"big.csv is 2 KB; the limit is 1000 B"):
         wh.ingest(garbage)
     write(tmp_path / "folder" / "a.csv", "a\n" + "1\n" * 300)
     write(tmp_path / "folder" / "b.csv", "a\n" + "1\n" * 300)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +31,19 @@ def add_parser(subs: Any) -> list[argparse.ArgumentParser]:
     add.add_argument("--name", help="the dataset's name (default: from the file name)")
     add.add_argument("--replace", action="store_true",
                      help="replace the dataset of that name with this file")
+    add.add_argument("--null", metavar="TEXT", action="append", dest="nulls",
+                     help="CSV/TSV: a text that means no value (repeat for several; default: "
+                     "NA, N/A, NULL and the empty field)")
+    add.add_argument("--delimiter", metavar="CHAR",
+                     help="CSV: the field separator (default: detected)")
+    header = add.add_mutually_exclusive_group()
+    header.add_argument("--header", dest="header", action="store_const", const=True,
+                        help="CSV: the first line holds the column names (default: detected)")
+    header.add_argument("--no-header", dest="header", action="store_const", const=False,
+                        help="CSV: the first line is data (columns are named column0, ...)")
+    add.add_argument("--type", metavar="COLUMN=TYPE", action="append", dest="types",
+                     help="CSV: a column's type, e.g. --type zip=VARCHAR --type price="
+                     "DECIMAL(10,2) (repeat; default: detected)")
     listed = acts.add_parser("list", help="the datasets: rows, columns, owner, source")
     rm = acts.add_parser("rm", help="remove a dataset")
     rm.add_argument("name")
@@ -50,7 +65,7 @@ def data_command(args: argparse.Namespace, config: PlutoConfig, config_dir: Path
             print(f"pluto data: {problem}", file=sys.stderr)
         match args.data_command:
             case "add":
-                return _add(warehouse, args.file, args.name, args.replace)
+                return _add(warehouse, args)
             case "list":
                 return _list(warehouse)
             case "rm":
@@ -64,18 +79,60 @@ def data_command(args: argparse.Namespace, config: PlutoConfig, config_dir: Path
     return EXIT_OK
 
 
-def _add(warehouse: Warehouse, file: Path, name: str | None, replace: bool) -> int:
-    from pluto.runtime.data import dataset_name
-
-    if replace and name is None:
-        name = dataset_name(file)
-    info = warehouse.ingest(file, name, replace=replace)
+def _add(warehouse: Warehouse, args: argparse.Namespace) -> int:
     from pluto.gateway.pipeline.data_commands import shape
+    from pluto.runtime.data import DataError, dataset_name
+    from pluto.runtime.data.warehouse import DatasetExists
 
+    file: Path = args.file
+    name = args.name or (dataset_name(file) if file.exists() else None)
+    try:
+        options = _csv_options(args)
+        with _progress(file):
+            info = warehouse.ingest(file, name, replace=args.replace, csv=options)
+    except DatasetExists as e:
+        raise DataError(f"A dataset named {e.name} already exists. Add --replace to replace "
+                        f"it, or --name to give this one another name.") from None
     print(f"Added dataset {info.name}: {shape(info)} "
           f"({', '.join(c.name for c in info.columns[:8])}"
           f"{', …' if len(info.columns) > 8 else ''}).")
     return EXIT_OK
+
+
+def _csv_options(args: argparse.Namespace) -> Any:
+    from pluto.runtime.data import DataError
+    from pluto.runtime.data.ingest_limits import CsvOptions
+
+    types: dict[str, str] = {}
+    for given in args.types or ():
+        column, sep, kind = given.partition("=")
+        if not sep or not column.strip() or not kind.strip():
+            raise DataError(f"--type {given!r}: write it as COLUMN=TYPE, e.g. zip=VARCHAR.")
+        types[column.strip()] = kind.strip()
+    if args.delimiter is not None and len(args.delimiter.encode()) != 1:
+        raise DataError(f"--delimiter {args.delimiter!r}: give one character, e.g. ';'.")
+    nulls = tuple(args.nulls) if args.nulls is not None else None
+    return CsvOptions(nulls=nulls, delimiter=args.delimiter, header=args.header, types=types)
+
+
+@contextmanager
+def _progress(file: Path) -> Iterator[None]:
+    """Say what is loading (a big file takes a while): a spinner on a terminal, one line
+    otherwise."""
+    from pluto.runtime.data.ingest import human_size
+
+    size = sum(f.stat().st_size for f in file.rglob("*") if f.is_file()) if file.is_dir() \
+        else file.stat().st_size if file.is_file() else 0
+    what = f"Loading {file.name} ({human_size(size)})…"
+    if not sys.stderr.isatty():
+        if size >= 2**20:
+            print(what, file=sys.stderr, flush=True)
+        yield
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(what):
+        yield
 
 
 def _list(warehouse: Warehouse) -> int:
@@ -108,6 +165,8 @@ def _owner(d: DatasetInfo) -> str:
 
 
 def _size(d: DatasetInfo) -> str:
+    """The size of the data as it was given (the file's); a dataset's own file has a floor of
+    a few hundred KB, which says nothing about a 16-row table."""
     from pluto.runtime.data.ingest import human_size
 
-    return human_size(d.size_bytes)
+    return human_size(d.source_bytes or d.size_bytes)

@@ -18,7 +18,9 @@ from pluto.errors import PlutoError
 from pluto.gateway.pipeline.commands import Commands, Failed
 from pluto.settings import PlutoConfig
 from pluto.types import Attachment, IncomingMessage, Route
-from pluto.runtime.data.service import DataService, DatasetSource, QueryLimits, is_data_file
+from pluto.runtime.data.ingest_limits import IngestLimits
+from pluto.runtime.data.service import (DataService, DatasetSource, QueryLimits, Retention,
+                                        is_data_file)
 from pluto.storage.ports import ConversationStore
 
 if TYPE_CHECKING:
@@ -39,7 +41,13 @@ def data_service(config: PlutoConfig, config_dir: Path, data_dir: Path) -> DataS
     return DataService(data_dir, sources, demo=data.demo,
                        max_upload_bytes=int(data.max_upload_mb * 2**20),
                        limits=QueryLimits(timeout=data.query_timeout_seconds,
-                                          memory_limit=f"{data.query_memory_mb}MB"))
+                                          memory_limit=f"{data.query_memory_mb}MB"),
+                       retention=Retention(max_age_days=data.keep_files_days,
+                                           max_total_bytes=int(data.keep_files_max_mb * 2**20)),
+                       ingest=IngestLimits(memory_limit=f"{data.ingest_memory_mb}MB",
+                                           timeout=data.ingest_timeout_seconds,
+                                           max_rows=data.ingest_max_rows,
+                                           max_columns=data.ingest_max_columns))
 
 
 def one_line(message: str) -> str:

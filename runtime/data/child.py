@@ -55,10 +55,17 @@ DENIED_FUNCTIONS = frozenset({
     # Python-client scans of in-process objects
     "arrow_scan", "arrow_scan_dumb", "python_arrow_scan", "pandas_scan", "python_map_function",
 })
-_CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_$]*)\s*\(")
+# Introspection that shows the server's paths (attached files, settings, the environment),
+# called as functions or read as views (no parentheses).
+INTROSPECTION = frozenset({
+    "duckdb_databases", "duckdb_settings", "current_setting", "pragma_database_list",
+    "duckdb_temporary_files", "duckdb_extensions", "duckdb_secrets", "duckdb_logs",
+    "duckdb_log_contexts", "pragma_metadata_info", "pragma_storage_info",
+    "pg_settings"})
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")  # linear: no nested or overlapping repeats
 
 
-if __name__ == "__main__":  # the sandbox's child: the standard library and duckdb only
+if not __package__:  # a child (this script, or the loader's): the standard library and duckdb
     _Root = Exception
 else:
     from pluto.errors import PlutoError as _Root
@@ -103,7 +110,11 @@ def check_sql(sql: str) -> None:
                            f"statements ({', '.join(kinds)}). Send one, with no ';' inside.")
     if kinds[0] != "SELECT":
         raise QueryRefused(f"Only a single read-only SELECT is allowed; got {kinds[0]}.")
-    denied = sorted(called_functions(sql) & DENIED_FUNCTIONS)
+    functions, tables = referenced_names(sql)
+    if hidden := sorted((functions | tables) & INTROSPECTION):
+        raise QueryRefused(f"{hidden[0]} is not available here: it describes the server, not "
+                           "the data. Query the datasets by their table names.")
+    denied = sorted(functions & DENIED_FUNCTIONS)
     if denied:
         raise QueryRefused(f"Function {denied[0]}() is not allowed: the sandbox cannot read "
                            "files, run dynamic SQL or change state. Query the datasets by "
@@ -119,8 +130,14 @@ def _kind(statement: duckdb.Statement) -> str:
 
 
 def called_functions(sql: str) -> set[str]:
-    """Lower-case names of the functions `sql` calls, from DuckDB's syntax tree (or, when
-    DuckDB cannot serialize the statement, every `name(` in the text: over-inclusive)."""
+    """Lower-case names of the functions `sql` calls (see `referenced_names`)."""
+    return referenced_names(sql)[0]
+
+
+def referenced_names(sql: str) -> tuple[set[str], set[str]]:
+    """Lower-case names of the functions `sql` calls and the tables it reads, from DuckDB's
+    syntax tree (or, when DuckDB cannot serialize the statement, from the text: every word
+    before a '(' is a call and every word a table, over-inclusive). Linear in the input."""
     try:
         with duckdb.connect(":memory:") as con:
             row = con.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchone()
@@ -128,18 +145,38 @@ def called_functions(sql: str) -> set[str]:
     except (duckdb.Error, RecursionError, ValueError, TypeError):
         tree = {"error": True}
     if tree.get("error"):
-        return {m.lower() for m in _CALL.findall(sql.replace('"', ""))}
-    names: set[str] = set()
+        return _words(sql)
+    functions: set[str] = set()
+    tables: set[str] = set()
     stack: list[Any] = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
             if isinstance(node.get("function_name"), str):
-                names.add(node["function_name"].lower())
+                functions.add(node["function_name"].lower())
+            if node.get("type") == "BASE_TABLE" and isinstance(node.get("table_name"), str):
+                tables.add(node["table_name"].lower())
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
-    return names
+    return functions, tables
+
+
+def _words(sql: str) -> tuple[set[str], set[str]]:
+    """(words followed by '(', every word) of the text, quotes dropped, in one pass."""
+    text = sql.replace('"', "")
+    calls: set[str] = set()
+    words: set[str] = set()
+    size = len(text)
+    for m in _WORD.finditer(text):
+        word = m.group(0).lower()
+        words.add(word)
+        j = m.end()
+        while j < size and text[j] in " \t\r\n\f\v":  # each blank is looked at once
+            j += 1
+        if j < size and text[j] == "(":
+            calls.add(word)
+    return calls, words
 
 
 def clean_message(message: str) -> str:
@@ -178,6 +215,21 @@ def cell_text(value: Any, null: str = "NULL") -> str:
     return str(value)
 
 
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20")
+_PLAIN_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def csv_cell(value: Any) -> str:
+    """One value for a CSV file people open in a spreadsheet: text that a spreadsheet would
+    run as a formula (=HYPERLINK(…), =cmd|…, +…, -…, @…) gets a leading ' so it stays text.
+    Numbers, and text that is a plain number (-4, +1.5), are kept as they are."""
+    text = cell_text(value, null="")
+    if isinstance(value, str) and text.startswith(_FORMULA_START) \
+            and not _PLAIN_NUMBER.fullmatch(text):
+        return "'" + text
+    return text
+
+
 # ---- the child process ---------------------------------------------------------------
 
 
@@ -189,7 +241,7 @@ def worker_main() -> None:
         limit_resources(request)
         con = connect(request)
         _send(out, ("ready",))
-        check_sql(request["sql"])  # again: what runs is what was checked
+        check_sql(request["sql"])  # the gate: here, where it cannot stall the gateway
         _stream(con.execute(request["sql"]), request, out)
     except QueryRefused as e:
         _send(out, ("error", "refused", str(e)))
@@ -206,14 +258,16 @@ def worker_main() -> None:
     out.flush()
 
 
-def limit_resources(request: dict[str, Any]) -> None:
+def limit_resources(request: dict[str, Any], file_size: int = 0) -> None:
+    """Address space, CPU time, the size of any file written (0: none), no core; and death
+    with the parent."""
     with open("/proc/self/status") as status:
         found = re.search(r"VmSize:\s+(\d+)", status.read())
     vm_kb = int(found.group(1)) if found else 0
     address_space = vm_kb * 1024 + 2 * parse_bytes(request["memory_limit"]) + 256 * 2**20
     cpu = int(request["timeout"] * max(1, request["threads"])) + 10
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write fails instead of killing
-    for limit, value in ((resource.RLIMIT_AS, address_space), (resource.RLIMIT_FSIZE, 0),
+    for limit, value in ((resource.RLIMIT_AS, address_space), (resource.RLIMIT_FSIZE, file_size),
                          (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(limit, (value, value))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))  # SIGXCPU, then SIGKILL
@@ -250,14 +304,14 @@ def _stream(cursor: duckdb.DuckDBPyConnection, request: dict[str, Any], out: Any
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     if csv_rows:
-        writer.writerow(names)
+        writer.writerow([csv_cell(n) for n in names])
     _send(out, ("columns", names, [str(d[1]) for d in description], _drain(buffer)))
     seen, limit = 0, max(keep, csv_rows) + 1
     while seen < limit and (chunk := cursor.fetchmany(min(_CHUNK, limit - seen))):
         if seen < keep:
             _send(out, ("rows", [tuple(map(_plain, r)) for r in chunk[: keep - seen]]))
         if seen < csv_rows:
-            writer.writerows([cell_text(v, null="") for v in r] for r in chunk[: csv_rows - seen])
+            writer.writerows([csv_cell(v) for v in r] for r in chunk[: csv_rows - seen])
             _send(out, ("csv", _drain(buffer)))
         seen += len(chunk)
     _send(out, ("end", seen))

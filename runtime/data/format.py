@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from .child import cell_text
+from .child import cell_text, csv_cell
 from .sandbox import QueryResult
 
 __all__ = ["cell_text", "counted", "format_table", "is_numeric_type", "markdown_table", "result_markdown",
@@ -104,8 +104,8 @@ def write_csv(result: QueryResult, path: Path) -> Path:
     try:
         with open(tmp, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f, lineterminator="\n")
-            writer.writerow(result.columns)
-            writer.writerows([cell_text(v, null="") for v in row] for row in result.rows)
+            writer.writerow([csv_cell(c) for c in result.columns])
+            writer.writerows([csv_cell(v) for v in row] for row in result.rows)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

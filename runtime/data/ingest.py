@@ -1,19 +1,27 @@
-"""Loading a file (or a folder of files of one format) into a new DuckDB database file,
-with types kept, and DuckDB's errors turned into one or two sentences for people."""
+"""Loading a file (or a folder of files of one format) into a new DuckDB database file, with
+types kept: the parent's side. The loading itself runs in a locked-down child process
+(`loader.py`) with caps on memory, time, rows, columns and the size of what it writes, and
+DuckDB's errors come back as one or two sentences for people."""
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import re
+import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
-import duckdb
-
-from .child import DataError, clean_message
+from . import loader
+from .child import DataError
 from .filetypes import FORMATS
+from .ingest_limits import CsvOptions, IngestLimits
 
 MAX_FOLDER_FILES = 1000
+LOADER = Path(loader.__file__).resolve()
+_WORKER_ENV = {"PATH": os.defpath, "LANG": "C.UTF-8", "MALLOC_ARENA_MAX": "2",
+               "HOME": "/nonexistent"}  # nothing of the gateway's environment
 
 
 class DatasetError(DataError):
@@ -52,127 +60,53 @@ def collect(source: Path) -> tuple[str, list[Path]]:
     return formats.pop(), files  # type: ignore[return-value]
 
 
-def load(tmp: Path, spill: Path, table: str, fmt: str, files: list[Path], memory_limit: str,
-          threads: int) -> tuple[int, list[tuple[str, str]]]:
-    """Create `table` in the new database file `tmp` from `files`: (rows, [(column, type)])."""
+def load(tmp: Path, spill: Path, table: str, fmt: str, files: list[Path],
+         limits: IngestLimits = IngestLimits(), csv: CsvOptions | None = None
+         ) -> tuple[int, list[tuple[str, str]]]:
+    """Create `table` in the new database file `tmp` from `files`, in a child process:
+    (rows, [(column, type)]). Blocking: from async code, call it in a thread."""
     spill.mkdir()
-    config = {"memory_limit": memory_limit, "threads": threads, "temp_directory": str(spill),
-              "autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    request = {"tmp": str(tmp), "spill": str(spill), "table": table, "format": fmt,
+               "files": [str(f) for f in files], "memory_limit": limits.memory_limit,
+               "threads": limits.threads, "timeout": limits.timeout,
+               "max_rows": limits.max_rows, "max_columns": limits.max_columns,
+               "max_file_bytes": limits.max_file_bytes,
+               "csv": (csv or CsvOptions()).as_json()}
+    name = files[0].name
     try:
-        with duckdb.connect(str(tmp), config=config) as con:
-            if fmt in ("csv", "tsv"):
-                _load_csv(con, table, "\t" if fmt == "tsv" else None, files)
-            else:
-                con.execute(f'CREATE TABLE "{table}" AS SELECT * FROM {_reader(fmt, files)}')
-            rows = con.execute(f'SELECT count(*) FROM "{table}"').fetchall()[0][0]
-            described = con.execute(f'DESCRIBE "{table}"').fetchall()
-            con.execute("CHECKPOINT")
-    except duckdb.Error as e:
-        raise DatasetError(_explain(str(e), files)) from None
-    except UnicodeDecodeError as e:
-        raise DatasetError(f"Could not read {files[0].name}: it is not UTF-8 text (byte "
-                           f"{e.start}). Save it as UTF-8 and send it again.") from None
-    if rows == 0:
-        raise DatasetError(f"{files[0].name} has no data rows.")
-    return rows, [(r[0], r[1]) for r in described]
+        done = subprocess.run([sys.executable, "-I", "-B", str(LOADER)], cwd="/",
+                              env=_WORKER_ENV, input=json.dumps(request).encode(),
+                              capture_output=True, timeout=limits.timeout)
+    except subprocess.TimeoutExpired:
+        raise DatasetError(f"Loading {name} took longer than {limits.timeout:g} s and was "
+                           "stopped.") from None
+    try:
+        answer = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        answer = {"error": _died(done.returncode, name, limits)}
+    if "error" in answer:
+        error = answer["error"]
+        raise DatasetError(_memory(name, limits) if error == "memory" else error)
+    return answer["rows"], [(n, t) for n, t in answer["columns"]]
 
 
-def _reader(fmt: str, files: list[Path], extra: str = "") -> str:
-    paths = "[" + ", ".join(_literal(str(f)) for f in files) + "]"
-    function = {"parquet": "read_parquet", "csv": "read_csv", "tsv": "read_csv"}.get(
-        fmt, "read_json")
-    if fmt == "ndjson":
-        extra += ", format = 'newline_delimited'"
-    return f"{function}({paths}, union_by_name = true{extra})"
+def _died(code: int, name: str, limits: IngestLimits) -> str:
+    if code in (-signal.SIGKILL, -signal.SIGABRT, -signal.SIGSEGV):
+        return "memory"
+    if code == -signal.SIGXCPU:
+        return f"Loading {name} used up its CPU time and was stopped."
+    return f"Loading {name} failed: the loader process ended unexpectedly (exit code {code})."
 
 
-def _load_csv(con: duckdb.DuckDBPyConnection, table: str, delim: str | None,
-              files: list[Path]) -> None:
-    """Auto-detected types, except that DOUBLE columns whose text is plain decimals
-    (12.50, -3.1) become exact DECIMAL(18, scale)."""
-    extra = f", delim = {_literal(delim)}" if delim else ""
-    sniffed = con.execute(f"SELECT Delimiter, SkipRows, Columns FROM sniff_csv("
-                          f"{_literal(str(files[0]))}{extra})").fetchone()
-    found, skipped, columns = sniffed  # type: ignore[misc]
-    if skipped or len(columns) == 1:  # DuckDB's answer to ragged rows: skip them, or one column
-        _check_ragged(files[0], found if len(columns) > 1 else None)
-    doubles = [c["name"] for c in columns if c["type"] == "DOUBLE"]
-    if doubles:
-        extra += ", types = {" + ", ".join(f"{_literal(n)}: 'VARCHAR'" for n in doubles) + "}"
-    con.execute(f"CREATE TEMP TABLE raw AS SELECT * FROM {_reader('csv', files, extra)}")
-    casts = [f'CAST("{_ident(n)}" AS {_decimal_type(con, n)}) AS "{_ident(n)}"' for n in doubles]
-    replaced = f" REPLACE ({', '.join(casts)})" if casts else ""
-    con.execute(f'CREATE TABLE "{table}" AS SELECT *{replaced} FROM raw')
-    con.execute("DROP TABLE raw")
-
-
-def _decimal_type(con: duckdb.DuckDBPyConnection, column: str) -> str:
-    value = f'trim("{_ident(column)}")'
-    plain, scale, digits = con.execute(
-        f"SELECT bool_and(regexp_full_match({value}, '[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)')), "
-        f"max(length(regexp_extract({value}, '[.]([0-9]*)$', 1))), "
-        f"max(length(ltrim(regexp_extract({value}, '^[+-]?([0-9]*)', 1), '0'))) "
-        f'FROM raw WHERE "{_ident(column)}" IS NOT NULL').fetchone()  # type: ignore[misc]
-    if plain and scale and digits + scale <= 18:
-        return f"DECIMAL(18,{scale})"
-    return "DOUBLE"
-
-
-def _check_ragged(path: Path, delim: str | None) -> None:
-    """Raise at the first row whose field count differs from the first row's."""
-    with open(path, newline="", encoding="utf-8") as f:
-        if delim is None:
-            header = f.readline()
-            delim = max(",;\t|", key=header.count)
-            if header.count(delim) == 0:
-                return  # one column indeed
-            f.seek(0)
-        reader, expected = csv.reader(f, delimiter=delim), None
-        try:
-            for row in reader:
-                if expected is None:
-                    expected = len(row)
-                elif row and len(row) != expected:
-                    raise DatasetError(f"Could not read {path.name}: line {reader.line_num} has "
-                                       f"{len(row)} fields but the first line has {expected}. "
-                                       "Give every row the same fields and send it again.")
-        except csv.Error:
-            return
-
-
-def _explain(message: str, files: list[Path]) -> str:
-    """DuckDB's error as one or two plain sentences: where (line, when DuckDB says) and why."""
-    for file in files:  # never show server paths
-        message = message.replace(str(file), file.name)
-    name = next((f.name for f in files if f.name in message), files[0].name)
-    line = re.search(r"\bLine: (\d+)", message)
-    where = f"line {line.group(1)}" if line else "it"
-    fix = "Fix the file and send it again."
-    if "Invalid unicode" in message or "not utf-8" in message:
-        why, fix = f"{where} is not UTF-8 text", "Save it as UTF-8 and send it again."
-    elif m := re.search(r"Expected Number of Columns: (\d+) Found: (\d+)", message):
-        why = f"{where} has {m.group(2)} fields but the header has {m.group(1)}"
-    elif "not possible to automatically detect" in message:
-        why = "it does not look like delimited text (no consistent delimiter or quoting)"
-    elif "magic bytes" in message or "to be a Parquet file" in message:
-        why = "it is not a valid Parquet file"
-    elif m := re.search(r"Malformed JSON[^,]*, at byte (\d+) in record/value (\d+): (.*)",
-                        message):
-        why = f"it is not valid JSON (record {m.group(2)}, byte {m.group(1)}: " \
-              f"{m.group(3).strip().rstrip('. ')})"
-    else:
-        why = re.sub(r"^[\w ]*Error: ", "", clean_message(message).splitlines()[0]).rstrip(".")
-        why = f"{why} ({where})" if line else why
-    return f"Could not read {name}: {why}. {fix}"
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _ident(text: str) -> str:
-    return text.replace('"', '""')
+def _memory(name: str, limits: IngestLimits) -> str:
+    return (f"Loading {name} needed more than its memory limit ({limits.memory_limit}) and was "
+            "stopped.")
 
 
 def human_size(size: int) -> str:
-    return f"{size / 2**20:.1f} MB" if size >= 2**20 else f"{size / 1024:.0f} KB"
+    """'512 B', '17 KB', '31.2 MB', '2.1 GB'."""
+    if size < 1024:
+        return f"{size} B"
+    if size < 2**20:
+        return f"{size / 1024:.0f} KB"
+    return f"{size / 2**20:.1f} MB" if size < 2**30 else f"{size / 2**30:.1f} GB"

@@ -2,7 +2,8 @@
 
 Layers, outermost first:
 
-1. The gate (`check_sql`, in `child.py`): DuckDB's own parser must find exactly one SELECT,
+1. The gate (`check_sql`, in `child.py`, run in the child before the query, so a hostile
+   query never holds the gateway's GIL): DuckDB's own parser must find exactly one SELECT,
    calling no function in `DENIED_FUNCTIONS` (dynamic SQL, file readers, logging, ...).
 2. A fresh child process per query: `child.py` run as a script, so it imports nothing
    from Pluto, with an empty environment and rlimits on address space (DuckDB's
@@ -34,8 +35,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from . import child
-from .child import (FRAME_LIMIT, NAME, RESERVED_NAMES, QueryError, QueryMemoryError,
-                    QueryRefused, QueryTimeout, check_sql, parse_bytes)
+from .child import (FRAME_LIMIT, MAX_SQL_CHARS, NAME, RESERVED_NAMES, QueryError,
+                    QueryMemoryError, QueryRefused, QueryTimeout, parse_bytes)
 
 CSV_MAX_ROWS = 1_000_000
 MAX_CONCURRENT = 4  # queries at once per event loop; each child is capped in memory
@@ -79,7 +80,10 @@ async def run_query(sql: str, datasets: Sequence[Attachable], *, timeout: float 
 
     With `csv_path`, the full result (up to `csv_max_rows`) is also written there as CSV."""
     parse_bytes(memory_limit)
-    await asyncio.to_thread(check_sql, sql)
+    if len(sql) > MAX_SQL_CHARS:
+        raise QueryRefused(f"The query is longer than {MAX_SQL_CHARS} characters; shorten it.")
+    # The gate itself (DuckDB's parser, the syntax tree walked) runs in the child, before
+    # anything else there: never in this process, where it would hold the GIL.
     request = {"sql": sql, "attach": _attachments(datasets), "memory_limit": memory_limit,
                "threads": threads, "timeout": timeout, "max_rows": max_rows,
                "csv_max_rows": csv_max_rows if csv_path is not None else 0}

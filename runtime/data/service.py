@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 from .filetypes import FORMATS, MIME_FORMATS, SPREADSHEETS
 
 if TYPE_CHECKING:  # DuckDB is imported on first use, not with this module
+    from .ingest_limits import IngestLimits
     from .sandbox import QueryResult
     from .warehouse import DatasetInfo, Scope, Warehouse
 
@@ -50,13 +52,29 @@ class QueryLimits:
     csv_max_rows: int = 1_000_000  # rows kept in a query's CSV artifact
 
 
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long files sent in chats (``uploads/``) and results and charts (``artifacts/``)
+    are kept: at most ``max_age_days`` old, at most ``max_total_bytes`` together (the oldest
+    go first). Datasets are not touched: they stay until removed."""
+
+    max_age_days: float = 30.0
+    max_total_bytes: int = 2 * 2**30
+    every_seconds: float = 600.0  # how often a sweep runs at most
+
+
 class DataService:
     def __init__(self, data_dir: Path, sources: Sequence[DatasetSource] = (), *,
                  demo: bool = True, max_upload_bytes: int = 100 * 2**20,
-                 limits: QueryLimits = QueryLimits()) -> None:
-        self.data_dir = Path(data_dir)
+                 limits: QueryLimits = QueryLimits(), retention: Retention = Retention(),
+                 ingest: IngestLimits | None = None) -> None:
+        self.data_dir = Path(data_dir).absolute()
         self.root = self.data_dir / "datasets"
         self.artifacts = self.data_dir / "artifacts"
+        self.uploads = self.data_dir / "uploads"
+        self.retention = retention
+        self.ingest_limits = ingest
+        self._swept = 0.0  # time.monotonic() of the last sweep
         self.sources = tuple(sources)
         self.demo = demo
         self.max_upload_bytes = max_upload_bytes
@@ -73,7 +91,10 @@ class DataService:
             if self._warehouse is None:
                 from .warehouse import Warehouse
 
-                warehouse = Warehouse(self.root, max_file_bytes=2**40)  # admins' files: no cap
+                from .ingest_limits import IngestLimits
+
+                warehouse = Warehouse(self.root, max_file_bytes=2**40,  # admins' files: no cap
+                                      limits=self.ingest_limits or IngestLimits())
                 self._load_sources(warehouse)
                 self._make_demo(warehouse)
                 self._warehouse = warehouse
@@ -137,6 +158,8 @@ class DataService:
     async def query(self, sql: str, scope: Scope | None, *, max_rows: int = 1000,
                     csv_path: Path | None = None) -> QueryResult:
         warehouse = await self.ready()
+        if self.sweep_due():
+            await asyncio.to_thread(self.sweep)
         limits = self.limits
         return await warehouse.query(sql, scope, timeout=limits.timeout, max_rows=max_rows,
                                      memory_limit=limits.memory_limit, threads=limits.threads,
@@ -166,6 +189,8 @@ class DataService:
         if size > self.max_upload_bytes:
             raise DatasetError(f"{filename} is {human_size(size)}; files sent in a chat may be "
                                f"at most {human_size(self.max_upload_bytes)}.")
+        if self.sweep_due():
+            self.sweep()
         staging = self.root / f".upload-{uuid.uuid4().hex}"
         staging.mkdir()
         try:
@@ -176,12 +201,76 @@ class DataService:
             replace = mine is not None and mine.owner == owner
             return warehouse.ingest(staged, name if replace else None, owner=owner,
                                     replace=replace)
+        except DatasetError:
+            self._discard(path)  # a refused file is not kept
+            raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    def _discard(self, path: Path) -> None:
+        """Delete a file sent in a chat, when it is one (under ``uploads/``)."""
+        try:
+            if path.resolve().is_relative_to(self.uploads.resolve()):
+                path.unlink(missing_ok=True)
+        except OSError as e:
+            log.warning("could not delete the refused upload %s: %s", path.name, e)
+
+    # ---- retention ---------------------------------------------------------------------
+
+    def sweep_due(self) -> bool:
+        return time.monotonic() - self._swept >= self.retention.every_seconds or not self._swept
+
+    def sweep(self, now: float | None = None) -> int:
+        """Apply the retention policy to ``uploads/`` and ``artifacts/``: delete files older
+        than the age limit, then the oldest until the rest fit the size limit. Blocking (call
+        it in a thread). Returns how many files were deleted."""
+        self._swept = time.monotonic()
+        now = time.time() if now is None else now
+        files: list[tuple[float, int, Path]] = []
+        for top in (self.uploads, self.artifacts):
+            for dirpath, _, names in os.walk(top):
+                for name in names:
+                    path = Path(dirpath) / name
+                    try:
+                        st = path.lstat()
+                    except OSError:
+                        continue
+                    files.append((st.st_mtime, st.st_size, path))
+        files.sort()
+        oldest_kept = now - self.retention.max_age_days * 86400
+        total = sum(size for _, size, _ in files)
+        deleted = 0
+        for mtime, size, path in files:
+            if mtime >= oldest_kept and total <= self.retention.max_total_bytes:
+                break
+            try:
+                path.unlink()
+            except OSError:
+                continue
+            total -= size
+            deleted += 1
+        for top in (self.uploads, self.artifacts):
+            _remove_empty_dirs(top)
+        if deleted:
+            log.info("retention: deleted %d old upload and artifact file(s)", deleted)
+        return deleted
 
     async def remove(self, name: str, scope: Scope | None) -> None:
         warehouse = await self.ready()
         await asyncio.to_thread(warehouse.remove, name, scope)
+
+
+def _remove_empty_dirs(top: Path, settle: float = 3600.0) -> None:
+    """Remove empty folders not changed for ``settle`` seconds (a run's new artifacts folder
+    is empty until its first file is written)."""
+    recent = time.time() - settle
+    for dirpath, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
+        if Path(dirpath) != top:
+            try:
+                if os.stat(dirpath).st_mtime < recent:
+                    os.rmdir(dirpath)
+            except OSError:
+                pass  # not empty, or gone
 
 
 def is_data_file(filename: str, mime_type: str) -> bool:

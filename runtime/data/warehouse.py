@@ -31,17 +31,26 @@ from typing import Any, Literal
 import duckdb
 
 from .child import RESERVED_NAMES
-from .ingest import DatasetError, collect, fingerprint_of, human_size, load
+from .ingest import (CsvOptions, DatasetError, IngestLimits, collect, fingerprint_of, human_size,
+                     load)
 from .sandbox import QueryResult, run_query
 
-__all__ = ["Column", "DatasetError", "DatasetInfo", "DatasetNotFound", "Scope", "Warehouse",
-           "check_name", "dataset_name"]
+__all__ = ["Column", "DatasetError", "DatasetExists", "DatasetInfo", "DatasetNotFound", "Scope",
+           "Warehouse", "check_name", "dataset_name"]
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
 
 
 class DatasetNotFound(DatasetError):
     """No dataset of that name is visible in the scope."""
+
+
+class DatasetExists(DatasetError):
+    """A dataset of that name exists already (and replacing it was not asked for)."""
+
+    def __init__(self, name: str):
+        super().__init__(f"A dataset named {name} already exists; choose another name.")
+        self.name = name
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +70,7 @@ class DatasetInfo:
     created_at: datetime
     size_bytes: int = 0
     fingerprint: str = ""  # of the source file(s) when loaded: name, size, modification time
+    source_bytes: int = 0  # the size of the file(s) it was loaded from
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +96,10 @@ class Scope:
 
 class Warehouse:
     def __init__(self, root: Path, max_file_bytes: int = 100 * 2**20, *,
-                 memory_limit: str = "1GB", threads: int = 2) -> None:
+                 limits: IngestLimits = IngestLimits()) -> None:
         self.root = Path(root)
         self.max_file_bytes = max_file_bytes
-        self.memory_limit = memory_limit  # for ingesting; queries have their own limits
-        self.threads = threads
+        self.limits = limits  # for ingesting (in a child process); queries have their own
         self.root.mkdir(parents=True, exist_ok=True)
         self._catalog = self.root / "catalog.json"
         self._mutex = threading.Lock()
@@ -118,8 +127,9 @@ class Warehouse:
     # ---- changing --------------------------------------------------------------------
 
     def ingest(self, source: Path, name: str | None = None, *, owner: str | None = None,
-               replace: bool = False) -> DatasetInfo:
-        """Load a CSV/TSV/Parquet/JSON/NDJSON file, or a folder of one format, as a dataset."""
+               replace: bool = False, csv: CsvOptions | None = None) -> DatasetInfo:
+        """Load a CSV/TSV/Parquet/JSON/NDJSON file, or a folder of one format, as a dataset
+        (in a child process, within `self.limits`)."""
         source = Path(source)
         fmt, files = collect(source)
         size = sum(f.stat().st_size for f in files)
@@ -132,10 +142,11 @@ class Warehouse:
         token = uuid.uuid4().hex
         tmp, spill = self.root / f".ingest-{token}.duckdb", self.root / f".ingest-{token}.tmp"
         try:
-            rows, columns = load(tmp, spill, name, fmt, files, self.memory_limit, self.threads)
+            rows, columns = load(tmp, spill, name, fmt, files, self.limits, csv)
             info = DatasetInfo(name, self.root / f"{name}.duckdb", source.name, owner, rows,
-                               tuple(Column(n, t) for n, t in columns), datetime.now(timezone.utc), tmp.stat().st_size,
-                               fingerprint_of(files))
+                               tuple(Column(n, t) for n, t in columns),
+                               datetime.now(timezone.utc), tmp.stat().st_size,
+                               fingerprint_of(files), size)
             with self._locked():
                 self._check_free(name, owner, replace)
                 os.replace(tmp, info.path)
@@ -186,7 +197,7 @@ class Warehouse:
     def _check_free(self, name: str, owner: str | None, replace: bool) -> None:
         existing = self._read().get(name)
         if existing is not None and not (replace and existing.owner == owner):
-            raise DatasetError(f"A dataset named {name} already exists; choose another name.")
+            raise DatasetExists(name)
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -204,7 +215,7 @@ class Warehouse:
             name=name, path=self.root / f"{name}.duckdb", source=d["source"], owner=d["owner"],
             rows=d["rows"], columns=tuple(Column(n, t) for n, t in d["columns"]),
             created_at=datetime.fromisoformat(d["created_at"]), size_bytes=d.get("size_bytes", 0),
-            fingerprint=d.get("fingerprint", ""),
+            fingerprint=d.get("fingerprint", ""), source_bytes=d.get("source_bytes", 0),
         ) for name, d in raw.get("datasets", {}).items()}
         for name, dataset in list(found.items()):
             if dataset.path.is_symlink() or not dataset.path.is_file():
@@ -217,7 +228,7 @@ class Warehouse:
             "source": d.source, "owner": d.owner, "rows": d.rows,
             "columns": [[c.name, c.type] for c in d.columns],
             "created_at": d.created_at.isoformat(), "size_bytes": d.size_bytes,
-            "fingerprint": d.fingerprint,
+            "fingerprint": d.fingerprint, "source_bytes": d.source_bytes,
         } for d in sorted(datasets.values(), key=lambda d: d.name)}}
         tmp = self._catalog.with_name(f".catalog.{uuid.uuid4().hex}.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
