@@ -28,6 +28,7 @@ from bench.servers import Server
 TOKENS = 100
 GAP = 0.02
 MODEL_TIME = (TOKENS - 1) * GAP  # first token at once, the last 99 gaps later
+QUESTION = "Tell me a long story."
 
 MODEL_SERVER = r"""
 import asyncio, json, sys
@@ -75,7 +76,7 @@ class Conn(asyncio.Protocol):
                 self.transport.write(OK)
                 continue
             self.transport.write(HEAD + ROLE + TOKEN)
-            n = 1 if b"warm up" in body else TOKENS
+            n = 1 if json.loads(body)["messages"][-1]["content"] == "warm up" else TOKENS
             if n == 1:
                 self.transport.write(END)
             else:
@@ -215,7 +216,7 @@ async def _client(session: aiohttp.ClientSession, url: str, start: asyncio.Event
         ready[0] += 1
         await start.wait()
         t0 = time.perf_counter()
-        await ws.send_str(json.dumps({"type": "message", "text": "Tell me a long story."}))
+        await ws.send_str(json.dumps({"type": "message", "text": QUESTION}))
         first = None
         while True:
             frame = await _frame(ws)

@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import urllib.request
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -84,6 +86,7 @@ def endpoint_of(settings: ModelSettings) -> tuple[str, str, str | None]:
 
 _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, aiohttp.ClientSession]] = \
     weakref.WeakKeyDictionary()
+_proxies: dict[str, str | None] = {}
 
 
 def _session(url: str) -> aiohttp.ClientSession:
@@ -92,8 +95,23 @@ def _session(url: str) -> aiohttp.ClientSession:
     if session is None or session.closed:
         connector = aiohttp.TCPConnector(limit=CONNECTIONS, limit_per_host=CONNECTIONS,
                                          keepalive_timeout=60, ttl_dns_cache=300)
-        session = pool[url] = aiohttp.ClientSession(connector=connector, trust_env=True)
+        # trust_env would look up .netrc and the proxy variables in a worker thread at every
+        # request (a burst of questions then queues on a few threads): the proxy is decided
+        # once per base URL instead (_proxy_for); no cookies either.
+        session = pool[url] = aiohttp.ClientSession(connector=connector,
+                                                    cookie_jar=aiohttp.DummyCookieJar())
     return session
+
+
+def _proxy_for(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (HTTPS_PROXY, NO_PROXY, ...), once."""
+    if url not in _proxies:
+        host = urlsplit(url).hostname or ""
+        proxies = urllib.request.getproxies_environment()
+        scheme = urlsplit(url).scheme
+        bypass = bool(urllib.request.proxy_bypass_environment(host, proxies)) if proxies else True
+        _proxies[url] = None if bypass else proxies.get(scheme) or proxies.get("all")
+    return _proxies[url]
 
 
 async def close_sessions() -> None:
@@ -138,7 +156,8 @@ class OpenAICompatibleModel:
         turn = _Turn()
         try:
             async with _session(url).post(f"{url}/chat/completions", data=body,
-                                           headers=headers, timeout=timeout) as response:
+                                           headers=headers, timeout=timeout,
+                                           proxy=_proxy_for(url)) as response:
                 if response.status != 200:
                     raise await _status_error(response)
                 if not response.content_type.startswith("text/event-stream"):

@@ -163,9 +163,7 @@ class Runner:
         schemas = [t.schema() for t in state.tools.values()]
         while True:
             turn = None
-            items = self._model_turn(state, schemas)
-            if self.delta_interval > 0:
-                items = batched(items, interval=self.delta_interval)
+            items = batched(self._model_turn(state, schemas), interval=self.delta_interval)
             async with aclosing(items):  # type: ignore[type-var]
                 async for item in items:
                     if isinstance(item, ModelTurn):
@@ -206,19 +204,15 @@ class Runner:
                 raise BudgetExceeded(_budget_msg("seconds", state), "seconds")
             stream = model.stream(state.messages, schemas, state.settings)
             try:
-                # The time limit bounds each wait for the model, never a ``yield``: a timeout
-                # around a yield would fire in the consumer (storing, sending) and look like
-                # a user's stop there, not like the budget it is.
-                while True:
-                    if (left := state.deadline - time.monotonic()) <= 0:
-                        raise TimeoutError
-                    try:
-                        async with asyncio.timeout(left):
-                            item = await anext(stream)
-                    except StopAsyncIteration:
-                        return
-                    shown = shown or isinstance(item, str)
-                    yield item
+                # One time limit for the whole call. This generator is read only by the turn's
+                # own task (:func:`batched`), which awaits nothing else while it is suspended
+                # here, so the limit can only fire while the model is awaited — never in the
+                # consumer storing or showing text, where it would look like a user's stop.
+                async with asyncio.timeout(remaining):
+                    async for item in stream:
+                        shown = shown or isinstance(item, str)
+                        yield item
+                return
             except TimeoutError:
                 raise BudgetExceeded(_budget_msg("seconds", state), "seconds") from None
             except ModelError as e:

@@ -172,3 +172,17 @@ def test_which_path_serves_which_model():
     assert isinstance(model_for(ModelSettings(model="anthropic/x")), LiteLLMModel)
     assert not uses_litellm(ModelSettings(model="openai/x"))
     assert uses_litellm(ModelSettings(model="anthropic/x"))
+
+
+def test_the_proxy_is_decided_once_per_base_url_from_the_environment(monkeypatch):
+    from pluto.runtime import openai_compat
+
+    monkeypatch.setattr(openai_compat, "_proxies", {})
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
+    assert openai_compat._proxy_for("https://api.openai.com/v1") == "http://proxy.internal:3128"
+    assert openai_compat._proxy_for("http://127.0.0.1:8080/v1") is None
+    monkeypatch.delenv("HTTPS_PROXY")
+    assert openai_compat._proxy_for("https://api.openai.com/v1") == "http://proxy.internal:3128"
+    monkeypatch.setattr(openai_compat, "_proxies", {})
+    assert openai_compat._proxy_for("https://api.openai.com/v1") is None
