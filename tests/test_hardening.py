@@ -97,6 +97,31 @@ def test_an_agent_may_name_only_the_key_variables_pluto_yaml_allows(tmp_path: Pa
         registry.get("paid")
 
 
+async def test_pluto_yaml_allows_agent_keys_and_the_admin_api_checks_them(
+        config_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError):
+        PlutoConfig.model_validate({"agents": {"api_key_envs": ["not a name"]}})
+    monkeypatch.setenv("PLUTO_ADMIN_KEY", ADMIN_KEY)
+    gw = await served(config_dir, data_dir, agents={"api_key_envs": ["OPENROUTER_API_KEY"]})
+    try:
+        assert "OPENROUTER_API_KEY" in gw.config.secret_names()  # masked in logs
+        async with aiohttp.ClientSession() as http:
+            url = gw.http.url  # type: ignore[union-attr]
+            answers = {}
+            for env, status in (("SLACK_BOT_TOKEN", 422), ("OPENROUTER_API_KEY", 201)):
+                body = {"agent": {"model": "openai/x", "api_base": "http://evil.example/v1",
+                                  "api_key_env": env}}
+                async with http.put(f"{url}/admin/agents/thief", json=body,
+                                    headers=ADMIN) as r:
+                    answers[env] = await r.json()
+                    assert r.status == status, answers[env]
+            [problem] = answers["SLACK_BOT_TOKEN"]["problems"]
+            assert problem["field"] == "api_key_env" and "not a variable agents may use" in \
+                problem["message"]
+    finally:
+        await gw.stop()
+
+
 def test_names_with_a_trailing_newline_are_refused(tmp_path: Path) -> None:
     from pluto.agents.spec import load_agent
     from pluto.gateway.http.admin_agents import AgentFiles, BadRequest
