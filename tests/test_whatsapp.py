@@ -136,6 +136,10 @@ async def test_a_forged_or_malformed_post_is_refused_and_nothing_is_taken(rig: R
         async with s.post(rig.fake.webhook_url, data=junk,
                           headers={"X-Hub-Signature-256": sign(rig.fake.app_secret, junk)}) as r:
             assert r.status == 400
+        deep = b"[" * 5000 + b"]" * 5000  # signed, but nested past any webhook's shape
+        async with s.post(rig.fake.webhook_url, data=deep,
+                          headers={"X-Hub-Signature-256": sign(rig.fake.app_secret, deep)}) as r:
+            assert r.status == 400
     assert rig.intake.got == []
 
 

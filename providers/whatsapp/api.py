@@ -51,6 +51,12 @@ class GraphApi:
             raise graph_error(response.status, body, response.headers)
         return body
 
+    async def number(self) -> dict[str, Any]:
+        """The business number's display number and name (checks the token and the id)."""
+        async with self.session().get(f"{self.api_url}/{self.phone_number_id}", params={
+                "fields": "display_phone_number,verified_name"}) as r:
+            return await self._json(r)
+
     async def message(self, to: str, kind: str, content: dict[str, Any],
                       reply_to: str | None = None) -> str:
         """Send one message; its ``wamid``."""

@@ -15,15 +15,16 @@ or refused with 131047) is logged and the admin is told; it is never dropped sil
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import OrderedDict
 from pathlib import Path
 
+import aiohttp
 from aiohttp import web
 
 from pluto.errors import DeliveryRefused, ProviderError
+from pluto import jsonlimits
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
 from pluto.providers.whatsapp.api import GraphApi, TooLarge
 from pluto.providers.whatsapp.errors import (OUTSIDE_WINDOW, GraphError, Waits, provider_error,
@@ -41,6 +42,7 @@ MAX_CAPTION = 1024
 TYPING_LASTS = 20.0  # WhatsApp shows it up to 25 s, or until the reply
 REMEMBERED = 4096  # message ids kept to recognise redeliveries before any work is done
 ADMIN_NOTICE_EVERY = 3600.0  # per person, so an admin is told once, not once per chunk
+NETWORK = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
 
 
 class WhatsAppProvider(Provider):
@@ -86,15 +88,12 @@ class WhatsAppProvider(Provider):
     async def _check_number(self) -> None:
         """The token and the number id work (a rejected token stops the provider for good)."""
         try:
-            async with self.api.session().get(
-                    f"{self.settings.api_url}/{self.settings.phone_number_id}",
-                    params={"fields": "display_phone_number,verified_name"}) as r:
-                await self.api._json(r)  # noqa: SLF001 - the same error handling
+            await self.api.number()
         except GraphError as e:
             error = provider_error(e, self.waits)
             raise type(error)(f"{error} (the token in {self.settings.token_env}, the number "
                               f"{self.settings.phone_number_id})") from None
-        except Exception as e:  # noqa: BLE001 - unreachable: the supervisor retries
+        except NETWORK as e:  # unreachable: the supervisor retries
             raise provider_error(e, self.waits) from None
 
     async def close(self) -> None:
@@ -123,7 +122,7 @@ class WhatsAppProvider(Provider):
         if intake is None:
             return web.Response(status=503, text="not ready")  # Meta delivers it again
         try:
-            messages, statuses = parse(json.loads(body), self.settings.phone_number_id)
+            messages, statuses = parse(jsonlimits.loads(body), self.settings.phone_number_id)
         except ValueError:
             return web.Response(status=400, text="not a WhatsApp webhook")
         for status in statuses:
@@ -182,7 +181,7 @@ class WhatsAppProvider(Provider):
             await asyncio.to_thread(path.unlink, missing_ok=True)
             return (), (f"The file {name} is too large for me to read (the limit is "
                         f"{self.settings.max_download_mb:g} MB).")
-        except (GraphError, OSError, asyncio.TimeoutError, Exception) as e:  # noqa: BLE001
+        except (GraphError, *NETWORK) as e:
             await asyncio.to_thread(path.unlink, missing_ok=True)
             log.warning("whatsapp: downloading %s from %s failed: %s", name, inbound.wa_id,
                         provider_error(e, self.waits))
@@ -237,7 +236,7 @@ class WhatsAppProvider(Provider):
             await self.api.message(admin, "text", {
                 "body": f"Pluto could not deliver a reply to +{wa_id}: their 24-hour WhatsApp "
                         "window is closed. They will get answers again once they write."})
-        except Exception as e:  # noqa: BLE001 - the log line above stands either way
+        except (GraphError, *NETWORK) as e:  # the log line above stands either way
             log.warning("whatsapp: could not tell the admin (%s): %s", admin,
                         provider_error(e, self.waits))
 
@@ -260,9 +259,7 @@ class WhatsAppProvider(Provider):
             if e.code == OUTSIDE_WINDOW:
                 await self._window_closed(to, f"{message.kind} of run {message.run_id or '-'}")
             raise provider_error(e, self.waits) from None
-        except (OSError, asyncio.TimeoutError, Exception) as e:
-            if isinstance(e, ProviderError):
-                raise
+        except NETWORK as e:
             raise provider_error(e, self.waits) from None
 
     async def _send_files(self, message: OutgoingMessage) -> str:
@@ -305,6 +302,6 @@ class WhatsAppProvider(Provider):
         self._typing[chat_id] = (known[1], time.monotonic())
         try:
             await self.api.mark_read(known[1], typing=True)
-        except Exception as e:  # noqa: BLE001 - a missing indicator is no failure of the reply
+        except (GraphError, *NETWORK) as e:  # a missing indicator is no failure of the reply
             log.debug("whatsapp: typing indicator for %s: %s", chat_id,
                       provider_error(e, self.waits))

@@ -25,6 +25,7 @@ from tests.conformance.harness import Harness, Shown, UserMessage
 from tests.conformance.slack_harness import free_port
 from tests.fakes.whatsapp_server import FakeWhatsApp
 from tests.fakes.whatsapp_state import GraphFailure
+from tests.helpers.gateway import provider_context
 
 TOKEN_ENV = "PLUTO_CONFORMANCE_WHATSAPP_TOKEN"
 SECRET_ENV = "PLUTO_CONFORMANCE_WHATSAPP_APP_SECRET"
@@ -107,7 +108,8 @@ class WhatsAppHarness(Harness):
         assert self.gateway is not None
         self.expect_connection()
         self.server = HttpServer(self.gateway, "127.0.0.1", 0)
-        ctx = _context(self.provider_config(), self)
+        ctx = provider_context(ProviderConfig(**self.provider_config()), self.data_dir,
+                               self.server)
         provider = WhatsAppProvider.from_context(ctx)  # mounts its webhook
         await self.server.start()
         self.fake.webhook_url = f"{self.server.url}{PATH}"
@@ -172,8 +174,3 @@ class WhatsAppHarness(Harness):
     async def changed(self) -> None:
         await self.fake._wait_change(0.5)  # noqa: SLF001 - the fake's change notification
 
-
-def _context(config: dict[str, Any], harness: WhatsAppHarness) -> Any:
-    from tests.helpers.gateway import provider_context
-
-    return provider_context(ProviderConfig(**config), harness.data_dir, harness.server)
