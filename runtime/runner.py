@@ -2,10 +2,12 @@
 
 It loads the session's history, builds the prompt, streams the model, executes the tool calls
 the model makes, feeds the results back and repeats until a final answer, within the agent's
-budgets. Every event is committed to storage (which numbers it: ``seq``) before it is handed
-to the run's observer (the run feed, metrics) and then yielded, so nobody is ever shown
-something that is not on disk. The model's text deltas are committed in batches (at most one
-per ``delta_interval``, the first at once: :mod:`.batching`). The observer sees every event,
+budgets. Every event is numbered by storage (``seq``) before it is handed to the run's
+observer (the run feed, metrics) and then yielded. The answer, tool events, errors and the
+run's end are committed first, so nobody is shown one that is not on disk; the model's text
+comes as previews, in batches (at most one per ``delta_interval``, the first at once:
+:mod:`.batching`), committed behind the run and at the latest with its next event — a crash
+loses at most the last previews, never an answer. The observer sees every event,
 including those recorded when a run is cancelled (which are not yielded: the consumer is gone).
 """
 
@@ -96,7 +98,9 @@ class Runner:
         changes: dict[str, Any] = {}
         if agent.api_base:
             changes["api_base"] = agent.api_base
-        if agent.api_key_env:
+            if agent.api_base != base.api_base:  # pluto.yaml's key never goes to another host
+                changes["api_key_env"] = None
+        if agent.api_key_env:  # (the loader allows only agents.api_key_envs from pluto.yaml)
             changes["api_key_env"] = agent.api_key_env
         if agent.temperature is not None:
             changes["temperature"] = agent.temperature
@@ -282,7 +286,8 @@ class Runner:
             return ToolResult(f"The tool failed: {type(e).__name__}: {e}", is_error=True)
 
     async def _commit(self, state: _RunState, event: RunEvent) -> RunEvent:
-        event = await self.store.append_event(event)
+        # a batch of streamed text is a preview: committed behind us (the answer never is)
+        event = await self.store.append_event(event, durable=not isinstance(event, MessageDelta))
         state.observe(event)
         return event
 

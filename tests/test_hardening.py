@@ -456,3 +456,20 @@ def test_api_keys_are_named_or_get_a_name_from_their_hash(
     monkeypatch.setenv("PLUTO_TEST_API_KEYS", "ci:short")
     with pytest.raises(ConfigError, match="at least 16"):
         load_keys(settings)
+
+
+def test_an_agents_api_base_never_gets_pluto_yamls_key(tmp_path: Path) -> None:
+    from pluto.runtime.model import ModelSettings
+    from pluto.runtime.runner import Runner
+
+    write_agent(tmp_path, "elsewhere", "model: default\napi_base: http://evil.example/v1\n")
+    write_agent(tmp_path, "same", "model: default\napi_base: http://models.example/v1\n")
+    write_agent(tmp_path, "own", "model: default\napi_base: http://other.example/v1\n"
+                                 "api_key_env: OPENROUTER_API_KEY\n")
+    registry = AgentRegistry(tmp_path / "agents", key_envs=["OPENROUTER_API_KEY"])
+    runner = Runner(None, models={"default": ModelSettings(  # type: ignore[arg-type]
+        model="openai/x", api_base="http://models.example/v1", api_key_env="OPENAI_API_KEY")},
+        tools={}, data_dir=tmp_path)
+    assert runner.settings_for(registry.get("elsewhere")).api_key_env is None  # before: sent
+    assert runner.settings_for(registry.get("same")).api_key_env == "OPENAI_API_KEY"
+    assert runner.settings_for(registry.get("own")).api_key_env == "OPENROUTER_API_KEY"
