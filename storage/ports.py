@@ -73,8 +73,11 @@ class ConversationStore(RunReader, Protocol):
         cancelled with its ``run.end``, unless it has ended already (None then)."""
         ...
 
-    async def append_event(self, event: RunEvent) -> RunEvent:
-        """Commit one event of a running run; returns it with its ``seq``."""
+    async def append_event(self, event: RunEvent, *, durable: bool = True) -> RunEvent:
+        """Commit one event of a running run; returns it with its ``seq``. ``durable=False``
+        (a streamed preview batch): numbered at once and committed behind the caller, at the
+        latest in the commit of the run's next durable write (which takes it along first), so
+        a crash loses at most the previews not yet committed, never an answer."""
         ...
 
     async def end_run(self, run_id: str, status: str, *, error: str | None = None,

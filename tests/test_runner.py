@@ -279,3 +279,31 @@ async def test_closing_the_batches_closes_the_model_stream():
     assert await anext(stream) == "x"
     await stream.aclose()
     assert closed == [True]
+
+
+async def test_previews_are_committed_behind_and_never_after_the_answer(store, tmp_path):
+    session = await store.session("behind", "a")
+    start = await store.start_run("r-behind", session.id, "a", "hi",
+                                  RunStart(run_id="r-behind", session_id=session.id, agent="a"))
+    first = await store.append_event(MessageDelta(run_id="r-behind", text="Hel"), durable=False)
+    second = await store.append_event(MessageDelta(run_id="r-behind", text="lo"), durable=False)
+    assert (start.seq, first.seq, second.seq) == (1, 2, 3)  # numbered at once
+    final, end = await store.complete_run(
+        "r-behind", session.id, MessageFinal(run_id="r-behind", text="Hello"),
+        RunEnd(run_id="r-behind", outcome="ok"), usage={})
+    stored = await store.events("r-behind")  # the answer's commit took the previews along
+    assert [(e.seq, e.type) for e in stored] == [
+        (1, "run.start"), (2, "message.delta"), (3, "message.delta"), (4, "message.final"),
+        (5, "run.end")]
+    assert [e.text for e in stored if isinstance(e, MessageDelta)] == ["Hel", "lo"]
+
+
+async def test_previews_alone_are_committed_soon(store, tmp_path):
+    session = await store.session("alone", "a")
+    await store.start_run("r-alone", session.id, "a", "hi",
+                          RunStart(run_id="r-alone", session_id=session.id, agent="a"))
+    await store.append_event(MessageDelta(run_id="r-alone", text="partial"), durable=False)
+    async with asyncio.timeout(5):
+        while len(await store.events("r-alone")) < 2:
+            await asyncio.sleep(0.01)
+    assert (await store.events("r-alone"))[-1].text == "partial"

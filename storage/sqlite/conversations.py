@@ -7,7 +7,9 @@ back with the event. A run is recorded as ``queued`` when the gateway accepts it
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 import uuid
 from collections import OrderedDict, deque
@@ -19,6 +21,8 @@ from pluto.events import RunEnd, RunEvent, event_from_dict, event_to_dict
 from pluto.storage.rows import (MessageRow, RunRow, SessionRow, estimate_tokens,
                                 sanitize_history)
 from pluto.storage.sql import Engine, Statement
+
+log = logging.getLogger(__name__)
 
 COMPONENT = "conversations"
 MIGRATIONS: list[str] = [
@@ -116,6 +120,8 @@ class SqliteConversations:
     def __init__(self, engine: Engine):
         self.engine = engine
         self._seq: dict[str, int] = {}  # the last seq of each run this process is writing
+        self._behind: list[Statement] = []  # preview events numbered, not yet handed over
+        self._flusher: asyncio.Task[None] | None = None
         self._sessions: dict[str, SessionRow] = {}  # active session by key (bounded cache)
         # The newest messages of recently used sessions, appended to as they are committed:
         # a run reads its history from memory. Only when this process is the only writer of
@@ -170,7 +176,7 @@ class SqliteConversations:
         if event is not None:
             event = self._numbered(event)
             stmts.append(_event_stmt(event))
-        await self.engine.write(*stmts)
+        await self.engine.write(*self._take_behind(), *stmts)
         self._remember(session_id, message)
         return event
 
@@ -256,10 +262,35 @@ class SqliteConversations:
         self._remember(session_id, message)
         return event
 
-    async def append_event(self, event: RunEvent) -> RunEvent:
+    async def append_event(self, event: RunEvent, *, durable: bool = True) -> RunEvent:
         event = self._numbered(event)
-        await self.engine.write(_event_stmt(event))
+        if durable:
+            await self.engine.write(*self._take_behind(), _event_stmt(event))
+            return event
+        # A preview (a batch of streamed text): numbered now, committed behind the caller with
+        # the next write — at the latest with the run's next durable event, in its commit
+        self._behind.append(_event_stmt(event))
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_behind())
         return event
+
+    def _take_behind(self) -> list[Statement]:
+        """The preview events not yet handed to the engine: a write takes them along first."""
+        if not self._behind:
+            return []
+        stmts, self._behind = self._behind, []
+        return stmts
+
+    async def _flush_behind(self) -> None:
+        try:
+            while stmts := self._take_behind():
+                try:
+                    await self.engine.write(*stmts)
+                except Exception as e:  # noqa: BLE001 - previews only: the answer is durable
+                    log.warning("storage: %d streamed preview event(s) were not kept: %s",
+                                len(stmts), e)
+        finally:
+            self._flusher = None
 
     async def end_run(self, run_id: str, status: str, *, error: str | None = None,
                       usage: dict[str, int] | None = None,
@@ -273,7 +304,7 @@ class SqliteConversations:
         stmts.append(("UPDATE runs SET status = ?, error = ?, usage = ?, ended_at = ? WHERE id = ?",
                       (status, error, json.dumps(usage or {}), time.time(), run_id)))
         try:
-            await self.engine.write(*stmts)
+            await self.engine.write(*self._take_behind(), *stmts)
         finally:
             self._seq.pop(run_id, None)
         return event
@@ -281,7 +312,11 @@ class SqliteConversations:
     async def cancel_run(self, run_id: str, session_id: str, agent: str, input_text: str,
                          event: RunEvent, *, error: str,
                          source: tuple[str, str] | None = None) -> RunEvent | None:
+        behind = self._take_behind()
+
         def cancel(conn: Any) -> RunEvent | None:
+            for stmt in behind:
+                conn.execute(*stmt)
             row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
             if row is not None and row["status"] not in ("queued", "running"):
                 return None  # it ended on its own
@@ -309,7 +344,11 @@ class SqliteConversations:
                            *, usage: dict[str, int]) -> tuple[RunEvent, RunEvent]:
         final, end = self._numbered(final), self._numbered(end)
         message = _message("assistant", getattr(final, "text", None), run_id)
+        behind = self._take_behind()
+
         def complete(conn: Any) -> None:
+            for stmt in behind:  # the previews before it, in its commit
+                conn.execute(*stmt)
             # fenced: a run taken over by another instance (it thought this one dead) ends
             # there, and its answer here is refused rather than given twice
             if conn.execute("UPDATE runs SET status = 'ok', error = NULL, usage = ?,"
