@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from pluto.errors import ConfigError, DeliveryRefused, ProviderUnusable, RateLimited
+from pluto.errors import (ConfigError, DeliveryRefused, ProviderUnusable, RateLimited,
+                          StorageError)
 from pluto.gateway.delivery.render import render_chunks
 from pluto.providers.matrix import MatrixProvider
 from pluto.providers.matrix.markup import MATRIX_HTML, to_event_content
@@ -163,6 +164,25 @@ async def test_a_restart_neither_misses_nor_repeats(rig: Rig) -> None:
     await rig.synced()
     assert rig.texts() == ["before", "while away"]
     assert (rig.data_dir / "matrix" / f"pluto_{SERVER}.json").is_file()
+
+
+async def test_a_message_intake_could_not_record_comes_again(rig: Rig) -> None:
+    class Broken(RecordingIntake):
+        async def submit(self, msg):  # type: ignore[no-untyped-def]
+            raise StorageError("the database is gone")
+
+    good = rig.intake
+    rig.intake = Broken()
+    await rig.start()
+    rig.fake.user_says(DM, "do not lose me")
+    assert rig.task is not None
+    with pytest.raises(StorageError):
+        await asyncio.wait_for(rig.task, 10)  # the provider fails; the gateway restarts it
+    await rig.stop()
+    rig.intake = good
+    await rig.start()
+    await rig.synced()
+    assert rig.texts() == ["do not lose me"]
 
 
 async def test_the_first_start_does_not_answer_history(rig: Rig) -> None:

@@ -36,7 +36,7 @@ from pluto.providers.matrix.inbound import (TEXT_TYPES, Event, mentions, to_inco
 from pluto.providers.matrix.markup import MATRIX_HTML, to_event_content
 from pluto.providers.matrix.settings import MatrixSettings, load_settings
 from pluto.providers.matrix.sync_token import SyncTokenFile
-from pluto.types import Attachment, Capabilities, OutgoingMessage
+from pluto.types import Attachment, Capabilities, IncomingMessage, OutgoingMessage
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,8 @@ FILTER = json.dumps({"presence": {"not_types": ["*"]}, "account_data": {"not_typ
 REMEMBERED = 4096
 MAX_BACKFILL = 1000  # missed messages fetched for one room after a gap
 CHUNK = 64 * 1024
+# what a homeserver call can fail with (a reply that is not JSON: ValueError)
+FAILURES = (MatrixError, aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError)
 
 
 class MatrixProvider(Provider):
@@ -94,7 +96,7 @@ class MatrixProvider(Provider):
             if self.user_id is None:
                 try:
                     who = await self.client().whoami()
-                except Exception as e:  # noqa: BLE001 - typed below
+                except FAILURES as e:  # typed below
                     error = provider_error(e)
                     if isinstance(error, ProviderUnusable):
                         error = ProviderUnusable(f"{error} (the token in "
@@ -106,7 +108,7 @@ class MatrixProvider(Provider):
                                            f"belongs to {who.user_id}, not {wanted}")
                 try:
                     self.display_name = await self.client().get_displayname(who.user_id)
-                except Exception as e:  # noqa: BLE001 - mentions by id still work
+                except FAILURES as e:  # mentions by id still work
                     log.debug("matrix: no display name: %s", provider_error(e))
                 self.user_id = str(who.user_id)
             return self.user_id
@@ -126,7 +128,7 @@ class MatrixProvider(Provider):
                 failures = 0
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # noqa: BLE001 - typed below
+            except FAILURES as e:  # typed below
                 error = provider_error(e)
                 if isinstance(error, ProviderUnusable):
                     raise error from None
@@ -182,7 +184,7 @@ class MatrixProvider(Provider):
                     Method.GET, Path.v3.rooms[room_id].messages,
                     query_params={"dir": "b", "from": token, "to": since, "limit": "100",
                                   "filter": json.dumps({"types": ["m.room.message"]})})
-            except Exception as e:  # noqa: BLE001 - what came in the sync is still handled
+            except FAILURES as e:  # what came in the sync is still handled
                 log.warning("matrix: could not fetch the messages missed in %s: %s", room_id,
                             provider_error(e))
                 break
@@ -200,7 +202,7 @@ class MatrixProvider(Provider):
         try:
             await self.client().join_room_by_id(RoomID(room_id))
             log.info("matrix: joined %s (invited)", room_id)
-        except Exception as e:  # noqa: BLE001 - one room, not the provider
+        except FAILURES as e:  # one room, not the provider
             log.warning("matrix: could not join %s: %s", room_id, provider_error(e))
 
     def _note_state(self, room_id: str, ev: dict[str, Any]) -> None:
@@ -213,29 +215,34 @@ class MatrixProvider(Provider):
                         "supported, so the bot cannot read or answer messages there", room_id)
 
     async def _dispatch(self, event: Event, intake: Intake) -> None:
-        """Hand one message to the gateway; a failure is logged, never fatal to receiving."""
+        """Hand one message to the gateway. Reading it may fail (logged, never fatal to
+        receiving); intake failing (the database) fails the sync, so the batch comes again."""
         if not event.id or event.id in self._seen:
             return
         try:
-            await self._receive(event, intake)
+            incoming = await self._receive(event)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("matrix: handling event %s in %s failed", event.id, event.room_id)
+            incoming = None
+        if incoming is not None:
+            await intake.submit(incoming)
         self._seen[event.id] = None
         while len(self._seen) > REMEMBERED:
             self._seen.popitem(last=False)
 
-    async def _receive(self, event: Event, intake: Intake) -> None:
+    async def _receive(self, event: Event) -> IncomingMessage | None:
+        """The message for the gateway, if the bot should see it."""
         me = await self.identity()
         if event.sender == me or event.is_edit or event.room_id in self._encrypted:
-            return
+            return None
         if event.msgtype not in TEXT_TYPES and event.file() is None:
-            return
+            return None
         direct = await self._is_direct(event.room_id)
         addressed = direct or await self._addressed(event, me)
         if not addressed and self.settings.room_messages == "mentions":
-            return
+            return None
         if addressed:  # a thread on a message to the bot, or one it was called into
             self._join_thread(event.thread_root or event.id)
         attachments: tuple[Attachment, ...] = ()
@@ -245,8 +252,7 @@ class MatrixProvider(Provider):
                 await self._quiet_notice(event, problem)
         incoming = to_incoming(event, bot_id=me, bot_name=self.display_name, direct=direct,
                                addressed=addressed, attachments=attachments)
-        if incoming.text or incoming.attachments:
-            await intake.submit(incoming)
+        return incoming if incoming.text or incoming.attachments else None
 
     async def _addressed(self, event: Event, me: str) -> bool:
         if mentions(event, me, self.display_name):
@@ -261,7 +267,7 @@ class MatrixProvider(Provider):
         if count is None:
             try:
                 count = len(await self.client().get_joined_members(RoomID(room_id)))
-            except Exception as e:  # noqa: BLE001 - treat it as a room, answer mentions only
+            except FAILURES as e:  # treat it as a room, answer mentions only
                 log.warning("matrix: members of %s unknown: %s", room_id, provider_error(e))
                 return False
             self._members[room_id] = count
@@ -273,7 +279,7 @@ class MatrixProvider(Provider):
             try:
                 found = await self.client().get_event(RoomID(room_id), event_id)  # type: ignore[arg-type]
                 known = str(found.sender) == self.user_id
-            except Exception as e:  # noqa: BLE001 - not provably the bot's
+            except FAILURES as e:  # not provably the bot's
                 log.debug("matrix: event %s not read: %s", event_id, provider_error(e))
                 return False
             self._remember(event_id, known)
@@ -305,7 +311,7 @@ class MatrixProvider(Provider):
         except _TooLarge:
             await asyncio.to_thread(path.unlink, missing_ok=True)
             return (), too_large
-        except Exception as e:  # noqa: BLE001 - told to the person below
+        except FAILURES as e:  # told to the person below
             await asyncio.to_thread(path.unlink, missing_ok=True)
             log.warning("matrix: downloading %s in %s failed: %s", name, event.room_id,
                         provider_error(e))
@@ -399,7 +405,7 @@ class MatrixProvider(Provider):
     async def _call(self, coro: Any) -> Any:
         try:
             return await coro
-        except (MatrixError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+        except FAILURES as e:
             raise provider_error(e) from None
 
 
