@@ -15,7 +15,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from pluto.errors import ConfigError, DeliveryRefused, ProviderUnusable, RateLimited
+from pluto.errors import (ConfigError, DeliveryRefused, ProviderUnusable, RateLimited,
+                          StorageError)
 from pluto.gateway.delivery.render import render_chunks
 from pluto.providers.whatsapp import WhatsAppProvider
 from pluto.providers.whatsapp.markup import WHATSAPP
@@ -161,6 +162,26 @@ async def test_a_full_intake_answers_503_and_whatsapp_delivers_again(rig: Rig) -
     await said.delivery.done.wait()
     assert said.delivery.statuses[-1] == 200
     assert [m.text for m in rig.intake.got] == ["are you there?"]
+
+
+async def test_a_message_intake_could_not_record_is_delivered_again(
+        rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    await rig.start()
+    got = rig.intake.got
+    failures = [StorageError("the database is gone")]
+
+    async def offer(msg: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        got.append(msg)
+        return msg
+
+    rig.intake.offer = offer  # type: ignore[method-assign]
+    said = await rig.fake.user_says(ALICE, "do not lose me")
+    await said.delivery.done.wait()
+    assert said.delivery.statuses == [503, 200]
+    assert [m.text for m in got] == ["do not lose me"]
+    assert "Traceback" not in caplog.text
 
 
 async def test_a_redelivery_is_taken_once(rig: Rig) -> None:

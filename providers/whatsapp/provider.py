@@ -23,7 +23,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from pluto.errors import DeliveryRefused, ProviderError
+from pluto.errors import DeliveryRefused, PlutoError, ProviderError
 from pluto import jsonlimits
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
 from pluto.providers.whatsapp.api import GraphApi, TooLarge
@@ -127,9 +127,14 @@ class WhatsAppProvider(Provider):
             return web.Response(status=400, text="not a WhatsApp webhook")
         for status in statuses:
             self._on_status(status)
-        for message in messages:
-            if not await self._receive(message, intake):
-                return web.Response(status=503, text="busy")  # Meta delivers it again
+        try:
+            for message in messages:
+                if not await self._receive(message, intake):
+                    return web.Response(status=503, text="busy")  # Meta delivers it again
+        except PlutoError as e:  # not recorded (the database): Meta delivers it again
+            log.warning("whatsapp: a message could not be taken (%s); WhatsApp will deliver "
+                        "it again", e)
+            return web.Response(status=503, text="try again")
         return web.Response(text="ok")
 
     async def _receive(self, inbound: Inbound, intake: Intake) -> bool:
