@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import shutil
 import statistics
 import sys
@@ -283,6 +284,8 @@ def measure(kind: str, model_url: str, n: int) -> Round:
 
 
 def run(report: Report, quick: bool = False) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 1,000 sockets here too
     levels = (50, 200) if quick else (50, 200, 1000)
     with Process("model") as model:
         model_url = f"{model.url}/v1"
