@@ -328,6 +328,9 @@ async def test_webhook_mode_checks_the_secret(fake, data_dir, http_server):
                                       ({SECRET_HEADER: "s3cret"}, [1], 400)):
             async with http.post(url, json=body, headers=headers) as resp:
                 assert resp.status == status
+        deep = '{"update_id": 1, "message": ' + "[" * 5000 + "]" * 5000 + "}"  # too deep: 400
+        async with http.post(url, data=deep, headers={SECRET_HEADER: "s3cret"}) as resp:
+            assert resp.status == 400
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert [m.text for m in got] == ["via webhook"]

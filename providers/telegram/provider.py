@@ -24,6 +24,7 @@ from telegram import Bot, BotCommand, Message, Update
 from telegram.error import InvalidToken, RetryAfter, TelegramError, TimedOut
 from telegram.request import HTTPXRequest
 
+from pluto import jsonlimits
 from pluto.errors import ProviderError, ProviderUnusable
 
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext, Ticket
@@ -156,7 +157,7 @@ class TelegramProvider(Provider):
         if intake is None:
             return web.Response(status=503, text="not ready")  # Telegram retries later
         try:
-            update = Update.de_json(await request.json(), self.bot)
+            update = Update.de_json(await request.json(loads=jsonlimits.loads), self.bot)
         except Exception:
             return web.Response(status=400, text="not a Telegram update")
         if not await self._dispatch(update, intake.offer):
