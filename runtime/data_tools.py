@@ -37,10 +37,11 @@ async def _service(ctx: ToolContext, *modules: str) -> tuple[DataService, Scope]
 
 def table_details(result: QueryResult, rows: int = PEOPLE_ROWS) -> dict[str, Any]:
     """A result as JSON-safe text cells, for people."""
-    from pluto.runtime.data import cell_text
+    from pluto.runtime.data.format import is_numeric_type, people_text
 
     return {"columns": list(result.columns),
-            "rows": [[cell_text(v) for v in row] for row in result.rows[:rows]],
+            "rows": [[people_text(v) for v in row] for row in result.rows[:rows]],
+            "numeric": [is_numeric_type(t) for t in result.column_types],
             "truncated": result.truncated or len(result.rows) > rows}
 
 

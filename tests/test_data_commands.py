@@ -4,6 +4,7 @@ becomes a dataset of that conversation only, a broken one is refused in one sent
 from __future__ import annotations
 
 import asyncio
+import re
 import os
 import shutil
 import subprocess
@@ -95,7 +96,10 @@ async def test_datasets_describe_and_sql_need_no_model(gw: Gateway, p: Recording
 async def test_long_results_show_the_first_rows_and_say_how_many(p: RecordingProvider):
     table = await ask(p, "/sql SELECT * FROM sales")
     assert len(table.splitlines()) == 2 + 25 + 2
-    assert table.endswith("(showing 25 of more than 25 rows)")
+    assert re.search(r"\(showing 25 of 2,000 rows; all of them are in "
+                     r"artifacts/sql-\w+/result-\w+\.csv in the data dir\)$", table), table
+    wide = await ask(p, "/sql SELECT avg(amount) AS mean, 1/3 AS third FROM sales")
+    assert "| 266.8 | 0.3333 |" in wide  # rounded for people; the CSV keeps every digit
     empty = await ask(p, "/sql SELECT * FROM sales WHERE false")
     assert empty.endswith("(no rows)")
 

@@ -120,7 +120,7 @@ async def test_an_agent_lists_describes_queries_corrects_itself_and_charts(chat,
     details = events[3].details
     assert details["table"] == {"columns": ["region", "total"], "truncated": False, "rows": [
         ["East", "131597.06"], ["North", "137164.29"], ["South", "133398.98"],
-        ["West", "131444.50"]]}
+        ["West", "131444.50"]], "numeric": [False, True]}
     assert details["csv"] == str(result_csv)
     assert events[4].details == {"image": str(attachment.path), "title": "Sales by region"}
 

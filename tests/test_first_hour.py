@@ -149,3 +149,31 @@ def test_reasons_and_endpoints_are_short_and_clean() -> None:
     reason = service_reason(long)
     assert len(reason) == 240 and reason.endswith("…") and "OpenAIException" not in reason
     assert service_reason(Exception("key sk-abcdefghijk leaked")) == "key sk-*** leaked"
+
+
+# ---- (7) small surprises --------------------------------------------------------------
+
+
+def test_explaining_a_provider_that_does_not_exist_warns(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "config", tmp_path / "config")
+    out = subprocess.run([*pluto_cmd(), "routes", "explain", "--provider", "telgram", "--chat",
+                          "1", "--user", "2"], cwd=tmp_path, capture_output=True, text=True,
+                         env=clean_env(PYTHONPATH=os.pathsep.join(sys.path)), timeout=60)
+    assert out.stderr.startswith("warning: no provider named 'telgram' in pluto.yaml "
+                                 "(configured: api, cli, web); did you mean 'telegram'?")
+    known = subprocess.run([*pluto_cmd(), "routes", "explain", "--provider", "cli", "--chat",
+                            "1", "--user", "2"], cwd=tmp_path, capture_output=True, text=True,
+                           env=clean_env(PYTHONPATH=os.pathsep.join(sys.path)), timeout=60)
+    assert "warning" not in known.stderr and known.returncode == 0
+
+
+@pytest.mark.parametrize(("value", "people", "model"), [
+    (12.639070257304708, "12.6391", "12.63907026"), (0.30000000000000004, "0.3", "0.3"),
+    (1234567.891, "1234567.89", "1234567.891"), (-0.000001234, "-1.234e-06", "-1.234e-06"),
+    (3.0, "3", "3"), (0.0, "0", "0"), (float("nan"), "nan", "nan"), (7, "7", "7"),
+])
+def test_numbers_are_rounded_for_people_and_exact_enough_for_the_model(
+        value: object, people: str, model: str) -> None:
+    from pluto.runtime.data.format import model_text, people_text
+
+    assert people_text(value) == people and model_text(value) == model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from pathlib import Path
 
@@ -36,6 +37,8 @@ def routes_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path
         print(f"ok: {table.source}: {len(table.spec.routes)} rule(s), {default}; "
               f"{len(registry.names())} agent(s) checked")
         return EXIT_OK
+    if warning := _unknown_provider(args.provider, config):
+        print(f"warning: {warning}", file=sys.stderr)
     m = message_from(args.provider, args.chat, args.user, group=args.group, mention=args.mention,
                      thread=args.thread, guild=args.guild, text=args.text)
     result = explain(table, m)
@@ -44,6 +47,19 @@ def routes_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path
         approved = approved_sync(data_dir / "pluto.db", m.provider, m.user_id)
     print(result.text(approved=approved, refusal=config.access.refusal))
     return EXIT_OK if result.answered else EXIT_FAILED
+
+
+def _unknown_provider(name: str, config: PlutoConfig) -> str | None:
+    """A provider that is neither in pluto.yaml nor the terminal (a typo, most likely)."""
+    from pluto.gateway.provider_registry import declared
+
+    known = sorted({"cli", *config.providers})
+    if name in known:
+        return None
+    close = difflib.get_close_matches(name, sorted({*known, *declared()}), n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return (f"no provider named '{name}' in pluto.yaml (configured: {', '.join(known)}){hint} "
+            "Explaining it anyway.")
 
 
 def _print_problems(problems: list[tuple[str, int | None, str, str]]) -> None:

@@ -8,7 +8,9 @@ and the global datasets its agent lists in ``datasets:`` (``"*"``: all).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -132,12 +134,21 @@ class DataCommands:
         if not sql:
             return f"Send a query after /sql, e.g. `/sql {EXAMPLE}`. `/datasets` lists the tables."
         try:
-            result = await self.service.query(sql, await self.scope(route), max_rows=SQL_ROWS)
+            csv_path = self.service.artifact(f"sql-{uuid.uuid4().hex[:12]}", "result", ".csv")
+            try:
+                result = await self.service.query(sql, await self.scope(route),
+                                                  max_rows=SQL_ROWS, csv_path=csv_path)
+            except DataError:
+                with contextlib.suppress(OSError):
+                    csv_path.parent.rmdir()  # no empty folders for failed queries
+                raise
         except QueryRefused as e:
             return Failed(f"The query was refused: {one_line(str(e))}")
         except DataError as e:
             return Failed(f"The query failed: {one_line(str(e))}")
-        return result_markdown(result, max_rows=SQL_ROWS)
+        saved = csv_path.relative_to(self.service.data_dir) if result.truncated else None
+        return result_markdown(result, max_rows=SQL_ROWS,
+                               saved=f"{saved} in the data dir" if saved else None)
 
     # files sent in a chat ---------------------------------------------------------------
 

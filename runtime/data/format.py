@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -11,8 +12,8 @@ from pathlib import Path
 from .child import cell_text, csv_cell
 from .sandbox import QueryResult
 
-__all__ = ["cell_text", "counted", "format_table", "is_numeric_type", "markdown_table", "result_markdown",
-           "write_csv"]
+__all__ = ["cell_text", "counted", "format_table", "is_numeric_type", "markdown_table",
+           "model_text", "people_text", "result_markdown", "write_csv"]
 
 _NUMERIC = re.compile(r"^(U?(TINY|SMALL|BIG|HUGE)?INT(EGER)?|DECIMAL.*|DOUBLE|FLOAT|REAL|"
                       r"NUMERIC.*|U?HUGEINT)$")
@@ -30,6 +31,26 @@ def is_numeric_type(duckdb_type: str) -> bool:
     return bool(_NUMERIC.match(duckdb_type.upper()))
 
 
+def people_text(value: object) -> str:
+    """A value for people: floats rounded to what a person reads (12.6391, 1,234.57, 3.2e-07);
+    everything else as `cell_text` (exact decimals stay exact; the CSV keeps every digit)."""
+    if isinstance(value, float) and math.isfinite(value):
+        size = abs(value)
+        if size == 0 or size >= 1e15 or size < 1e-4:
+            return f"{value:.4g}"
+        decimals = 2 if size >= 100 else 4 if size >= 0.01 else 6
+        text = f"{value:.{decimals}f}".rstrip("0").rstrip(".")
+        return text if text not in ("-0", "") else "0"
+    return cell_text(value)
+
+
+def model_text(value: object) -> str:
+    """A value for the model: floats to 10 significant digits (no 0.30000000000000004)."""
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:.10g}"
+    return cell_text(value)
+
+
 def format_table(result: QueryResult, max_bytes: int = 4000, *, max_cell: int = 200) -> str:
     """A compact ' | '-separated table for the model, never longer than max_bytes."""
     def line(values: Sequence[str]) -> str:
@@ -40,7 +61,7 @@ def format_table(result: QueryResult, max_bytes: int = 4000, *, max_cell: int = 
     used = len(lines[0].encode()) + 1
     budget = max_bytes - 100  # room for the footer
     for row in result.rows:
-        text = line([cell_text(v) for v in row])
+        text = line([model_text(v) for v in row])
         if used + len(text.encode()) + 1 > budget:
             break
         lines.append(text)
@@ -78,12 +99,14 @@ def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]],
     return "\n".join([line(head), rule, *(line(r) for r in body)])
 
 
-def result_markdown(result: QueryResult, *, max_rows: int = 25, max_chars: int = 3000) -> str:
-    """A query result for people: a Markdown table of the first rows, and how many there are."""
+def result_markdown(result: QueryResult, *, max_rows: int = 25, max_chars: int = 3000,
+                    saved: str | None = None) -> str:
+    """A query result for people: a Markdown table of the first rows, how many there are, and
+    (``saved``) where the whole result is kept as CSV."""
     if not result.columns:
         return "The query returned no columns."
     right = [is_numeric_type(t) for t in result.column_types]
-    rows = [[cell_text(v) for v in row] for row in result.rows[:max_rows]]
+    rows = [[people_text(v) for v in row] for row in result.rows[:max_rows]]
     table = markdown_table(result.columns, rows, right)
     while len(table) > max_chars and len(rows) > 1:
         rows = rows[: max(1, len(rows) // 2)]
@@ -94,7 +117,8 @@ def result_markdown(result: QueryResult, *, max_rows: int = 25, max_chars: int =
     if total is not None and total == len(rows):
         return table + f"\n\n({total:,} row{'s' if total != 1 else ''})"
     of = f"{total:,}" if total is not None else f"more than {len(result.rows):,}"
-    return table + f"\n\n(showing {len(rows):,} of {of} rows)"
+    where = f"; all of them are in {saved}" if saved else ""
+    return table + f"\n\n(showing {len(rows):,} of {of} rows{where})"
 
 
 def write_csv(result: QueryResult, path: Path) -> Path:
