@@ -283,6 +283,34 @@ def measure(kind: str, model_url: str, n: int) -> Round:
         return asyncio.run(_round(server, n))
 
 
+async def _rate(server: Process, sessions: int, per: int) -> float:
+    """Messages per second: ``sessions`` clients each asking ``per`` one-token questions in
+    turn (the model answers at once: what is measured is the hop itself)."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def client() -> None:
+            async with session.ws_connect(server.ws_url, heartbeat=None,
+                                          origin=server.url) as ws:
+                await ws.send_str(json.dumps({"type": "hello", "token": None}))
+                await _until(ws, "ready")
+                await start.wait()
+                for _ in range(per):
+                    await ws.send_str(json.dumps({"type": "message", "text": "warm up"}))
+                    await _until(ws, "message.final")
+
+        start = asyncio.Event()
+        tasks = [asyncio.create_task(client()) for _ in range(sessions)]
+        await asyncio.sleep(1.0)
+        t0 = time.perf_counter()
+        start.set()
+        await asyncio.gather(*tasks)
+        return sessions * per / (time.perf_counter() - t0)
+
+
+def rate(kind: str, model_url: str, sessions: int, per: int) -> float:
+    with Process(kind, model_url) as server:
+        return asyncio.run(_rate(server, sessions, per))
+
+
 def run(report: Report, quick: bool = False) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 1,000 sockets here too
@@ -293,6 +321,13 @@ def run(report: Report, quick: bool = False) -> None:
             relay = measure("relay", model_url, n)
             pluto = measure("pluto", model_url, n)
             _report(report, n, pluto, relay)
+        per = 5 if quick else 20
+        pluto_rate = rate("pluto", model_url, 100, per)
+        relay_rate = rate("relay", model_url, 100, per)
+        report.add(Figure("streaming", "instant model: messages/s, 100 sessions", pluto_rate,
+                          "msg/s", "bare relay", relay_rate, target=">= 1000 msg/s",
+                          met=pluto_rate >= 1000,
+                          note="through the model path over HTTP (a one-token answer)"))
 
 
 def _report(report: Report, n: int, pluto: Round, relay: Round) -> None:
