@@ -327,10 +327,14 @@ async def test_a_rate_limited_sync_waits_as_asked(rig: Rig) -> None:
     assert rig.texts() == ["hi"]
 
 
-async def test_typing(rig: Rig) -> None:
+async def test_typing_until_the_answer(rig: Rig) -> None:
     provider = await rig.start()
     await provider.typing(DM)
+    await provider.send(OutgoingMessage(chat_id=DM, text="preview", kind="delta"))
     assert rig.fake.typing == [(DM, True)]
+    await provider.send(OutgoingMessage(chat_id=DM, text="the answer"))
+    await provider.send(OutgoingMessage(chat_id=DM, text="more"))
+    assert rig.fake.typing == [(DM, True), (DM, False)]
 
 
 # through the gateway -----------------------------------------------------------------------------

@@ -71,6 +71,7 @@ class MatrixProvider(Provider):
         self._mine: OrderedDict[str, bool] = OrderedDict()  # event → sent by the bot?
         self._threads: OrderedDict[str, None] = OrderedDict()  # threads the bot is part of
         self._seen: OrderedDict[str, None] = OrderedDict()
+        self._typing: set[str] = set()  # rooms where the bot shows "typing…"
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> MatrixProvider:
@@ -111,6 +112,7 @@ class MatrixProvider(Provider):
                 except FAILURES as e:  # mentions by id still work
                     log.debug("matrix: no display name: %s", provider_error(e))
                 self.user_id = str(who.user_id)
+                self.client().mxid = who.user_id  # mautrix puts it in paths (typing)
             return self.user_id
 
     async def run(self, intake: Intake) -> None:
@@ -355,6 +357,8 @@ class MatrixProvider(Provider):
             first = first or sent
         if first is None:
             raise DeliveryRefused("an empty message cannot be sent")
+        if message.kind in ("reply", "error") and message.chat_id in self._typing:
+            await self._stop_typing(message.chat_id)
         return first
 
     async def edit(self, message: OutgoingMessage) -> None:
@@ -367,10 +371,21 @@ class MatrixProvider(Provider):
             content |= {"format": new["format"], "formatted_body": f"* {new['formatted_body']}"}
         await self._call(self.client().send_message_event(
             RoomID(message.chat_id), EventType.ROOM_MESSAGE, content))
+        if message.kind in ("reply", "error") and message.chat_id in self._typing:
+            await self._stop_typing(message.chat_id)
 
     async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
         await self.identity()
         await self._call(self.client().set_typing(RoomID(chat_id), timeout=30000))
+        self._typing.add(chat_id)
+
+    async def _stop_typing(self, room_id: str) -> None:
+        """Homeservers keep "typing…" until its timeout: end it once the answer is there."""
+        self._typing.discard(room_id)
+        try:
+            await self._call(self.client().set_typing(RoomID(room_id), timeout=0))
+        except ProviderError as e:
+            log.debug("matrix: typing off in %s: %s", room_id, e)
 
     async def _send(self, message: OutgoingMessage, content: dict[str, Any]) -> str:
         if not message.chat_id.startswith("!"):

@@ -358,6 +358,8 @@ class FakeMatrix:
         if rest[0] == "send" and method == "PUT" and len(rest) == 3:
             return self._send(room, rest[1], rest[2], call.body)
         if rest[0] == "typing" and method == "PUT":
+            if rest[1:] != [self.bot_id]:
+                raise MatrixFailure("M_FORBIDDEN", "Cannot set typing for other users", 403)
             self.typing.append((room_id, bool((call.body or {}).get("typing"))))
             return web.json_response({})
         if rest == ["joined_members"]:
