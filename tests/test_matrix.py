@@ -226,11 +226,13 @@ async def test_an_encrypted_room_is_said_to_be_unsupported(
     assert len(said) == 1 and secret_room in said[0].getMessage()
 
 
-async def test_edits_own_messages_and_a_redelivery_are_not_new_messages(rig: Rig) -> None:
+async def test_edits_notices_own_messages_and_a_redelivery_are_not_new_messages(rig: Rig) -> None:
     provider = await rig.start()
     first = rig.fake.user_says(DM, "hello")
     await rig.synced()
     rig.fake.user_says(DM, "hello again", edit_of=first["event_id"])
+    notice = rig.fake.user_says(DM, "I am another bot")
+    notice["content"]["msgtype"] = "m.notice"  # bots write notices: never answered
     await provider.send(OutgoingMessage(chat_id=DM, text="my own words"))
     rig.fake.replay(first["event_id"])
     await rig.synced()

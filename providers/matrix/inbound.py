@@ -18,7 +18,7 @@ from pluto.types import Attachment, IncomingMessage
 
 PROVIDER = "matrix"
 FILE_TYPES = {"m.file": "file", "m.image": "image"}
-TEXT_TYPES = ("m.text", "m.notice", "m.emote")
+TEXT_TYPES = ("m.text", "m.emote")  # m.notice is what bots send: never answered (no loops)
 
 
 @dataclass(frozen=True, slots=True)
