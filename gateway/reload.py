@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from pluto.agents.registry import AgentRegistry, UnknownAgent
 from pluto.errors import ConfigError
 from pluto.settings import PlutoConfig, load_pluto_config
+from pluto.yamldoc import YamlDoc
 from pluto.gateway.logs import RedactSecrets
 from pluto.gateway.pipeline.routing import RoutingTable
 
@@ -197,10 +198,19 @@ class ConfigWatcher:
         ConfigError that refuses it. Nothing is applied here."""
         found: dict[str, Any] = {}
         if pluto:
-            found["pluto"] = self._load("pluto", lambda: load_pluto_config(self.gw.config_dir))
+            found["pluto"] = self._load("pluto", self._pluto_config)
         found["routes"] = self._load("routes",
                                      lambda: load_routes(self.gw.config_dir, self.gw.registry))
         return found
+
+    def _pluto_config(self) -> PlutoConfig:
+        """pluto.yaml as edited. A file that says nothing (empty, comments only: most likely
+        being written) is refused rather than applied as "all defaults"."""
+        path = self._files["pluto"]
+        if self._existed["pluto"] and path.exists() and YamlDoc(path).data is None:
+            raise ConfigError([(str(path), None, "", "the file is empty (or still being "
+                                "written); keeping the last good version")])
+        return load_pluto_config(self.gw.config_dir)
 
     def _load(self, key: str, load: Any) -> Any:
         path = self._files[key]

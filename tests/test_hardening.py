@@ -473,3 +473,17 @@ def test_an_agents_api_base_never_gets_pluto_yamls_key(tmp_path: Path) -> None:
     assert runner.settings_for(registry.get("elsewhere")).api_key_env is None  # before: sent
     assert runner.settings_for(registry.get("same")).api_key_env == "OPENAI_API_KEY"
     assert runner.settings_for(registry.get("own")).api_key_env == "OPENROUTER_API_KEY"
+
+
+async def test_an_emptied_pluto_yaml_is_refused_on_reload(
+        config_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLUTO_ADMIN_KEY", ADMIN_KEY)
+    (config_dir / "pluto.yaml").write_text(
+        f"data_dir: {json.dumps(str(data_dir))}\nadmin: {{api_key_env: PLUTO_ADMIN_KEY}}\n"
+        "access: {refusal: Not for you.}\n")
+    async with Gateway(config_dir, model_factory=ScriptedModel(fallback=echo)) as gw:
+        (config_dir / "pluto.yaml").write_text("# being rewritten\n")
+        status = await gw.watcher.reload_now_async()
+        assert not status.ok and "empty" in str(status.as_dict())
+        assert gw.config.access.refusal == "Not for you."  # not reset to the defaults
+        assert gw.config.admin.api_key_env == "PLUTO_ADMIN_KEY"
