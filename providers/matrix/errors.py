@@ -96,6 +96,18 @@ def provider_error(exc: BaseException) -> ProviderError:
     return ProviderError(f"Matrix error: {type(exc).__name__}")
 
 
+# what a homeserver call can fail with (a reply that is not JSON: ValueError)
+FAILURES = (MatrixError, aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError)
+
+
+async def call(coro: Any) -> Any:
+    """Await a homeserver call; its failure as a :class:`ProviderError`."""
+    try:
+        return await coro
+    except FAILURES as e:
+        raise provider_error(e) from None
+
+
 _MASK = MaskSecrets(placeholder="<secret>")
 
 

@@ -23,17 +23,19 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from mautrix.api import Method, Path
+from mautrix.api import Method
+from mautrix.api import Path as ApiPath
 from mautrix.client import ClientAPI
-from mautrix.errors import MatrixError
-from mautrix.types import EventType, RoomID
+from mautrix.types import RoomID
 
-from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable, RateLimited
+from pluto.errors import ProviderError, ProviderUnusable, RateLimited
 from pluto.gateway.ports import Intake, Provider, ProviderContext
-from pluto.providers.matrix.errors import HomeserverApi, provider_error, redact_secrets_in_logs
+from pluto.providers.matrix.errors import (FAILURES, HomeserverApi, provider_error,
+                                          redact_secrets_in_logs)
 from pluto.providers.matrix.inbound import (TEXT_TYPES, Event, mentions, to_incoming,
                                             upload_path)
-from pluto.providers.matrix.markup import MATRIX_HTML, to_event_content
+from pluto.providers.matrix.markup import MATRIX_HTML
+from pluto.providers.matrix.outbound import Outbound
 from pluto.providers.matrix.settings import MatrixSettings, load_settings
 from pluto.providers.matrix.sync_token import SyncTokenFile
 from pluto.types import Attachment, Capabilities, IncomingMessage, OutgoingMessage
@@ -46,8 +48,6 @@ FILTER = json.dumps({"presence": {"not_types": ["*"]}, "account_data": {"not_typ
 REMEMBERED = 4096
 MAX_BACKFILL = 1000  # missed messages fetched for one room after a gap
 CHUNK = 64 * 1024
-# what a homeserver call can fail with (a reply that is not JSON: ValueError)
-FAILURES = (MatrixError, aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError)
 
 
 class MatrixProvider(Provider):
@@ -71,7 +71,7 @@ class MatrixProvider(Provider):
         self._mine: OrderedDict[str, bool] = OrderedDict()  # event → sent by the bot?
         self._threads: OrderedDict[str, None] = OrderedDict()  # threads the bot is part of
         self._seen: OrderedDict[str, None] = OrderedDict()
-        self._typing: set[str] = set()  # rooms where the bot shows "typing…"
+        self.outbound = Outbound(self.client, self._sent)
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> MatrixProvider:
@@ -183,7 +183,7 @@ class MatrixProvider(Provider):
         while token and len(found) < MAX_BACKFILL:
             try:
                 page = await self.client().api.request(
-                    Method.GET, Path.v3.rooms[room_id].messages,
+                    Method.GET, ApiPath.v3.rooms[room_id].messages,
                     query_params={"dir": "b", "from": token, "to": since, "limit": "100",
                                   "filter": json.dumps({"types": ["m.room.message"]})})
             except FAILURES as e:  # what came in the sync is still handled
@@ -346,82 +346,19 @@ class MatrixProvider(Provider):
     # sending -----------------------------------------------------------------------------
 
     async def send(self, message: OutgoingMessage) -> str | None:
-        first: str | None = None
-        if message.text:
-            content = to_event_content(message.text, message.markup)
-            if message.kind == "notice":
-                content["msgtype"] = "m.notice"
-            first = await self._send(message, content)
-        for attachment in message.attachments:
-            sent = await self._send(message, await self._file_content(attachment))
-            first = first or sent
-        if first is None:
-            raise DeliveryRefused("an empty message cannot be sent")
-        if message.kind in ("reply", "error") and message.chat_id in self._typing:
-            await self._stop_typing(message.chat_id)
-        return first
+        return await self.outbound.send(message)
 
     async def edit(self, message: OutgoingMessage) -> None:
-        assert message.edit_of is not None
-        new = to_event_content(message.text, message.markup)
-        content: dict[str, Any] = {
-            "msgtype": "m.text", "body": f"* {new['body']}", "m.new_content": new,
-            "m.relates_to": {"rel_type": "m.replace", "event_id": message.edit_of}}
-        if "formatted_body" in new:
-            content |= {"format": new["format"], "formatted_body": f"* {new['formatted_body']}"}
-        await self._call(self.client().send_message_event(
-            RoomID(message.chat_id), EventType.ROOM_MESSAGE, content))
-        if message.kind in ("reply", "error") and message.chat_id in self._typing:
-            await self._stop_typing(message.chat_id)
+        await self.outbound.edit(message)
 
     async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
-        await self.identity()
-        await self._call(self.client().set_typing(RoomID(chat_id), timeout=30000))
-        self._typing.add(chat_id)
+        await self.identity()  # the typing path names the bot
+        await self.outbound.typing(chat_id)
 
-    async def _stop_typing(self, room_id: str) -> None:
-        """Homeservers keep "typing…" until its timeout: end it once the answer is there."""
-        self._typing.discard(room_id)
-        try:
-            await self._call(self.client().set_typing(RoomID(room_id), timeout=0))
-        except ProviderError as e:
-            log.debug("matrix: typing off in %s: %s", room_id, e)
-
-    async def _send(self, message: OutgoingMessage, content: dict[str, Any]) -> str:
-        if not message.chat_id.startswith("!"):
-            raise DeliveryRefused(f"{message.chat_id!r} is not a Matrix room id")
-        content["m.mentions"] = {}  # a reply never pings anyone by itself
-        if message.thread_id:
-            content["m.relates_to"] = {
-                "rel_type": "m.thread", "event_id": message.thread_id, "is_falling_back": True,
-                "m.in_reply_to": {"event_id": message.answers or message.thread_id}}
-            self._join_thread(message.thread_id)
-        elif message.reply_to:
-            content["m.relates_to"] = {"m.in_reply_to": {"event_id": message.reply_to}}
-        event_id = str(await self._call(self.client().send_message_event(
-            RoomID(message.chat_id), EventType.ROOM_MESSAGE, content)))
+    def _sent(self, event_id: str, thread_id: str | None) -> None:
         self._remember(event_id, True)
-        return event_id
-
-    async def _file_content(self, attachment: Attachment) -> dict[str, Any]:
-        if attachment.path is None:
-            raise DeliveryRefused(f"the file {attachment.filename} has no path")
-        try:
-            data = await asyncio.to_thread(attachment.path.read_bytes)
-        except OSError:
-            raise DeliveryRefused(f"the file {attachment.filename} can no longer be read") from None
-        mxc = await self._call(self.client().upload_media(
-            data, mime_type=attachment.mime_type, filename=attachment.filename))
-        image = attachment.kind == "image" and attachment.mime_type.startswith("image/")
-        return {"msgtype": "m.image" if image else "m.file", "body": attachment.filename,
-                "filename": attachment.filename, "url": str(mxc),
-                "info": {"mimetype": attachment.mime_type, "size": len(data)}}
-
-    async def _call(self, coro: Any) -> Any:
-        try:
-            return await coro
-        except FAILURES as e:
-            raise provider_error(e) from None
+        if thread_id:
+            self._join_thread(thread_id)
 
 
 class _TooLarge(ProviderError):
