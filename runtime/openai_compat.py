@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
+from pluto.errors import PlutoError
 from pluto.runtime.errors import ModelError
 from pluto.runtime import model as base
 from pluto.runtime.model import Model, ModelSettings, ModelTurn, ToolCall, classify_error
@@ -123,8 +124,9 @@ async def close_sessions() -> None:
 
 # the model --------------------------------------------------------------------------------------
 
-class _StatusError(Exception):
-    """An HTTP error answer, shaped for :func:`classify_error` (status, reason, headers)."""
+class _StatusError(PlutoError):
+    """An HTTP error answer, shaped for :func:`classify_error` (status, reason, headers);
+    never leaves this module (classified into a :class:`ModelError`)."""
 
     def __init__(self, status: int, message: str, headers: Any):
         super().__init__(message)
@@ -133,8 +135,9 @@ class _StatusError(Exception):
         self.litellm_response_headers = headers
 
 
-class APIConnectionError(Exception):
-    """The service could not be reached (named as litellm names it: one classification)."""
+class APIConnectionError(PlutoError):
+    """The service could not be reached (named as litellm names it: one classification);
+    never leaves this module."""
 
 
 class OpenAICompatibleModel:
