@@ -200,6 +200,20 @@ async def test_a_server_that_will_not_start_leaves_the_agent_its_other_tools(
     assert down["state"] == "down" and down["error"]
 
 
+async def test_a_server_that_hangs_at_start_is_given_up_after_its_connect_timeout(
+        runner, fake, hub, tmp_path):
+    mute = {"command": sys.executable, "args": ["-c", "import time; time.sleep(120)"],
+            "connect_timeout": 1}
+    spec = agent(tmp_path, {"mute": mute})
+    fake.script(Reply(text="Still here."))
+    events = await ask(runner, spec, "hi")
+    assert final(events) == "Still here." and events[-1].outcome == "ok"
+    [health] = hub.health().values()
+    assert health["state"] == "down" and health["error"] == "it did not start within 1 s"
+    fake.script(Reply(text="Again."))  # the next message does not wait for it again at once
+    assert final(await ask(runner, spec, "hi")) == "Again."
+
+
 async def test_stop_cancels_the_call_and_the_server_stays_usable(runner, fake, hub, tmp_path):
     pid_file = tmp_path / "demo.pid"
     spec = agent(tmp_path, {"demo": demo("--pid-file", str(pid_file))})

@@ -71,11 +71,10 @@ class McpConnection:
         self.in_flight = 0
         self.last_used = time.monotonic()
         self._client: Client | None = None
-        self._owner: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
+        self._owner: tuple[asyncio.Task[None], asyncio.Event] | None = None  # task, its stop
         self._lock = asyncio.Lock()
         self._refresh: asyncio.Task[None] | None = None
-        self._checks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # checks and reaping in the background
 
     @property
     def name(self) -> str:
@@ -97,30 +96,32 @@ class McpConnection:
             return self.state == "ready"
 
     async def _start(self) -> None:
-        await self._reap_owner()
+        await self._reap(self._detach(), connected=True)
         self.state = "starting"
-        self._stop = asyncio.Event()
+        stop = asyncio.Event()
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._owner = asyncio.create_task(self._own(ready), name=f"mcp:{self.name}")
+        self._owner = (asyncio.create_task(self._own(ready, stop), name=f"mcp:{self.name}"),
+                       stop)
         timeout = self.spec.settings.connect_timeout
         try:
             async with asyncio.timeout(timeout):
                 await asyncio.shield(ready)
         except TimeoutError:
+            ready.cancel()  # the owner sees it and leaves
             self._failed(f"it did not start within {timeout:g} s")
         except McpUnavailable as e:
             self._failed(str(e))
         except Exception as e:
             self._failed(_describe(e))
-        if self.state != "ready":
-            await self._reap_owner()
+        if self.state != "ready":  # what is left of it goes away in the background
+            self._keep(asyncio.create_task(self._reap(self._detach(), connected=False)))
         else:
             log.info("mcp %s: started, %d tools", self.name, len(self.tools))
 
     async def stop(self) -> None:
         """Stop the server (idle, or the gateway stops); a later :meth:`ensure` starts it again."""
         async with self._lock:
-            await self._reap_owner()
+            await self._reap(self._detach(), connected=self.state == "ready")
             if self.state != "stopped":
                 self.state = "idle"
 
@@ -128,21 +129,40 @@ class McpConnection:
         """Stop for good."""
         await self.stop()
         self.state = "stopped"
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _reap_owner(self) -> None:
-        owner, self._owner = self._owner, None
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _detach(self) -> tuple[asyncio.Task[None], asyncio.Event] | None:
+        """Forget the current owner (at once, so no later start can be mixed up with it)."""
+        owned, self._owner = self._owner, None
         if self._refresh is not None:
             self._refresh.cancel()
         self._client = None
-        if owner is None or owner.done():
+        return owned
+
+    async def _reap(self, owned: tuple[asyncio.Task[None], asyncio.Event] | None, *,
+                    connected: bool) -> None:
+        """Let a detached owner leave the client's context, which ends the server's process
+        or session (bounded); one that never connected is cancelled at once."""
+        if owned is None or owned[0].done():
             return
-        self._stop.set()
+        owner, stop = owned
+        stop.set()
+        if not connected:
+            owner.cancel()  # still connecting: it never looks at its stop event
         try:
             async with asyncio.timeout(STOP_SECONDS):
                 await asyncio.shield(owner)
         except TimeoutError:
             owner.cancel()
             log.warning("mcp %s: did not stop in %g s; cancelled", self.name, STOP_SECONDS)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # we are cancelled, not (only) the owner
         except Exception:
             pass  # its failure is already recorded
 
@@ -156,8 +176,9 @@ class McpConnection:
             self.state = "down"
         log.warning("mcp %s: unavailable: %s (next try in %g s)", self.name, why, delay)
 
-    async def _own(self, ready: asyncio.Future[None]) -> None:
+    async def _own(self, ready: asyncio.Future[None], stop: asyncio.Event) -> None:
         """The task that holds the client's context open until asked to stop."""
+        client = None
         try:
             async with AsyncExitStack() as stack:
                 client = await stack.enter_async_context(self._new_client(stack))
@@ -169,18 +190,20 @@ class McpConnection:
                 ready.set_result(None)
                 listener = asyncio.create_task(self._listen(client))
                 try:
-                    await self._stop.wait()
+                    await stop.wait()
                 finally:
                     listener.cancel()
         except BaseException as e:
             if not ready.done():
                 ready.set_exception(e if isinstance(e, Exception) else McpUnavailable("stopped"))
-            elif self.state == "ready" and not isinstance(e, asyncio.CancelledError):
-                self._failed(_describe(e))
+            elif self._client is client is not None and \
+                    not isinstance(e, asyncio.CancelledError):
+                self._failed(_describe(e))  # the current connection broke
             if isinstance(e, (asyncio.CancelledError, KeyboardInterrupt, SystemExit)):
                 raise
         finally:
-            self._client = None
+            if client is not None and self._client is client:
+                self._client = None
 
     def _new_client(self, stack: AsyncExitStack) -> Client:
         s = self.spec.settings
@@ -311,7 +334,8 @@ class McpConnection:
     async def _lost(self, client: Client, why: str) -> None:
         if self._client is client and self.state == "ready":
             self._failed(why)
-            self._stop.set()  # the owner leaves the client's context: the process is reaped
+            if self._owner is not None:
+                self._owner[1].set()  # the owner leaves the client's context: the process ends
 
     def _check_alive_soon(self, client: Client) -> None:
         """After a call timed out: a server that no longer answers at all is restarted."""
@@ -324,9 +348,7 @@ class McpConnection:
             except Exception:
                 await self._lost(client, "it stopped answering")
 
-        task = asyncio.create_task(check())
-        self._checks.add(task)
-        task.add_done_callback(self._checks.discard)
+        self._keep(asyncio.create_task(check()))
 
     def health(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": self.state, "tools": len(self.tools),
