@@ -487,3 +487,24 @@ async def test_an_emptied_pluto_yaml_is_refused_on_reload(
         assert not status.ok and "empty" in str(status.as_dict())
         assert gw.config.access.refusal == "Not for you."  # not reset to the defaults
         assert gw.config.admin.api_key_env == "PLUTO_ADMIN_KEY"
+
+
+async def test_readyz_shows_states_and_counts_publicly_and_details_to_the_admin(
+        config_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLUTO_ADMIN_KEY", ADMIN_KEY)
+    gw = await served(config_dir, data_dir)
+    gw.health_reports["probe"] = lambda: {"state": "failed", "tools": 3, "ok": True,
+                                          "error": "cannot reach http://10.0.0.7:9000/x",
+                                          "database": f"SQLite at {data_dir}/pluto.db"}
+    try:
+        async with aiohttp.ClientSession() as http:
+            url = gw.http.url  # type: ignore[union-attr]
+            async with http.get(f"{url}/readyz") as r:
+                public = await r.text()
+            async with http.get(f"{url}/readyz", headers=ADMIN) as r:
+                full = await r.text()
+    finally:
+        await gw.stop()
+    assert str(data_dir) not in public and "10.0.0.7" not in public  # before: both shown
+    assert json.loads(public)["checks"]["probe"] == {"state": "failed", "tools": 3, "ok": True}
+    assert str(data_dir) in full and "10.0.0.7" in full

@@ -3,8 +3,11 @@ the HTTP API, the admin API, platform webhooks, health and metrics."""
 
 from __future__ import annotations
 
+import hmac
 import logging
-from typing import TYPE_CHECKING
+import os
+import re
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -61,7 +64,40 @@ class HttpServer:
             "intake": {name: q.waiting for name, q in gw.intakes.items()},  # not yet handled
         }
         checks.update({name: report() for name, report in gw.health_reports.items()})
+        if not _admin(request, gw):  # public: states and counts, never paths, hosts or errors
+            checks = _public(checks)
         ready = gw.ready
         return web.json_response({"status": "ready" if ready else "not ready",
                                   "instance": gw.instance, "checks": checks},
                                  status=200 if ready else 503)
+
+
+_WORD = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")  # a state, a name, an id: no spaces, no paths
+
+
+def _public(value: Any, depth: int = 0) -> Any:
+    """What ``/readyz`` shows without the admin key, from an allowlist of kinds of values:
+    booleans, numbers, and single words (``running``, ``failed``, an instance id); free text
+    (an error message, ``SQLite at /srv/...``, a database host) is left out."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return value if _WORD.fullmatch(value) and "/" not in value else None
+    if depth >= 4:
+        return None
+    if isinstance(value, dict):
+        shown = {str(k): _public(v, depth + 1) for k, v in list(value.items())[:100]
+                 if _WORD.fullmatch(str(k))}
+        return {k: v for k, v in shown.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [v for v in (_public(x, depth + 1) for x in list(value)[:100]) if v is not None]
+    return None
+
+
+def _admin(request: web.Request, gw: Gateway) -> bool:
+    """Whether the request carries the admin API's key (then /readyz shows every detail)."""
+    env = gw.config.admin.api_key_env
+    key = os.environ.get(env, "") if env else ""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return len(key) >= 16 and scheme.lower() == "bearer" and hmac.compare_digest(
+        token.strip().encode(), key.encode())
