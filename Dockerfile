@@ -18,9 +18,9 @@ COPY providers ./providers
 COPY agents ./agents
 COPY runtime ./runtime
 COPY storage ./storage
+COPY config ./config
 RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
     && useradd --create-home --uid 10001 pluto && mkdir -p /data && chown pluto:pluto /data
-COPY config ./config
 
 USER pluto
 VOLUME ["/data"]

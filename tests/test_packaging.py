@@ -29,6 +29,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("pluto", "gateway", "providers", "agents", "runtime", "storage")
+DATA_PACKAGES = {"pluto.config": "config"}  # files only (no code): the example configuration
 LOCK = ROOT / "requirements" / "lock.txt"
 RUNTIME_LOCK = ROOT / "requirements" / "runtime.txt"
 BENCH_LOCK = ROOT / "requirements" / "bench.txt"
@@ -67,10 +68,10 @@ def test_packages_list_names_every_package_folder():
     folders = _package_folders()
     missing = [f"{n} ({folders[n].relative_to(ROOT)}/)" for n in sorted(set(folders) - set(listed))]
     assert not missing, f"{where} misses package folders (not in the wheel): {', '.join(missing)}"
-    stale = sorted(set(listed) - set(folders))
+    stale = sorted(set(listed) - set(folders) - set(DATA_PACKAGES))
     assert not stale, f"{where} lists packages that have no folder: {stale}"
     layers = {f"pluto.{layer}": layer for layer in LAYERS if layer != "pluto"}
-    assert setuptools["package-dir"] == {"pluto": "pluto", **layers}
+    assert setuptools["package-dir"] == {"pluto": "pluto", **layers, **DATA_PACKAGES}
 
 
 # --- hashed lock files ----------------------------------------------------------------------
@@ -269,6 +270,9 @@ def test_wheel_installs_beside_openai_agents(tmp_path):
     assert len(dist_info) == 1 and tops == {"pluto", *dist_info}, f"top-level names: {tops}"
     assert "pluto/providers/web/static/widget.js" in names
     for package in packages:
+        if package in DATA_PACKAGES:
+            assert package.replace(".", "/") + "/pluto.yaml" in names, f"{package}: not in it"
+            continue
         assert package.replace(".", "/") + "/__init__.py" in names, f"{package}: not in the wheel"
 
     # openai-agents first (with its dependencies, from the hashed lock), then Pluto's wheel.
@@ -290,7 +294,8 @@ def test_wheel_installs_beside_openai_agents(tmp_path):
         assert not stray, f"imported from outside the venv: {stray}"
 
     # Both import, in one process, each from its own files in the venv.
-    files = venv.imports("agents:Agent", "pluto.gateway.app", *packages)
+    files = venv.imports("agents:Agent", "pluto.gateway.app",
+                         *(p for p in packages if p not in DATA_PACKAGES))
     assert Path(files["pluto"]).resolve() == venv.site / "pluto" / "__init__.py"
     assert Path(files["agents"]).resolve() == agents_init
     assert_from_venv(files, "pluto")

@@ -28,7 +28,8 @@ def _common(sub: argparse.ArgumentParser, top: bool = False) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pluto", description="Pluto: a chat gateway for LLM agents.",
-        epilog="Start with 'pluto chat'. Each command takes --config DIR and --data-dir DIR.")
+        epilog="New here? 'pluto init', then 'pluto doctor' and 'pluto chat'. Each command "
+               "takes --config DIR and --data-dir DIR.")
     p.add_argument("--version", action="version", version=f"pluto {__version__}")
     _common(p, top=True)
     subs = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -48,9 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     subs.add_parser("agents", help="list the agents and check their configuration")
     from pluto.gateway.cli.data import add_parser as data_parser  # argparse only
+    from pluto.gateway.cli.doctor import add_parsers as doctor_parsers
+    from pluto.gateway.cli.init import add_parser as init_parser
 
-    for sub in (chat, run, serve, subs.choices["agents"], *_routes_and_pairing(subs),
-                *data_parser(subs)):
+    for sub in (init_parser(subs), *doctor_parsers(subs), chat, run, serve,
+                subs.choices["agents"], *_routes_and_pairing(subs), *data_parser(subs)):
         _common(sub)
     return p
 
@@ -88,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().print_help()
         return EXIT_OK
     args.config = args.config or Path(os.environ.get("PLUTO_CONFIG", "config"))
+    from pluto.gateway.cli.init import init_command, load_env_file
+
+    if args.command == "init":
+        return init_command(args)
+    load_env_file(args.config)  # secrets `pluto init` kept beside the configuration
     from pluto.gateway.cli import commands as cli_commands  # the heavy imports start here
 
     try:

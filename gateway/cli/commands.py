@@ -31,10 +31,11 @@ def dispatch(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _config_failed(e)
     data_dir = data_dir_for(config, args.data_dir)  # absolute, decided once
-    quiet = args.command in ("chat", "run", "agents", "routes", "pairing", "data")
+    quiet = args.command in ("chat", "run", "agents", "routes", "pairing", "data", "doctor",
+                             "status", "logs")
     setup_logging("DEBUG" if args.verbose else config.log_level,
                   secret_env_names=config.secret_names(),
-                  log_file=data_dir / "pluto.log" if quiet else None,
+                  log_file=None if args.command in ("status", "logs") else data_dir / "pluto.log",
                   stderr_level=None if args.verbose or not quiet else "CRITICAL")
     match args.command:
         case "agents":
@@ -54,6 +55,15 @@ def dispatch(args: argparse.Namespace) -> int:
         case "data":
             from pluto.gateway.cli.data import data_command
             return data_command(args, config, args.config, data_dir)
+        case "doctor":
+            from pluto.gateway.cli.doctor import doctor_command
+            return doctor_command(args, config, data_dir)
+        case "status":
+            from pluto.gateway.cli.doctor import status_command
+            return status_command(args, config, data_dir)
+        case "logs":
+            from pluto.gateway.cli.doctor import logs_command
+            return logs_command(args, data_dir)
     return EXIT_CONFIG
 
 

@@ -1,0 +1,340 @@
+"""``pluto doctor``, ``pluto status`` and ``pluto logs``: is this installation healthy, what is
+the gateway here doing, and what did it say.
+
+``doctor`` checks, in order, the configuration, the data dir, the storage, each enabled
+provider (its settings and secrets; a harmless call when the provider offers ``probe()``) and
+each model (one tiny call). Each failure is one sentence with the fix; the exit code is 0 when
+all is well, 1 otherwise (2 when the configuration itself is broken).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from typing import TYPE_CHECKING
+
+from pluto.errors import ConfigError, PlutoError
+from pluto.gateway.cli.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
+
+if TYPE_CHECKING:  # `pluto --help` builds the parser from here: nothing heavy up front
+    from pluto.settings import PlutoConfig
+
+PROBE_TIMEOUT = 20.0  # seconds, per provider or model
+LOG_FILE = "pluto.log"
+
+
+def add_parsers(subs: Any) -> list[argparse.ArgumentParser]:
+    doctor = subs.add_parser("doctor", help="check the configuration, data dir, storage, "
+                             "providers and models (exit 1 when something is wrong)")
+    doctor.add_argument("--offline", action="store_true",
+                        help="skip the calls to providers and models")
+    status = subs.add_parser("status", help="is a gateway running here: its providers, "
+                             "sessions, runs in progress, last errors")
+    status.add_argument("--json", action="store_true", help="print it as JSON")
+    logs = subs.add_parser("logs", help="show pluto.log (in the data dir)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    logs.add_argument("-n", "--lines", type=int, default=50, metavar="N",
+                      help="how many of the last lines (default: 50)")
+    return [doctor, status, logs]
+
+
+# ---- doctor ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Check:
+    what: str
+    ok: bool
+    say: str  # what was found, or (failed) what is wrong and how to fix it
+
+    def line(self) -> str:
+        return f"{'ok  ' if self.ok else 'FAIL'}  {self.what}: {self.say}"
+
+
+def doctor_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
+    checks = [_config(args.config, config)]
+    if checks[0].ok:
+        checks.append(_data_dir(data_dir))
+        checks.append(asyncio.run(_storage(config, data_dir)))
+        checks += asyncio.run(_providers(args, config, data_dir))
+        checks += asyncio.run(_models(args, config))
+    for check in checks:
+        print(check.line())
+    failed = [c for c in checks if not c.ok]
+    if not failed:
+        print("All good. Start with: pluto chat (or pluto serve).")
+        return EXIT_OK
+    print(f"{len(failed)} problem(s) found.", file=sys.stderr)
+    return EXIT_CONFIG if not checks[0].ok else EXIT_FAILED
+
+
+def _config(config_dir: Path, config: PlutoConfig) -> Check:
+    from pluto.agents.registry import AgentRegistry
+    from pluto.gateway.reload import load_routes
+    from pluto.runtime.catalog import standard_tools
+
+    try:
+        registry = AgentRegistry(config_dir / "agents", config.data_dir / "agents",
+                                 key_envs=config.agents.api_key_envs,
+                                 known_tools=standard_tools().keys())
+        table = load_routes(config_dir, registry)
+        problems = [p for e in registry.check_all() for p in e.problems]
+        if problems:
+            raise ConfigError(problems)
+    except ConfigError as e:
+        first = str(e).splitlines()[0]
+        return Check("config", False, f"{first} — fix it (pluto routes check shows every "
+                     "problem).")
+    return Check("config", True, f"{config_dir.resolve()}: {len(table.spec.routes)} route(s), "
+                 f"{len(registry.names())} agent(s)")
+
+
+def _data_dir(data_dir: Path) -> Check:
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        probe = data_dir / f".doctor-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        return Check("data dir", False, f"{data_dir} cannot be written ({e.strerror or e}); "
+                     "give this user write access or set data_dir in pluto.yaml "
+                     "(or --data-dir).")
+    free = _free_mb(data_dir)
+    if free is not None and free < 200:
+        return Check("data dir", False, f"{data_dir} has only {free:,} MB free; free some "
+                     "space or move data_dir.")
+    return Check("data dir", True, f"{data_dir} (writable{f', {free:,} MB free' if free else ''})")
+
+
+def _free_mb(path: Path) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize // 2**20
+
+
+async def _storage(config: PlutoConfig, data_dir: Path) -> Check:
+    from pluto.storage import store_for
+
+    url = config.storage.url()
+    where = f"PostgreSQL ({config.storage.url_env})" if url else f"SQLite {data_dir / 'pluto.db'}"
+    try:
+        store = store_for(data_dir, url)
+        async with asyncio.timeout(PROBE_TIMEOUT), store:
+            stats = await store.conversations.stats()
+    except (PlutoError, OSError, TimeoutError) as e:
+        fix = f"check {config.storage.url_env} and that the database is up" if url else \
+            "check that the data dir is writable and not on a network share"
+        return Check("storage", False, f"{where} could not be opened ({_short(e)}); {fix}.")
+    except Exception as e:  # a driver's own error: still one sentence
+        return Check("storage", False, f"{where} could not be opened ({_short(e)}).")
+    return Check("storage", True, f"{where}: {stats.get('sessions', 0):,} session(s), "
+                 f"{stats.get('runs', 0):,} run(s)")
+
+
+async def _providers(args: argparse.Namespace, config: PlutoConfig,
+                     data_dir: Path) -> list[Check]:
+    from aiohttp import web
+
+    from pluto.gateway.ports import HttpMount, ProviderContext
+    from pluto.gateway.provider_registry import build_provider, enabled
+
+    checks = []
+    scratch = web.Application()  # what providers that serve HTTP mount on (never started)
+    for name in enabled(config.providers):
+        what = f"provider {name}"
+        unused: Any = _Unused()  # built to check settings and secrets, never run
+        ctx = ProviderContext(name=name, config=config.providers[name], data_dir=data_dir,
+                              feed=unused, chats=unused, runs=unused, tasks=unused,
+                              http=HttpMount(scratch.router, scratch.on_shutdown))
+        try:
+            provider = build_provider(name, ctx)
+        except (PlutoError, ValueError) as e:
+            checks.append(Check(what, False, _sentence(e, f"fix providers.{name} in pluto.yaml "
+                                                          "or set the variables it names")))
+            continue
+        probe = getattr(provider, "probe", None)
+        if probe is None or args.offline:
+            checks.append(Check(what, True, "settings and secrets are in place"))
+            continue
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                said = await probe()
+        except TimeoutError:
+            checks.append(Check(what, False, f"no answer in {PROBE_TIMEOUT:g} s; check the "
+                                             "network and the provider's api_base."))
+        except Exception as e:
+            checks.append(Check(what, False, _sentence(e, f"check the token of providers.{name}")))
+        else:
+            checks.append(Check(what, True, str(said or "the platform answered")))
+    return checks
+
+
+async def _models(args: argparse.Namespace, config: PlutoConfig) -> list[Check]:
+    from pluto.runtime.model import ModelSettings, model_for, uses_litellm
+
+    checks = []
+    for name, model in config.models.items():
+        what = f"model {name}"
+        if not uses_litellm(model.model):
+            checks.append(Check(what, True, f"{model.model} (built in: nothing to call)"))
+            continue
+        if args.offline:
+            checks.append(Check(what, True, f"{model.model} (not called: --offline)"))
+            continue
+        settings = ModelSettings(model=model.model, api_base=model.api_base,
+                                 api_key_env=model.api_key_env, max_output_tokens=5,
+                                 timeout=PROBE_TIMEOUT, retries=0)
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT + 5):
+                async for _ in model_for(settings).stream(
+                        [{"role": "user", "content": "Reply with OK."}], [], settings):
+                    pass
+        except TimeoutError:
+            checks.append(Check(what, False, f"{model.model} did not answer in "
+                                             f"{PROBE_TIMEOUT:g} s; check api_base and the "
+                                             "network."))
+        except PlutoError as e:
+            checks.append(Check(what, False, str(e)))
+        else:
+            checks.append(Check(what, True, f"{model.model} answered"))
+    return checks
+
+
+class _Unused:
+    """The gateway's services for a provider that doctor builds but never runs."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise PlutoError("pluto doctor does not run providers")
+
+
+def _sentence(e: BaseException, fix: str) -> str:
+    text = _short(e).rstrip(".")
+    return f"{text}; {fix}."
+
+
+def _short(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 300 else text[:299] + "…"
+
+
+# ---- status ------------------------------------------------------------------------------
+
+
+def status_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
+    report = {"gateway": _ready(config), "data_dir": str(data_dir)}
+    report |= asyncio.run(_activity(config, data_dir))
+    report["last_errors"] = last_errors(data_dir / LOG_FILE)
+    if args.json:
+        print(json.dumps(report, indent=1, default=str))
+        return EXIT_OK
+    gw = report["gateway"]
+    if gw.get("running"):
+        providers = ", ".join(f"{n} ({s})" for n, s in gw.get("providers", {}).items()) or "none"
+        print(f"gateway: running at {gw['url']} ({gw.get('status')}); providers: {providers}")
+    else:
+        print(f"gateway: not running at {gw['url']} ({gw.get('why')}); start it with "
+              "pluto serve")
+    print(f"data dir: {data_dir}")
+    if "storage_error" in report:
+        print(f"storage: {report['storage_error']}")
+    else:
+        print(f"sessions: {report['sessions']:,}; runs: {report['runs']:,}, in progress: "
+              f"{len(report['running'])}")
+        for run in report["running"][:10]:
+            print(f"  {run['id']}  {run['agent']}  {run['session_key']}  since "
+                  f"{run['started_at']}")
+    errors = report["last_errors"]
+    print(f"last errors ({len(errors)}):" if errors else "last errors: none in pluto.log")
+    for line in errors:
+        print(f"  {line}")
+    return EXIT_OK
+
+
+def _ready(config: PlutoConfig) -> dict[str, Any]:
+    host = config.http.host if config.http.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    url = f"http://{host}:{config.http.port}"
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=3) as answer:
+            body = json.loads(answer.read(1 << 20))
+    except urllib.error.HTTPError as e:  # 503: running, not ready
+        try:
+            body = json.loads(e.read(1 << 20))
+        except ValueError:
+            return {"running": True, "url": url, "status": f"HTTP {e.code}"}
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        return {"running": False, "url": url, "why": _short(reason) if not isinstance(
+            reason, ConnectionRefusedError) else "nothing listens there"}
+    checks = body.get("checks", {}) if isinstance(body, dict) else {}
+    return {"running": True, "url": url, "status": body.get("status"),
+            "instance": body.get("instance"), "providers": checks.get("providers", {})}
+
+
+async def _activity(config: PlutoConfig, data_dir: Path) -> dict[str, Any]:
+    from pluto.storage import store_for
+
+    if not config.storage.url() and not (data_dir / "pluto.db").exists():
+        return {"sessions": 0, "runs": 0, "running": []}
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT), store_for(data_dir,
+                                                             config.storage.url()) as store:
+            stats = await store.conversations.stats()
+            running = await store.conversations.recent_runs(limit=50, status="running")
+    except Exception as e:
+        return {"storage_error": f"could not be read ({_short(e)}); see pluto doctor"}
+    return {"sessions": stats.get("sessions", 0), "runs": stats.get("runs", 0),
+            "running": running}
+
+
+def last_errors(log_file: Path, count: int = 5, scan_bytes: int = 2 * 2**20) -> list[str]:
+    """The last ERROR/CRITICAL lines of the log (its last ``scan_bytes`` only)."""
+    try:
+        with open(log_file, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - scan_bytes))
+            tail = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    found = [line for line in tail if " ERROR " in line or " CRITICAL " in line]
+    return [line[:300] for line in found[-count:]]
+
+
+# ---- logs --------------------------------------------------------------------------------
+
+
+def logs_command(args: argparse.Namespace, data_dir: Path) -> int:
+    path = data_dir / LOG_FILE
+    if not path.is_file():
+        print(f"pluto logs: no {path} yet (it is written once pluto runs with this data dir)",
+              file=sys.stderr)
+        return EXIT_FAILED
+    with open(path, "rb") as f:
+        for line in deque(f, maxlen=max(0, args.lines)):
+            sys.stdout.write(line.decode("utf-8", "replace"))
+        sys.stdout.flush()
+        if not args.follow:
+            return EXIT_OK
+        try:
+            while True:
+                line = f.readline()
+                if line:
+                    sys.stdout.write(line.decode("utf-8", "replace"))
+                    sys.stdout.flush()
+                    continue
+                if path.stat().st_size < f.tell():  # rotated or truncated: start over
+                    f.seek(0)
+                time.sleep(0.25)
+        except (KeyboardInterrupt, BrokenPipeError):
+            return EXIT_OK

@@ -1,0 +1,166 @@
+"""``pluto init``, ``pluto doctor``, ``pluto status`` and ``pluto logs``, run as real commands
+outside the repository (issue 17)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.openai_server import FakeOpenAI, Reply
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pluto(*args: str, cwd: Path, env: dict[str, str] | None = None,
+          timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("pluto")
+    cmd = [exe] if exe else [sys.executable, "-m", "pluto.gateway.cli"]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PLUTO_")}
+    base |= {"PYTHONPATH": os.pathsep.join(sys.path), "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([*cmd, *args], cwd=cwd, env=base | (env or {}), capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def fake():
+    with FakeOpenAI.in_thread(api_key="sk-doctor") as server:
+        yield server
+
+
+# ---- init ------------------------------------------------------------------------------
+
+
+def test_init_writes_a_working_config_and_never_overwrites(tmp_path: Path) -> None:
+    made = pluto("init", "--model", "openai/fake", "--api-base", "http://127.0.0.1:9/v1",
+                 cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.splitlines()[0] == ("Wrote config/: pluto.yaml, routes.yaml and agents/ "
+                                           "(model: openai/fake at http://127.0.0.1:9/v1).")
+    assert "Next: pluto doctor" in made.stdout
+    config = tmp_path / "config"
+    text = (config / "pluto.yaml").read_text()
+    assert "model: ${PLUTO_MODEL:-openai/fake}" in text
+    assert "api_base: ${PLUTO_API_BASE:-http://127.0.0.1:9/v1}" in text
+    assert (config / "agents" / "default" / "agent.yaml").is_file()
+    assert (config / "routes.yaml").read_text() == (ROOT / "config" / "routes.yaml").read_text()
+    assert pluto("agents", cwd=tmp_path).returncode == 0
+
+    (config / "routes.yaml").write_text("# mine\n" + (config / "routes.yaml").read_text())
+    again = pluto("init", cwd=tmp_path)
+    assert again.returncode == 2 and again.stdout == ""
+    assert again.stderr.strip() == ("pluto init: config already holds a configuration "
+                                    "(pluto.yaml, routes.yaml); nothing was changed. Edit it, "
+                                    "or choose another directory.")
+    assert (config / "routes.yaml").read_text().startswith("# mine\n")
+
+    elsewhere = pluto("init", str(tmp_path / "other"), cwd=tmp_path)
+    assert elsewhere.returncode == 0 and "model: offline" in elsewhere.stdout
+    assert "pluto doctor --config " in elsewhere.stdout
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--model", "bad model'"], "has characters that cannot go in pluto.yaml"),
+])
+def test_init_refuses_values_it_cannot_write(tmp_path: Path, args: list[str], says: str) -> None:
+    out = pluto("init", *args, cwd=tmp_path)
+    assert out.returncode == 1 and says in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_env_file_beside_the_config_is_read_but_never_wins(tmp_path: Path) -> None:
+    with FakeOpenAI.in_thread() as fake:  # any key: it records which one came
+        env_file_is_read(tmp_path, fake)
+
+
+def env_file_is_read(tmp_path: Path, fake) -> None:
+    assert pluto("init", "--model", "openai/fake", "--api-base", fake.base_url,
+                 cwd=tmp_path).returncode == 0
+    env_file = tmp_path / "config" / ".env"
+    env_file.write_text("# a comment\nPLUTO_API_KEY='sk-doctor'\nexport OTHER=1\n")
+    fake.script(Reply(text="hello"))
+    out = pluto("run", "hi", cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.strip() == "hello", out.stderr
+    assert fake.request_headers[-1]["Authorization"] == "Bearer sk-doctor"
+    fake.script(Reply(text="hello"))
+    pluto("run", "hi", cwd=tmp_path, env={"PLUTO_API_KEY": "sk-from-env"})
+    assert fake.request_headers[-1]["Authorization"] == "Bearer sk-from-env"
+
+
+# ---- doctor ----------------------------------------------------------------------------
+
+
+def test_doctor_passes_against_a_working_model(tmp_path: Path, fake) -> None:
+    assert pluto("init", "--model", "openai/fake", "--api-base", fake.base_url,
+                 cwd=tmp_path).returncode == 0
+    fake.script(Reply(text="OK"))
+    out = pluto("doctor", cwd=tmp_path, env={"PLUTO_API_KEY": "sk-doctor"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert [ln.split(":")[0] for ln in lines[:-1]] == [
+        "ok    config", "ok    data dir", "ok    storage", "ok    provider web",
+        "ok    provider api", "ok    model default"]
+    assert lines[-1] == "All good. Start with: pluto chat (or pluto serve)."
+    assert fake.requests[-1]["max_tokens"] == 5
+
+
+def test_doctor_explains_each_failure_and_exits_non_zero(tmp_path: Path, fake) -> None:
+    assert pluto("init", "--model", "openai/fake", "--api-base", fake.base_url,
+                 cwd=tmp_path).returncode == 0
+    out = pluto("doctor", cwd=tmp_path)  # no key
+    assert out.returncode == 1
+    [model] = [ln for ln in out.stdout.splitlines() if "model default" in ln]
+    assert model.startswith("FAIL  model default: ")
+    assert "PLUTO_API_KEY" in model and "Traceback" not in out.stdout + out.stderr
+
+    fake.script(Reply(status=401, error_message="Incorrect API key provided: sk-wrong"))
+    wrong = pluto("doctor", cwd=tmp_path, env={"PLUTO_API_KEY": "sk-wrong"})
+    assert wrong.returncode == 1 and "sk-wrong" not in wrong.stdout
+    assert "rejected the API key in PLUTO_API_KEY" in wrong.stdout
+
+    (tmp_path / "config" / "routes.yaml").write_text("routes:\n  - agent: nope\n")
+    broken = pluto("doctor", cwd=tmp_path)
+    assert broken.returncode == 2
+    assert broken.stdout.startswith("FAIL  config: ") and "unknown agent 'nope'" in broken.stdout
+
+
+def test_doctor_outside_a_config_dir_says_how_to_get_one(tmp_path: Path) -> None:
+    out = pluto("doctor", cwd=tmp_path)
+    assert out.returncode == 2 and "make one with 'pluto init'" in out.stderr
+
+
+# ---- status and logs -------------------------------------------------------------------
+
+
+def test_status_without_a_gateway_and_the_last_errors(tmp_path: Path) -> None:
+    assert pluto("init", cwd=tmp_path).returncode == 0
+    config = tmp_path / "config" / "pluto.yaml"
+    config.write_text(config.read_text().replace("${PLUTO_HTTP_PORT:-8000}", "9"))
+    state = tmp_path / ".pluto"
+    state.mkdir()
+    (state / "pluto.log").write_text(
+        "2026-01-01 10:00:00,000 INFO pluto: started\n"
+        "2026-01-01 10:00:01,000 ERROR pluto.runtime: run r1 failed\n")
+    out = pluto("status", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == ("gateway: not running at http://127.0.0.1:9 (nothing listens there); "
+                        "start it with pluto serve")
+    assert lines[-2:] == ["last errors (1):",
+                          "  2026-01-01 10:00:01,000 ERROR pluto.runtime: run r1 failed"]
+    report = json.loads(pluto("status", "--json", cwd=tmp_path).stdout)
+    assert report["gateway"]["running"] is False and report["running"] == []
+
+
+def test_logs_shows_the_last_lines(tmp_path: Path) -> None:
+    assert pluto("init", cwd=tmp_path).returncode == 0
+    missing = pluto("logs", cwd=tmp_path)
+    assert missing.returncode == 1 and "no " in missing.stderr and "pluto.log" in missing.stderr
+    (tmp_path / ".pluto").mkdir()
+    (tmp_path / ".pluto" / "pluto.log").write_text("".join(f"line {i}\n" for i in range(100)))
+    out = pluto("logs", "-n", "3", cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout == "line 97\nline 98\nline 99\n"
