@@ -497,3 +497,47 @@ async def test_the_admin_api_refuses_stdio_servers_and_unknown_tools(config_dir,
             assert not (data_dir / "agents" / "local").exists()
     finally:
         await gw.stop()
+
+
+# --- results, mapped ---------------------------------------------------------------------------
+
+async def test_every_kind_of_content_is_mapped(tmp_path):
+    import base64
+
+    import mcp_types as types
+
+    from pluto.runtime.mcp.results import MAX_CONTENT, to_result
+    from tests.mcp_servers.demo import PNG
+
+    png = base64.b64encode(PNG).decode()
+    result = types.CallToolResult(content=[
+        types.TextContent(type="text", text="first"),
+        types.ImageContent(type="image", data=png, mime_type="image/png"),
+        types.AudioContent(type="audio", data=base64.b64encode(b"RIFF").decode(),
+                           mime_type="audio/wav"),
+        types.EmbeddedResource(type="resource", resource=types.TextResourceContents(
+            uri="file:///notes.txt", text="a note")),
+        types.EmbeddedResource(type="resource", resource=types.BlobResourceContents(
+            uri="file:///data.bin", blob=base64.b64encode(b"\x00\x01").decode(),
+            mime_type="application/octet-stream")),
+        types.ResourceLink(type="resource_link", uri="https://x.example/doc", name="doc"),
+        types.ImageContent(type="image", data="not base64!", mime_type="image/png"),
+    ])
+    out = await to_result(result, tmp_path / "run", "srv")
+    assert not out.is_error
+    assert out.content.splitlines()[0] == "first"
+    assert "[file:///notes.txt]\na note" in out.content
+    assert "[link: doc https://x.example/doc]" in out.content
+    saved = out.details["attachments"]
+    assert [a["kind"] for a in saved] == ["image", "file", "file"]  # the bad image dropped
+    assert Path(out.details["image"]).read_bytes() == PNG
+    assert all(Path(a["path"]).parent == tmp_path / "run" for a in saved)
+
+    structured = await to_result(types.CallToolResult(content=[], structured_content={
+        "total": 3}), tmp_path, "srv")
+    assert structured.content == '{"total": 3}' and structured.details is None
+    long = await to_result(types.CallToolResult(content=[types.TextContent(
+        type="text", text="x" * (MAX_CONTENT + 10))]), tmp_path, "srv")
+    assert long.content.endswith(f"[cut: the result had {MAX_CONTENT + 10:,} characters]")
+    failed = await to_result(types.CallToolResult(content=[], is_error=True), tmp_path, "srv")
+    assert failed.is_error and failed.content == "Error: failed"

@@ -89,7 +89,7 @@ async def to_result(result: types.CallToolResult, folder: Path, server: str) -> 
     """Text for the model; images and files saved under ``folder`` for people; ``isError``
     kept, so the model can correct its call."""
     texts: list[str] = []
-    files: list[tuple[str, bytes, str]] = []  # (kind, data, mime type)
+    files: list[tuple[str, str, str]] = []  # (kind, base64 data, mime type)
     for block in result.content:
         match block:
             case types.TextContent(text=text):
@@ -119,24 +119,26 @@ async def to_result(result: types.CallToolResult, folder: Path, server: str) -> 
     return ToolResult(content, details=details, is_error=bool(result.is_error))
 
 
-def _keep(files: list[tuple[str, bytes, str]], kind: str, data: str, mime: str) -> str:
+def _keep(files: list[tuple[str, str, str]], kind: str, data: str, mime: str) -> str:
     if len(data) > MAX_FILE_BYTES * 4 // 3 + 4:
         return f"[a {mime} file too large to show]"
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        return f"[a {mime} file that could not be read]"
-    files.append((kind, raw, mime))
+    files.append((kind, data, mime))  # decoded and saved in a worker thread
     what = "an image" if kind == "image" else f"a file ({mime})"
     return f"[{what}, sent to the user with your answer; do not link to it]"
 
 
-async def _save(files: list[tuple[str, bytes, str]], folder: Path,
-                server: str) -> dict[str, Any]:
+async def _save(files: list[tuple[str, str, str]], folder: Path,
+                server: str) -> dict[str, Any] | None:
     def write() -> list[dict[str, Any]]:
         folder.mkdir(parents=True, exist_ok=True)
         out = []
-        for kind, raw, mime in files:
+        for kind, data, mime in files:
+            try:
+                raw = base64.b64decode(data, validate=True)
+            except (binascii.Error, ValueError):
+                log.warning("mcp %s: a %s file that is not valid base64 was dropped", server,
+                            mime)
+                continue
             ext = mimetypes.guess_extension(mime) or ".bin"
             path = folder / f"{server}-{uuid.uuid4().hex[:8]}{ext}"
             path.write_bytes(raw)
@@ -144,6 +146,8 @@ async def _save(files: list[tuple[str, bytes, str]], folder: Path,
         return out
 
     saved = await asyncio.to_thread(write)
+    if not saved:
+        return None
     details: dict[str, Any] = {"attachments": saved}
     image = next((f for f in saved if f["kind"] == "image"), None)
     if image is not None:
