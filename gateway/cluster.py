@@ -43,10 +43,6 @@ def new_instance_id() -> str:
     return f"{socket.gethostname()[:24]}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-class LeaseLost(Exception):
-    """The lease ran out or was taken over while its holder was still working."""
-
-
 class Cluster:
     def __init__(self, leases: LeaseStore | None, instance_id: str, *,
                  ttl: float = LEASE_SECONDS, poll: float = 0.25):
@@ -124,13 +120,17 @@ class Cluster:
                 log.warning("cluster: could not release %s (%s); it runs out in %gs", name,
                             e, self.ttl)
 
+    def holds(self, name: str) -> bool:
+        """Whether this instance still holds ``name`` (as far as its last renewal knows)."""
+        return name in self._held
+
     @contextlib.asynccontextmanager
     async def holding(self, name: str) -> AsyncIterator[int]:
-        """Hold ``name`` (waiting for it) for the body; the body is cancelled if it is lost."""
+        """Hold ``name`` (waiting for it) for the body. Losing it does not stop the body: what
+        the body commits is fenced in the database (a run taken over by another instance
+        cannot record its answer), so work in flight ends without effect instead of being
+        cut off halfway."""
         token = await self.wait_for(name)
-        task = asyncio.current_task()
-        if task is not None and self.leases is not None:
-            self._holders[name] = task
         try:
             yield token
         finally:

@@ -306,7 +306,8 @@ class Runner:
         event = await self.store.end_run(state.req.run_id, outcome, error=error, usage=usage,
                                          event=RunEnd(run_id=state.req.run_id, outcome=outcome,
                                                       usage=usage))
-        assert event is not None
+        if event is None:  # it had ended already: another instance took it over
+            raise RunTakenOver(f"run {state.req.run_id} was taken over by another instance")
         state.observe(event)
         return event
 
@@ -319,7 +320,10 @@ class Runner:
 
     async def _finish_cancelled(self, state: _RunState) -> None:
         await self._keep_partial(state)
-        await self._end(state, "cancelled", error="stopped by the user")
+        try:
+            await self._end(state, "cancelled", error="stopped by the user")
+        except RunTakenOver:
+            pass  # another instance took it over: it ends there
 
 
 def _parse_arguments(call: ToolCall) -> tuple[dict[str, Any] | None, ToolResult | None]:

@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from pluto.errors import RunTakenOver
 from pluto.storage.ports import InboundStore
 from pluto.types import (Accepted, Attachment, Dropped, Duplicate, IncomingMessage, Outcome,
                          outcome_from_dict, outcome_to_dict)
@@ -231,11 +232,12 @@ class IntakeQueue:
                     await asyncio.sleep(cluster.poll)
                     continue
                 try:
-                    await self._drain_chat(key, queue)
+                    await self._drain_chat(key, queue, lease)
                 finally:
                     await asyncio.shield(cluster.release(lease))
                 # a message recorded elsewhere just before we let go: ours to take as well
-                if not queue and not await self.inbox.unhandled_in_chat(self.name, key, 1):
+                if not queue and not await self.inbox.unhandled_in_chat(self.name, key, 1) \
+                        and not queue:  # (and one handed to us while we looked)
                     return
         finally:
             if self._chats.get(key) is queue:
@@ -246,12 +248,16 @@ class IntakeQueue:
                 self._release()
             queue.clear()
 
-    async def _drain_chat(self, key: str, queue: deque[Ticket]) -> None:
+    async def _drain_chat(self, key: str, queue: deque[Ticket], lease: str) -> None:
         """Holding the chat: its unhandled messages, in arrival order, each run to its end."""
         assert self.shared is not None
+        cluster = self.shared.cluster
         await self.shared.take_over(self.name, key)
         while payloads := await self.inbox.unhandled_in_chat(self.name, key):
             for payload in payloads:
+                if not cluster.holds(lease):  # lost (we were too slow to renew): let go
+                    log.warning("%s: lost chat %s to another instance", self.name, key)
+                    return
                 try:
                     msg = message_from_dict(payload)
                 except (TypeError, ValueError, KeyError) as e:
@@ -266,6 +272,8 @@ class IntakeQueue:
                     outcome = await self.handler(ticket.message if ticket else msg)
                 except asyncio.CancelledError:
                     raise
+                except RunTakenOver:  # another instance took the chat and this message
+                    continue
                 except Exception:
                     log.exception("%s: handling a message of chat %s failed", self.name, key)
                     outcome = Dropped("an internal error")

@@ -67,11 +67,14 @@ class SessionLanes(Generic[J]):
 
     async def _work(self, key: str, lane: _Lane[J]) -> None:
         try:
-            if self.guard is None:
-                await self._drain(lane)
-            else:
-                async with self.guard(key):
+            # checked again after the guard lets go (which awaits): a job submitted meanwhile
+            # joined this lane, whose worker must not end before it ran
+            while lane.queue:
+                if self.guard is None:
                     await self._drain(lane)
+                else:
+                    async with self.guard(key):
+                        await self._drain(lane)
         except asyncio.CancelledError:
             if lane.current is not None:  # the session was lost (or we are stopping)
                 lane.current.cancel()

@@ -108,8 +108,16 @@ def _handled(source: tuple[str, str], run_id: str) -> Statement:
     """The inbox's message (provider, message id) is handled by run ``run_id``: it will not be
     replayed. Its payload stays (until the inbox is pruned): if the instance running it dies,
     another one answers it again from there."""
+    outcome = json.dumps({"type": "accepted", "run_id": run_id})
     return ("UPDATE inbound_seen SET handled = 1, outcome = ? WHERE provider = ? AND"
-            " message_id = ?", (json.dumps({"type": "accepted", "run_id": run_id}), *source))
+            " message_id = ? AND (handled = 0 OR outcome = ?)", (outcome, *source, outcome))
+
+
+def _claim_source(conn: Any, source: tuple[str, str] | None, run_id: str) -> None:
+    """Mark the run's message handled by it — unless another instance's run has it already
+    (it took the chat over meanwhile): then this run must not go on."""
+    if source is not None and conn.execute(*_handled(source, run_id)).rowcount == 0:
+        raise RunTakenOver(f"message {source[1]} of {source[0]} is answered elsewhere")
 
 
 def _session(row: Any) -> SessionRow:
@@ -229,14 +237,15 @@ class SqliteConversations:
 
     async def queue_run(self, run_id: str, session_id: str, agent: str, input_text: str, *,
                         source: tuple[str, str] | None = None) -> None:
-        stmts: list[Statement] = [(
-            "INSERT INTO runs (id, session_id, agent, status, input, started_at, owner,"
-            " source_provider, source_id) VALUES (?,?,?,'queued',?,?,?,?,?) ON CONFLICT DO"
-            " NOTHING", (run_id, session_id, agent, input_text, time.time(), self.owner,
-                         *(source or (None, None))))]
-        if source is not None:  # the inbox's message is handled with this very commit
-            stmts.append(_handled(source, run_id))
-        await self.engine.write(*stmts)
+        def queue(conn: Any) -> None:
+            conn.execute(
+                "INSERT INTO runs (id, session_id, agent, status, input, started_at, owner,"
+                " source_provider, source_id) VALUES (?,?,?,'queued',?,?,?,?,?) ON CONFLICT DO"
+                " NOTHING", (run_id, session_id, agent, input_text, time.time(), self.owner,
+                             *(source or (None, None))))
+            _claim_source(conn, source, run_id)  # handled with this very commit
+
+        await self.engine.transact(queue)
 
     async def start_run(self, run_id: str, session_id: str, agent: str, input_text: str,
                         event: RunEvent, *, source: tuple[str, str] | None = None) -> RunEvent:
@@ -245,20 +254,30 @@ class SqliteConversations:
         event = self._numbered(event)
         message = _message("user", input_text, run_id)
         stmts: list[Statement] = [
-            ("INSERT INTO runs (id, session_id, agent, status, input, started_at, owner,"
-             " source_provider, source_id) VALUES (?,?,?,'running',?,?,?,?,?)"
-             " ON CONFLICT(id) DO UPDATE SET status = 'running',"
-             " session_id = excluded.session_id, agent = excluded.agent,"
-             " input = excluded.input, started_at = excluded.started_at,"
-             " owner = excluded.owner",
-             (run_id, session_id, agent, input_text, now, self.owner,
-              *(source or (None, None)))),
             ("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id)),
             _message_stmt(session_id, message),
             _event_stmt(event)]
-        if source is not None:
-            stmts.append(_handled(source, run_id))
-        await self.engine.write(*stmts)
+
+        def start(conn: Any) -> None:
+            if conn.execute(
+                    "INSERT INTO runs (id, session_id, agent, status, input, started_at, owner,"
+                    " source_provider, source_id) VALUES (?,?,?,'running',?,?,?,?,?)"
+                    " ON CONFLICT(id) DO UPDATE SET status = 'running',"
+                    " session_id = excluded.session_id, agent = excluded.agent,"
+                    " input = excluded.input, started_at = excluded.started_at,"
+                    " owner = excluded.owner WHERE runs.status = 'queued'",
+                    (run_id, session_id, agent, input_text, now, self.owner,
+                     *(source or (None, None)))).rowcount == 0:
+                raise RunTakenOver(f"run {run_id} has ended (taken over) before it started")
+            _claim_source(conn, source, run_id)
+            for stmt in stmts:
+                conn.execute(*stmt)
+
+        try:
+            await self.engine.transact(start)
+        except RunTakenOver:
+            self._seq.pop(run_id, None)
+            raise
         self._remember(session_id, message)
         return event
 
@@ -301,13 +320,25 @@ class SqliteConversations:
         if event is not None:
             event = self._numbered(event)
             stmts.append(_event_stmt(event))
-        stmts.append(("UPDATE runs SET status = ?, error = ?, usage = ?, ended_at = ? WHERE id = ?",
-                      (status, error, json.dumps(usage or {}), time.time(), run_id)))
+        update = ("UPDATE runs SET status = ?, error = ?, usage = ?, ended_at = ? WHERE id = ?"
+                  " AND status IN ('queued', 'running')",
+                  (status, error, json.dumps(usage or {}), time.time(), run_id))
+        behind = self._take_behind()
+
+        def end(conn: Any) -> bool:
+            for stmt in behind:
+                conn.execute(*stmt)
+            if conn.execute(*update).rowcount == 0:
+                return False  # it has ended already (taken over by another instance)
+            for stmt in stmts:
+                conn.execute(*stmt)
+            return True
+
         try:
-            await self.engine.write(*self._take_behind(), *stmts)
+            ended = await self.engine.transact(end)
         finally:
             self._seq.pop(run_id, None)
-        return event
+        return event if ended else None
 
     async def cancel_run(self, run_id: str, session_id: str, agent: str, input_text: str,
                          event: RunEvent, *, error: str,

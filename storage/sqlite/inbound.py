@@ -77,7 +77,7 @@ class SqliteInbound:
                       outcome: dict[str, Any] | None = None) -> None:
         await self.engine.write((
             "UPDATE inbound_seen SET handled = 1, payload = NULL, outcome = ? WHERE"
-            " provider = ? AND message_id = ?",
+            " provider = ? AND message_id = ? AND handled = 0",
             (json.dumps(outcome) if outcome else None, provider, message_id)))
 
     async def outcome(self, provider: str, message_id: str) -> dict[str, Any] | None:
