@@ -177,3 +177,72 @@ def test_numbers_are_rounded_for_people_and_exact_enough_for_the_model(
     from pluto.runtime.data.format import model_text, people_text
 
     assert people_text(value) == people and model_text(value) == model
+
+
+# ---- (3)(6) the terminal draws Markdown: bold, code, aligned tables, words kept whole ----
+
+
+REPLY = ("The **busiest** carrier is `UA`, then AA \\[see below\\]. This sentence is long "
+         "enough that it has to wrap at a word boundary on a narrow terminal screen.\n\n"
+         "| carrier | flights | avg_delay | a | b | c | d |\n"
+         "| --- | ---: | ---: | --- | --- | --- | --- |\n"
+         "| UA | 58,665 | 12.1 | x | y | z | w |\n"
+         "| AA | 2 | 8.6 | x | y | z | w |\n")
+
+
+def drawn(text: str) -> list[str]:
+    return [line.rstrip() for line in text.splitlines()]
+
+
+def assert_readable(lines: list[str], width: int) -> None:
+    body = "\n".join(lines)
+    assert "**" not in body and "`" not in body and "|---" not in body and "\\[" not in body
+    assert "[see below]" in body and all(len(line) <= width for line in lines)
+    words = set(REPLY.replace("\n", " ").split())
+    assert "boundary" in body and "bound-" not in body
+    assert not [w for w in body.split() if w.isalpha() and len(w) > 3 and w not in words
+                and w not in {"busiest", "carrier", "avg_delay"}], body
+    header = next(line for line in lines if "carrier" in line and "flights" in line)
+    first = next(line for line in lines if line.lstrip().startswith("UA"))
+    second = next(line for line in lines if line.lstrip().startswith("AA"))
+    assert header.index("carrier") == first.index("UA")  # the header sits over its rows
+    # numbers right-aligned: their last digits end where the header's column ends
+    assert first.index("58,665") + 6 == second.index(" 2 ") + 2 == header.index("flights") + 7
+
+
+async def test_the_terminal_renders_markdown_replies() -> None:
+    import io
+
+    from pluto.providers.cli import CliProvider
+    from pluto.types import OutgoingMessage
+
+    out = io.StringIO()
+    cli = CliProvider(None, out=out, err=io.StringIO(), markdown=True, width=60)  # type: ignore[arg-type]
+    await cli.send(OutgoingMessage(chat_id="terminal", text=REPLY, run_id="r1", seq=1))
+    assert_readable(drawn(out.getvalue()), 60)
+
+
+async def test_a_streamed_reply_is_drawn_as_markdown_when_complete() -> None:
+    import io
+
+    from pluto.providers.cli import CliProvider
+
+    out = io.StringIO()
+    cli = CliProvider(None, out=out, err=io.StringIO(), markdown=True, width=60)  # type: ignore[arg-type]
+    for i in range(0, len(REPLY), 7):
+        cli._delta("r2", REPLY[i:i + 7])
+    cli._end_line("r2")
+    assert_readable(drawn(out.getvalue()), 60)
+
+
+async def test_pipes_get_the_text_as_written() -> None:
+    import io
+
+    from pluto.providers.cli import CliProvider
+    from pluto.types import OutgoingMessage
+
+    out = io.StringIO()
+    cli = CliProvider(None, out=out, err=io.StringIO())  # type: ignore[arg-type]
+    assert cli.screen.markdown is False
+    await cli.send(OutgoingMessage(chat_id="terminal", text=REPLY, run_id="r3", seq=1))
+    assert out.getvalue() == REPLY + "\n"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from pluto.events import MessageDelta, MessageFinal, RunError, ToolStart
+from pluto.providers.cli.screen import Screen, wants_markdown
 from pluto.gateway.ports import Intake, Provider, ProviderContext, RunFeed
 from pluto.types import (MARKDOWN, Accepted, Capabilities, Dropped, Duplicate, IncomingMessage,
                          OutgoingMessage, Refused)
@@ -34,7 +35,8 @@ class CliProvider(Provider):
 
     def __init__(self, feed: RunFeed, *, chat_id: str = "terminal",
                  history_file: Path | None = None, once: str | None = None,
-                 out: TextIO | None = None, err: TextIO | None = None):
+                 out: TextIO | None = None, err: TextIO | None = None,
+                 markdown: bool | None = None, width: int | None = None):
         self.feed = feed
         self.chat_id = chat_id
         self.user_id = _user()
@@ -42,6 +44,9 @@ class CliProvider(Provider):
         self.once = once  # ``pluto run``: this one message, then done
         self.out = out or sys.stdout
         self.err = err or sys.stderr
+        # on a terminal, replies are drawn as Markdown; elsewhere printed as written
+        self.screen = Screen(self.out, width=width, markdown=wants_markdown(self.out)
+                             if markdown is None else markdown)
         self._ids = itertools.count(1)
         self._process = uuid.uuid4().hex[:8]  # ids stay unique across runs (dedupe)
         self._replies: dict[str, asyncio.Future[OutgoingMessage]] = {}  # by what they answer
@@ -157,7 +162,9 @@ class CliProvider(Provider):
                 if run_id in self._streamed:  # its text is on screen already
                     self._end_line(run_id)
                 elif message.text:
-                    self.out.write(self._label() + message.text + "\n")
+                    if not self.screen.markdown:
+                        self.out.write(self._label())
+                    self.screen.reply(message.text)
                 for attachment in message.attachments:  # a terminal shows where the file is
                     self.out.write(f"[{attachment.kind}: "
                                    f"{attachment.path or attachment.filename}]\n")
@@ -181,8 +188,11 @@ class CliProvider(Provider):
 
     def _delta(self, run_id: str, text: str) -> None:
         """Print a piece of a reply as the model writes it."""
-        if run_id not in self._streamed:
-            self._streamed.add(run_id)
+        first = run_id not in self._streamed
+        self._streamed.add(run_id)
+        if self.screen.stream(run_id, text):
+            return
+        if first:
             self.out.write(self._label())
         self.out.write(text)
         self.out.flush()
@@ -197,7 +207,8 @@ class CliProvider(Provider):
     def _end_line(self, run_id: str) -> None:
         if run_id in self._streamed:
             self._streamed.discard(run_id)
-            self.out.write("\n")
+            if not self.screen.end(run_id):
+                self.out.write("\n")
             self.out.flush()
 
 
