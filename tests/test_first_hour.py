@@ -246,3 +246,12 @@ async def test_pipes_get_the_text_as_written() -> None:
     assert cli.screen.markdown is False
     await cli.send(OutgoingMessage(chat_id="terminal", text=REPLY, run_id="r3", seq=1))
     assert out.getvalue() == REPLY + "\n"
+
+
+def test_model_tables_get_numbers_aligned_right() -> None:
+    from pluto.gateway.delivery.render.ir import Table, parse
+
+    [table] = parse("| name | n | share | code | left |\n|---|---|---|---|:--|\n"
+                    "| x | 1,234 | 12.5% | A1 | 3 |\n| y | -5.5 | 3% | B2 | 4 |\n| z |  | 1e-3 | 7 | 5 |")
+    assert isinstance(table, Table)
+    assert table.aligns == ("left", "right", "right", "left", "left")  # ':--' was asked for

@@ -236,6 +236,7 @@ class _BlockReader:
 
     def _table(self) -> Table:
         aligns: list[Literal["left", "right", "center"]] = []
+        given: list[bool] = []  # the table said how to align that column
         rows: list[tuple[tuple[Inline, ...], ...]] = []
         row: list[tuple[Inline, ...]] = []
         while self._pos < len(self._tokens):
@@ -250,9 +251,28 @@ class _BlockReader:
                     style = str(token.attrGet("style") or "")
                     aligns.append("right" if "right" in style else
                                   "center" if "center" in style else "left")
+                    given.append(bool(style))
                 case "inline":
                     row.append(_inlines(token.children or []))
-        return Table(tuple(aligns), tuple(rows))
+        return Table(_numbers_right(aligns, given, rows), tuple(rows))
+
+
+_NUMBER = re.compile(r"[-+−]?[$€£¥]?(\d{1,3}(,\d{3})+|\d+)?([.]\d+)?(e[-+]?\d+)?%?", re.I)
+
+
+def _numbers_right(aligns: list[Literal["left", "right", "center"]], given: list[bool],
+                   rows: list[tuple[tuple[Inline, ...], ...]]
+                   ) -> tuple[Literal["left", "right", "center"], ...]:
+    """Columns whose alignment the table left open and whose every body cell is a number are
+    aligned right, as people read numbers."""
+    out = list(aligns)
+    for c, (align, said) in enumerate(zip(aligns, given, strict=True)):
+        cells = [plain_text(row[c]).strip() for row in rows[1:] if c < len(row)]
+        cells = [cell for cell in cells if cell]
+        if not said and cells and all(any(ch.isdigit() for ch in cell)
+                                      and _NUMBER.fullmatch(cell) for cell in cells):
+            out[c] = "right"
+    return tuple(out)
 
 
 def _inlines(children: list[Token]) -> tuple[Inline, ...]:

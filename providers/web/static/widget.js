@@ -99,18 +99,25 @@
     return cells;
   }
   function isTableSep(line) { return /^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$/.test(line || ""); }
-  function tableNode(columns, rows, note, plain) {
+  function alignsOf(sep) {  // a Markdown table's rule: "---:" right, ":---:" center
+    return splitRow(sep).map(function (c) {
+      c = c.trim();
+      return /^:-+:$/.test(c) ? "pluto-center" : /-:$/.test(c) ? "pluto-num" : null;
+    });
+  }
+  function tableNode(columns, rows, note, plain, aligns) {
     var cell = plain ? function (text, node) { node.textContent = text; } : inline;
     var wrap = el("div", "pluto-table");
     var table = wrap.appendChild(el("table"));
     var tr = table.appendChild(el("thead")).appendChild(el("tr"));
-    columns.forEach(function (c) { cell(String(c), tr.appendChild(el("th"))); });
+    aligns = aligns || [];
+    columns.forEach(function (c, i) { cell(String(c), tr.appendChild(el("th", aligns[i]))); });
     var body = table.appendChild(el("tbody"));
     rows.forEach(function (row) {
       var r = body.appendChild(el("tr"));
       columns.forEach(function (_, i) {
         var v = row[i];
-        cell(v === null || v === undefined ? "" : String(v), r.appendChild(el("td")));
+        cell(v === null || v === undefined ? "" : String(v), r.appendChild(el("td", aligns[i])));
       });
     });
     if (note) { wrap.appendChild(el("div", "pluto-note", note)); }
@@ -138,9 +145,9 @@
       }
       if (/^\s*((\*\s*){3,}|(-\s*){3,}|(_\s*){3,})$/.test(line)) { into.appendChild(el("hr")); i++; continue; }
       if (line.indexOf("|") !== -1 && isTableSep(lines[i + 1])) {
-        var cols = splitRow(line), rows = [];
+        var cols = splitRow(line), rows = [], aligns = alignsOf(lines[i + 1]);
         for (i += 2; i < lines.length && lines[i].indexOf("|") !== -1 && lines[i].trim(); i++) { rows.push(splitRow(lines[i])); }
-        into.appendChild(tableNode(cols, rows));
+        into.appendChild(tableNode(cols, rows, null, false, aligns));
         continue;
       }
       if (/^\s*>/.test(line)) {
@@ -280,7 +287,8 @@
       var shown = d.table.rows.length, total = d.table.total_rows || shown;
       var note = total > shown ? "Showing " + shown + " of " + total + " rows" :
         (d.table.truncated ? "Showing the first " + shown + " rows" : "");
-      box.appendChild(tableNode(d.table.columns, d.table.rows, note, true));
+      var numeric = (d.table.numeric || []).map(function (n) { return n ? "pluto-num" : null; });
+      box.appendChild(tableNode(d.table.columns, d.table.rows, note, true, numeric));
     }
     if (d.csv && /^\/web\/file\//.test(d.csv)) {
       var dl = box.appendChild(el("a", "pluto-download", "Download the data (CSV)"));
