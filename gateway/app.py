@@ -30,13 +30,14 @@ from pluto.gateway.delivery.flood import FloodControl
 from pluto.gateway.delivery.outbox import Outbox
 from pluto.gateway.delivery.streaming import EditThrottle
 from pluto.gateway.directory import Directory
-from pluto.gateway.feed import LocalRunFeed
+from pluto.gateway.feed import LocalRunFeed, SharedRunFeed
 from pluto.gateway.http.admin import mount_admin
 from pluto.gateway.http.server import HttpServer
 from pluto.gateway.metrics import Metrics
 from pluto.gateway.pipeline.access import Access
 from pluto.gateway.pipeline.data_commands import DataCommands, data_service
 from pluto.gateway.pipeline.intake import IntakeQueue, Shared
+from pluto.gateway.pipeline.ratelimit import SharedRateLimiter
 from pluto.gateway.pipeline.pipeline import Pipeline
 from pluto.gateway.pipeline.routing import RoutingTable
 from pluto.gateway.ports import HttpMount, Provider, ProviderContext
@@ -84,7 +85,9 @@ class Gateway:
                                       known_tools=self._tool_names)
         self.routes: RoutingTable = load_routes(config_dir, self.registry)
         self.metrics = Metrics()
-        self.feed = LocalRunFeed(self.store.conversations)
+        self.feed = (SharedRunFeed(self.store.conversations, self.store.bus, self.instance)
+                     if self.shared and self.store.bus is not None
+                     else LocalRunFeed(self.store.conversations))
         self.providers: dict[str, Provider] = {}
         self.health: dict[str, TaskHealth] = {}
         self.intakes: dict[str, IntakeQueue] = {}
@@ -102,7 +105,8 @@ class Gateway:
                              model_factory=model_factory)
         # extra reports in /readyz: informative, they never make the gateway unready
         self.health_reports: dict[str, Callable[[], object]] = {"mcp": self.mcp.health}
-        self.access = Access(self.store.pairing, lambda: self.config.access)
+        self.access = Access(self.store.pairing, lambda: self.config.access,
+                             limiter=SharedRateLimiter(self.store.rates) if self.shared else None)
         self.pipeline = Pipeline(
             conversations=self.store.conversations,
             inbox=self.store.inbound, access=self.access,
@@ -198,6 +202,8 @@ class Gateway:
         if self.shared:  # other instances may be running: take over only what is orphaned
             await self.cluster.start()
             stack.push_async_callback(self.cluster.stop)
+            if isinstance(self.feed, SharedRunFeed):
+                self.feed.start()  # runs executing on other instances, followed live
             orphans = asyncio.create_task(self._adopt_orphans(), name="cluster:orphans")
             stack.push_async_callback(_cancel, orphans)
         else:

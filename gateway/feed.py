@@ -6,8 +6,11 @@ order. :meth:`LocalRunFeed.follow` registers the live subscription *before* it r
 no event falls between the two, and skips any live event whose ``seq`` it has already yielded:
 each event comes once, in ``seq`` order, and the stream ends after ``run.end``.
 
-This feed lives in one process: a run executing elsewhere is not seen live here (the cluster
-engine replaces it with one fed by the database).
+:class:`LocalRunFeed` lives in one process. With several instances on one database,
+:class:`SharedRunFeed` also tells the others, over the database's notifications, that a run
+has a new event; a watcher here of a run executing elsewhere then reads the new events from
+storage — in ``seq`` order, each once, with no gap even across a reconnect to yet another
+instance (``after`` is all a watcher needs to bring).
 """
 
 from __future__ import annotations
@@ -16,13 +19,24 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator
+from typing import Any
 
 from pluto.events import RunEnd, RunEvent
-from pluto.storage.ports import RunReader
+from pluto.storage.ports import Bus, RunReader
 
 log = logging.getLogger(__name__)
 
 MAX_BACKLOG = 10_000  # live events a stalled watcher may hold before it is cut off
+CHANNEL = "pluto_runs"
+
+
+class _Wake:
+    """Put in a watcher's queue: events were committed elsewhere, read storage again."""
+
+    seq = -1
+
+
+WAKE: Any = _Wake()
 
 
 class _Watcher:
@@ -66,6 +80,8 @@ class LocalRunFeed:
                 watcher.overflowed = False
                 while not watcher.overflowed:
                     event = await watcher.queue.get()
+                    if event is WAKE:
+                        break  # committed by another instance: storage has it
                     if event.seq <= last:
                         continue  # storage already gave it
                     if event.seq > last + 1:
@@ -80,3 +96,44 @@ class LocalRunFeed:
                 watchers.discard(watcher)
                 if not watchers:
                     del self._watchers[run_id]
+
+
+class SharedRunFeed(LocalRunFeed):
+    """The run feed of one instance among several: local watchers as :class:`LocalRunFeed`,
+    plus a notification to the other instances for each committed event (``instance|run``,
+    sent in small batches), and a wake-up for local watchers of runs executing elsewhere."""
+
+    def __init__(self, runs: RunReader, bus: Bus, instance: str):
+        super().__init__(runs)
+        self.bus = bus
+        self.instance = instance
+        self._pending: dict[str, None] = {}  # runs with news to tell, in order
+        self._sender: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.bus.subscribe(CHANNEL, self._heard)
+
+    def publish(self, event: RunEvent) -> None:
+        super().publish(event)
+        self._pending[event.run_id] = None
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.get_running_loop().create_task(self._send())
+
+    async def _send(self) -> None:
+        while self._pending:
+            runs, self._pending = list(self._pending), {}
+            try:
+                await self.bus.publish(CHANNEL, [f"{self.instance}|{r}" for r in runs])
+            except Exception as e:  # noqa: BLE001 - watchers elsewhere re-read on reconnect
+                log.warning("feed: could not notify the other instances: %s", e)
+
+    def _heard(self, payload: str | None) -> None:
+        if payload is None:  # the listener was away: wake every watcher
+            targets = [w for ws in self._watchers.values() for w in ws]
+        else:
+            sender, _, run_id = payload.partition("|")
+            if sender == self.instance:
+                return  # ours: local watchers have it already
+            targets = list(self._watchers.get(run_id, ()))
+        for watcher in targets:
+            watcher.queue.put_nowait(WAKE)

@@ -9,6 +9,7 @@ commits or rolls back anyone else's work. A component gets the part it needs (th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from pluto.events import RunEvent
@@ -265,6 +266,25 @@ class PairingStore(Protocol):
     async def approved(self) -> list[Approval]: ...
 
 
+class RateBucketStore(Protocol):
+    """Rate-limit token buckets shared by the instances (see ``storage/sqlite/ratelimits``)."""
+
+    async def take(self, buckets: list[tuple[str, int, float]]) -> tuple[int, float, bool] | None:
+        """Take one message from each (key, count, seconds) bucket, or from none: None, or
+        (index of the empty one, seconds until it refills, first refusal of its streak)."""
+        ...
+
+
+class Bus(Protocol):
+    """Notifications between instances sharing the database (PostgreSQL's LISTEN/NOTIFY)."""
+
+    async def publish(self, channel: str, payloads: list[str]) -> None: ...
+
+    def subscribe(self, channel: str, callback: Callable[[str | None], None]) -> None:
+        """``callback(payload)`` for each notification; ``callback(None)`` after a gap."""
+        ...
+
+
 class Store(Protocol):
     """One database: every part above, opened and closed together."""
 
@@ -275,6 +295,8 @@ class Store(Protocol):
     pairing: PairingStore
     flood: FloodStore
     leases: LeaseStore
+    rates: RateBucketStore
+    bus: Bus | None  # None: one process per database, nothing to tell
 
     @property
     def shared(self) -> bool:

@@ -20,10 +20,12 @@ policy, one concern at a time:
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 
-from pluto.gateway.pipeline.ratelimit import OncePer, RateLimiter, limited_notice
+from pluto.gateway.pipeline.ratelimit import (OncePer, RateLimiter, SharedRateLimiter,
+                                              limited_notice)
 from pluto.gateway.pipeline.routing import Decision, RoutingTable
 from pluto.settings import AccessConfig
 from pluto.storage.ports import PairingStore
@@ -46,7 +48,8 @@ def pairing_text(code: str, ttl: float) -> str:
 class Access:
     def __init__(self, pairing: PairingStore, config: Callable[[], AccessConfig], *,
                  is_command: Callable[[str], bool] = lambda text: False,
-                 limiter: RateLimiter | None = None, refusals: OncePer | None = None,
+                 limiter: RateLimiter | SharedRateLimiter | None = None,
+                 refusals: OncePer | None = None,
                  reminders: OncePer | None = None):
         self.pairing = pairing
         self.config = config  # read on every message: pluto.yaml reloads apply at once
@@ -68,7 +71,8 @@ class Access:
             return Refused(f"{decision.label} answers groups only when mentioned")
         if decision.policy.access == "pairing" and (refused := await self._unpaired(msg, where)):
             return refused
-        if not self.is_command(msg.text) and (refused := self._over_limit(msg, decision, where)):
+        if not self.is_command(msg.text) and (
+                refused := await self._over_limit(msg, decision, where)):
             return refused
         assert decision.route is not None
         return decision.route
@@ -96,7 +100,8 @@ class Access:
             notice = pairing_text(req.code, req.expires_at - req.created_at)
         return Refused("waiting for an admin to approve the pairing code", notice)
 
-    def _over_limit(self, msg: IncomingMessage, decision: Decision, where: str) -> Refused | None:
+    async def _over_limit(self, msg: IncomingMessage, decision: Decision,
+                          where: str) -> Refused | None:
         spec = decision.policy.rate_limit
         if spec is None:
             return None
@@ -105,6 +110,8 @@ class Access:
             who = msg.user_id if scope == "user" else msg.chat_id
             limits.append(((decision.label, str(spec), scope, msg.provider, who), rate))
         limited = self.limiter.acquire(limits)
+        if inspect.isawaitable(limited):  # kept in the database (several instances)
+            limited = await limited
         if limited is None:
             return None
         over = str(limited.key[2])  # type: ignore[index]

@@ -12,6 +12,7 @@ import re
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 _UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0,
           "h": 3600.0, "hour": 3600.0, "d": 86400.0, "day": 86400.0}
@@ -106,6 +107,23 @@ class RateLimiter:
             del self._buckets[k]
         while len(self._buckets) >= self.max_keys:
             del self._buckets[next(iter(self._buckets))]
+
+
+class SharedRateLimiter:
+    """The same limits kept in the database (several instances): a user's 5/minute holds
+    whichever instance their messages reach."""
+
+    def __init__(self, buckets: Any):  # pluto.storage.ports.RateBucketStore
+        self.buckets = buckets
+
+    async def acquire(self, limits: Sequence[tuple[Hashable, Rate]]) -> Limited | None:
+        taken = await self.buckets.take([(repr(key), rate.count, rate.seconds)
+                                         for key, rate in limits])
+        if taken is None:
+            return None
+        i, wait, first = taken
+        key, rate = limits[i]
+        return Limited(key, rate, wait, first)
 
 
 class OncePer:

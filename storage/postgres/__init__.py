@@ -9,6 +9,7 @@ cached across calls that another instance could change (``engine.shared``).
 
 from __future__ import annotations
 
+from pluto.storage.postgres.bus import PgBus
 from pluto.storage.postgres.engine import PostgresEngine, redact
 from pluto.storage.sqlite import SqlStore
 
@@ -18,7 +19,13 @@ __all__ = ["PostgresStore", "redact"]
 class PostgresStore(SqlStore):
     def __init__(self, url: str, **pool: int):
         self.url = url
-        super().__init__(PostgresEngine(url, **pool))
+        engine = PostgresEngine(url, **pool)
+        super().__init__(engine)
+        self.bus = PgBus(engine)  # LISTEN/NOTIFY between instances
+
+    async def close(self) -> None:
+        await self.bus.close()
+        await super().close()
 
     def describe(self) -> str:
         return f"PostgreSQL at {redact(self.url)}"

@@ -11,6 +11,7 @@ composes them over an engine, and PostgreSQL (:mod:`pluto.storage.postgres`) use
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pluto.storage.sqlite.conversations import SqliteConversations
 from pluto.storage.sqlite.engine import SqliteEngine
@@ -19,6 +20,7 @@ from pluto.storage.sqlite.inbound import SqliteInbound
 from pluto.storage.sqlite.leases import SqlLeases
 from pluto.storage.sqlite.outbox import SqliteOutbox
 from pluto.storage.sqlite.pairing import SqlitePairing, approved_sync
+from pluto.storage.sqlite.ratelimits import SqlRateBuckets
 from pluto.storage.sqlite.tasks import SqliteTasks
 from pluto.storage.sql import Engine
 
@@ -28,6 +30,8 @@ __all__ = ["SqlStore", "SqliteStore", "approved_sync"]
 class SqlStore:
     """Every part of the store over one engine (see :mod:`pluto.storage.sql`)."""
 
+    bus: Any = None  # notifications between instances (PostgreSQL only)
+
     def __init__(self, engine: Engine):
         self.engine = engine
         self.conversations = SqliteConversations(self.engine)
@@ -36,6 +40,7 @@ class SqlStore:
         self.tasks = SqliteTasks(self.engine)
         self.pairing = SqlitePairing(self.engine)
         self.leases = SqlLeases(self.engine)
+        self.rates = SqlRateBuckets(self.engine)
         self.flood = SqlFlood(self.engine)
 
     @property
@@ -46,7 +51,7 @@ class SqlStore:
         await self.engine.open()
         try:
             for part in (self.conversations, self.outbox, self.inbound, self.tasks,
-                         self.pairing, self.leases, self.flood):
+                         self.pairing, self.leases, self.rates, self.flood):
                 await part.migrate()
         except BaseException:
             await self.engine.close()

@@ -1,0 +1,121 @@
+"""Several gateway instances on one PostgreSQL database, in one test process: each with its own
+store (its own connection pool), cluster id, intake and lanes, as separate processes would be.
+
+What the real three-process test (tests/test_cluster.py) cannot look at closely: the live
+event feed across instances, a chat's order when its messages reach different instances, and
+one run at a time per session."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from pluto.events import MessageDelta, RunEnd
+from pluto.gateway.app import Gateway
+from pluto.runtime.testing import Scripted, ScriptedModel
+from pluto.settings import PlutoConfig, StorageConfig
+from pluto.storage.postgres import PostgresStore
+from pluto.types import Accepted
+from tests.helpers.gateway import RecordingProvider
+from tests.helpers.pg import fresh_schema
+
+
+def slow_echo(messages: list[dict]) -> Scripted:
+    return Scripted(text=f"echo: {messages[-1]['content']}", chunk=4, delay=0.02)
+
+
+@pytest.fixture
+async def instances(config_dir: Path, tmp_path: Path) -> AsyncIterator[list[tuple[Gateway, RecordingProvider]]]:
+    with fresh_schema() as url:
+        started: list[tuple[Gateway, RecordingProvider]] = []
+        try:
+            for i in range(3):
+                cfg = PlutoConfig(data_dir=tmp_path / f"data{i}",
+                                  storage=StorageConfig(lease_seconds=3))
+                gw = Gateway(config_dir, config=cfg, model_factory=ScriptedModel(
+                    fallback=slow_echo), store=PostgresStore(url))
+                await gw.start()
+                provider = RecordingProvider()
+                gw.add_provider(provider)
+                await provider.running.wait()
+                started.append((gw, provider))
+            yield started
+        finally:
+            for gw, _ in started:
+                await gw.stop()
+
+
+async def test_a_run_on_one_instance_is_followed_live_on_another_and_after_a_reconnect(
+        instances) -> None:
+    (a, _), (b, pb), (c, _) = instances
+    outcome = await pb.say("hello there, a long enough message to stream")
+    assert isinstance(outcome, Accepted)
+    seen = []
+    async for event in a.feed.follow(outcome.run_id):  # a watcher on A; the run is on B
+        seen.append(event)
+        if len(seen) == 3:
+            break  # the widget's socket drops here; it reconnects to C with what it has
+    async for event in c.feed.follow(outcome.run_id, after=seen[-1].seq):
+        seen.append(event)
+    assert [e.seq for e in seen] == list(range(1, len(seen) + 1))  # no gap, no duplicate
+    assert isinstance(seen[-1], RunEnd) and seen[-1].outcome == "ok"
+    assert any(isinstance(e, MessageDelta) for e in seen)
+    assert [e.seq for e in seen] == [e.seq for e in await b.store.conversations.events(
+        outcome.run_id)]
+
+
+async def test_a_chat_whose_messages_reach_different_instances_is_answered_in_order(
+        instances) -> None:
+    providers = [p for _, p in instances]
+    texts = [f"message {i}" for i in range(9)]
+    tickets = []
+    for i, text in enumerate(texts):  # round robin, as a load balancer would
+        intake = providers[i % 3].intake
+        assert intake is not None
+        tickets.append(await intake.submit(providers[i % 3].msg(text, chat="shared-chat")))
+    outcomes = [await t.outcome() for t in tickets]
+    assert all(isinstance(o, Accepted) for o in outcomes), outcomes
+    store = instances[0][0].store
+    for o in outcomes:  # every run ends (the instance that received it learned its run id)
+        for _ in range(200):
+            run = await store.conversations.run(o.run_id)
+            if run is not None and run.status == "ok":
+                break
+            await asyncio.sleep(0.05)
+    runs = [await store.conversations.run(o.run_id) for o in outcomes]
+    assert [r.status for r in runs] == ["ok"] * len(texts)
+    by_start = sorted(runs, key=lambda r: r.started_at)
+    assert [r.input for r in by_start] == texts  # in the order the messages were sent
+    spans = [(r.started_at, r.ended_at) for r in by_start]
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))  # one at a time
+    answers = [m.text for _, p in instances for m in p.sent if m.text.startswith("echo:")]
+    assert sorted(answers) == sorted(f"echo: {t}" for t in texts)  # each once
+
+
+async def test_a_rate_limit_holds_across_instances(config_dir: Path, tmp_path: Path) -> None:
+    routes = config_dir / "routes.yaml"
+    routes.write_text("defaults: {rate_limit: {user: 2/minute}}\n" + routes.read_text())
+    with fresh_schema() as url:
+        gateways = []
+        try:
+            for i in range(2):
+                gw = Gateway(config_dir, config=PlutoConfig(data_dir=tmp_path / f"d{i}"),
+                             model_factory=ScriptedModel(), store=PostgresStore(url))
+                await gw.start()
+                gateways.append(gw)
+                provider = RecordingProvider()
+                gw.add_provider(provider)
+                await provider.running.wait()
+            a, b = (gw.providers["test"] for gw in gateways)
+            outcomes = [await p.say(f"hi {i}", chat=f"c{i}")  # one user, two chats
+                        for i, p in enumerate([a, b, a, b])]
+            kinds = [o.type for o in outcomes]
+            assert kinds == ["accepted", "accepted", "refused", "refused"], outcomes
+            assert outcomes[2].notice and "2 per minute" in outcomes[2].notice
+            assert outcomes[3].notice is None  # one notice per streak, whichever instance
+        finally:
+            for gw in gateways:
+                await gw.stop()
