@@ -207,4 +207,27 @@ def load_pluto_config(config_dir: Path) -> PlutoConfig:
     doc = YamlDoc(path)
     if doc.data is not None and not isinstance(doc.data, dict):
         raise ConfigError([(doc.name, 1, "", "expected a mapping of settings at the top level")])
-    return doc.validate(PlutoConfig)
+    config = doc.validate(PlutoConfig)
+    _no_secret_expanded(doc, doc.data, (), frozenset(config.secret_names()))
+    return config
+
+
+_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _no_secret_expanded(doc: YamlDoc, value: Any, loc: tuple[Any, ...],
+                        secrets: frozenset[str]) -> None:
+    """``${NAME}`` expands only what is not a secret: a variable some ``*_env`` field names is
+    read where it is used, never copied into a setting (where a URL, a log line or a status
+    page could carry it)."""
+    if isinstance(value, str):
+        for name in _REF.findall(value):
+            if name in secrets:
+                raise doc.problem(loc, f"${{{name}}} expands a secret (it is named by an *_env "
+                                  "field); name it in an *_env field instead")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _no_secret_expanded(doc, item, (*loc, key), secrets)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _no_secret_expanded(doc, item, (*loc, i), secrets)

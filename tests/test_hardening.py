@@ -508,3 +508,23 @@ async def test_readyz_shows_states_and_counts_publicly_and_details_to_the_admin(
     assert str(data_dir) not in public and "10.0.0.7" not in public  # before: both shown
     assert json.loads(public)["checks"]["probe"] == {"state": "failed", "tools": 3, "ok": True}
     assert str(data_dir) in full and "10.0.0.7" in full
+
+
+def test_pluto_yaml_never_expands_a_secret_into_a_setting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pluto.settings import load_pluto_config
+
+    monkeypatch.setenv("PLUTO_MODEL_KEY", SECRET)
+    monkeypatch.setenv("PLUTO_MODEL_HOST", "models.example")
+    (tmp_path / "pluto.yaml").write_text(
+        "models:\n  default:\n    model: openai/x\n    api_key_env: PLUTO_MODEL_KEY\n"
+        "    api_base: https://${PLUTO_MODEL_HOST}/v1?key=${PLUTO_MODEL_KEY}\n")
+    with pytest.raises(ConfigError) as e:
+        load_pluto_config(tmp_path)
+    [(_, line, field, message)] = e.value.problems
+    assert (line, field) == (5, "models.default.api_base") and "expands a secret" in message
+    assert SECRET not in str(e.value)
+    (tmp_path / "pluto.yaml").write_text(
+        "models:\n  default: {model: openai/x, api_key_env: PLUTO_MODEL_KEY,\n"
+        "            api_base: 'https://${PLUTO_MODEL_HOST}/v1'}\n")
+    assert load_pluto_config(tmp_path).models["default"].api_base == "https://models.example/v1"
