@@ -102,7 +102,17 @@
   function alignsOf(sep) {  // a Markdown table's rule: "---:" right, ":---:" center
     return splitRow(sep).map(function (c) {
       c = c.trim();
-      return /^:-+:$/.test(c) ? "pluto-center" : /-:$/.test(c) ? "pluto-num" : null;
+      return /^:-+:$/.test(c) ? "pluto-center" : /-:$/.test(c) ? "pluto-num" :
+        /^:-/.test(c) ? "pluto-left" : null;
+    });
+  }
+  var NUMBER = /^[-+\u2212]?[$\u20ac\u00a3\u00a5]?(\d{1,3}(,\d{3})+|\d+)?(\.\d+)?(e[-+]?\d+)?%?$/i;
+  function numbersRight(aligns, rows) {  // a column the table left open, all numbers: right
+    return aligns.map(function (a, i) {
+      if (a) { return a; }
+      var cells = rows.map(function (r) { return (r[i] || "").trim(); }).filter(Boolean);
+      var numeric = cells.length && cells.every(function (c) { return /\d/.test(c) && NUMBER.test(c); });
+      return numeric ? "pluto-num" : null;
     });
   }
   function tableNode(columns, rows, note, plain, aligns) {
@@ -111,13 +121,17 @@
     var table = wrap.appendChild(el("table"));
     var tr = table.appendChild(el("thead")).appendChild(el("tr"));
     aligns = aligns || [];
-    columns.forEach(function (c, i) { cell(String(c), tr.appendChild(el("th", aligns[i]))); });
+    function fill(text, node) {  // short cells stay on one line; long text wraps between words
+      cell(text, node);
+      if (text.length > 40 && /\s/.test(text)) { node.classList.add("pluto-long"); }
+    }
+    columns.forEach(function (c, i) { fill(String(c), tr.appendChild(el("th", aligns[i]))); });
     var body = table.appendChild(el("tbody"));
     rows.forEach(function (row) {
       var r = body.appendChild(el("tr"));
       columns.forEach(function (_, i) {
         var v = row[i];
-        cell(v === null || v === undefined ? "" : String(v), r.appendChild(el("td", aligns[i])));
+        fill(v === null || v === undefined ? "" : String(v), r.appendChild(el("td", aligns[i])));
       });
     });
     if (note) { wrap.appendChild(el("div", "pluto-note", note)); }
@@ -147,7 +161,7 @@
       if (line.indexOf("|") !== -1 && isTableSep(lines[i + 1])) {
         var cols = splitRow(line), rows = [], aligns = alignsOf(lines[i + 1]);
         for (i += 2; i < lines.length && lines[i].indexOf("|") !== -1 && lines[i].trim(); i++) { rows.push(splitRow(lines[i])); }
-        into.appendChild(tableNode(cols, rows, null, false, aligns));
+        into.appendChild(tableNode(cols, rows, null, false, numbersRight(aligns, rows)));
         continue;
       }
       if (/^\s*>/.test(line)) {
