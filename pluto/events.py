@@ -1,7 +1,8 @@
 """The typed events a run yields: a tagged union dispatched with ``match``.
 
 Names are an API once a client uses them (the web widget, the SSE stream), so they follow the
-seed design: run.start, message.delta, tool.start, tool.end, message.final, run.end, run.error.
+seed design: run.start, message.delta, tool.start, tool.end, message.final, run.end, run.error;
+tool.progress (a long tool call's progress, as its tool reports it) was added with MCP tools.
 
 Every event carries ``seq``: its number within its run (1, 2, 3, …), given by storage when the
 event is committed. It travels with the event everywhere (the run feed, SSE, the WebSocket, the
@@ -50,6 +51,21 @@ class ToolStart:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ToolProgress:
+    """How far a tool call has got (``total`` None: unknown); between its start and end."""
+
+    type: Literal["tool.progress"] = "tool.progress"
+    run_id: str
+    seq: int = 0
+    call_id: str
+    name: str
+    progress: float
+    total: float | None = None
+    message: str | None = None
+    ts: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ToolEnd:
     type: Literal["tool.end"] = "tool.end"
     run_id: str
@@ -93,11 +109,13 @@ class RunError:
     ts: float = field(default_factory=time.time)
 
 
-RunEvent = RunStart | MessageDelta | ToolStart | ToolEnd | MessageFinal | RunEnd | RunError
+RunEvent = (RunStart | MessageDelta | ToolStart | ToolProgress | ToolEnd | MessageFinal | RunEnd
+            | RunError)
 
 _BY_TYPE: dict[str, type] = {
     cls.__dataclass_fields__["type"].default: cls  # type: ignore[attr-defined]
-    for cls in (RunStart, MessageDelta, ToolStart, ToolEnd, MessageFinal, RunEnd, RunError)
+    for cls in (RunStart, MessageDelta, ToolStart, ToolProgress, ToolEnd, MessageFinal, RunEnd,
+                RunError)
 }
 
 

@@ -25,14 +25,14 @@ from typing import Any
 
 from pluto.agents.spec import AgentSpec
 from pluto.events import (MessageDelta, MessageFinal, RunEnd, RunError, RunEvent, RunStart,
-                          ToolEnd, ToolStart)
+                          ToolEnd, ToolProgress, ToolStart)
 from pluto.runtime.batching import batched
 from pluto.errors import RunTakenOver
 from pluto.runtime.errors import BudgetExceeded, ModelError
 from pluto.runtime.model import Model, ModelSettings, ModelTurn, ToolCall
 from pluto.runtime.openai_compat import model_for
 from pluto.runtime.skills import skill_tools
-from pluto.runtime.tools import Tool, ToolContext, ToolError, ToolResult
+from pluto.runtime.tools import Progress, Tool, ToolContext, ToolError, ToolResult
 from pluto.storage.ports import ConversationStore
 from pluto.storage.rows import SessionRow, estimate_tokens
 
@@ -273,7 +273,8 @@ class Runner:
                               is_error=True)
         req = state.req
         ctx = ToolContext(req.run_id, req.session.id, req.session.key, req.agent.name,
-                          self.data_dir, self.services, req.agent.datasets)
+                          self.data_dir, self.services, req.agent.datasets,
+                          progress=self._progress_of(state, call))
         try:
             async with asyncio.timeout(max(0.0, state.deadline - time.monotonic())):
                 return await tool(ctx, args)
@@ -284,6 +285,23 @@ class Runner:
         except Exception as e:
             log.exception("tool %s failed in run %s", call.name, req.run_id)
             return ToolResult(f"The tool failed: {type(e).__name__}: {e}", is_error=True)
+
+    def _progress_of(self, state: _RunState, call: ToolCall) -> Progress:
+        """A call's progress, committed and observed as tool.progress events (at most two a
+        second, and the last); not yielded: the watchers of the run feed show it."""
+        last = [0.0]
+
+        async def progress(done: float, total: float | None = None,
+                           message: str | None = None) -> None:
+            now = time.monotonic()
+            if now - last[0] < 0.5 and (total is None or done < total):
+                return
+            last[0] = now
+            await self._commit(state, ToolProgress(
+                run_id=state.req.run_id, call_id=call.id, name=call.name, progress=done,
+                total=total, message=message[:200] if message else None))
+
+        return progress
 
     async def _commit(self, state: _RunState, event: RunEvent) -> RunEvent:
         # a batch of streamed text is a preview: committed behind us (the answer never is)

@@ -38,6 +38,9 @@ class ToolResult:
     is_error: bool = False
 
 
+Progress = Callable[[float, "float | None", "str | None"], Awaitable[None]]
+
+
 @dataclass(frozen=True, slots=True)
 class ToolContext:
     run_id: str
@@ -47,6 +50,8 @@ class ToolContext:
     data_dir: Path
     services: dict[str, Any] = field(default_factory=dict)  # e.g. the data warehouse
     datasets: tuple[str, ...] | str = ()  # global datasets the agent may query ("*": all)
+    # a long call tells how far it got: await ctx.progress(done, total, "message")
+    progress: Progress | None = None
 
 
 ToolFn = Callable[..., Awaitable[ToolResult | str]]

@@ -278,7 +278,7 @@ async def test_the_agent_is_a_routing_hint_the_routes_must_agree_with(config_dir
     async with served(config_dir, data_dir, model) as gw:
         _, agents = await call(http, gw, "GET", "/api/v1/agents")
         assert {a["name"]: a["reachable"] for a in agents["agents"]} == {
-            "default": True, "hidden": False, "sales": True}
+            "cook": False, "default": True, "hidden": False, "sales": True}
         status, task = await call(http, gw, "POST", "/api/v1/agent/tasks?wait=10",
                                   {"input": "a deal?", "agent": "sales"})
         assert status == 201 and task["agent"] == "sales"

@@ -541,3 +541,21 @@ async def test_every_kind_of_content_is_mapped(tmp_path):
     assert long.content.endswith(f"[cut: the result had {MAX_CONTENT + 10:,} characters]")
     failed = await to_result(types.CallToolResult(content=[], is_error=True), tmp_path, "srv")
     assert failed.is_error and failed.content == "Error: failed"
+
+
+async def test_progress_reaches_the_run_feed_as_tool_progress_events(runner, fake, tmp_path):
+    from pluto.events import ToolProgress
+
+    spec = agent(tmp_path, {"demo": demo()})
+    fake.script(Reply(tool_calls=[ToolCall("demo_count", {"n": 3})]), Reply(text="counted"))
+    session = await runner.store.session("chat", spec.name)
+    observed: list = []
+    events = [e async for e in runner.run(RunRequest(uuid.uuid4().hex, session, spec, "count"),
+                                          observed.append)]
+    progress = [e for e in observed if isinstance(e, ToolProgress)]
+    assert progress and progress[-1].progress == 3 and progress[-1].total == 3
+    assert progress[0].message == "step 1" and progress[0].name == "demo_count"
+    assert tool_ends(events)[0].content == "counted to 3"
+    stored = await runner.store.events(events[0].run_id)
+    assert [e.seq for e in stored] == list(range(1, len(stored) + 1))  # numbered in between
+    assert [e.type for e in stored].count("tool.progress") == len(progress)

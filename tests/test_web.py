@@ -28,7 +28,7 @@ from pluto.providers.web.protocol import (
 from pluto.providers.web.tokens import KEY_FILE, FileLinks, SessionSigner, load_key
 from pluto.runtime.model import ToolCall
 from pluto.runtime.testing import Scripted, ScriptedModel
-from pluto.runtime.tools import ToolContext, ToolResult, tool
+from pluto.runtime.tools import BUILTIN_TOOLS, ToolContext, ToolResult, tool
 from tests.helpers.gateway import write_agent
 from tests.helpers.served import Tab, served, url, wait_for
 
@@ -276,7 +276,8 @@ async def sales_chart(ctx: ToolContext) -> ToolResult:
 
 
 async def test_tool_results_show_tables_and_charts_through_signed_links(
-        config_dir, data_dir, http):
+        config_dir, data_dir, http, monkeypatch):
+    monkeypatch.setitem(BUILTIN_TOOLS, "sales_chart", sales_chart)  # a tool agents may name
     write_agent(config_dir, "charts", "tools: [sales_chart]\n")
     (config_dir / "routes.yaml").write_text(
         "routes:\n  - match: {provider: web, guild: charts}\n    agent: charts\ndefault: default\n")
@@ -286,7 +287,6 @@ async def test_tool_results_show_tables_and_charts_through_signed_links(
     model = ScriptedModel(Scripted(tool_calls=[ToolCall("c1", "sales_chart", "{}")]),
                           Scripted(text="Here are the sales."))
     async with served(config_dir, data_dir, model) as gw:
-        gw.runner.tools = {**gw.runner.tools, "sales_chart": sales_chart}
         tab = await Tab.open(http, gw, agent="charts")
         assert tab.ready["agent"] == "charts"
         await tab.ask("show me sales")

@@ -79,7 +79,7 @@ def _parameters(schema: Any) -> dict[str, Any]:
 
 def _caller(conn: McpConnection, tool: str) -> Any:
     async def call(ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
-        result = await conn.call(tool, arguments)
+        result = await conn.call(tool, arguments, ctx.progress)
         return await to_result(result, ctx.data_dir / "artifacts" / ctx.run_id, conn.name)
 
     return call
