@@ -94,7 +94,10 @@ class Gateway:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         throttle = EditThrottle(lambda: self.config.gateway.stream_edit_interval_seconds)
         self.outbox = Outbox(self.store.outbox, self.providers, throttle=throttle,
-                             owner=self.instance, flood=FloodControl(self.store.flood))
+                             owner=self.instance, flood=FloodControl(self.store.flood),
+                             # several instances: a dead one's replies go out soon after
+                             sweep_seconds=min(30.0, self.config.storage.lease_seconds)
+                             if self.shared else 30.0)
         self.delivery = Delivery(self.outbox, data_dir=self.data_dir, throttle=throttle)
         self.data = DataCommands(data_service(self.config, config_dir, self.data_dir),
                                  self.registry, self.store.conversations)

@@ -103,6 +103,7 @@ async def test_the_inbox_is_bounded(store):
 
 
 async def test_outbox_chunks_are_recorded_once_and_claimed_by_one_owner(store):
+    await store.leases.acquire("instance:a", "a", ttl=30)  # a is a live instance
     rows, claimed = await store.outbox.record_claimed([chunk("r1", 0), chunk("r1", 1)], "a", 30)
     assert claimed and [r.chunk for r in rows] == [0, 1] and rows[0].attempts == 1
     again, claimed_again = await store.outbox.record_claimed([chunk("r1", 0)], "b", 30)
@@ -192,7 +193,9 @@ async def test_across_instances_one_message_one_claim_one_lease(pg_url):
         won = await asyncio.gather(*[s.inbound.accept("slack", "ev1", {"n": 1})
                                      for s in (a, b) for _ in range(5)])
         assert won.count(True) == 1
-        # fifty senders race for one reply: exactly one claim
+        # fifty senders (live instances) race for one reply: exactly one claim
+        for i in range(50):
+            await a.leases.acquire(f"instance:o{i}", f"o{i}", ttl=30)
         await a.outbox.record([chunk("r1", 0)])
         claims = await asyncio.gather(*[(a if i % 2 else b).outbox.claim("r1", f"o{i}", 30)
                                         for i in range(50)])
@@ -217,9 +220,12 @@ async def test_a_new_session_on_one_instance_is_seen_by_another(pg_url):
             "from a", "from b"]
 
 
-async def test_a_claim_left_by_a_dead_instance_is_kept_until_it_runs_out(pg_url):
+async def test_a_claim_holds_while_its_instance_lives_and_ends_with_it(pg_url):
     async with PostgresStore(pg_url) as a:
+        token = await a.leases.acquire("instance:a", "a", ttl=30)
         await a.outbox.record([chunk("r1", 0)])
-        assert await a.outbox.claim("r1", "a", 30)
+        assert await a.outbox.claim("r1", "a", 300)
     async with PostgresStore(pg_url) as b:  # another instance starts: a's claim still holds
-        assert not await b.outbox.claim("r1", "b", 30)
+        assert not await b.outbox.claim("r1", "b", 300)
+        await b.leases.renew("instance:a", "a", token, ttl=-1)  # a's heartbeat stopped
+        assert await b.outbox.claim("r1", "b", 300)  # its claims end with it

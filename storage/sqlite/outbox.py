@@ -62,6 +62,10 @@ _COLUMNS = ("reply_id", "chunk", "run_id", "seq", "provider", "chat_id", "thread
 _CLAIM = ("INSERT INTO outbox_claims (reply_id, owner, until) VALUES (?,?,?)"
           " ON CONFLICT(reply_id) DO UPDATE SET owner = excluded.owner, until = excluded.until"
           " WHERE outbox_claims.until < ? OR outbox_claims.owner = excluded.owner")
+# Several instances: a claim also ends with its owner (an instance whose lease ran out died).
+_CLAIM_SHARED = _CLAIM + (
+    " OR NOT EXISTS (SELECT 1 FROM leases WHERE leases.name = 'instance:' ||"
+    " outbox_claims.owner AND leases.until >= {now})")
 
 
 def _value(row: OutboxRow, column: str) -> Any:
@@ -82,6 +86,7 @@ def _row(r: Any) -> OutboxRow:
 class SqliteOutbox:
     def __init__(self, engine: Engine):
         self.engine = engine
+        self._claim = (_CLAIM_SHARED.format(now=engine.now_sql) if engine.shared else _CLAIM)
 
     async def migrate(self) -> None:
         await self.engine.migrate(COMPONENT, MIGRATIONS)
@@ -117,7 +122,7 @@ class SqliteOutbox:
                   f" ON CONFLICT DO NOTHING RETURNING id")
 
         def record(conn: Any) -> tuple[list[OutboxRow], bool]:
-            claimed = conn.execute(_CLAIM, (reply_id, owner, now + lease_seconds,
+            claimed = conn.execute(self._claim, (reply_id, owner, now + lease_seconds,
                                             now)).rowcount > 0
             tries = 1 if claimed else 0  # the sender's first call, counted with the record
             ids = [conn.execute(insert, (*(_value(r, c) for c in _COLUMNS), tries, now,
@@ -147,7 +152,7 @@ class SqliteOutbox:
 
     async def claim(self, reply_id: str, owner: str, lease_seconds: float) -> bool:
         now = time.time()
-        taken = await self.engine.write((_CLAIM, (reply_id, owner, now + lease_seconds, now)))
+        taken = await self.engine.write((self._claim, (reply_id, owner, now + lease_seconds, now)))
         return taken > 0
 
     async def release(self, reply_id: str, owner: str) -> None:
