@@ -255,3 +255,65 @@ def test_model_tables_get_numbers_aligned_right() -> None:
                     "| x | 1,234 | 12.5% | A1 | 3 |\n| y | -5.5 | 3% | B2 | 4 |\n| z |  | 1e-3 | 7 | 5 |")
     assert isinstance(table, Table)
     assert table.aligns == ("left", "right", "right", "left", "left")  # ':--' was asked for
+
+
+# ---- the newcomer: the wheel in a fresh venv, outside the repository --------------------
+
+
+@pytest.mark.timeout(420)
+def test_a_newcomer_installs_the_wheel_and_gets_going(tmp_path: Path) -> None:
+    """pip install of the wheel in a fresh venv, then in a directory of their own: pluto init,
+    pluto doctor against the fake model server, the chart example delivering a PNG, pluto data
+    add of a CSV with NA values and avg() over it."""
+    from tests.test_packaging import BUILD_LOCK, _not_source, _Venv
+
+    work = tmp_path / "home"
+    work.mkdir()
+    venv = _Venv(tmp_path / "venv", cwd=work)
+    src, dist = tmp_path / "src", tmp_path / "dist"
+    shutil.copytree(ROOT, src, ignore=_not_source)
+    venv.pip("install", "--quiet", "--require-hashes", "-r", str(BUILD_LOCK))
+    venv.pip("wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", str(dist),
+             str(src))
+    (wheel,) = dist.glob("pluto_gateway-*.whl")
+    venv.pip("install", "--quiet", "--no-deps", str(wheel))
+    exe = str(Path(venv.python).parent / "pluto")
+
+    with FakeOpenAI.in_thread(api_key="sk-newcomer") as fake:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("PLUTO_", "PYTHON"))} | {"PYTHONUNBUFFERED": "1"}
+
+        def pluto(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([exe, *args], cwd=work, env=env | extra, text=True,
+                                  capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+
+        lost = pluto("chat")
+        assert lost.returncode == 2 and "make one with 'pluto init'" in lost.stderr
+        made = pluto("init", "--model", "openai/fake", "--api-base", fake.base_url)
+        assert made.returncode == 0, made.stderr
+        assert (work / "config" / "pluto.yaml").is_file()
+        (work / "config" / ".env").write_text("PLUTO_API_KEY=sk-newcomer\n")
+
+        fake.script(Reply(text="OK"))
+        doctor = pluto("doctor")
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        assert "ok    model default: openai/fake answered" in doctor.stdout
+
+        fake.script(Reply(tool_calls=[CHART]), Reply(text="December sold best."))
+        chart = pluto("run", "which product sold best in Q4 2024? draw it by month")
+        assert chart.returncode == 0, chart.stderr
+        [line] = [ln for ln in chart.stdout.splitlines() if ln.startswith("[image: ")]
+        png = Path(line.removeprefix("[image: ").rstrip("]"))
+        assert png.is_relative_to(work / ".pluto" / "artifacts")
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+        (work / "flights.csv").write_text("year,carrier,dep_delay\n2013,UA,2\n2013,AA,NA\n"
+                                          "2013,B6,-4\n2013,UA,NA\n2013,DL,17\n")
+        added = pluto("data", "add", "flights.csv")
+        assert added.returncode == 0, added.stderr
+        assert added.stdout.startswith("Added dataset flights: 5 rows × 3 columns")
+        avg = pluto("run", "/sql SELECT avg(dep_delay) AS mean, count(dep_delay) AS n "
+                           "FROM flights")
+        assert avg.returncode == 0, avg.stderr
+        assert [ln.split() for ln in avg.stdout.splitlines() if "|" in ln][-1] == [
+            "|", "5", "|", "3", "|"]

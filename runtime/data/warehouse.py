@@ -130,7 +130,7 @@ class Warehouse:
                replace: bool = False, csv: CsvOptions | None = None) -> DatasetInfo:
         """Load a CSV/TSV/Parquet/JSON/NDJSON file, or a folder of one format, as a dataset
         (in a child process, within `self.limits`)."""
-        source = Path(source)
+        source = Path(source).absolute()  # the loader's working directory is not ours
         fmt, files = collect(source)
         size = sum(f.stat().st_size for f in files)
         if size > self.max_file_bytes:
