@@ -317,3 +317,57 @@ def test_a_newcomer_installs_the_wheel_and_gets_going(tmp_path: Path) -> None:
         assert avg.returncode == 0, avg.stderr
         assert [ln.split() for ln in avg.stdout.splitlines() if "|" in ln][-1] == [
             "|", "5", "|", "3", "|"]
+
+
+async def test_the_shipped_config_delivers_the_chart_on_the_widget_and_telegram(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The headline example with the shipped config (data_dir: .pluto, relative to where pluto
+    runs): the chart reaches the widget (a signed link that serves the PNG) and Telegram (a
+    photo)."""
+    import aiohttp
+
+    from pluto.gateway.app import Gateway
+    from pluto.runtime.model import ToolCall as Call
+    from pluto.runtime.testing import Scripted, ScriptedModel
+    from tests.fakes.telegram_server import DEFAULT_TOKEN, FakeTelegram
+    from tests.helpers.served import Tab, url, wait_for
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(ROOT / "config", tmp_path / "config")
+    shipped = load_pluto_config(Path("config"))
+    assert shipped.data_dir == tmp_path / ".pluto"
+    chart = Call("c1", CHART.name, json_args(CHART.arguments))
+    model = ScriptedModel(Scripted(tool_calls=[chart]), Scripted(text="December sold best."),
+                          Scripted(tool_calls=[Call("c2", CHART.name,
+                                                    json_args(CHART.arguments))]),
+                          Scripted(text="December sold best."))
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", DEFAULT_TOKEN)
+    async with FakeTelegram() as fake:
+        providers = {**{k: v.model_dump() for k, v in shipped.providers.items()},
+                     "telegram": {"enabled": True, "base_url": fake.url, "poll_timeout": 1}}
+        config = shipped.model_copy(update={"providers": {
+            k: type(shipped.providers["web"])(**v) for k, v in providers.items()}})
+        gw = Gateway(Path("config"), config=config, model_factory=model, serve=True,
+                     http_bind=("127.0.0.1", 0))
+        async with gw, aiohttp.ClientSession() as session:
+            await wait_for(lambda: all(gw.health[n].state == "running"
+                                       for n in ("web", "telegram")))
+            tab = await Tab.open(session, gw)
+            await tab.ask("which product sold best in Q4 2024? draw it by month")
+            [shown] = [f["details"] for f in tab.frames
+                       if f.get("type") == "tool.end" and "image" in f.get("details", {})]
+            async with session.get(url(gw, shown["image"])) as got:
+                assert got.status == 200 and (await got.read())[:4] == b"\x89PNG"
+
+            fake.inject_message(4242, "which product sold best in Q4 2024? draw it by month")
+            photos = await wait_for(lambda: [s for s in fake.messages(4242)
+                                             if s.kind == "photo"], timeout=30)
+            assert photos[0].file_bytes[:4] == b"\x89PNG"
+    assert not (tmp_path / ".pluto" / ".pluto").exists()
+    assert len(list((tmp_path / ".pluto" / "artifacts").rglob("*.png"))) == 2
+
+
+def json_args(arguments: object) -> str:
+    import json
+
+    return json.dumps(arguments)

@@ -211,8 +211,11 @@ def _table(table: Any) -> dict[str, Any] | None:
     total = total if isinstance(total, int) and not isinstance(total, bool) else len(
         table.get("rows") or [])
     total = max(total, len(rows))
-    return {"columns": columns, "rows": rows, "total_rows": total,
-            "truncated": bool(table.get("truncated")) or total > len(rows)}
+    numeric = table.get("numeric")
+    numeric = [v is True for v in numeric[:len(columns)]] if isinstance(numeric, list) else []
+    shown = {"columns": columns, "rows": rows, "total_rows": total,
+             "truncated": bool(table.get("truncated")) or total > len(rows)}
+    return shown | ({"numeric": numeric} if any(numeric) else {})  # right-aligned columns
 
 
 def _image(value: Any, link: Linker) -> str | None:
