@@ -210,10 +210,13 @@ class Gateway:
             orphans = asyncio.create_task(self._adopt_orphans(), name="cluster:orphans")
             stack.push_async_callback(_cancel, orphans)
         else:
-            interrupted = await self.store.conversations.recover_interrupted()
+            # a gateway serving chats answers them again; a terminal command does not
+            interrupted = await self.store.conversations.recover_interrupted(
+                requeue=self.serve)
             if interrupted:
-                log.warning("%d run(s) were interrupted by the last shutdown; their messages "
-                            "are answered again", len(interrupted))
+                log.warning("%d run(s) were interrupted by the last shutdown%s",
+                            len(interrupted), "; their messages are answered again"
+                            if self.serve else "")
         await self.outbox.open()
 
     async def _adopt_orphans(self) -> None:

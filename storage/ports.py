@@ -93,9 +93,19 @@ class ConversationStore(RunReader, Protocol):
         ``run.end``, in one commit; returns both with their ``seq``."""
         ...
 
-    async def recover_interrupted(self) -> list[RunEvent]:
-        """Runs a dead process left queued or running: marked interrupted, each with a
-        ``run.end`` (returned, so that watchers can be told)."""
+    async def recover_interrupted(self, *, requeue: bool = True) -> list[RunEvent]:
+        """Runs a dead process left queued or running (one process per database): marked
+        interrupted, each with a ``run.end`` (returned, so that watchers can be told); with
+        ``requeue`` their messages go back to the inbox to be answered again."""
+        ...
+
+    async def take_over_chat(self, provider: str, chat_id: str) -> list[RunEvent]:
+        """Several instances: runs of this chat that another instance left unfinished are
+        ended (interrupted) and their messages go back to the inbox, ahead of later ones."""
+        ...
+
+    async def orphaned_chats(self, alive: set[str]) -> list[tuple[str, str]]:
+        """(provider, chat) of unfinished runs whose instance is not among ``alive``."""
         ...
 
     async def recent_runs(self, *, limit: int = 50, agent: str | None = None,

@@ -415,11 +415,11 @@ class SqliteConversations:
             (run_id, after))
         return [replace(event_from_dict(json.loads(r["data"])), seq=r["seq"]) for r in rows]
 
-    async def recover_interrupted(self) -> list[RunEvent]:
+    async def recover_interrupted(self, *, requeue: bool = True) -> list[RunEvent]:
         """At start, with one process per database: every run that had not ended was the last
-        process's. Each is recorded interrupted and its message goes back to the inbox, to be
-        answered again (a run already answered is never run twice)."""
-        return await self._take_over("status IN ('queued', 'running')", ())
+        process's. Each is recorded interrupted and (``requeue``) its message goes back to the
+        inbox, to be answered again (a run already answered is never run twice)."""
+        return await self._take_over("status IN ('queued', 'running')", (), requeue=requeue)
 
     async def take_over_chat(self, provider: str, chat_id: str) -> list[RunEvent]:
         """Several instances: this instance now holds the chat, so a run of the chat that has
@@ -441,7 +441,8 @@ class SqliteConversations:
             " WHERE r.status IN ('queued', 'running')")
         return [(r[0], r[1]) for r in rows if r[2] not in alive and r[1] is not None]
 
-    async def _take_over(self, where: str, params: tuple[Any, ...]) -> list[RunEvent]:
+    async def _take_over(self, where: str, params: tuple[Any, ...], *,
+                         requeue: bool = True) -> list[RunEvent]:
         def take(conn: Any) -> list[RunEvent]:
             ended = []
             now = time.time()
@@ -456,7 +457,7 @@ class SqliteConversations:
                 conn.execute(*_event_stmt(end))
                 conn.execute("UPDATE runs SET status = 'interrupted', error = ?, ended_at = ?"
                              " WHERE id = ?", (reason, now, r[0]))
-                if r[2] is not None:  # answered again: its message is back in the inbox
+                if requeue and r[2] is not None:  # answered again: back in the inbox
                     conn.execute("UPDATE inbound_seen SET handled = 0, outcome = NULL WHERE"
                                  " provider = ? AND message_id = ? AND payload IS NOT NULL",
                                  (r[2], r[3]))
