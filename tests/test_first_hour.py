@@ -371,3 +371,24 @@ def json_args(arguments: object) -> str:
     import json
 
     return json.dumps(arguments)
+
+
+async def test_admin_api_errors_carry_a_code_like_the_api(config_dir: Path, data_dir: Path,
+                                                          monkeypatch) -> None:
+    import aiohttp
+
+    from tests.test_admin import AUTH, KEY, make_admin
+
+    monkeypatch.setenv("PLUTO_ADMIN_KEY", KEY)
+    gw, _ = await make_admin(config_dir, data_dir)
+    try:
+        base = f"http://127.0.0.1:{gw.http.port}"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(base + "/admin/agents") as r:
+                assert r.status == 401 and (await r.json())["code"] == "unauthorized"
+            async with http.get(base + "/admin/agents/nobody", headers=AUTH) as r:
+                body = await r.json()
+                assert r.status == 404 and body == {"error": "no agent named 'nobody'",
+                                                    "code": "not_found"}
+    finally:
+        await gw.stop()

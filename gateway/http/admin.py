@@ -66,8 +66,14 @@ def admin_key(gw: Gateway) -> tuple[str | None, str]:
     return key, ""
 
 
+CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+         409: "conflict", 413: "too_large", 422: "invalid", 500: "internal",
+         503: "unavailable"}  # the same words as the HTTP API's errors
+
+
 def _error(status: int, message: str, **extra: Any) -> web.Response:
-    return web.json_response({"error": message, **extra}, status=status)
+    return web.json_response({"error": message, "code": CODES.get(status, "error"), **extra},
+                             status=status)
 
 
 @web.middleware
@@ -82,7 +88,8 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.warning("admin API: refused %s %s from %s (missing or wrong key)", request.method,
                     request.path, request.remote)
         return web.json_response({"error": "a valid admin key is required "
-                                  "(Authorization: Bearer <key>)"}, status=401,
+                                  "(Authorization: Bearer <key>)", "code": "unauthorized"},
+                                 status=401,
                                  headers={"WWW-Authenticate": 'Bearer realm="pluto-admin"'})
     try:
         return await handler(request)
