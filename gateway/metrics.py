@@ -45,7 +45,24 @@ class Metrics:
                                   ["tool", "outcome"], registry=r)
         self.errors = Counter("pluto_errors", "Errors: failed runs by kind, failed deliveries.",
                               ["kind"], registry=r)
+        self.instance = Gauge("pluto_instance", "This gateway instance (always 1), by id and "
+                              "whether it shares its database with others.",
+                              ["instance", "shared"], registry=r)
+        self.leases = Gauge("pluto_cluster_leases", "Leases this instance holds, by kind "
+                            "(chat, session, provider, instance).", ["kind"], registry=r)
         self._started: dict[str, float] = {}
+
+    def cluster(self, instance: str, shared: bool, held: list[str]) -> None:
+        """Who this instance is and what it holds (read at each scrape)."""
+        self.instance.clear()
+        self.instance.labels(instance=instance, shared=str(shared).lower()).set(1)
+        counts: dict[str, int] = {}
+        for name in held:
+            kind = name.partition(":")[0]
+            counts[kind] = counts.get(kind, 0) + 1
+        self.leases.clear()
+        for kind, n in counts.items():
+            self.leases.labels(kind=kind).set(n)
 
     def message_in(self, provider: str) -> None:
         self.messages_in.labels(provider=provider).inc()

@@ -119,3 +119,16 @@ async def test_a_rate_limit_holds_across_instances(config_dir: Path, tmp_path: P
         finally:
             for gw in gateways:
                 await gw.stop()
+
+
+async def test_each_instance_says_who_it_is_and_what_it_holds(instances) -> None:
+    (a, _), (b, _), _ = instances
+    assert a.instance != b.instance
+    report = a.health_reports["cluster"]()
+    assert report["shared"] is True and f"instance:{a.instance}" in report["leases"]
+    assert "PostgreSQL" in report["database"]
+    a.metrics.cluster(a.instance, a.shared, a.cluster.held())
+    text = a.metrics.render()[0].decode()
+    assert f'pluto_instance{{instance="{a.instance}",shared="true"}} 1.0' in text
+    assert 'pluto_cluster_leases{kind="instance"} 1.0' in text
+    assert set(await a.cluster.alive()) >= {a.instance, b.instance}

@@ -52,7 +52,9 @@ class HttpServer:
         return web.json_response({"status": "ok"})
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body, content_type = request.app[GATEWAY_KEY].metrics.render()
+        gw = request.app[GATEWAY_KEY]
+        gw.metrics.cluster(gw.instance, gw.shared, gw.cluster.held())
+        body, content_type = gw.metrics.render()
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def _readyz(self, request: web.Request) -> web.Response:
