@@ -392,3 +392,19 @@ async def test_admin_api_errors_carry_a_code_like_the_api(config_dir: Path, data
                                                     "code": "not_found"}
     finally:
         await gw.stop()
+
+
+async def test_a_query_over_a_text_column_fails_in_one_short_sentence(tmp_path: Path) -> None:
+    """avg() of a column of text was a 700-character binder error listing every candidate."""
+    from pluto.runtime.data import DataService
+    from pluto.runtime.data.child import QueryError
+
+    service = DataService(tmp_path, demo=False)
+    source = tmp_path / "t.csv"
+    source.write_text("code,label\nA1,x\nB2,y\n")
+    service.warehouse().ingest(source, "t")
+    with pytest.raises(QueryError) as caught:
+        await service.query("SELECT avg(code) FROM t", None)
+    said = str(caught.value)
+    assert len(said) < 250 and "Candidate" not in said
+    assert said.endswith("The column holds text: convert it, e.g. TRY_CAST(column AS DOUBLE).")

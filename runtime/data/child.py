@@ -182,8 +182,12 @@ def _words(sql: str) -> tuple[set[str], set[str]]:
 def clean_message(message: str) -> str:
     """DuckDB's message without Python tracebacks and advice the model cannot follow."""
     message = message.split("Traceback (most recent call last)")[0]
-    for cut in ("\nPossible solutions:", "\nPossible fixes:", "\nDatabase is launched"):
+    for cut in ("\nPossible solutions:", "\nPossible fixes:", "\nDatabase is launched",
+                "\n\tCandidate functions:", "\nCandidate functions:"):
         message = message.split(cut)[0]
+    if re.search(r"argument types '\w+\([^)]*VARCHAR", message):
+        message = message.rstrip() + (" The column holds text: convert it, e.g. "
+                                      "TRY_CAST(column AS DOUBLE).")
     return message.strip()[:2000]
 
 
