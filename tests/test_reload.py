@@ -233,7 +233,7 @@ def test_ten_thousand_agents_start_fast_and_only_those_in_use_are_loaded(config_
         d.mkdir()
         (d / "agent.yaml").write_text(f"description: agent {i}\n")
     gw = Gateway(config_dir, config=PlutoConfig(data_dir=data_dir))
-    assert len(gw.registry.names()) == 10_001
+    assert len(gw.registry.names()) == 10_002  # and default, cook
     assert len(gw.registry) == 1  # only 'default', the agent routes.yaml names, is in memory
     registry = AgentRegistry(agents, cache_size=50)
     for i in range(0, 10_000, 50):
