@@ -60,7 +60,8 @@ def load_routes(config_dir: Path, registry: AgentRegistry) -> RoutingTable:
         spec = specs.get(rule.agent or "")
         if spec is None or rule.tools is None:
             continue
-        extra = [t for t in rule.tools if t not in spec.tools]
+        extra = [t for t in rule.tools if t not in spec.tools and not any(  # or its MCP tools
+            t == s.name or t.startswith(s.prefix) for s in spec.mcp)]
         if extra:
             has = ", ".join(spec.tools) or "none"
             problems.append((table.source, table.line_of(i), f"routes[{i}].tools",

@@ -559,3 +559,25 @@ async def test_progress_reaches_the_run_feed_as_tool_progress_events(runner, fak
     stored = await runner.store.events(events[0].run_id)
     assert [e.seq for e in stored] == list(range(1, len(stored) + 1))  # numbered in between
     assert [e.type for e in stored].count("tool.progress") == len(progress)
+
+
+async def test_a_route_narrows_mcp_tools_by_server_or_tool_name(config_dir, tmp_path):
+    from pluto.agents.registry import AgentRegistry
+    from pluto.errors import ConfigError
+    from pluto.gateway.reload import load_routes
+
+    registry = AgentRegistry(config_dir / "agents")
+    (config_dir / "routes.yaml").write_text(
+        "routes:\n  - {match: {provider: a}, agent: cook, tools: [kitchen]}\n"
+        "  - {match: {provider: b}, agent: cook, tools: [kitchen_convert, current_time]}\n"
+        "default: default\n")
+    assert len(load_routes(config_dir, registry).spec.routes) == 2
+    (config_dir / "routes.yaml").write_text(
+        "routes:\n  - {match: {provider: a}, agent: cook, tools: [pantry]}\ndefault: default\n")
+    with pytest.raises(ConfigError, match="has no tool 'pantry'"):
+        load_routes(config_dir, registry)
+    cook = registry.get("cook")
+    async with McpHub() as hub:
+        assert set(await hub.tools_for(cook, ("kitchen",))) == {"kitchen_convert",
+                                                               "kitchen_scale"}
+        assert set(await hub.tools_for(cook, ("kitchen_convert",))) == {"kitchen_convert"}
