@@ -164,3 +164,37 @@ def test_logs_shows_the_last_lines(tmp_path: Path) -> None:
     (tmp_path / ".pluto" / "pluto.log").write_text("".join(f"line {i}\n" for i in range(100)))
     out = pluto("logs", "-n", "3", cwd=tmp_path)
     assert out.returncode == 0 and out.stdout == "line 97\nline 98\nline 99\n"
+
+
+async def test_doctor_makes_a_harmless_call_to_each_enabled_platform(tmp_path: Path) -> None:
+    import asyncio
+
+    from tests.fakes.telegram_server import DEFAULT_TOKEN, FakeTelegram
+
+    assert pluto("init", cwd=tmp_path).returncode == 0
+    config = tmp_path / "config" / "pluto.yaml"
+    async with FakeTelegram() as fake:
+        config.write_text(config.read_text().replace(
+            "\nproviders:\n", f"\nproviders:\n  telegram:\n    enabled: true\n"
+                              f"    base_url: {fake.url}\n", 1))
+
+        async def doctor(token: str) -> tuple[int, str]:
+            exe = shutil.which("pluto")
+            cmd = [exe] if exe else [sys.executable, "-m", "pluto.gateway.cli"]
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PLUTO_")}
+            env |= {"PYTHONPATH": os.pathsep.join(sys.path), "TELEGRAM_BOT_TOKEN": token}
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, "doctor", cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
+            out, _ = await asyncio.wait_for(proc.communicate(), 90)
+            return proc.returncode or 0, out.decode()
+
+        code, out = await doctor(DEFAULT_TOKEN)
+        assert code == 0, out
+        assert "ok    provider telegram: the bot @pluto_test_bot answered (getMe)" in out
+        code, out = await doctor("123:wrong")
+        assert code == 1
+        [line] = [ln for ln in out.splitlines() if "provider telegram" in ln]
+        assert line.startswith("FAIL  provider telegram: Telegram rejected the bot token "
+                               "(check TELEGRAM_BOT_TOKEN)"), line
+        assert "123:wrong" not in out

@@ -165,21 +165,30 @@ async def _providers(args: argparse.Namespace, config: PlutoConfig,
             checks.append(Check(what, False, _sentence(e, f"fix providers.{name} in pluto.yaml "
                                                           "or set the variables it names")))
             continue
-        probe = getattr(provider, "probe", None)
-        if probe is None or args.offline:
-            checks.append(Check(what, True, "settings and secrets are in place"))
-            continue
         try:
-            async with asyncio.timeout(PROBE_TIMEOUT):
-                said = await probe()
-        except TimeoutError:
-            checks.append(Check(what, False, f"no answer in {PROBE_TIMEOUT:g} s; check the "
-                                             "network and the provider's api_base."))
-        except Exception as e:
-            checks.append(Check(what, False, _sentence(e, f"check the token of providers.{name}")))
-        else:
-            checks.append(Check(what, True, str(said or "the platform answered")))
+            checks.append(await _probe(what, name, provider, args.offline))
+        finally:
+            try:
+                await provider.close()
+            except Exception:  # noqa: BLE001 - closing what doctor built, best effort
+                pass
     return checks
+
+
+async def _probe(what: str, name: str, provider: Any, offline: bool) -> Check:
+    """The provider's harmless call (``probe()``), when it has one."""
+    probe = getattr(provider, "probe", None)
+    if probe is None or offline:
+        return Check(what, True, "settings and secrets are in place")
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT):
+            said = await probe()
+    except TimeoutError:
+        return Check(what, False, f"no answer in {PROBE_TIMEOUT:g} s; check the network and "
+                                  f"the base URL in providers.{name}.")
+    except Exception as e:
+        return Check(what, False, _sentence(e, f"check the token named in providers.{name}"))
+    return Check(what, True, str(said or "the platform answered"))
 
 
 async def _models(args: argparse.Namespace, config: PlutoConfig) -> list[Check]:

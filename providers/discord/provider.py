@@ -132,6 +132,11 @@ class DiscordProvider(Provider):
             self._client = client
             return client
 
+    async def probe(self) -> str:
+        """A harmless call (GET /users/@me, the login) for ``pluto doctor``: the token works."""
+        client = await self._logged_in()
+        return f"the bot {client.user} answered (users/@me)"
+
     def single_owner(self) -> bool:
         return True  # one gateway session per bot (and shard)
 

@@ -111,6 +111,11 @@ class SlackProvider(Provider):
                                      team_id=str(found.get("team_id") or ""))
             return self._who
 
+    async def probe(self) -> str:
+        """A harmless call (auth.test) for ``pluto doctor``: the bot token works."""
+        who = await self.identity()
+        return f"team {who.team_id} as {who.user_id} (auth.test)"
+
     def single_owner(self) -> bool:
         return self.settings.mode != "http"  # Socket Mode: a few sockets per app, one holder
 

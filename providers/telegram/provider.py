@@ -88,6 +88,11 @@ class TelegramProvider(Provider):
             except TelegramError as e:
                 raise provider_error(e) from None
 
+    async def probe(self) -> str:
+        """A harmless call (getMe) for ``pluto doctor``: the token works."""
+        await self._ready()
+        return f"the bot @{self.bot.username} answered (getMe)"
+
     def single_owner(self) -> bool:
         return self.settings.mode != "webhook"  # one getUpdates consumer per token
 
