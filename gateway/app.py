@@ -36,7 +36,7 @@ from pluto.gateway.http.server import HttpServer
 from pluto.gateway.metrics import Metrics
 from pluto.gateway.pipeline.access import Access
 from pluto.gateway.pipeline.data_commands import DataCommands, data_service
-from pluto.gateway.pipeline.intake import IntakeQueue, Shared
+from pluto.gateway.pipeline.intake import IntakeQueue, Shared, message_from_dict
 from pluto.gateway.pipeline.ratelimit import SharedRateLimiter
 from pluto.gateway.pipeline.pipeline import Pipeline
 from pluto.gateway.pipeline.routing import RoutingTable
@@ -237,6 +237,15 @@ class Gateway:
         taken = await self.store.conversations.take_over_chat(provider, chat)
         for end in taken:
             self.feed.publish(end)
+        # answered by an instance that died before its reply reached the outbox
+        target = self.providers.get(provider)
+        for payload, final in await self.store.conversations.undelivered_in_chat(
+                provider, chat):
+            if target is None:
+                break
+            log.warning("cluster: delivering the answer of run %s in %s chat %s, which its "
+                        "instance could not", final.run_id, provider, chat)
+            await self.delivery.resend_final(target, message_from_dict(payload), final)
         if taken:
             log.warning("cluster: took over %d run(s) of %s chat %s from an instance that "
                         "stopped; answering again", len(taken), provider, chat)

@@ -229,3 +229,50 @@ async def test_a_claim_holds_while_its_instance_lives_and_ends_with_it(pg_url):
         assert not await b.outbox.claim("r1", "b", 300)
         await b.leases.renew("instance:a", "a", token, ttl=-1)  # a's heartbeat stopped
         assert await b.outbox.claim("r1", "b", 300)  # its claims end with it
+
+
+async def test_an_answer_whose_instance_died_before_the_outbox_is_found(pg_url):
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
+    async with a, b:
+        a.conversations.owner, b.conversations.owner = "a", "b"
+        assert await a.inbound.accept("telegram", "m1", {"chat_id": "c1", "text": "hi"})
+        session = await a.conversations.session("k", "agent")
+        await a.conversations.start_run("r1", session.id, "agent", "hi",
+                                        RunStart(run_id="r1", session_id=session.id,
+                                                 agent="agent"), source=("telegram", "m1"))
+        await a.conversations.complete_run("r1", session.id,
+                                           MessageFinal(run_id="r1", text="hello"),
+                                           RunEnd(run_id="r1", outcome="ok"), usage={})
+        # a dies here, before its reply reached the outbox
+        assert await b.conversations.orphaned_chats(alive={"b"}) == [("telegram", "c1")]
+        [(payload, final)] = await b.conversations.undelivered_in_chat("telegram", "c1")
+        assert payload["text"] == "hi" and final.text == "hello" and final.run_id == "r1"
+        await b.outbox.record([chunk("r1", 0, "hello", chat="c1")])  # b delivers it
+        assert await b.conversations.undelivered_in_chat("telegram", "c1") == []
+        assert await b.conversations.orphaned_chats(alive={"b"}) == []
+
+
+async def test_a_run_taken_over_cannot_answer_and_its_message_is_answered_again(pg_url):
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
+    async with a, b:
+        a.conversations.owner, b.conversations.owner = "a", "b"
+        assert await a.inbound.accept("telegram", "m1", {"chat_id": "c1", "text": "hi"})
+        session = await a.conversations.session("k", "agent")
+        await a.conversations.start_run("r1", session.id, "agent", "hi",
+                                        RunStart(run_id="r1", session_id=session.id,
+                                                 agent="agent"), source=("telegram", "m1"))
+        ended = await b.conversations.take_over_chat("telegram", "c1")  # a seemed dead
+        assert [e.run_id for e in ended] == ["r1"]
+        assert await b.inbound.unhandled_in_chat("telegram", "c1") == [
+            {"chat_id": "c1", "text": "hi"}]
+        from pluto.errors import RunTakenOver
+        with pytest.raises(RunTakenOver):  # a was only slow: its late answer is refused
+            await a.conversations.complete_run("r1", session.id,
+                                               MessageFinal(run_id="r1", text="late"),
+                                               RunEnd(run_id="r1", outcome="ok"), usage={})
+        assert (await b.conversations.run("r1")).status == "interrupted"
+        await b.conversations.queue_run("r2", session.id, "agent", "hi",
+                                        source=("telegram", "m1"))  # b answers it again
+        with pytest.raises(RunTakenOver):  # and a cannot start another run for it
+            await a.conversations.queue_run("r3", session.id, "agent", "hi",
+                                            source=("telegram", "m1"))

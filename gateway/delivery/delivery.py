@@ -138,6 +138,14 @@ class Delivery:
             messages[0] = replace(messages[0], edit_of=preview_id, reply_to=None)
         await self.outbox.deliver(provider, event.run_id, messages)
 
+    async def resend_final(self, provider: Provider, msg: IncomingMessage,
+                           event: RunEvent) -> None:
+        """Deliver a run's committed answer that never reached the outbox (its instance died
+        in between): as its own reply, under the run's id, so it goes out once."""
+        text = getattr(event, "text", "") or ""
+        base = reply_to(msg, text, kind="reply", run_id=event.run_id, seq=event.seq)
+        await self.outbox.deliver(provider, event.run_id, self._chunks(provider, base, text, []))
+
     def _chunks(self, provider: Provider, base: OutgoingMessage, text: str,
                 images: list[Attachment]) -> list[OutgoingMessage]:
         caps = provider.capabilities

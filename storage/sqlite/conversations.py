@@ -79,6 +79,10 @@ MIGRATIONS: list[str] = [
     CREATE INDEX runs_owner ON runs(owner, status);
     """,
 ]
+# An answered run whose reply never reached the outbox (its instance died in between), recent
+UNDELIVERED_WINDOW = 86400.0
+_UNDELIVERED = ("(r.status = 'ok' AND r.ended_at > ? AND NOT EXISTS (SELECT 1 FROM outbox o"
+                " WHERE o.reply_id = r.id))")
 SESSION_CACHE = 10_000
 HISTORY_SESSIONS = 1_000  # sessions whose recent messages are kept in memory
 HISTORY_MESSAGES = 200  # of each, at most this many (a longer window reads the database)
@@ -438,8 +442,32 @@ class SqliteConversations:
         rows = await self.engine.fetchall(
             "SELECT DISTINCT i.provider, i.chat_id, r.owner FROM runs r JOIN inbound_seen i"
             " ON i.provider = r.source_provider AND i.message_id = r.source_id"
-            " WHERE r.status IN ('queued', 'running')")
+            f" WHERE r.status IN ('queued', 'running') OR {_UNDELIVERED}",
+            (time.time() - UNDELIVERED_WINDOW,))
         return [(r[0], r[1]) for r in rows if r[2] not in alive and r[1] is not None]
+
+    async def undelivered_in_chat(self, provider: str, chat_id: str
+                                  ) -> list[tuple[dict[str, Any], RunEvent]]:
+        """Several instances: runs of this chat that another instance answered but whose reply
+        it never handed to the outbox (it died in between): (the message, the answer), oldest
+        first, for this instance to deliver."""
+        def find(conn: Any) -> list[tuple[dict[str, Any], RunEvent]]:
+            rows = conn.execute(
+                "SELECT r.id, i.payload FROM runs r JOIN inbound_seen i ON i.provider ="
+                " r.source_provider AND i.message_id = r.source_id WHERE i.provider = ? AND"
+                f" i.chat_id = ? AND r.owner != ? AND {_UNDELIVERED} ORDER BY r.started_at",
+                (provider, chat_id, self.owner, time.time() - UNDELIVERED_WINDOW)).fetchall()
+            found = []
+            for run_id, payload in rows:
+                final = conn.execute("SELECT seq, data FROM run_events WHERE run_id = ? AND"
+                                     " type = 'message.final' ORDER BY seq DESC LIMIT 1",
+                                     (run_id,)).fetchone()
+                if final is not None and payload:
+                    event = replace(event_from_dict(json.loads(final[1])), seq=final[0])
+                    found.append((json.loads(payload), event))
+            return found
+
+        return await self.engine.read(find)
 
     async def _take_over(self, where: str, params: tuple[Any, ...], *,
                          requeue: bool = True) -> list[RunEvent]:
