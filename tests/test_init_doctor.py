@@ -198,3 +198,40 @@ async def test_doctor_makes_a_harmless_call_to_each_enabled_platform(tmp_path: P
         assert line.startswith("FAIL  provider telegram: Telegram rejected the bot token "
                                "(check TELEGRAM_BOT_TOKEN)"), line
         assert "123:wrong" not in out
+
+
+def test_status_of_a_running_gateway_and_its_log(tmp_path: Path) -> None:
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    assert pluto("init", cwd=tmp_path).returncode == 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = shutil.which("pluto")
+    cmd = [exe] if exe else [sys.executable, "-m", "pluto.gateway.cli"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLUTO_")}
+    env |= {"PYTHONPATH": os.pathsep.join(sys.path), "PLUTO_HTTP_PORT": str(port)}
+    serve = subprocess.Popen([*cmd, "serve"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                    break
+            except OSError:
+                assert serve.poll() is None and time.monotonic() < deadline, "serve did not start"
+                time.sleep(0.1)
+        out = pluto("status", cwd=tmp_path, env={"PLUTO_HTTP_PORT": str(port)})
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines()[0] == (f"gateway: running at http://127.0.0.1:{port} "
+                                              "(ready); providers: web (running), api (running)")
+        logged = pluto("logs", "-n", "200", cwd=tmp_path).stdout
+        assert f"serving on http://127.0.0.1:{port} (config: {tmp_path / 'config'}, data: " \
+               f"{tmp_path / '.pluto'})" in logged
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=30)
