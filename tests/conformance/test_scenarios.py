@@ -265,3 +265,23 @@ async def test_a_flood_controlled_chat_never_delays_another(harness: Harness) ->
                                      what="chat A's reply after its wait")
     assert "/help" in shown[0].text or "/new" in shown[0].text
     assert harness.accepted_sends(a)[0] - refused >= 2.9  # it waited as long as it was asked
+
+
+@pytest.mark.parametrize("harness", harnesses(lambda h: "flood_control" in h.features
+                                              and h.caps.can_edit), indirect=True)
+async def test_a_429_on_the_first_preview_holds_the_final_reply(harness: Harness) -> None:
+    """The platform refuses the live preview's first message with a retry-after: the final
+    reply (a new message: there is no preview to edit) waits the window out too."""
+    harness.rate_limit_sends(harness.direct_chat, after=0, retry_after=2)
+    model = SteppedModel(["Thinking", " it over."])
+    await harness.start(model)
+    await harness.user_says("stream please")
+    model.step()  # the first words: the preview's send is refused
+    await harness.wait_shown(lambda s: bool(harness.refused_sends()), what="a refused send")
+    model.step()
+    model.step()
+    shown = await harness.wait_shown(lambda s: bool(s) and s[-1].text == "Thinking it over.",
+                                     what="the final text")
+    [refused] = harness.refused_sends()
+    assert harness.accepted_sends()[0] - refused >= 1.95
+    assert [s.text for s in shown] == ["Thinking it over."]
