@@ -581,3 +581,19 @@ async def test_a_route_narrows_mcp_tools_by_server_or_tool_name(config_dir, tmp_
         assert set(await hub.tools_for(cook, ("kitchen",))) == {"kitchen_convert",
                                                                "kitchen_scale"}
         assert set(await hub.tools_for(cook, ("kitchen_convert",))) == {"kitchen_convert"}
+
+
+async def test_a_run_stopped_while_its_server_starts_leaves_nothing_behind(tmp_path):
+    pid_file = tmp_path / "mute.pid"
+    script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); " \
+             "time.sleep(120)"
+    spec = agent(tmp_path, {"mute": {"command": sys.executable, "args": ["-c", script],
+                                     "connect_timeout": 60}})
+    async with McpHub() as hub:
+        starting = asyncio.create_task(hub.tools_for(spec))
+        pid = int(await wait_for_file(pid_file))
+        starting.cancel()  # /stop while the server starts
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        assert [h["state"] for h in hub.health().values()] == ["idle"]
+        await _gone(pid)

@@ -96,7 +96,8 @@ class McpConnection:
             return self.state == "ready"
 
     async def _start(self) -> None:
-        await self._reap(self._detach(), connected=True)
+        # what is left of an earlier connection goes away in the background
+        self._keep(asyncio.create_task(self._reap(self._detach(), connected=True)))
         self.state = "starting"
         stop = asyncio.Event()
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -106,6 +107,11 @@ class McpConnection:
         try:
             async with asyncio.timeout(timeout):
                 await asyncio.shield(ready)
+        except asyncio.CancelledError:  # the run that needed it was stopped: start afresh later
+            ready.cancel()
+            self.state = "idle"
+            self._keep(asyncio.create_task(self._reap(self._detach(), connected=False)))
+            raise
         except TimeoutError:
             ready.cancel()  # the owner sees it and leaves
             self._failed(f"it did not start within {timeout:g} s")
