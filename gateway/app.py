@@ -98,7 +98,9 @@ class Gateway:
                              # several instances: a dead one's replies go out soon after
                              sweep_seconds=min(30.0, self.config.storage.lease_seconds)
                              if self.shared else 30.0)
-        self.delivery = Delivery(self.outbox, data_dir=self.data_dir, throttle=throttle)
+        self.delivery = Delivery(self.outbox, data_dir=self.data_dir, throttle=throttle,
+                                 keep_preview=lambda msg, pid: self.store.inbound.keep_preview(
+                                     msg.provider, msg.message_id or "", pid))
         self.data = DataCommands(data_service(self.config, config_dir, self.data_dir),
                                  self.registry, self.store.conversations)
         self.mcp = McpHub(log_dir=self.data_dir / "logs" / "mcp")  # the agents' MCP servers

@@ -20,14 +20,15 @@ from pluto.events import (  # re-exported: the one place to import core types fr
     RunEvent,
     RunStart,
     ToolEnd,
+    ToolProgress,
     ToolStart,
 )
 
 __all__ = [
     "Attachment", "Capabilities", "Dialect", "IncomingMessage", "OutgoingMessage", "Route",
     "PLAIN", "MARKDOWN", "Outcome", "Accepted", "Answered", "Refused", "Duplicate", "Dropped",
-    "RunEvent", "RunStart", "MessageDelta", "ToolStart", "ToolEnd", "MessageFinal", "RunEnd",
-    "RunError",
+    "RunEvent", "RunStart", "MessageDelta", "ToolStart", "ToolProgress", "ToolEnd",
+    "MessageFinal", "RunEnd", "RunError",
 ]
 
 
@@ -82,6 +83,9 @@ class IncomingMessage:
     mentions_bot: bool = False
     guild_id: str | None = None  # Discord guild / Slack team, for routing rules
     timestamp: float = field(default_factory=time.time)
+    # A message answered again after its run was cut off (a crash, an instance that died): the
+    # platform id of the preview that run had shown, which the new answer replaces
+    shown: str | None = None
 
 
 SessionScope = Literal["chat", "user", "thread", "shared"]

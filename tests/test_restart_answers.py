@@ -12,6 +12,7 @@ from pluto.gateway.pipeline.intake import message_to_dict
 from pluto.runtime.testing import ScriptedModel
 from pluto.settings import PlutoConfig
 from pluto.storage.sqlite import SqliteStore
+from pluto.types import MARKDOWN, Capabilities
 from tests.helpers.gateway import RecordingProvider
 
 
@@ -56,3 +57,27 @@ async def test_a_terminal_command_does_not_answer_the_last_ones_leftovers(config
         await asyncio.sleep(0.3)  # time enough to answer, were it going to
         assert provider.sent == []
         assert (await gw.store.conversations.run("dead-run")).status == "interrupted"
+
+
+async def test_the_new_answer_replaces_the_preview_the_cut_off_run_had_shown(config_dir,
+                                                                             data_dir):
+    provider = RecordingProvider(capabilities=Capabilities(
+        max_message_length=200, can_edit=True, markup=MARKDOWN))
+    await crashed_mid_run(data_dir, provider)
+    async with SqliteStore(data_dir / "pluto.db") as store:  # it had shown "Let me th"
+        await store.engine.write(("UPDATE inbound_seen SET preview = '41'", ()))
+    gw = Gateway(config_dir, config=PlutoConfig(data_dir=data_dir), model_factory=ScriptedModel(),
+                 serve=True, http_bind=("127.0.0.1", 0))
+    await gw.start()
+    try:
+        gw.add_provider(provider)
+        await provider.running.wait()
+        for _ in range(200):
+            if any(e.text == "echo: what was I asking?" for e in provider.edits):
+                break
+            await asyncio.sleep(0.05)
+        assert provider.sent == []  # nothing new: the old preview became the answer
+        assert provider.edits[-1].edit_of == "41"
+        assert provider.edits[-1].text == "echo: what was I asking?"
+    finally:
+        await gw.stop()

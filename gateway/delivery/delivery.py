@@ -25,7 +25,7 @@ import asyncio
 import logging
 import mimetypes
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -76,8 +76,13 @@ class _Run:
 
 class Delivery:
     def __init__(self, outbox: Outbox, *, data_dir: Path, throttle: EditThrottle,
-                 typing_interval: float = 4.0):
+                 typing_interval: float = 4.0,
+                 keep_preview: Callable[[IncomingMessage, str], Awaitable[None]] | None = None):
         self.outbox = outbox
+        # the id of a live preview, kept with its message: if the run is cut off (a crash, a
+        # dead instance), the message's next answer replaces that preview instead of leaving
+        # a half-written message behind and saying it all again
+        self.keep_preview = keep_preview
         self.data_dir = data_dir
         self.throttle = throttle
         self.typing_interval = typing_interval
@@ -97,7 +102,11 @@ class Delivery:
         caps = provider.capabilities
         live = caps.can_edit and not caps.streams_deltas
         flood = self.outbox.flood  # one flood-control state per chat, for every send
-        state = _Run(LivePreview(provider, reply_to(msg, ""), self.throttle, flood)
+        keep = self.keep_preview
+        state = _Run(LivePreview(provider, reply_to(msg, ""), self.throttle, flood,
+                                 shown=msg.shown,
+                                 on_shown=(lambda pid: keep(msg, pid))
+                                 if keep is not None and msg.message_id else None)
                      if live else None,
                      Typing(provider, msg.chat_id, msg.thread_id, self.typing_interval, flood))
         state.typing.start()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from pluto.errors import DeliveryRefused, ProviderError
@@ -56,14 +56,17 @@ class LivePreview:
     """One reply shown while it grows: sent once, then edited (throttled) with the latest text."""
 
     def __init__(self, provider: Provider, target: OutgoingMessage, throttle: EditThrottle,
-                 flood: FloodControl | None = None):
+                 flood: FloodControl | None = None, *, shown: str | None = None,
+                 on_shown: Callable[[str], Awaitable[None]] | None = None):
         self.provider = provider
         self.flood = flood or FloodControl()
         self.target = replace(target, kind="delta", markup=provider.capabilities.markup.name)
         self.throttle = throttle
         self.key: ChatKey = (provider.name, target.chat_id)
         self.text = ""
-        self.message_id: str | None = None
+        # a preview an interrupted run of the same message left: edited, not sent again
+        self.message_id: str | None = shown
+        self.on_shown = on_shown  # told the id of a new preview (kept for such a rerun)
         self._shown = ""
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -134,6 +137,11 @@ class LivePreview:
             self.message_id = await self.provider.send(message)
             if self.message_id is None:
                 return False
+            if self.on_shown is not None:
+                try:
+                    await self.on_shown(self.message_id)
+                except Exception as e:  # noqa: BLE001 - only a rerun after a crash needs it
+                    log.warning("%s: could not keep the preview's id: %s", self.provider.name, e)
         else:
             await self.provider.edit(replace(message, edit_of=self.message_id))
         self._shown = text

@@ -269,7 +269,8 @@ class IntakeQueue:
                 ticket = next((t for t in queue if t.message.message_id == msg.message_id),
                               None)
                 try:
-                    outcome = await self.handler(ticket.message if ticket else msg)
+                    outcome = await self.handler(msg if ticket is None or msg.shown
+                                                 else ticket.message)
                 except asyncio.CancelledError:
                     raise
                 except RunTakenOver:  # another instance took the chat and this message

@@ -41,7 +41,16 @@ MIGRATIONS: list[str] = [
     ALTER TABLE inbound_seen ADD COLUMN outcome TEXT;
     CREATE INDEX inbound_chat ON inbound_seen(provider, chat_id, handled);
     """,
+    # the platform id of the live preview shown in answer to it (a rerun replaces it)
+    "ALTER TABLE inbound_seen ADD COLUMN preview TEXT",
 ]
+
+
+def _with_preview(payload: str, preview: str | None) -> dict[str, Any]:
+    message = json.loads(payload)
+    if preview is not None and isinstance(message, dict):
+        message["shown"] = preview
+    return message
 
 
 class SqliteInbound:
@@ -95,9 +104,15 @@ class SqliteInbound:
                                 limit: int = 100) -> list[dict[str, Any]]:
         """The chat's messages not yet handled, in arrival order (whoever received them)."""
         rows = await self.engine.fetchall(
-            "SELECT payload FROM inbound_seen WHERE provider = ? AND chat_id = ? AND"
+            "SELECT payload, preview FROM inbound_seen WHERE provider = ? AND chat_id = ? AND"
             " handled = 0 ORDER BY rowid LIMIT ?", (provider, chat_id, limit))
-        return [json.loads(r[0]) for r in rows if r[0]]
+        return [_with_preview(r[0], r[1]) for r in rows if r[0]]
+
+    async def keep_preview(self, provider: str, message_id: str, platform_id: str) -> None:
+        """The live preview shown in answer to the message (a rerun after a crash edits it)."""
+        await self.engine.write((
+            "UPDATE inbound_seen SET preview = ? WHERE provider = ? AND message_id = ?",
+            (platform_id, provider, message_id)))
 
     async def waiting_chats(self, provider: str, older_than: float) -> list[str]:
         """Chats with a message that has waited longer than ``older_than`` seconds."""
@@ -108,9 +123,9 @@ class SqliteInbound:
 
     async def unhandled(self, provider: str) -> list[dict[str, Any]]:
         rows = await self.engine.fetchall(
-            "SELECT payload FROM inbound_seen WHERE provider = ? AND handled = 0"
+            "SELECT payload, preview FROM inbound_seen WHERE provider = ? AND handled = 0"
             " ORDER BY rowid", (provider,))
-        return [json.loads(r["payload"]) for r in rows if r["payload"]]
+        return [_with_preview(r[0], r[1]) for r in rows if r[0]]
 
     async def prune(self) -> int:
         """Forget old ids: those past ``max_age``, then all but the newest ``max_rows``."""
