@@ -597,3 +597,14 @@ async def test_a_run_stopped_while_its_server_starts_leaves_nothing_behind(tmp_p
             await starting
         assert [h["state"] for h in hub.health().values()] == ["idle"]
         await _gone(pid)
+
+
+def test_the_web_widget_gets_progress_frames():
+    from pluto.events import ToolProgress
+    from pluto.providers.web.protocol import run_frame
+
+    f = run_frame(7, ToolProgress(run_id="r", call_id="c", name="demo_count", progress=2,
+                                  total=4, message="step 2"), lambda path: None)
+    assert f is not None and f["type"] == "tool.progress" and f["seq"] == 7
+    assert (f["name"], f["call_id"], f["progress"], f["total"], f["message"]) == (
+        "demo_count", "c", 2, 4, "step 2")

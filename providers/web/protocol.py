@@ -7,8 +7,9 @@ Client → server (the first frame must be ``hello``)::
     {"type": "stop"}
 
 Server → client: ``ready``, ``history``, ``ack``, ``message.user`` (sent from another tab),
-``run.start``, ``message.delta``, ``tool.start``, ``tool.end``, ``message.final``, ``run.end``,
-``notice``, ``error``. Every frame has an ``id``; frames of a run carry ``run_id`` and ``seq``.
+``run.start``, ``message.delta``, ``tool.start``, ``tool.progress``, ``tool.end``,
+``message.final``, ``run.end``, ``notice``, ``error``. Every frame has an ``id``; frames of a
+run carry ``run_id`` and ``seq``.
 See the README for the full description.
 """
 
@@ -32,6 +33,7 @@ from pluto.types import (
     RunEvent,
     RunStart,
     ToolEnd,
+    ToolProgress,
     ToolStart,
 )
 
@@ -176,6 +178,10 @@ def run_frame(seq: int, event: RunEvent, link: Linker) -> dict[str, Any] | None:
             return frame("message.delta", text=text, **base)
         case ToolStart(name=name, call_id=call_id):
             return frame("tool.start", name=name, call_id=call_id, **base)
+        case ToolProgress(name=name, call_id=call_id, progress=progress, total=total,
+                          message=message):
+            return frame("tool.progress", name=name, call_id=call_id, progress=progress,
+                         total=total, message=message, **base)
         case ToolEnd(name=name, call_id=call_id, is_error=is_error, details=details):
             return frame("tool.end", name=name, call_id=call_id, is_error=is_error,
                          details=display_details(details, link), **base)

@@ -319,6 +319,12 @@
     var line = run.tools.appendChild(el("div", "pluto-tool pluto-running", "Using " + f.name + "…"));
     run.calls[f.call_id] = line;
   }
+  function toolProgress(run, f) {
+    var line = run.calls[f.call_id];
+    if (!line || line.className.indexOf("pluto-running") < 0) { return; }
+    var part = f.total ? Math.round(100 * f.progress / f.total) + "%" : String(f.progress);
+    line.textContent = "Using " + f.name + "… " + part + (f.message ? " · " + f.message : "");
+  }
   function toolEnd(run, f) {
     var line = run.calls[f.call_id];
     if (!line) { line = run.tools.appendChild(el("div", "pluto-tool")); }
@@ -380,6 +386,10 @@
       case "tool.start":
         run = botBubble(f.run_id);
         if (!run.final) { toolStart(run, f); }
+        break;
+      case "tool.progress":
+        run = botBubble(f.run_id);
+        if (!run.final) { toolProgress(run, f); }
         break;
       case "tool.end":
         run = botBubble(f.run_id);
