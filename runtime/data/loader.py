@@ -2,7 +2,8 @@
 
 Run as a script (``python -I -B loader.py``), like the query sandbox's child: it imports only
 the standard library, duckdb and `child.py` (by path), reads one JSON request on stdin, limits
-itself (address space, CPU time, the size of any file it writes, death with its parent), loads
+itself (address space, CPU time, the size of any file it writes, death with its parent), lets
+DuckDB read only the files to load (external access off, configuration locked), loads
 the file(s) with at most ``max_columns`` columns and ``max_rows`` rows, and answers one JSON
 line: ``{"rows": n, "columns": [[name, type], ...]}`` or ``{"error": "one or two sentences"}``.
 A hostile file (50,000 columns, a Parquet file that expands to 300 M rows) costs this child,
@@ -69,6 +70,7 @@ def load(request: dict[str, Any]) -> tuple[int, list[list[str]]]:
               "autoinstall_known_extensions": False, "autoload_known_extensions": False}
     try:
         with duckdb.connect(request["tmp"], config=config) as con:
+            _lock_down(con, request)
             if fmt in ("csv", "tsv"):
                 _load_csv(con, request, "\t" if fmt == "tsv" else None)
             else:
@@ -92,6 +94,15 @@ def load(request: dict[str, Any]) -> tuple[int, list[list[str]]]:
     if rows == 0:
         raise LoadFailed(f"{_name(files[0])} has no data rows.")
     return rows, [[r[0], r[1]] for r in described]
+
+
+def _lock_down(con: duckdb.DuckDBPyConnection, request: dict[str, Any]) -> None:
+    """DuckDB may read the files being loaded and spill to its own folder, nothing else."""
+    paths = "[" + ", ".join(_literal(f) for f in request["files"]) + "]"
+    con.execute(f"SET allowed_paths = {paths}")
+    con.execute(f"SET allowed_directories = [{_literal(request['spill'])}]")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
 
 
 def _check_columns(count: int, request: dict[str, Any]) -> None:
