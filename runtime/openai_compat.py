@@ -299,7 +299,10 @@ class _Turn:
 
     def add_completion(self, body: Any) -> None:
         """A server that ignored ``stream``: one whole completion."""
-        choice = (body.get("choices") or [{}])[0] if isinstance(body, dict) else {}
+        if not isinstance(body, dict) or "choices" not in body:
+            self.add(body if isinstance(body, dict) and "error" in body else {"error": body})
+            return
+        choice = (body.get("choices") or [{}])[0]
         message = choice.get("message") or {}
         self.add({"usage": body.get("usage") if isinstance(body, dict) else None,
                   "choices": [{"finish_reason": choice.get("finish_reason") or "stop",

@@ -186,3 +186,49 @@ def test_the_proxy_is_decided_once_per_base_url_from_the_environment(monkeypatch
     assert openai_compat._proxy_for("https://api.openai.com/v1") == "http://proxy.internal:3128"
     monkeypatch.setattr(openai_compat, "_proxies", {})
     assert openai_compat._proxy_for("https://api.openai.com/v1") is None
+
+
+async def _plain_server(body: object, content_type: str = "application/json"):
+    from aiohttp import web
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=json.dumps(body).encode(), content_type=content_type)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}/v1"
+
+
+async def test_a_server_that_ignores_stream_still_answers():
+    runner, base = await _plain_server({
+        "choices": [{"finish_reason": "tool_calls", "message": {"content": "Let me look.",
+                     "tool_calls": [{"id": "c9", "type": "function", "function": {
+                         "name": "lookup", "arguments": "{\"q\": \"x\"}"}}]}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3}})
+    try:
+        shown: list[str] = []
+        turn = await collect(OpenAICompatibleModel(),
+                             ModelSettings(model="openai/fake", api_base=base), shown=shown)
+    finally:
+        await runner.cleanup()
+        await close_sessions()
+    assert shown == ["Let me look."] and turn.text == "Let me look."
+    assert [(c.id, c.name, c.arguments) for c in turn.tool_calls] == [("c9", "lookup", '{"q": "x"}')]
+    assert turn.usage == {"prompt_tokens": 5, "completion_tokens": 3}
+
+
+@pytest.mark.parametrize("body", [{"error": {"message": "upstream exploded"}}, ["not", "a", "completion"]])
+async def test_a_200_that_is_not_a_completion_is_a_model_error(body):
+    runner, base = await _plain_server(body)
+    try:
+        with pytest.raises(ModelError) as info:
+            await collect(OpenAICompatibleModel(), ModelSettings(model="openai/fake", api_base=base))
+    finally:
+        await runner.cleanup()
+        await close_sessions()
+    assert "Traceback" not in str(info.value) and str(info.value).endswith(".")
