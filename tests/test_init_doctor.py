@@ -235,3 +235,66 @@ def test_status_of_a_running_gateway_and_its_log(tmp_path: Path) -> None:
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(timeout=30)
+
+
+def test_init_on_a_terminal_asks_for_the_model_and_keeps_the_key_private(tmp_path: Path) -> None:
+    import pty
+    import select
+
+    exe = shutil.which("pluto")
+    cmd = [exe, "init"] if exe else [sys.executable, "-m", "pluto.gateway.cli", "init"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLUTO_")}
+    env |= {"PYTHONPATH": os.pathsep.join(sys.path), "TERM": "dumb"}
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: pluto init on a terminal
+        os.chdir(tmp_path)
+        os.execve(cmd[0], cmd, env)
+    seen = b""
+
+    def until(prompt: bytes) -> None:
+        nonlocal seen
+        while prompt not in seen:
+            ready, _, _ = select.select([fd], [], [], 60)
+            assert ready, f"no {prompt!r} in {seen!r}"
+            seen += os.read(fd, 4096)
+
+    until(b"model [offline]: ")
+    os.write(fd, b"openai/fake\n")
+    until(b"API base URL")
+    os.write(fd, b"http://127.0.0.1:9/v1\n")
+    until(b"API key")
+    os.write(fd, b"sk-typed-secret\n")
+    until(b"Next: pluto doctor")
+    os.waitpid(pid, 0)
+    os.close(fd)
+    env_file = tmp_path / "config" / ".env"
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    assert "PLUTO_API_KEY=sk-typed-secret" in env_file.read_text()
+    assert b"sk-typed-secret" not in seen  # not echoed, not printed
+    assert "${PLUTO_MODEL:-openai/fake}" in (tmp_path / "config" / "pluto.yaml").read_text()
+
+
+def test_logs_follow_prints_new_lines(tmp_path: Path) -> None:
+    import select
+
+    assert pluto("init", cwd=tmp_path).returncode == 0
+    log = tmp_path / ".pluto" / "pluto.log"
+    log.parent.mkdir()
+    log.write_text("old line\n")
+    exe = shutil.which("pluto")
+    cmd = [exe] if exe else [sys.executable, "-m", "pluto.gateway.cli"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLUTO_")}
+    env |= {"PYTHONPATH": os.pathsep.join(sys.path), "PYTHONUNBUFFERED": "1"}
+    follow = subprocess.Popen([*cmd, "logs", "-f", "-n", "1"], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        assert follow.stdout is not None
+        assert select.select([follow.stdout], [], [], 60)[0]
+        assert follow.stdout.readline() == b"old line\n"
+        with log.open("a") as f:
+            f.write("new line\n")
+        assert select.select([follow.stdout], [], [], 60)[0]
+        assert follow.stdout.readline() == b"new line\n"
+    finally:
+        follow.terminate()
+        follow.wait(timeout=30)
