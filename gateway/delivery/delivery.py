@@ -153,7 +153,10 @@ class Delivery:
         in between): as its own reply, under the run's id, so it goes out once."""
         text = getattr(event, "text", "") or ""
         base = reply_to(msg, text, kind="reply", run_id=event.run_id, seq=event.seq)
-        await self.outbox.deliver(provider, event.run_id, self._chunks(provider, base, text, []))
+        messages = self._chunks(provider, base, text, [])
+        if msg.shown is not None and messages and provider.capabilities.can_edit:
+            messages[0] = replace(messages[0], edit_of=msg.shown, reply_to=None)
+        await self.outbox.deliver(provider, event.run_id, messages)
 
     def _chunks(self, provider: Provider, base: OutgoingMessage, text: str,
                 images: list[Attachment]) -> list[OutgoingMessage]:

@@ -453,18 +453,22 @@ class SqliteConversations:
         first, for this instance to deliver."""
         def find(conn: Any) -> list[tuple[dict[str, Any], RunEvent]]:
             rows = conn.execute(
-                "SELECT r.id, i.payload FROM runs r JOIN inbound_seen i ON i.provider ="
+                "SELECT r.id, i.payload, i.preview FROM runs r JOIN inbound_seen i ON"
+                " i.provider ="
                 " r.source_provider AND i.message_id = r.source_id WHERE i.provider = ? AND"
                 f" i.chat_id = ? AND r.owner != ? AND {_UNDELIVERED} ORDER BY r.started_at",
                 (provider, chat_id, self.owner, time.time() - UNDELIVERED_WINDOW)).fetchall()
             found = []
-            for run_id, payload in rows:
+            for run_id, payload, preview in rows:
                 final = conn.execute("SELECT seq, data FROM run_events WHERE run_id = ? AND"
                                      " type = 'message.final' ORDER BY seq DESC LIMIT 1",
                                      (run_id,)).fetchone()
                 if final is not None and payload:
                     event = replace(event_from_dict(json.loads(final[1])), seq=final[0])
-                    found.append((json.loads(payload), event))
+                    message = json.loads(payload)
+                    if preview is not None:  # the preview it showed: the answer replaces it
+                        message["shown"] = preview
+                    found.append((message, event))
             return found
 
         return await self.engine.read(find)
