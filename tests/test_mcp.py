@@ -190,14 +190,21 @@ async def test_a_server_that_will_not_start_leaves_the_agent_its_other_tools(
         runner, fake, hub, tmp_path):
     broken = {"command": sys.executable, "args": ["-c", "import sys; sys.exit(1)"],
               "connect_timeout": 10}
-    spec = agent(tmp_path, {"broken": broken, "demo": demo()})
-    fake.script(Reply(tool_calls=[ToolCall("demo_add", {"a": 1, "b": 2})]), Reply(text="3"))
+    spec = agent(tmp_path, {"broken": broken, "demo": demo(),
+                            "listed": {**broken, "tools": ["search"], "connect_timeout": 9}})
+    fake.script(Reply(tool_calls=[ToolCall("demo_add", {"a": 1, "b": 2}),
+                                  ToolCall("listed_search", {}, id="c2")]), Reply(text="3"))
     events = await ask(runner, spec, "add")
     assert final(events) == "3" and events[-1].outcome == "ok"
-    tools = offered(fake.requests[0])
+    added, search = tool_ends(events)
+    assert added.content == "3"
+    assert search.is_error and "'listed' server are unavailable right now" in search.content
+    tools = {t["function"]["name"]: t["function"] for t in fake.requests[0]["tools"]}
     assert "demo_add" in tools and not any(t.startswith("broken_") for t in tools)
-    [down] = [h for k, h in hub.health().items() if k.startswith("broken@")]
-    assert down["state"] == "down" and down["error"]
+    # a server with an allowlist: the model is told those tools are unavailable
+    assert tools["listed_search"]["description"].startswith("Unavailable right now (")
+    downs = [h for k, h in hub.health().items() if not k.startswith("demo@")]
+    assert [h["state"] for h in downs] == ["down", "down"] and all(h["error"] for h in downs)
 
 
 async def test_a_server_that_hangs_at_start_is_given_up_after_its_connect_timeout(

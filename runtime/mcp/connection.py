@@ -332,9 +332,10 @@ class McpConnection:
             self.in_flight -= 1
             self.last_used = time.monotonic()
 
-    def unavailable_sentence(self) -> str:
+    def unavailable_sentence(self, name: str | None = None) -> str:
+        """``name``: the server's name in the agent that called (agents may share it)."""
         why = f" ({self.error})" if self.error else ""
-        return (f"The tools of the '{self.name}' server are unavailable right now{why}. "
+        return (f"The tools of the '{name or self.name}' server are unavailable right now{why}. "
                 "Answer without them, or say that this part cannot be done now.")
 
     async def _lost(self, client: Client, why: str) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import mcp_types as types
 
 from pluto.agents.toolspec import McpServerSpec
-from pluto.runtime.mcp.connection import McpConnection
+from pluto.runtime.mcp.connection import McpConnection, McpUnavailable
 from pluto.runtime.tools import Tool, ToolContext, ToolResult
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,8 @@ def tools_of(spec: McpServerSpec, conn: McpConnection,
     """The server's tools this agent may use, by the names the model sees."""
     allow = spec.settings.tools
     out: dict[str, Tool] = {}
+    if not conn.tools and conn.state == "down" and allow:
+        return _unavailable(spec, conn, allow, narrowed)
     for t in conn.tools:
         if allow is not None and t.name not in allow:
             continue
@@ -59,7 +61,22 @@ def tools_of(spec: McpServerSpec, conn: McpConnection,
         if narrowed is not None and name not in narrowed and spec.name not in narrowed:
             continue
         out[name] = McpTool(name, _description(spec, t), _parameters(t.input_schema),
-                            _caller(conn, t.name))
+                            _caller(conn, t.name, spec.name))
+    return out
+
+
+def _unavailable(spec: McpServerSpec, conn: McpConnection, allow: list[str],
+                 narrowed: tuple[str, ...] | None) -> dict[str, Tool]:
+    """A server that has not started yet: the tools its allowlist names, so the model knows
+    they exist and are unavailable (a call says why)."""
+    out: dict[str, Tool] = {}
+    for tool in allow:
+        name = spec.prefix + re.sub(r"[^A-Za-z0-9_-]", "_", tool)
+        if TOOL_NAME_RE.fullmatch(name) and (narrowed is None or name in narrowed
+                                              or spec.name in narrowed):
+            out[name] = McpTool(name, f"Unavailable right now ({conn.error}); from the "
+                                f"{spec.name} server", {"type": "object", "properties": {}},
+                                _caller(conn, tool, spec.name))
     return out
 
 
@@ -77,10 +94,13 @@ def _parameters(schema: Any) -> dict[str, Any]:
     return schema
 
 
-def _caller(conn: McpConnection, tool: str) -> Any:
+def _caller(conn: McpConnection, tool: str, server: str) -> Any:
     async def call(ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
-        result = await conn.call(tool, arguments, ctx.progress)
-        return await to_result(result, ctx.data_dir / "artifacts" / ctx.run_id, conn.name)
+        try:
+            result = await conn.call(tool, arguments, ctx.progress)
+        except McpUnavailable:
+            raise McpUnavailable(conn.unavailable_sentence(server)) from None
+        return await to_result(result, ctx.data_dir / "artifacts" / ctx.run_id, server)
 
     return call
 
