@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -32,6 +32,9 @@ class ModelConfig(Strict):
     max_output_tokens: int | None = Field(default=None, gt=0)
     timeout: float = Field(default=60.0, gt=0)
     retries: int = Field(default=2, ge=0, le=10)
+    # which path calls it: "auto" (OpenAI-compatible prefixes such as openai/ stream directly,
+    # the rest through litellm), "openai" (direct, any OpenAI-compatible api_base) or "litellm"
+    client: Literal["auto", "openai", "litellm"] = "auto"
 
     @field_validator("api_base", mode="before")
     @classmethod

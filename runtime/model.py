@@ -32,6 +32,7 @@ class ModelSettings:
     max_output_tokens: int | None = None
     timeout: float = 60.0
     retries: int = 2
+    client: str = "auto"  # "auto" | "openai" | "litellm": which path serves it (openai_compat)
 
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) or None if self.api_key_env else None

@@ -8,9 +8,10 @@ event loop) and reads the server-sent events itself, each chunk parsed with orjs
 dicts: a few ms per answer. litellm stays for the services it translates (Anthropic, Gemini,
 Bedrock, ...).
 
-Which path serves a model (:func:`model_path`): the built-in models by name; a model string
+Which path serves a model (:func:`model_path`): the built-in models by name; ``client: openai``
+or ``client: litellm`` in pluto.yaml when the admin chose; otherwise (``auto``) a model string
 whose prefix names an OpenAI-compatible service (``openai/``, ``openrouter/``, ``groq/``,
-``deepseek/``, ``hosted_vllm/``, ``lm_studio/``) goes direct; anything else through litellm.
+``deepseek/``, ``hosted_vllm/``, ``lm_studio/``) goes direct, anything else through litellm.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def model_path(settings: ModelSettings) -> str:
     """``built-in``, ``openai-compatible`` (this module) or ``litellm``: shown by doctor."""
     if not base.uses_litellm(settings.model):
         return "built-in"
+    if settings.client in ("openai", "litellm"):  # the admin chose (pluto.yaml: client)
+        return "openai-compatible" if settings.client == "openai" else "litellm"
     prefix = settings.model.split("/", 1)[0] if "/" in settings.model else ""
     if prefix not in OPENAI_COMPATIBLE:
         return "litellm"
@@ -77,7 +80,9 @@ def uses_litellm(settings: ModelSettings) -> bool:
 def endpoint_of(settings: ModelSettings) -> tuple[str, str, str | None]:
     """(base URL, the model's name at the service, the API key or None)."""
     prefix, _, name = settings.model.partition("/")
-    default_base, key_env = OPENAI_COMPATIBLE.get(prefix, (None, "OPENAI_API_KEY"))
+    if prefix not in OPENAI_COMPATIBLE or not name:  # client: openai with any model name
+        prefix, name = "openai", settings.model
+    default_base, key_env = OPENAI_COMPATIBLE[prefix]
     url = (settings.api_base or default_base or "").rstrip("/")
     key = settings.api_key() or os.environ.get(key_env) or None
     return url, name, key

@@ -232,3 +232,21 @@ async def test_a_200_that_is_not_a_completion_is_a_model_error(body):
         await runner.cleanup()
         await close_sessions()
     assert "Traceback" not in str(info.value) and str(info.value).endswith(".")
+
+
+def test_the_admin_may_choose_the_path_per_model():
+    from pluto.settings import PlutoConfig
+
+    cfg = PlutoConfig(models={"local": {"model": "meta-llama/Llama-3.1-8B",
+                                        "api_base": "http://127.0.0.1:8000/v1",
+                                        "client": "openai"},
+                              "proxied": {"model": "openai/gpt-4o-mini", "client": "litellm"}})
+    local = ModelSettings(model=cfg.models["local"].model, api_base=cfg.models["local"].api_base,
+                          client=cfg.models["local"].client)
+    assert model_path(local) == "openai-compatible"
+    from pluto.runtime.openai_compat import endpoint_of
+    assert endpoint_of(local)[:2] == ("http://127.0.0.1:8000/v1", "meta-llama/Llama-3.1-8B")
+    assert model_path(ModelSettings(model="openai/gpt-4o-mini", client="litellm")) == "litellm"
+    assert model_path(ModelSettings(model="echo", client="openai")) == "built-in"
+    with pytest.raises(Exception, match="client"):
+        PlutoConfig(models={"x": {"model": "openai/x", "client": "httpx"}})
