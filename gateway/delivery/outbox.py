@@ -277,6 +277,7 @@ class Outbox:
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(self.sweep_seconds)
+            await self.flood.load()  # holds another instance kept meanwhile (shared database)
             for provider in list(self.providers.values()):
                 try:
                     await self.flush(provider)
