@@ -122,6 +122,7 @@ class Gateway:
             session_guard=(lambda key: self.cluster.holding(f"session:{key}"))
             if self.shared else None, track_runs=self.shared)
         self.health_reports["cluster"] = self._cluster_report
+        self._control_tasks: set[asyncio.Task[object]] = set()
         self.directory = Directory(lambda: self.routes, self.registry, self.store.conversations)
         self.watcher = ConfigWatcher(self)  # live reload of the config dir (serve only)
         self.serve = serve
@@ -140,7 +141,7 @@ class Gateway:
         return {name: ModelSettings(model=m.model, api_base=m.api_base, api_key_env=m.api_key_env,
                                     temperature=m.temperature,
                                     max_output_tokens=m.max_output_tokens, timeout=m.timeout,
-                                    retries=m.retries)
+                                    retries=m.retries, client=m.client)
                 for name, m in self.config.models.items()}
 
     # lifecycle ------------------------------------------------------------------------------
@@ -209,6 +210,9 @@ class Gateway:
             stack.push_async_callback(self.cluster.stop)
             if isinstance(self.feed, SharedRunFeed):
                 self.feed.start()  # runs executing on other instances, followed live
+            if self.store.bus is not None:  # /stop of a session running on another instance
+                self.store.bus.subscribe(CONTROL, self._control)
+                self.pipeline.stop_elsewhere = self._stop_elsewhere
             orphans = asyncio.create_task(self._adopt_orphans(), name="cluster:orphans")
             stack.push_async_callback(_cancel, orphans)
         else:
@@ -252,6 +256,21 @@ class Gateway:
             log.warning("cluster: took over %d run(s) of %s chat %s from an instance that "
                         "stopped; answering again", len(taken), provider, chat)
 
+    async def _stop_elsewhere(self, session_key: str) -> bool:
+        assert self.store.bus is not None
+        await self.store.bus.publish(CONTROL, [f"stop|{self.instance}|{session_key}"])
+        return await self.store.conversations.session_running(session_key)
+
+    def _control(self, payload: str | None) -> None:
+        if payload is None:
+            return
+        what, sender, key = (payload.split("|", 2) + ["", ""])[:3]
+        if what == "stop" and sender != self.instance and key:
+            task = asyncio.get_running_loop().create_task(
+                self.pipeline.stop(key, everywhere=False))
+            self._control_tasks.add(task)
+            task.add_done_callback(self._control_tasks.discard)
+
     def _cluster_report(self) -> dict[str, object]:
         return {"instance": self.instance, "database": self.store.describe(),
                 "shared": self.shared, "leases": self.cluster.held()}
@@ -281,8 +300,8 @@ class Gateway:
         """The provider's intake: its bounded queue in front of the pipeline."""
         queue = self.intakes.get(provider.name)
         if queue is None:
-            shared = Shared(self.cluster, self._take_over_chat,
-                            self.pipeline.finished) if self.shared else None
+            shared = Shared(self.cluster, self._take_over_chat, self.pipeline.finished,
+                            self.pipeline.urgent) if self.shared else None
             queue = self.intakes[provider.name] = IntakeQueue(
                 provider.name, self.pipeline.handle, self.store.inbound,
                 capacity=INTAKE_CAPACITY, shared=shared)
@@ -351,6 +370,9 @@ class Gateway:
             h.state in ("running", "done") for h in self.health.values())
 
     # for the HTTP server and the admin API --------------------------------------------------
+
+
+CONTROL = "pluto_control"  # between instances: stop|<instance>|<session key>
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -132,3 +132,39 @@ async def test_each_instance_says_who_it_is_and_what_it_holds(instances) -> None
     assert f'pluto_instance{{instance="{a.instance}",shared="true"}} 1.0' in text
     assert 'pluto_cluster_leases{kind="instance"} 1.0' in text
     assert set(await a.cluster.alive()) >= {a.instance, b.instance}
+
+
+async def test_stop_sent_to_another_instance_stops_the_run(config_dir, tmp_path) -> None:
+    with fresh_schema() as url:
+        gateways = []
+        slow = ScriptedModel(fallback=lambda msgs: Scripted(text="word " * 400, chunk=5,
+                                                            delay=0.02))
+        try:
+            for i in range(2):
+                gw = Gateway(config_dir, config=PlutoConfig(data_dir=tmp_path / f"d{i}"),
+                             model_factory=slow, store=PostgresStore(url))
+                await gw.start()
+                gateways.append(gw)
+                provider = RecordingProvider()
+                gw.add_provider(provider)
+                await provider.running.wait()
+            a, b = (gw.providers["test"] for gw in gateways)
+            started = await b.say("tell me a long story", chat="c1")
+            assert isinstance(started, Accepted)
+            store = gateways[0].store.conversations
+            for _ in range(100):  # until it runs (on b)
+                run = await store.run(started.run_id)
+                if run is not None and run.status == "running":
+                    break
+                await asyncio.sleep(0.05)
+            stopped = await a.say("/stop", chat="c1")  # the same chat, the other instance
+            assert stopped.type == "answered" and stopped.text.startswith("Stopped"), stopped
+            for _ in range(100):
+                run = await store.run(started.run_id)
+                if run.status != "running":
+                    break
+                await asyncio.sleep(0.05)
+            assert run.status == "cancelled"
+        finally:
+            for gw in gateways:
+                await gw.stop()

@@ -54,6 +54,11 @@ class Commands:
             listed: bool = True) -> None:
         self._handlers[name] = (CommandInfo(name if listed else "", summary), handler)
 
+    def is_urgent(self, text: str) -> bool:
+        """``/stop`` acts on the answer in progress: it must not wait behind it."""
+        parsed = parse_command(text)
+        return parsed is not None and parsed[0] == "stop" and "stop" in self._handlers
+
     def knows(self, text: str) -> bool:
         parsed = parse_command(text)
         return parsed is not None and parsed[0] in self._handlers

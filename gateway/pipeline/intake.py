@@ -87,6 +87,7 @@ class Shared:
     cluster: Any  # pluto.gateway.cluster.Cluster
     take_over: Callable[[str, str], Awaitable[Any]]  # (provider, chat): a dead one's runs
     finished: Callable[[str], Awaitable[None]]  # a run accepted here has ended
+    urgent: Callable[[IncomingMessage], bool] = lambda msg: False  # /stop: not behind a run
     sweep_every: float = 2.0
 
 
@@ -285,7 +286,31 @@ class IntakeQueue:
                     queue.remove(ticket)
                     self._release()
                 if isinstance(outcome, Accepted):  # the next message waits for this run
-                    await self.shared.finished(outcome.run_id)
+                    await self._until_finished(key, queue, outcome.run_id)
+
+    async def _until_finished(self, key: str, queue: deque[Ticket], run_id: str) -> None:
+        """Wait for the chat's run to end; meanwhile a ``/stop`` sent to the chat (to any
+        instance) is handled at once — it is what stops the run."""
+        assert self.shared is not None
+        done = asyncio.ensure_future(self.shared.finished(run_id))
+        try:
+            while not done.done():
+                await asyncio.wait({done}, timeout=self.shared.sweep_every / 4)
+                if done.done():
+                    break
+                for payload in await self.inbox.unhandled_in_chat(self.name, key, 5):
+                    msg = message_from_dict(payload)
+                    if not self.shared.urgent(msg):
+                        continue
+                    ticket = next((t for t in queue
+                                   if t.message.message_id == msg.message_id), None)
+                    outcome = await self.handler(msg)
+                    if ticket is not None:
+                        ticket.settle(outcome)
+                        queue.remove(ticket)
+                        self._release()
+        finally:
+            done.cancel()
 
     async def _learn_outcomes(self, queue: deque[Ticket]) -> None:
         for ticket in list(queue):

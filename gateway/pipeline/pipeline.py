@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 from dataclasses import dataclass
@@ -87,6 +87,8 @@ class Pipeline:
         # Several instances: a chat's intake waits for each run to end before it takes the
         # chat's next message (see intake), so the runs it started are followed here.
         self.track_runs = track_runs
+        # several instances: tell the others to stop a session (True: one of them was running)
+        self.stop_elsewhere: Callable[[str], Awaitable[bool]] | None = None
         self._unfinished: dict[str, asyncio.Future[None]] = {}
         self.commands = Commands(registry, conversations, self.stop)
         data.register(self.commands)
@@ -153,12 +155,19 @@ class Pipeline:
             return Dropped("the gateway is stopping")
         return Accepted(job.run_id, queued=waiting)
 
-    async def stop(self, session_key: str) -> tuple[bool, int]:
-        """``/stop``: cancel the session's run and drop what waits behind it."""
+    async def stop(self, session_key: str, *, everywhere: bool = True) -> tuple[bool, int]:
+        """``/stop``: cancel the session's run and drop what waits behind it — on every
+        instance (``stop_elsewhere``, several instances: the run may be on another)."""
         running, dropped = self.lanes.cancel(session_key)
         for job in dropped:
             await self._drop(job, "dropped by /stop before it ran")
+        if everywhere and self.stop_elsewhere is not None:
+            running = await self.stop_elsewhere(session_key) or running
         return running, len(dropped)
+
+    def urgent(self, msg: IncomingMessage) -> bool:
+        """A message to handle at once, ahead of the chat's queue (``/stop``)."""
+        return self.commands.is_urgent(msg.text)
 
     async def close(self, grace: float) -> None:
         """Stop taking messages; let runs finish for ``grace`` seconds, then cancel them."""

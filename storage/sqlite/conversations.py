@@ -436,6 +436,13 @@ class SqliteConversations:
             " source_id IN (SELECT message_id FROM inbound_seen WHERE provider = ? AND"
             " chat_id = ?)", (self.owner, provider, provider, chat_id))
 
+    async def session_running(self, key: str) -> bool:
+        """Whether the session ``key`` has a run going or waiting (on any instance)."""
+        row = await self.engine.fetchone(
+            "SELECT 1 FROM runs r JOIN sessions s ON s.id = r.session_id WHERE s.key = ? AND"
+            " s.active = 1 AND r.status IN ('queued', 'running') LIMIT 1", (key,))
+        return row is not None
+
     async def orphaned_chats(self, alive: set[str]) -> list[tuple[str, str]]:
         """(provider, chat) of runs not ended whose owner is not among the ``alive``
         instances."""
