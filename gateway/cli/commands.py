@@ -59,10 +59,10 @@ def dispatch(args: argparse.Namespace) -> int:
             from pluto.gateway.cli.doctor import doctor_command
             return doctor_command(args, config, data_dir)
         case "status":
-            from pluto.gateway.cli.doctor import status_command
+            from pluto.gateway.cli.status import status_command
             return status_command(args, config, data_dir)
         case "logs":
-            from pluto.gateway.cli.doctor import logs_command
+            from pluto.gateway.cli.status import logs_command
             return logs_command(args, data_dir)
     return EXIT_CONFIG
 
