@@ -42,6 +42,7 @@ def table_details(result: QueryResult, rows: int = PEOPLE_ROWS) -> dict[str, Any
     return {"columns": list(result.columns),
             "rows": [[people_text(v) for v in row] for row in result.rows[:rows]],
             "numeric": [is_numeric_type(t) for t in result.column_types],
+            **({"total_rows": result.total_rows} if result.total_rows is not None else {}),
             "truncated": result.truncated or len(result.rows) > rows}
 
 

@@ -299,7 +299,8 @@
     if (d.title) { box.appendChild(el("div", "pluto-detail-title", d.title)); }
     if (d.table && d.table.columns) {
       var shown = d.table.rows.length, total = d.table.total_rows || shown;
-      var note = total > shown ? "Showing " + shown + " of " + total + " rows" :
+      var note = total > shown ? "Showing " + shown.toLocaleString("en-US") + " of " +
+        total.toLocaleString("en-US") + " rows" + (d.csv ? "; all of them in the CSV" : "") :
         (d.table.truncated ? "Showing the first " + shown + " rows" : "");
       var numeric = (d.table.numeric || []).map(function (n) { return n ? "pluto-num" : null; });
       box.appendChild(tableNode(d.table.columns, d.table.rows, note, true, numeric));
