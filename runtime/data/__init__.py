@@ -1,8 +1,9 @@
 """Data tools' library: the DuckDB warehouse of datasets and the read-only SQL sandbox.
 
 No dependency on the rest of Pluto. The runtime's data tools are built on these names.
-Modules: `warehouse` (datasets, scopes, the catalog), `ingest` (files into DuckDB),
-`sandbox` (a query in a locked-down child process), `child` (the gate and that process),
+Modules: `warehouse` (datasets, scopes, the catalog), `ingest` (files into DuckDB, through
+`loader`, a locked-down child process; its settings in `ingest_limits`), `sandbox` (a query in
+a locked-down child process), `child` (the gate and that process),
 `format` (results as text), `demo` (the demo dataset), `service` (one gateway's data),
 `filetypes` (which files can be datasets).
 
