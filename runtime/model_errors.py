@@ -23,8 +23,6 @@ log = logging.getLogger("pluto.runtime.model")
 MAX_REASON = 240
 # litellm's wrappers: "litellm.BadRequestError: OpenAIException - <the service's words>"
 _WRAPPER = re.compile(r"^(?:litellm\.)?\w+Error:\s*(?:\w+Error:\s*)?(?:\w+Exception\s*-\s*)?")
-_MISSING_KEY = ("Missing credentials", "api_key client option must be set", "Missing ",
-                "no key is set", "API key not found")
 
 
 def classify_error(e: Exception, settings: ModelSettings | str) -> ModelError:
@@ -118,8 +116,10 @@ def retry_after(e: Exception) -> float | None:
 
 
 def _missing_key(text: str) -> bool:
-    return any(marker in text for marker in _MISSING_KEY) and "key" in text.lower() \
-        or "Missing credentials" in text
+    """litellm's words for a call made without a key (they differ by provider)."""
+    text = text.lower()
+    return ("missing credentials" in text or "api_key client option must be set" in text
+            or "no key is set" in text or ("missing" in text and "api key" in text))
 
 
 def _set_key(key_env: str | None) -> str:

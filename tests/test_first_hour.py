@@ -408,3 +408,12 @@ async def test_a_query_over_a_text_column_fails_in_one_short_sentence(tmp_path: 
     said = str(caught.value)
     assert len(said) < 250 and "Candidate" not in said
     assert said.endswith("The column holds text: convert it, e.g. TRY_CAST(column AS DOUBLE).")
+
+
+async def test_a_missing_key_of_another_service_names_the_variable(monkeypatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("PLUTO_API_KEY", raising=False)
+    said = await fail(ModelSettings(model="anthropic/claude-x", api_key_env="PLUTO_API_KEY",
+                                    retries=0, timeout=5))
+    assert said == ("No API key is set for the model anthropic/claude-x: set the environment "
+                    "variable PLUTO_API_KEY (api_key_env in pluto.yaml).")
