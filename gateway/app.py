@@ -17,7 +17,7 @@ import asyncio
 import errno
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 import contextlib
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -49,7 +49,7 @@ from pluto.runtime.mcp import McpHub
 from pluto.runtime.model import Model, ModelSettings, warm_litellm
 from pluto.runtime.openai_compat import close_sessions, model_for, uses_litellm
 from pluto.runtime.runner import Runner
-from pluto.runtime.tools import BUILTIN_TOOLS
+from pluto.runtime.tools import BUILTIN_TOOLS, Tool
 from pluto.settings import PlutoConfig, load_pluto_config
 from pluto.storage import Store, store_for
 
@@ -68,8 +68,11 @@ class Gateway:
     def __init__(self, config_dir: Path, *, data_dir: Path | None = None,
                  model_factory: Callable[[ModelSettings], Model] = model_for,
                  config: PlutoConfig | None = None, serve: bool = False,
-                 http_bind: tuple[str, int] | None = None, store: Store | None = None):
+                 http_bind: tuple[str, int] | None = None, store: Store | None = None,
+                 tools: Mapping[str, Tool] | None = None):
         self.config_dir = config_dir
+        # the tools agents may name: the built-in and data tools, and any the embedder adds
+        self.tools: dict[str, Tool] = {**BUILTIN_TOOLS, **DATA_TOOLS, **(tools or {})}
         self.config = config or load_pluto_config(config_dir)
         self.data_dir = (data_dir or self.config.data_dir).resolve()  # one absolute path
         self.instance = new_instance_id()
@@ -105,7 +108,7 @@ class Gateway:
                                  self.registry, self.store.conversations)
         self.mcp = McpHub(log_dir=self.data_dir / "logs" / "mcp")  # the agents' MCP servers
         self.runner = Runner(self.store.conversations, models=self._model_settings(),
-                             tools={**BUILTIN_TOOLS, **DATA_TOOLS}, data_dir=self.data_dir,
+                             tools=self.tools, data_dir=self.data_dir,
                              services={"data": self.data.service, "mcp": self.mcp},
                              model_factory=model_factory)
         # extra reports in /readyz: informative, they never make the gateway unready
@@ -135,7 +138,7 @@ class Gateway:
     def _tool_names(self) -> Collection[str]:
         """The tools an agent may name in ``tools:`` (an unknown one is a ConfigError)."""
         runner = getattr(self, "runner", None)  # (routes are checked before it exists)
-        return (runner.tools if runner is not None else {**BUILTIN_TOOLS, **DATA_TOOLS}).keys()
+        return (runner.tools if runner is not None else self.tools).keys()
 
     def _model_settings(self) -> dict[str, ModelSettings]:
         return {name: ModelSettings(model=m.model, api_base=m.api_base, api_key_env=m.api_key_env,

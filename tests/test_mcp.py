@@ -615,3 +615,50 @@ def test_the_web_widget_gets_progress_frames():
     assert f is not None and f["type"] == "tool.progress" and f["seq"] == 7
     assert (f["name"], f["call_id"], f["progress"], f["total"], f["message"]) == (
         "demo_count", "c", 2, 4, "step 2")
+
+
+@pytest.mark.parametrize("can_send_files", [True, False])
+async def test_images_and_files_from_a_tool_are_sent_with_the_answer(
+        fake, config_dir, data_dir, monkeypatch, can_send_files):
+    import yaml
+
+    from pluto.gateway.app import Gateway
+    from pluto.settings import PlutoConfig
+    from pluto.types import MARKDOWN, Capabilities
+    from tests.helpers.gateway import RecordingProvider
+
+    monkeypatch.setenv("PLUTO_API_KEY", KEY)
+    d = config_dir / "agents" / "maker"
+    d.mkdir()
+    (d / "agent.yaml").write_text(yaml.safe_dump({"mcp": {"demo": demo()}}))
+    (config_dir / "routes.yaml").write_text("routes: []\ndefault: maker\n")
+    cfg = PlutoConfig(data_dir=data_dir, models={"default": {
+        "model": "openai/fake", "api_base": fake.base_url, "api_key_env": "PLUTO_API_KEY",
+        "retries": 0, "timeout": 10}})
+    fake.script(Reply(tool_calls=[ToolCall("demo_picture", {}),
+                                  ToolCall("demo_report", {}, id="c2")]),
+                Reply(text="Here they are."))
+    async with Gateway(config_dir, config=cfg) as gw:
+        provider = RecordingProvider(capabilities=Capabilities(
+            max_message_length=4000, markup=MARKDOWN, can_send_images=True,
+            can_send_files=can_send_files))
+        gw.add_provider(provider)
+        await provider.running.wait()
+        await provider.say("a picture and the report")
+        assert await provider.wait_finals(1, timeout=30) == ["Here they are."]
+        async with asyncio.timeout(10):  # the text, the image, the file (or its name)
+            while len(provider.sent) < 3:
+                await asyncio.sleep(0.02)
+    text, image, last = provider.sent[:3]
+    assert text.text == "Here they are." and image.attachments[0].kind == "image"
+    assert image.attachments[0].path.read_bytes().startswith(b"\x89PNG")
+    if can_send_files:
+        [csv] = last.attachments
+        assert csv.kind == "file" and csv.mime_type == "text/csv"
+        assert csv.path.read_text() == "city,rain_mm\nParis,3\nOslo,0\n"
+        assert csv.path.is_relative_to(data_dir.resolve() / "artifacts")
+    else:
+        assert not last.attachments and last.text.startswith("(file: demo-")
+    reply = fake.requests[1]["messages"]
+    assert "The report is attached.\n[file:///report.csv] [a file (text/csv)" in reply[-1][
+        "content"]

@@ -15,8 +15,9 @@ While a run is in progress:
   final reply then replaces the preview;
 - a typing indicator is kept on where the platform has one.
 
-Images a tool produced (``ToolResult.details = {"image": path}``, under the data dir) go out
-after the text, as images where the platform can show them.
+Images and files a tool produced (``ToolResult.details = {"image": path}``, or
+``{"attachments": [{"path": ..., "kind": "image" | "file"}]}``, under the data dir) go out after
+the text, as images or files where the platform can show them.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pluto.types import (PLAIN, Attachment, IncomingMessage, MessageDelta, Messa
 log = logging.getLogger(__name__)
 
 NO_ANSWER = "(no answer)"
+MAX_TOOL_ATTACHMENTS = 10  # files one tool result may send with the answer
 Kind = Literal["reply", "delta", "notice", "error"]
 
 
@@ -166,20 +168,35 @@ class Delivery:
         out = [replace(base, text=t, markup=dialect, reply_to=base.reply_to if i == 0 else None)
                for i, t in enumerate(texts)]
         for image in images:
-            if caps.can_send_images or caps.can_send_files:
-                kind: Literal["file", "image"] = "image" if caps.can_send_images else "file"
+            kind: Literal["file", "image"] | None = None
+            if image.kind == "image" and (caps.can_send_images or caps.can_send_files):
+                kind = "image" if caps.can_send_images else "file"
+            elif image.kind == "file" and caps.can_send_files:
+                kind = "file"
+            if kind is not None:
                 out.append(replace(base, text="", markup=dialect, reply_to=None,
                                    attachments=(replace(image, kind=kind),)))
             else:
                 out += [replace(base, text=t, markup=dialect, reply_to=None)
-                        for t in render_for(provider, f"(image: {image.filename})")]
+                        for t in render_for(provider, f"({image.kind}: {image.filename})")]
         return out
 
     def _images(self, details: Any) -> list[Attachment]:
-        """The image a tool made, when it names one under the data dir that exists."""
-        if not isinstance(details, dict) or not isinstance(details.get("image"), str):
+        """The images and files a tool made (``details["attachments"]``: [{path, kind}],
+        else ``details["image"]``), those under the data dir that exist."""
+        if not isinstance(details, dict):
             return []
-        path = Path(details["image"])
+        listed = details.get("attachments")
+        wanted = [(a.get("path"), a.get("kind")) for a in listed if isinstance(a, dict)] \
+            if isinstance(listed, list) else [(details.get("image"), "image")]
+        found = (self._attachment(path, "file" if kind == "file" else "image")
+                 for path, kind in wanted[:MAX_TOOL_ATTACHMENTS])
+        return [a for a in found if a is not None]
+
+    def _attachment(self, name: Any, kind: Literal["file", "image"]) -> Attachment | None:
+        if not isinstance(name, str):
+            return None
+        path = Path(name)
         if not path.is_absolute():
             path = self.data_dir / path
         try:
@@ -188,8 +205,9 @@ class Delivery:
         except OSError:
             inside = False
         if not inside:
-            log.warning("a tool named an image outside the data dir or missing: %s", path)
-            return []
-        mime = mimetypes.guess_type(path.name)[0] or "image/png"
-        return [Attachment(filename=path.name, mime_type=mime, size=path.stat().st_size,
-                           path=path, kind="image")]
+            log.warning("a tool named a file outside the data dir or missing: %s", path)
+            return None
+        mime = mimetypes.guess_type(path.name)[0] or (
+            "image/png" if kind == "image" else "application/octet-stream")
+        return Attachment(filename=path.name, mime_type=mime, size=path.stat().st_size,
+                          path=path, kind=kind)

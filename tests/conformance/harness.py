@@ -81,8 +81,7 @@ class Harness(abc.ABC):
         self.tools = tools if tools is not None else self.tools
         cfg = PlutoConfig(data_dir=self.data_dir, gateway={
             "stream_edit_interval_seconds": 0.05, "shutdown_grace_seconds": 0.2})
-        gw = Gateway(self.config_dir, config=cfg, model_factory=self.model)
-        gw.runner.tools = {**gw.runner.tools, **self.tools}
+        gw = Gateway(self.config_dir, config=cfg, model_factory=self.model, tools=self.tools)
         await gw.start()
         handle = gw.pipeline.handle
 

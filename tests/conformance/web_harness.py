@@ -104,8 +104,7 @@ class ServedHarness(Harness):
         cfg = PlutoConfig(data_dir=self.data_dir, providers=self.providers_config(), gateway={
             "stream_edit_interval_seconds": 0.05, "shutdown_grace_seconds": 0.2})
         gw = Gateway(self.config_dir, config=cfg, model_factory=self.model, serve=True,
-                     http_bind=("127.0.0.1", 0))
-        gw.runner.tools = {**gw.runner.tools, **self.tools}
+                     http_bind=("127.0.0.1", 0), tools=self.tools)
         handle = gw.pipeline.handle
 
         async def recording(msg: IncomingMessage) -> Outcome:

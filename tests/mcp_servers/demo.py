@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.types import Image
@@ -71,6 +72,14 @@ def build(name: str = "demo", many: int = 0, pid_file: Path | None = None) -> MC
     def picture() -> Image:
         """A picture of a red dot."""
         return Image(data=PNG, format="png")
+
+    @server.tool()
+    def report() -> list[types.ContentBlock]:
+        """A short text and a CSV file."""
+        csv = base64.b64encode(b"city,rain_mm\nParis,3\nOslo,0\n").decode()
+        return [types.TextContent(type="text", text="The report is attached."),
+                types.EmbeddedResource(type="resource", resource=types.BlobResourceContents(
+                    uri="file:///report.csv", mime_type="text/csv", blob=csv))]
 
     @server.tool()
     async def count(n: int, ctx: Context) -> str:
