@@ -106,7 +106,9 @@ class Gateway:
                                      msg.provider, msg.message_id or "", pid))
         self.data = DataCommands(data_service(self.config, config_dir, self.data_dir),
                                  self.registry, self.store.conversations)
-        self.mcp = McpHub(log_dir=self.data_dir / "logs" / "mcp")  # the agents' MCP servers
+        self.mcp = McpHub(max_servers=self.config.agents.mcp_max_servers,  # agents' MCP servers
+                          idle_seconds=self.config.agents.mcp_idle_seconds,
+                          log_dir=self.data_dir / "logs" / "mcp")
         self.runner = Runner(self.store.conversations, models=self._model_settings(),
                              tools=self.tools, data_dir=self.data_dir,
                              services={"data": self.data.service, "mcp": self.mcp},

@@ -92,6 +92,9 @@ class AgentsPolicy(Strict):
     # the only environment variables an agent may name in api_key_env (none by default): an
     # agent's api_base + api_key_env would otherwise send any secret to any host
     api_key_envs: list[str] = Field(default_factory=list)
+    # the agents' MCP servers: how many run at once, and after how long without a call one stops
+    mcp_max_servers: int = Field(default=32, ge=1, le=1000)
+    mcp_idle_seconds: float = Field(default=600.0, gt=0)
 
     @field_validator("api_key_envs")
     @classmethod

@@ -662,3 +662,18 @@ async def test_images_and_files_from_a_tool_are_sent_with_the_answer(
     reply = fake.requests[1]["messages"]
     assert "The report is attached.\n[file:///report.csv] [a file (text/csv)" in reply[-1][
         "content"]
+
+
+def test_pluto_yaml_sets_the_bound_and_the_idle_time(config_dir, data_dir):
+    from pluto.errors import ConfigError
+    from pluto.gateway.app import Gateway
+    from pluto.settings import load_pluto_config
+
+    (config_dir / "pluto.yaml").write_text(
+        "data_dir: data\nagents: {mcp_max_servers: 3, mcp_idle_seconds: 30}\n")
+    gw = Gateway(config_dir, data_dir=data_dir)
+    assert (gw.mcp.max_servers, gw.mcp.idle_seconds) == (3, 30)
+    (config_dir / "pluto.yaml").write_text("agents:\n  mcp_max_servers: 0\n")
+    with pytest.raises(ConfigError) as e:
+        load_pluto_config(config_dir)
+    assert e.value.problems[0][1:3] == (2, "agents.mcp_max_servers")
