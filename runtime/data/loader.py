@@ -74,6 +74,11 @@ def load(request: dict[str, Any]) -> tuple[int, list[list[str]]]:
             if fmt in ("csv", "tsv"):
                 _load_csv(con, request, "\t" if fmt == "tsv" else None)
             else:
+                if fmt == "parquet":  # the count is in the footers: refuse before reading
+                    paths = "[" + ", ".join(_literal(f) for f in files) + "]"
+                    _check_rows(con.execute(f"SELECT sum(num_rows) FROM "
+                                            f"parquet_file_metadata({paths})").fetchall()[0][0]
+                                or 0, request)
                 reader = _reader(fmt, files)
                 _check_columns(len(con.execute(f"DESCRIBE SELECT * FROM {reader}").fetchall()),
                                request)
