@@ -373,6 +373,14 @@ def test_retention_deletes_old_files_then_the_oldest_over_the_size_limit(
     os.utime(tmp_path / "uploads/tg/1", (now - 2 * 3600,) * 2)
     assert service.sweep(now) == 0
     assert not (tmp_path / "uploads/tg/1").exists()  # empty and settled: removed
+    (tmp_path / "datasets").mkdir()
+    for name in (".ingest-abc.duckdb", ".ingest-abc.tmp", ".ingest-new.duckdb", "kept.duckdb"):
+        (tmp_path / "datasets" / name).write_bytes(b"x")
+        if name != ".ingest-new.duckdb":
+            os.utime(tmp_path / "datasets" / name, (now - 2 * 86400,) * 2)
+    assert service.sweep(now) == 2  # what a killed load left a day ago; not a load running
+    assert sorted(p.name for p in (tmp_path / "datasets").iterdir()) == [
+        ".ingest-new.duckdb", "kept.duckdb"]
 
 
 async def test_a_refused_upload_is_deleted_at_once(tmp_path: Path) -> None:

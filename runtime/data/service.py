@@ -251,6 +251,7 @@ class DataService:
             deleted += 1
         for top in (self.uploads, self.artifacts):
             _remove_empty_dirs(top)
+        deleted += self._leftovers(now)
         if deleted:
             log.info("retention: deleted %d old upload and artifact file(s)", deleted)
         return deleted
@@ -258,6 +259,26 @@ class DataService:
     async def remove(self, name: str, scope: Scope | None) -> None:
         warehouse = await self.ready()
         await asyncio.to_thread(warehouse.remove, name, scope)
+
+
+    def _leftovers(self, now: float, settle: float = 86400.0) -> int:
+        """Half-made loads a killed process left in ``datasets/`` (``.ingest-*``, ``.upload-*``)
+        a day ago or more: no load takes that long."""
+        found = 0
+        for path in self.root.glob(".*"):
+            if not path.name.startswith((".ingest-", ".upload-")):
+                continue
+            try:
+                if path.lstat().st_mtime > now - settle:
+                    continue
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+                found += 1
+            except OSError:
+                continue
+        return found
 
 
 def _remove_empty_dirs(top: Path, settle: float = 3600.0) -> None:
