@@ -218,6 +218,12 @@ def test_a_name_clash_is_refused_and_points_to_replace(config_dir: Path, data_di
                                     "another name.")
     names = [d.name for d in Warehouse(data_dir / "datasets").list()]
     assert "stocks_2" not in names
+    Warehouse(data_dir / "datasets").ingest(stocks, "chats", owner="web:1")
+    theirs = pluto("add", str(stocks), "--name", "chats", "--replace", config=config_dir,
+                   data_dir=data_dir)
+    assert theirs.returncode == 1 and theirs.stderr.strip() == (
+        "pluto data add: A dataset named chats was sent in a chat and belongs to it; remove it "
+        "first (pluto data rm chats) or give this one another --name.")
     listed = pluto("list", config=config_dir, data_dir=data_dir).stdout
     assert [ln.split()[3:5] for ln in listed.splitlines() if ln.startswith("stocks")] == [
         ["14", "B"]]  # the size of the data given, not DuckDB's file (a few hundred KB)

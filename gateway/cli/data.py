@@ -91,6 +91,10 @@ def _add(warehouse: Warehouse, args: argparse.Namespace) -> int:
         with _progress(file):
             info = warehouse.ingest(file, name, replace=args.replace, csv=options)
     except DatasetExists as e:
+        if args.replace:  # it is a chat's: --replace replaces global datasets only
+            raise DataError(f"A dataset named {e.name} was sent in a chat and belongs to it; "
+                            f"remove it first (pluto data rm {e.name}) or give this one "
+                            "another --name.") from None
         raise DataError(f"A dataset named {e.name} already exists. Add --replace to replace "
                         f"it, or --name to give this one another name.") from None
     print(f"Added dataset {info.name}: {shape(info)} "
