@@ -194,6 +194,8 @@ def test_add_options_nulls_delimiter_header_and_types(config_dir: Path, data_dir
                               "file."),
     (["--type", "a"], "--type 'a': write it as COLUMN=TYPE, e.g. zip=VARCHAR."),
     (["--delimiter", ";;"], "--delimiter ';;': give one character, e.g. ';'."),
+    (["--type", "a=INT", "--json"], "t.json is JSON: --null, --delimiter, --header and --type "
+                                    "apply to CSV and TSV files only."),
     (["--type", "a=INT); DROP TABLE x; --"], "'INT); DROP TABLE x; --' is not a column type; "
                                              "use e.g. VARCHAR, BIGINT, DOUBLE, DECIMAL(18,2), "
                                              "DATE, TIMESTAMP."),
@@ -201,7 +203,10 @@ def test_add_options_nulls_delimiter_header_and_types(config_dir: Path, data_dir
 def test_bad_add_options_are_one_line(config_dir: Path, data_dir: Path, tmp_path: Path,
                                       args: list[str], says: str) -> None:
     (tmp_path / "t.csv").write_text("a,b\n1,x\n")
-    out = pluto("add", str(tmp_path / "t.csv"), *args, config=config_dir, data_dir=data_dir)
+    (tmp_path / "t.json").write_text('[{"a": 1, "b": "x"}]')
+    source = tmp_path / ("t.json" if "--json" in args else "t.csv")
+    args = [a for a in args if a != "--json"]
+    out = pluto("add", str(source), *args, config=config_dir, data_dir=data_dir)
     assert out.returncode == 1 and out.stdout == "", out.stdout
     assert out.stderr.strip() == f"pluto data add: {says}"
 

@@ -65,6 +65,10 @@ def main() -> None:
 
 def load(request: dict[str, Any]) -> tuple[int, list[list[str]]]:
     files, table, fmt = request["files"], request["table"], request["format"]
+    given = {k: v for k, v in (request.get("csv") or {}).items() if v not in (None, {}, [])}
+    if given and fmt not in ("csv", "tsv"):
+        raise LoadFailed(f"{_name(files[0])} is {fmt.upper()}: --null, --delimiter, --header "
+                         "and --type apply to CSV and TSV files only.")
     config = {"memory_limit": request["memory_limit"], "threads": request["threads"],
               "temp_directory": request["spill"],
               "autoinstall_known_extensions": False, "autoload_known_extensions": False}
