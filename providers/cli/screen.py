@@ -9,6 +9,7 @@ rich is imported only when a terminal is there to draw on.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, TextIO
 
 REFRESH_PER_SECOND = 8
@@ -32,6 +33,7 @@ class Screen:
         self._console: Any = None
         self._width = width
         self._live: dict[str, tuple[Any, list[str]]] = {}  # run → (Live, its text so far)
+        self._drawn: dict[str, float] = {}  # run → when it was last drawn
 
     @property
     def console(self) -> Any:
@@ -58,17 +60,21 @@ class Screen:
         if live is None:
             from rich.live import Live
 
-            live = (Live(console=self.console, refresh_per_second=REFRESH_PER_SECOND,
-                         vertical_overflow="visible", auto_refresh=False), [])
+            live = (Live(console=self.console, vertical_overflow="visible",
+                         auto_refresh=False), [])
             live[0].start()
             self._live[run_id] = live
         live[1].append(piece)
-        live[0].update(_markdown("".join(live[1])), refresh=True)
+        now = time.monotonic()
+        if now - self._drawn.get(run_id, 0.0) >= 1 / REFRESH_PER_SECOND:  # parse and draw
+            self._drawn[run_id] = now  # at most this often: a long reply stays cheap
+            live[0].update(_markdown("".join(live[1])), refresh=True)
         return True
 
     def end(self, run_id: str) -> bool:
         """The streamed reply is complete: leave it drawn. False when nothing was streaming."""
         live = self._live.pop(run_id, None)
+        self._drawn.pop(run_id, None)
         if live is None:
             return False
         live[0].update(_markdown("".join(live[1])))
