@@ -12,7 +12,7 @@ import time
 
 from bench.common import Report
 
-SECTIONS = ("startup", "roundtrip", "streaming", "memory", "data")
+SECTIONS = ("startup", "roundtrip", "streaming", "memory", "data", "cluster")
 
 
 def main() -> int:
@@ -40,6 +40,9 @@ def main() -> int:
             case "data":
                 from bench import data
                 data.run(report, quick=args.quick)
+            case "cluster":
+                from bench import cluster
+                cluster.run(report, quick=args.quick)
     path = report.write()
     missed = [f for f in report.figures if f.met is False]
     print(f"\n{len(report.figures)} figures in {time.monotonic() - t0:.0f} s, written to {path}")

@@ -66,8 +66,9 @@ def _more_files() -> None:
 class Server:
     """A server in its own process; ``url`` once ready."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, env: dict[str, str] | None = None):
         self.kind = kind
+        self.extra_env = env or {}  # e.g. DATABASE_URL: the instance shares a PostgreSQL
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix=f"pluto-bench-{kind}-")
@@ -94,7 +95,8 @@ class Server:
         return [*pluto_exe(), "serve", "--config", str(config)]
 
     def __enter__(self) -> Server:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PLUTO_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PLUTO_")
+               and k != "DATABASE_URL"} | self.extra_env
         self.proc = subprocess.Popen(self._command(), cwd=ROOT, env=env, preexec_fn=_more_files,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 60

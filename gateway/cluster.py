@@ -36,11 +36,12 @@ LEASE_SECONDS = 10.0
 
 
 def new_instance_id() -> str:
-    """``PLUTO_INSTANCE_ID``, or host-pid-random: unique per process, readable in logs."""
-    given = os.environ.get("PLUTO_INSTANCE_ID", "").strip()
-    if given:
-        return given[:64]
-    return f"{socket.gethostname()[:24]}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    """``<PLUTO_INSTANCE_ID or host-pid>.<random>``: readable in logs, and unique to this
+    process even when a restarted one is given the same name (what the last process left is
+    then another instance's, taken over like any dead instance's)."""
+    given = os.environ.get("PLUTO_INSTANCE_ID", "").strip()[:48]
+    prefix = given or f"{socket.gethostname()[:24]}-{os.getpid()}"
+    return f"{prefix}.{uuid.uuid4().hex[:6]}"
 
 
 class Cluster:

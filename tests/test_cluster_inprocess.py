@@ -34,7 +34,7 @@ async def instances(config_dir: Path, tmp_path: Path) -> AsyncIterator[list[tupl
         try:
             for i in range(3):
                 cfg = PlutoConfig(data_dir=tmp_path / f"data{i}",
-                                  storage=StorageConfig(lease_seconds=3))
+                                  storage=StorageConfig(lease_seconds=5))
                 gw = Gateway(config_dir, config=cfg, model_factory=ScriptedModel(
                     fallback=slow_echo), store=PostgresStore(url))
                 await gw.start()
@@ -90,7 +90,7 @@ async def test_a_chat_whose_messages_reach_different_instances_is_answered_in_or
     by_start = sorted(runs, key=lambda r: r.started_at)
     assert [r.input for r in by_start] == texts  # in the order the messages were sent
     spans = [(r.started_at, r.ended_at) for r in by_start]
-    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))  # one at a time
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:])), spans  # one at a time
     answers = [m.text for _, p in instances for m in p.sent if m.text.startswith("echo:")]
     assert sorted(answers) == sorted(f"echo: {t}" for t in texts)  # each once
 

@@ -226,16 +226,21 @@ class IntakeQueue:
         lease = f"chat:{self.name}:{key}"
         try:
             while True:
-                await self._learn_outcomes(queue)  # decided elsewhere meanwhile
-                if await cluster.acquire(lease) is None:  # another instance holds the chat
+                token = await cluster.acquire(lease)
+                if token is None:  # another instance holds the chat
+                    await self._learn_outcomes(queue)  # decided there meanwhile
                     if not queue:
                         return  # nothing of ours waits: the holder takes the rest
                     await asyncio.sleep(cluster.poll)
                     continue
                 try:
-                    await self._drain_chat(key, queue, lease)
+                    # token 1: the lease was free (its last holder let go of it cleanly);
+                    # higher: taken from an instance that stopped renewing it
+                    await self._drain_chat(key, queue, lease, taken=token > 1)
                 finally:
                     await asyncio.shield(cluster.release(lease))
+                if queue:  # ours that another instance handled before we held the chat
+                    await self._learn_outcomes(queue)
                 # a message recorded elsewhere just before we let go: ours to take as well
                 if not queue and not await self.inbox.unhandled_in_chat(self.name, key, 1) \
                         and not queue:  # (and one handed to us while we looked)
@@ -249,11 +254,15 @@ class IntakeQueue:
                 self._release()
             queue.clear()
 
-    async def _drain_chat(self, key: str, queue: deque[Ticket], lease: str) -> None:
-        """Holding the chat: its unhandled messages, in arrival order, each run to its end."""
+    async def _drain_chat(self, key: str, queue: deque[Ticket], lease: str, *,
+                          taken: bool = True) -> None:
+        """Holding the chat: its unhandled messages, in arrival order, each run to its end.
+        ``taken``: the chat was taken from an instance that died (or stalled), which may have
+        left a run unfinished or an answer undelivered: those come first."""
         assert self.shared is not None
         cluster = self.shared.cluster
-        await self.shared.take_over(self.name, key)
+        if taken:
+            await self.shared.take_over(self.name, key)
         while payloads := await self.inbox.unhandled_in_chat(self.name, key):
             for payload in payloads:
                 if not cluster.holds(lease):  # lost (we were too slow to renew): let go

@@ -17,6 +17,7 @@ and delivery of the reply. Every answer — a command's, a notice, a run's — l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -82,8 +83,14 @@ class Pipeline:
         self.providers = providers
         self.metrics = metrics
         self.publish = publish  # to the run feed
-        self.lanes: SessionLanes[Job] = SessionLanes(self.process, max_queued=max_queued,
-                                                     guard=session_guard)
+        self.session_guard = session_guard
+        self.lanes: SessionLanes[Job] = SessionLanes(
+            self.process, max_queued=max_queued,
+            guard=self._guard if session_guard is not None else None)
+        # sessions whose next lane needs the session's lease: a chat's intake already runs
+        # its messages one at a time on one instance, so only a session that spans chats
+        # (``session: shared``) or a message outside the shared inbox (no platform id) needs it
+        self._spanning: dict[str, bool] = {}
         # Several instances: a chat's intake waits for each run to end before it takes the
         # chat's next message (see intake), so the runs it started are followed here.
         self.track_runs = track_runs
@@ -103,6 +110,12 @@ class Pipeline:
         if msg.message_id and not isinstance(outcome, Accepted):
             await self.inbox.handled(msg.provider, msg.message_id, outcome_to_dict(outcome))
         return outcome
+
+    def _guard(self, key: str) -> AbstractAsyncContextManager[Any]:
+        assert self.session_guard is not None
+        if self._spanning.pop(key, True):
+            return self.session_guard(key)
+        return contextlib.nullcontext()
 
     async def finished(self, run_id: str) -> None:
         """Wait until the run (accepted by :meth:`handle`, with ``track_runs``) has ended and
@@ -146,6 +159,11 @@ class Pipeline:
         job = Job(msg, route, uuid.uuid4().hex, time.time(), session.id)
         if self.track_runs:
             self._unfinished[job.run_id] = asyncio.get_running_loop().create_future()
+        if self.session_guard is not None:
+            chat = f"{route.agent}/{msg.provider}/{msg.chat_id}"
+            within = route.session_key == chat or route.session_key.startswith(chat + "/")
+            self._spanning[route.session_key] = (self._spanning.get(route.session_key, False)
+                                                 or not within or not msg.message_id)
         waiting = self.lanes.busy(route.session_key)
         if waiting:
             await self.conversations.queue_run(job.run_id, session.id, route.agent, msg.text,
