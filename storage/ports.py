@@ -285,6 +285,24 @@ class RateBucketStore(Protocol):
         ...
 
 
+class UsageStore(Protocol):
+    """The usage ledger: one row per model call, and budget resets (``storage/sqlite/usage``)."""
+
+    async def record(self, call: Any) -> None: ...
+
+    async def calls(self, *, run_id: str | None = None, since: float | None = None,
+                    limit: int = 1000) -> list[Any]: ...
+
+    async def totals(self, by: str, *, since: float | None = None, until: float | None = None,
+                     limit: int = 500) -> list[Any]: ...
+
+    async def spent(self, scope: str, key: str, since: float) -> Any:
+        """What ``key`` spent since ``since`` (or since its last reset, when later)."""
+        ...
+
+    async def reset(self, scope: str, key: str) -> None: ...
+
+
 class Bus(Protocol):
     """Notifications between instances sharing the database (PostgreSQL's LISTEN/NOTIFY)."""
 
@@ -306,6 +324,7 @@ class Store(Protocol):
     flood: FloodStore
     leases: LeaseStore
     rates: RateBucketStore
+    usage: UsageStore
     bus: Bus | None  # None: one process per database, nothing to tell
 
     @property

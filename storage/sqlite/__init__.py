@@ -22,6 +22,7 @@ from pluto.storage.sqlite.outbox import SqliteOutbox
 from pluto.storage.sqlite.pairing import SqlitePairing, approved_sync
 from pluto.storage.sqlite.ratelimits import SqlRateBuckets
 from pluto.storage.sqlite.tasks import SqliteTasks
+from pluto.storage.sqlite.usage import SqlUsage
 from pluto.storage.sql import Engine
 
 __all__ = ["SqlStore", "SqliteStore", "approved_sync"]
@@ -42,6 +43,7 @@ class SqlStore:
         self.leases = SqlLeases(self.engine)
         self.rates = SqlRateBuckets(self.engine)
         self.flood = SqlFlood(self.engine)
+        self.usage = SqlUsage(self.engine)
 
     @property
     def is_open(self) -> bool:
@@ -51,7 +53,7 @@ class SqlStore:
         await self.engine.open()
         try:
             for part in (self.conversations, self.outbox, self.inbound, self.tasks,
-                         self.pairing, self.leases, self.rates, self.flood):
+                         self.pairing, self.leases, self.rates, self.flood, self.usage):
                 await part.migrate()
         except BaseException:
             await self.engine.close()

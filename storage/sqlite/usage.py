@@ -1,0 +1,231 @@
+"""The usage ledger: one row per model call, written when the call ends, never derived later.
+
+A row says who caused the call (run, session, agent, route, provider, user, chat), what it was
+for (``purpose``: the answer, a turn of a tool loop, a compaction, a memory update), which
+attempt of it (retries are rows of their own), what the model reported (input, output and
+cached tokens; ``estimated`` when it reported none and the runner counted), what it cost (None:
+the model's price is unknown), how long it took and how it ended (``ok``, ``retried``,
+``error``, ``cancelled``). Budgets read the sums of a period; an admin's reset of a budget is a
+row in ``usage_resets`` (spending before it no longer counts). Time is the database's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pluto.storage.sql import Engine
+
+COMPONENT = "usage"
+MIGRATIONS: list[Any] = [
+    """
+    CREATE TABLE usage_calls (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts REAL NOT NULL,
+        run_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        agent TEXT NOT NULL,
+        route TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        user_id TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        model TEXT NOT NULL,
+        purpose TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        input_tokens INTEGER NOT NULL,
+        output_tokens INTEGER NOT NULL,
+        cached_tokens INTEGER NOT NULL,
+        estimated INTEGER NOT NULL,
+        cost REAL,
+        latency REAL NOT NULL,
+        outcome TEXT NOT NULL
+    );
+    CREATE INDEX usage_calls_ts ON usage_calls(ts);
+    CREATE INDEX usage_calls_run ON usage_calls(run_id);
+    CREATE INDEX usage_calls_agent ON usage_calls(agent, ts);
+    CREATE INDEX usage_calls_user ON usage_calls(provider, user_id, ts);
+    CREATE INDEX usage_calls_chat ON usage_calls(provider, chat_id, ts);
+    CREATE TABLE usage_resets (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        at REAL NOT NULL,
+        PRIMARY KEY (scope, key)
+    );
+    """,
+]
+
+# what a ledger can be grouped or budgeted by: the SQL expression of its key (never user input)
+KEYS: Mapping[str, str] = {
+    "agent": "agent",
+    "route": "route",
+    "model": "model",
+    "provider": "provider",
+    "user": "provider || ':' || user_id",
+    "chat": "provider || ':' || chat_id",
+    "run": "run_id",
+    "purpose": "purpose",
+    "outcome": "outcome",
+}
+# the columns that narrow a budget's sum to one key (an index serves each)
+_WHERE: Mapping[str, tuple[str, ...]] = {
+    "agent": ("agent",), "route": ("route",), "model": ("model",),
+    "user": ("provider", "user_id"), "chat": ("provider", "chat_id"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class UsageCall:
+    """One model call, as the ledger keeps it."""
+
+    run_id: str
+    session_id: str
+    agent: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+    latency: float
+    outcome: str  # ok | retried | error | cancelled
+    route: str = ""
+    provider: str = ""
+    user_id: str = ""
+    chat_id: str = ""
+    purpose: str = "answer"  # answer | tool_loop | compaction | memory
+    attempt: int = 0
+    cached_tokens: int = 0
+    estimated: bool = False
+    cost: float | None = None
+    ts: float = 0.0  # set by the database when recorded
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTotal:
+    """The sums of one group of ledger rows."""
+
+    key: str
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    cost: float
+    unpriced_calls: int  # calls whose price is unknown (their cost is not in ``cost``)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "calls": self.calls, "input_tokens": self.input_tokens,
+                "output_tokens": self.output_tokens, "cached_tokens": self.cached_tokens,
+                "total_tokens": self.total_tokens, "cost": round(self.cost, 8),
+                "unpriced_calls": self.unpriced_calls}
+
+
+_COLUMNS = ("run_id", "session_id", "agent", "route", "provider", "user_id", "chat_id", "model",
+            "purpose", "attempt", "input_tokens", "output_tokens", "cached_tokens", "estimated",
+            "cost", "latency", "outcome")
+_SUMS = ("COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0),"
+         " COALESCE(SUM(cached_tokens), 0), COALESCE(SUM(cost), 0),"
+         " COALESCE(SUM(CASE WHEN cost IS NULL THEN 1 ELSE 0 END), 0)")
+
+
+def _total(key: str, row: Any) -> UsageTotal:
+    return UsageTotal(key, int(row[0]), int(row[1]), int(row[2]), int(row[3]), float(row[4]),
+                      int(row[5]))
+
+
+class SqlUsage:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    async def migrate(self) -> None:
+        await self.engine.migrate(COMPONENT, MIGRATIONS)
+
+    async def record(self, call: UsageCall) -> None:
+        """Add one call to the ledger (committed when this returns)."""
+        values = tuple(int(v) if isinstance(v, bool) else v
+                       for v in (getattr(call, c) for c in _COLUMNS))
+        await self.engine.write((
+            f"INSERT INTO usage_calls (ts, {', '.join(_COLUMNS)}) VALUES"
+            f" ({self.engine.now_sql}, {', '.join('?' for _ in _COLUMNS)})", values))
+
+    async def calls(self, *, run_id: str | None = None, since: float | None = None,
+                    limit: int = 1000) -> list[UsageCall]:
+        """Ledger rows, oldest first: a run's, or those since a time."""
+        where, params = ["1 = 1"], []
+        if run_id is not None:
+            where.append("run_id = ?")
+            params.append(run_id)
+        if since is not None:
+            where.append("ts >= ?")
+            params.append(since)
+        rows = await self.engine.fetchall(
+            f"SELECT {', '.join(_COLUMNS)}, ts FROM usage_calls WHERE {' AND '.join(where)}"
+            f" ORDER BY id LIMIT ?", (*params, limit))
+        return [UsageCall(**{c: r[i] for i, c in enumerate(_COLUMNS)},
+                          ts=float(r[len(_COLUMNS)])) for r in rows]
+
+    async def totals(self, by: str, *, since: float | None = None,
+                     until: float | None = None, limit: int = 500) -> list[UsageTotal]:
+        """Sums grouped by ``by`` (a name in :data:`KEYS`), largest spend first."""
+        if by not in KEYS:
+            raise ValueError(f"cannot group usage by {by!r}; one of: {', '.join(KEYS)}")
+        expr = KEYS[by]
+        where, params = _period(since, until)
+        rows = await self.engine.fetchall(
+            f"SELECT {expr}, {_SUMS} FROM usage_calls WHERE {where} GROUP BY {expr}"
+            f" ORDER BY COALESCE(SUM(cost), 0) DESC, SUM(input_tokens + output_tokens) DESC,"
+            f" {expr} LIMIT ?", (*params, limit))
+        return [_total(str(r[0]), r[1:]) for r in rows]
+
+    async def spent(self, scope: str, key: str, since: float) -> UsageTotal:
+        """What one agent, route, model, user (``provider:user``) or chat (``provider:chat``)
+        spent since ``since``, or since its last reset if that was later."""
+        columns = _WHERE.get(scope)
+        if columns is None:
+            raise ValueError(f"no budget by {scope!r}; one of: {', '.join(_WHERE)}")
+        parts = tuple(key.split(":", 1)) if len(columns) == 2 else (key,)
+        if len(parts) != len(columns):
+            parts = ("", key)
+        where = " AND ".join(f"{c} = ?" for c in columns)
+
+        def query(conn: Any) -> Any:
+            reset = conn.execute("SELECT at FROM usage_resets WHERE scope = ? AND key = ?",
+                                 (scope, key)).fetchone()
+            after = float(reset[0]) if reset is not None else -1.0  # a reset counts nothing
+            return conn.execute(  # at its own instant (the clock's steps are a millisecond)
+                f"SELECT {_SUMS} FROM usage_calls WHERE {where} AND ts >= ? AND ts > ?",
+                (*parts, since, after)).fetchone()
+
+        row = await self.engine.read(query)
+        return _total(key, row)
+
+    async def reset(self, scope: str, key: str) -> None:
+        """An admin's reset: what ``key`` spent until now no longer counts for its budgets."""
+        await self.engine.write((
+            f"INSERT INTO usage_resets (scope, key, at) VALUES (?, ?, {self.engine.now_sql})"
+            f" ON CONFLICT(scope, key) DO UPDATE SET at = excluded.at", (scope, key)))
+
+    async def resets(self) -> dict[tuple[str, str], float]:
+        rows = await self.engine.fetchall("SELECT scope, key, at FROM usage_resets")
+        return {(r[0], r[1]): float(r[2]) for r in rows}
+
+    async def prune(self, older_than_seconds: float) -> int:
+        return await self.engine.write((
+            f"DELETE FROM usage_calls WHERE ts < {self.engine.now_sql} - ?",
+            (older_than_seconds,)))
+
+
+def _period(since: float | None, until: float | None) -> tuple[str, tuple[Any, ...]]:
+    where, params = ["1 = 1"], []
+    if since is not None:
+        where.append("ts >= ?")
+        params.append(since)
+    if until is not None:
+        where.append("ts < ?")
+        params.append(until)
+    return " AND ".join(where), tuple(params)
