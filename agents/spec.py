@@ -7,6 +7,9 @@ instructions: [instructions.md, persona.md]
 tools: [current_time]
 budget: {max_seconds: 120, max_tokens: 60000, max_tool_calls: 12}
 history: {max_messages: 40, max_tokens: 8000}
+memory:                   # optional (see pluto.runtime.memory)
+  long_term: {scope: user, max_chars: 4000}   # Markdown notes the model keeps: user|chat|agent
+  short_term: {max_tokens: 6000}  # past this, older turns are summarized (compaction)
 mcp: {}                   # the agent's own MCP servers (see pluto.agents.toolspec)
 skills: []                # its skills: folders with a SKILL.md
 ```
@@ -23,7 +26,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -51,6 +54,30 @@ class HistoryWindow(_Strict):
     max_tokens: int = Field(default=8_000, ge=0)
 
 
+class LongTermMemory(_Strict):
+    """Markdown notes the model keeps with remember/replace/forget (one file per scope)."""
+
+    scope: Literal["user", "chat", "agent"] = "user"
+    max_chars: int = Field(default=4_000, ge=100, le=200_000)
+    groups: bool = False  # scope user: a user's notes also enter group chats they write in
+
+
+class ShortTermMemory(_Strict):
+    """Past ``max_tokens`` of a session's history, older turns are summarized (compaction)."""
+
+    max_tokens: int = Field(default=6_000, ge=200)
+    keep_tokens: int | None = Field(default=None, ge=0)  # kept verbatim (default: a third)
+    model: str | None = None  # the summarizer (default: the agent's model); may be cheaper
+    timeout_seconds: float = Field(default=20.0, gt=0, le=600)
+    notice: str | None = ("(Older messages of this conversation were summarized to keep it "
+                          "short; the full text stays searchable with /history search.)")
+
+
+class MemorySpec(_Strict):
+    long_term: LongTermMemory | None = None
+    short_term: ShortTermMemory | None = None
+
+
 class AgentFile(_Strict):
     """What ``agent.yaml`` may say."""
 
@@ -65,6 +92,7 @@ class AgentFile(_Strict):
     datasets: list[str] | str = Field(default_factory=list)
     budget: Budget = Budget()
     history: HistoryWindow = HistoryWindow()
+    memory: MemorySpec = MemorySpec()
     mcp: dict[str, McpServer] = Field(default_factory=dict)
     skills: list[str] = Field(default_factory=list)
 
@@ -97,6 +125,7 @@ class AgentSpec:
     source: Path
     mcp: tuple[McpServerSpec, ...] = ()
     skills: tuple[Skill, ...] = ()
+    memory: MemorySpec = MemorySpec()
 
 
 def load_agent(agent_dir: Path, key_envs: Collection[str] = (),
@@ -145,6 +174,7 @@ def load_agent(agent_dir: Path, key_envs: Collection[str] = (),
         source=agent_dir,
         mcp=mcp,
         skills=skills,
+        memory=spec.memory,
     )
 
 

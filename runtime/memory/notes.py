@@ -1,0 +1,364 @@
+"""Long-term memory: Markdown files of notes, edited one line at a time, every change kept.
+
+A memory file is plain Markdown under ``<data dir>/memory/<agent>/`` — ``agent.md`` for the
+agent's own notes, ``users/<provider>/<user>.md`` or ``chats/<provider>/<chat>.md`` — that a
+person can read and edit. Each note is one line starting with ``- ``; other lines (a title, a
+paragraph written by hand) are kept as they are. Nothing rewrites a whole file: a write adds,
+replaces or removes one note line, under a file lock, so two writes at once both land.
+
+Every write is a revision, appended to ``<file>.revisions.jsonl`` beside it: when, by whom
+(which run, or a person), why, the unified diff, and the whole new text (so a restore gives an
+earlier revision back exactly). A file changed by hand since the last revision is recorded as
+a ``hand-edit`` revision before the next write; a file that cannot be read as memory (not
+UTF-8, binary, far too large) is reported and never written over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Literal
+from urllib.parse import quote
+
+from pluto.errors import PlutoError
+
+Scope = Literal["user", "chat", "agent"]
+MAX_NOTE_CHARS = 500
+MAX_FILE_BYTES = 256_000  # beyond this a file is not read as memory (reported instead)
+HEADER = ("<!-- Kept by Pluto: one note per line, starting with \"- \". You may edit this file;"
+          " every change is kept as a revision (pluto memory diff). -->")
+_NOTE = re.compile(r"^- (.*\S)\s*$")
+
+
+class MemoryRefused(PlutoError):
+    """A write that was not made, with the reason (for the model, or for a person)."""
+
+
+class MemoryUnreadable(MemoryRefused):
+    """The file is there but is not readable memory: reported, never overwritten."""
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Whose notes: an agent's own, one user's (on one platform), or one chat's."""
+
+    agent: str
+    scope: Scope
+    provider: str = ""
+    id: str = ""
+
+    def relpath(self) -> Path:
+        if self.scope == "agent":
+            return Path(_safe(self.agent), "agent.md")
+        folder = "users" if self.scope == "user" else "chats"
+        return Path(_safe(self.agent), folder, _safe(self.provider), _safe(self.id) + ".md")
+
+    def label(self) -> str:
+        if self.scope == "agent":
+            return f"agent {self.agent}"
+        return f"{self.scope} {self.provider}:{self.id} (agent {self.agent})"
+
+
+def _safe(part: str) -> str:
+    """One path component from any id: no separators, no dot names, no control characters."""
+    return quote(part, safe="-_@+").replace(".", "%2E") or "_"
+
+
+@dataclass(frozen=True, slots=True)
+class Revision:
+    rev: int
+    at: float
+    by: str  # "run <id>", "user", "admin", "hand-edit"
+    op: str  # remember, replace, forget, restore, hand-edit
+    why: str
+    diff: str
+    content: str
+    sha256: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rev": self.rev, "at": self.at, "by": self.by, "op": self.op, "why": self.why,
+                "diff": self.diff, "content": self.content, "sha256": self.sha256}
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """What a memory file holds now."""
+
+    owner: Owner
+    text: str  # the whole file ("" when there is none)
+    notes: tuple[str, ...]
+    problem: str | None = None  # the file is unreadable: why (text and notes are empty)
+
+    @property
+    def chars(self) -> int:
+        return sum(len(n) for n in self.notes)
+
+
+# guards --------------------------------------------------------------------------------------
+
+_SECRETS = [
+    (re.compile(r"\b(sk|rk|pk)-[A-Za-z0-9_-]{16,}"), "an API key"),
+    (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), "an AWS access key"),
+    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"), "a GitHub token"),
+    (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), "a Slack token"),
+    (re.compile(r"\b\d{6,12}:[A-Za-z0-9_-]{30,}"), "a bot token"),
+    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\."), "a signed token (JWT)"),
+    (re.compile(r"(?i)\b(password|passwd|passphrase|secret|api[_ -]?key|token)\s*[:=]\s*\S{4,}"),
+     "a password or key"),
+    (re.compile(r"\b(?:\d[ -]?){13,19}\b"), "what looks like a card number"),
+]
+_INJECTION = [
+    re.compile(r"(?i)\b(ignore|disregard|forget)\b.{0,30}\b(previous|prior|above|earlier|all)\b"
+               r".{0,30}\b(instructions?|rules|prompts?|messages)\b"),
+    re.compile(r"(?i)\b(system prompt|developer message|you are now|new instructions)\b"),
+    re.compile(r"(?i)<\|?/?(system|im_start|im_end|endoftext)\|?>|\[/?INST\]|</?system>"),
+]
+
+
+def check_note(text: str) -> str:
+    """The note as it will be kept (one line), or MemoryRefused with the reason."""
+    note = " ".join(str(text).split())
+    if not note:
+        raise MemoryRefused("a note cannot be empty")
+    if len(note) > MAX_NOTE_CHARS:
+        raise MemoryRefused(f"a note is at most {MAX_NOTE_CHARS} characters ({len(note)} given);"
+                            f" keep only what matters")
+    for pattern, what in _SECRETS:
+        if pattern.search(note):
+            raise MemoryRefused(f"not saved: the note contains {what}, and secrets are never "
+                                f"kept in memory")
+    for pattern in _INJECTION:
+        if pattern.search(note):
+            raise MemoryRefused("not saved: the note reads like instructions to the assistant "
+                                "(a prompt-injection marker); memory keeps facts, not orders")
+    return note
+
+
+# the file ------------------------------------------------------------------------------------
+
+def parse(owner: Owner, raw: bytes) -> Memory:
+    if len(raw) > MAX_FILE_BYTES:
+        return Memory(owner, "", (), f"the file is {len(raw):,} bytes, over the "
+                                     f"{MAX_FILE_BYTES:,}-byte limit of a memory file")
+    if b"\x00" in raw:
+        return Memory(owner, "", (), "the file holds binary data")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return Memory(owner, "", (), f"the file is not UTF-8 text (byte {e.start})")
+    notes = tuple(m.group(1) for line in text.splitlines() if (m := _NOTE.match(line)))
+    return Memory(owner, text, notes)
+
+
+def _new_file(owner: Owner) -> str:
+    return f"# Memory: {owner.label()}\n{HEADER}\n\n"
+
+
+def _find(memory: Memory, match: str) -> int:
+    """The line number of the one note containing ``match`` (case-insensitive)."""
+    needle = " ".join(match.split()).casefold()
+    if not needle:
+        raise MemoryRefused("say which note: a few words it contains")
+    lines = memory.text.splitlines()
+    hits = [i for i, line in enumerate(lines)
+            if (m := _NOTE.match(line)) and needle in m.group(1).casefold()]
+    exact = [i for i in hits if _NOTE.match(lines[i]).group(1).casefold() == needle]  # type: ignore[union-attr]
+    if len(exact) == 1:
+        return exact[0]
+    if not hits:
+        raise MemoryRefused(f"no note contains '{match}'" + (
+            "; the notes are: " + " | ".join(memory.notes[:20]) if memory.notes
+            else "; memory is empty"))
+    if len(hits) > 1:
+        shown = " | ".join(_NOTE.match(lines[i]).group(1) for i in hits[:5])  # type: ignore[union-attr]
+        raise MemoryRefused(f"{len(hits)} notes contain '{match}': {shown}; quote more of the "
+                            f"one you mean")
+    return hits[0]
+
+
+def _with_lines(text: str, lines: list[str]) -> str:
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def remember(memory: Memory, note: str, max_chars: int) -> str:
+    note = check_note(note)
+    if note.casefold() in (n.casefold() for n in memory.notes):
+        raise MemoryRefused("already remembered: " + note)
+    if memory.chars + len(note) > max_chars:
+        raise MemoryRefused(f"memory is full ({memory.chars:,} of {max_chars:,} characters): "
+                            f"replace or forget a note first")
+    text = memory.text or _new_file(memory.owner)
+    if not text.endswith("\n"):
+        text += "\n"
+    return text + f"- {note}\n"
+
+
+def replace(memory: Memory, old: str, new: str, max_chars: int) -> str:
+    note = check_note(new)
+    lines = memory.text.splitlines()
+    i = _find(memory, old)
+    before = _NOTE.match(lines[i]).group(1)  # type: ignore[union-attr]
+    if memory.chars - len(before) + len(note) > max_chars:
+        raise MemoryRefused(f"memory is full ({memory.chars:,} of {max_chars:,} characters): "
+                            f"forget a note first")
+    lines[i] = f"- {note}"
+    return _with_lines(memory.text, lines)
+
+
+def forget(memory: Memory, match: str) -> str:
+    lines = memory.text.splitlines()
+    if match.strip().casefold() in ("all", "everything", "*"):
+        return _with_lines(memory.text, [ln for ln in lines if not _NOTE.match(ln)])
+    del lines[_find(memory, match)]
+    return _with_lines(memory.text, lines)
+
+
+# the store -----------------------------------------------------------------------------------
+
+Edit = Callable[[Memory], str]
+
+
+class MemoryBook:
+    """The memory files under one folder (``<data dir>/memory``). Every method that touches a
+    file runs it in a worker thread, under the file's lock."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def path(self, owner: Owner) -> Path:
+        return self.root / owner.relpath()
+
+    async def read(self, owner: Owner) -> Memory:
+        return await asyncio.to_thread(self._read, owner)
+
+    async def edit(self, owner: Owner, edit: Edit, *, op: str, by: str, why: str) -> Memory:
+        """Apply one edit (a function of the current memory → the new text) as one revision;
+        MemoryRefused (nothing written) when the edit or the file does not allow it."""
+        return await asyncio.to_thread(self._edit, owner, edit, op, by, why)
+
+    async def revisions(self, owner: Owner) -> list[Revision]:
+        return await asyncio.to_thread(self._revisions, self.path(owner))
+
+    async def restore(self, owner: Owner, rev: int, *, by: str = "admin") -> Memory:
+        revisions = await self.revisions(owner)
+        wanted = next((r for r in revisions if r.rev == rev), None)
+        if wanted is None:
+            raise MemoryRefused(f"there is no revision {rev} of {owner.label()} "
+                                f"(revisions: 1..{len(revisions)})")
+        return await self.edit(owner, lambda m: wanted.content, op="restore", by=by,
+                               why=f"restored revision {rev}")
+
+    def owners(self, agent: str | None = None) -> list[Owner]:
+        """Every memory file there is (for ``pluto memory``)."""
+        found = []
+        for path in sorted(self.root.glob("*/**/*.md")):
+            parts = path.relative_to(self.root).parts
+            name = _unquote(parts[0])
+            if agent is not None and name != agent:
+                continue
+            if len(parts) == 2 and parts[1] == "agent.md":
+                found.append(Owner(name, "agent"))
+            elif len(parts) == 4 and parts[1] in ("users", "chats"):
+                found.append(Owner(name, "user" if parts[1] == "users" else "chat",
+                                   _unquote(parts[2]), _unquote(parts[3][:-3])))
+        return found
+
+    # in the worker thread -------------------------------------------------------------------
+
+    def _read(self, owner: Owner) -> Memory:
+        try:
+            raw = self.path(owner).read_bytes()
+        except FileNotFoundError:
+            return Memory(owner, "", ())
+        except OSError as e:
+            return Memory(owner, "", (), f"the file cannot be read ({e.strerror})")
+        return parse(owner, raw)
+
+    def _edit(self, owner: Owner, edit: Edit, op: str, by: str, why: str) -> Memory:
+        path = self.path(owner)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(path):
+            memory = self._read(owner)
+            if memory.problem:
+                raise MemoryUnreadable(f"{owner.label()}: {memory.problem}; it is left as it is "
+                                       f"— fix or restore it (pluto memory restore)")
+            revisions = self._revisions(path)
+            last = revisions[-1] if revisions else None
+            if memory.text and (last is None or last.sha256 != _sha(memory.text)):
+                last = self._append(path, last, memory.text, "hand-edit", "hand-edit",
+                                    "the file was changed outside Pluto")
+            text = edit(memory)
+            if text == memory.text:
+                return memory
+            _write_atomic(path, text)
+            self._append(path, last, text, by, op, why)
+            return parse(owner, text.encode())
+
+    @staticmethod
+    def _revisions(path: Path) -> list[Revision]:
+        log = path.with_suffix(".revisions.jsonl")
+        out = []
+        try:
+            with log.open(encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        out.append(Revision(**json.loads(line)))
+                    except (ValueError, TypeError):
+                        continue  # a torn last line (a crash mid-append): skipped
+        except FileNotFoundError:
+            pass
+        return out
+
+    @staticmethod
+    def _append(path: Path, last: Revision | None, text: str, by: str, op: str,
+                why: str) -> Revision:
+        before = last.content if last else ""
+        diff = "".join(difflib.unified_diff(before.splitlines(True), text.splitlines(True),
+                                            "before", "after"))
+        rev = Revision((last.rev if last else 0) + 1, time.time(), by, op, why[:300], diff,
+                       text, _sha(text))
+        with path.with_suffix(".revisions.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps(rev.as_dict(), ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return rev
+
+
+def _unquote(part: str) -> str:
+    from urllib.parse import unquote
+    return unquote(part)
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on the file (across threads and processes), held while editing it."""
+    with open(path.with_suffix(".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
