@@ -142,3 +142,55 @@ def test_odd_ids_stay_inside_the_memory_folder(tmp_path: Path):
         path = book.path(Owner("helper", "user", odd, odd)).resolve()
         assert path.is_relative_to(tmp_path.resolve()) and path.suffix == ".md"
     assert book.owners() == []
+
+
+# the history part of the store: compactions and search, on both engines --------------------
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path):
+    from pluto.storage.postgres import PostgresStore
+    from pluto.storage.sqlite import SqliteStore
+    from tests.helpers.pg import fresh_schema
+    if request.param == "sqlite":
+        async with SqliteStore(tmp_path / "pluto.db") as s:
+            yield s
+    else:
+        with fresh_schema() as url:
+            async with PostgresStore(url) as s:
+                yield s
+
+
+async def test_search_finds_every_session_of_the_key_and_nothing_else(store):
+    conv, history = store.conversations, store.history
+    first = await conv.session("helper/telegram/42", "helper")
+    await conv.add_message(first.id, "user", "My cat is called Pixel")
+    await conv.add_message(first.id, "tool", "Pixel in a tool result")
+    await conv.reset_session("helper/telegram/42")  # /new: the old session stays searchable
+    second = await conv.session("helper/telegram/42", "helper")
+    await conv.add_message(second.id, "assistant", "Pixel sounds like a lovely cat!")
+    other = await conv.session("helper/telegram/43", "helper")
+    await conv.add_message(other.id, "user", "my dog Pixel")
+    hits = await history.search("helper/telegram/42", "pixel cat")
+    assert [(h.role, h.session_id) for h in hits] == [("assistant", second.id),
+                                                      ("user", first.id)]
+    assert "Pixel" in hits[0].snippet("pixel")
+    for odd in ('"', "AND OR NOT", "*", "(", "pixel\" OR \"dog", "", "   "):
+        assert isinstance(await history.search("helper/telegram/42", odd), list)
+
+
+async def test_a_compaction_is_kept_and_the_messages_after_it_read(store):
+    from pluto.storage.sqlite.memory import Compaction
+    conv, history = store.conversations, store.history
+    s = await conv.session("k", "helper")
+    for i in range(6):
+        await conv.add_message(s.id, "user", f"message {i}")
+    last, rows = await history.since_summary(s.id)
+    assert last is None and [r.content for _, r in rows] == [f"message {i}" for i in range(6)]
+    await history.compacted(Compaction(s.id, "r1", rows[3][0], "summary of 0-3", "summary",
+                                       400, 120, 55, 0.0))
+    last, rows = await history.since_summary(s.id)
+    assert last.summary == "summary of 0-3" and last.tokens_before == 400
+    assert [r.content for _, r in rows] == ["message 4", "message 5"]
+    assert [c.upto for c in await history.compactions(s.id)] == [last.upto]
+    # the verbatim transcript is intact
+    assert len(await conv.messages(s.id)) == 6

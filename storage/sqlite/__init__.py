@@ -18,6 +18,7 @@ from pluto.storage.sqlite.engine import SqliteEngine
 from pluto.storage.sqlite.flood import SqlFlood
 from pluto.storage.sqlite.inbound import SqliteInbound
 from pluto.storage.sqlite.leases import SqlLeases
+from pluto.storage.sqlite.memory import SqlHistory
 from pluto.storage.sqlite.outbox import SqliteOutbox
 from pluto.storage.sqlite.pairing import SqlitePairing, approved_sync
 from pluto.storage.sqlite.ratelimits import SqlRateBuckets
@@ -43,6 +44,7 @@ class SqlStore:
         self.leases = SqlLeases(self.engine)
         self.rates = SqlRateBuckets(self.engine)
         self.flood = SqlFlood(self.engine)
+        self.history = SqlHistory(self.engine)  # compactions and search (after messages)
         self.usage = SqlUsage(self.engine)
 
     @property
@@ -53,7 +55,8 @@ class SqlStore:
         await self.engine.open()
         try:
             for part in (self.conversations, self.outbox, self.inbound, self.tasks,
-                         self.pairing, self.leases, self.rates, self.flood, self.usage):
+                         self.pairing, self.leases, self.rates, self.flood, self.usage,
+                         self.history):
                 await part.migrate()
         except BaseException:
             await self.engine.close()

@@ -1,0 +1,170 @@
+"""The long memory of a conversation: its compactions (the summary that stands in for older
+turns, with the tokens before and after) and full-text search over its verbatim messages.
+
+Compaction never deletes a message: a summary row says "messages up to id N are summarized
+as …", and the history a run reads is that summary plus the messages after N. Every message
+stays searchable — SQLite through an FTS5 index kept by triggers on ``messages``, PostgreSQL
+through a GIN index on ``to_tsvector('simple', content)`` — the one place the two engines
+speak differently (``engine.dialect``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pluto.storage.rows import MessageRow
+from pluto.storage.sql import Engine
+
+COMPONENT = "memory"
+MIGRATIONS: list[Any] = [
+    {
+        "sqlite": """
+        CREATE TABLE compactions (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            session_id TEXT NOT NULL,
+            run_id TEXT,
+            upto INTEGER NOT NULL,
+            summary TEXT NOT NULL,
+            method TEXT NOT NULL,
+            tokens_before INTEGER NOT NULL,
+            tokens_after INTEGER NOT NULL,
+            usage_tokens INTEGER NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL
+        );
+        CREATE INDEX compactions_session ON compactions(session_id, id);
+        CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages',
+                                                     content_rowid='id');
+        CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages
+            WHEN new.content IS NOT NULL BEGIN
+            INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+        END;
+        CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages
+            WHEN old.content IS NOT NULL BEGIN
+            INSERT INTO messages_fts(messages_fts, rowid, content)
+                VALUES ('delete', old.id, old.content);
+        END;
+        INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
+        """,
+        "postgres": """
+        CREATE TABLE compactions (
+            id BIGSERIAL PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            run_id TEXT,
+            upto BIGINT NOT NULL,
+            summary TEXT NOT NULL,
+            method TEXT NOT NULL,
+            tokens_before INTEGER NOT NULL,
+            tokens_after INTEGER NOT NULL,
+            usage_tokens INTEGER NOT NULL DEFAULT 0,
+            created_at DOUBLE PRECISION NOT NULL
+        );
+        CREATE INDEX compactions_session ON compactions(session_id, id);
+        CREATE INDEX messages_fts ON messages
+            USING GIN (to_tsvector('simple', coalesce(content, '')));
+        """,
+    },
+]
+MAX_UNSUMMARIZED = 2_000  # messages read after the last summary, at most (the newest)
+MAX_QUERY_TERMS = 12
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    session_id: str
+    run_id: str | None
+    upto: int  # messages with an id up to this one are summarized
+    summary: str
+    method: str  # "summary" (a model wrote it) or "truncation" (the fallback)
+    tokens_before: int
+    tokens_after: int
+    usage_tokens: int
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryHit:
+    message_id: int
+    session_id: str
+    role: str
+    content: str
+    created_at: float
+
+    def snippet(self, query: str, width: int = 160) -> str:
+        """The part of the message around the first word of the query, on one line."""
+        text = " ".join(self.content.split())
+        terms = [t.casefold() for t in _terms(query)]
+        at = min((i for t in terms if (i := text.casefold().find(t)) >= 0), default=0)
+        start = max(0, at - width // 3)
+        clip = text[start:start + width]
+        return ("…" if start else "") + clip + ("…" if start + width < len(text) else "")
+
+
+def _terms(query: str) -> list[str]:
+    return re.findall(r"\w+", query)[:MAX_QUERY_TERMS]
+
+
+class SqlHistory:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    async def migrate(self) -> None:
+        await self.engine.migrate(COMPONENT, MIGRATIONS)
+
+    async def since_summary(self, session_id: str) -> tuple[Compaction | None,
+                                                            list[tuple[int, MessageRow]]]:
+        """The session's latest compaction and the messages after it (id, row), oldest first."""
+        def read(conn: Any) -> tuple[Compaction | None, list[tuple[int, MessageRow]]]:
+            row = conn.execute(
+                "SELECT session_id, run_id, upto, summary, method, tokens_before, tokens_after,"
+                " usage_tokens, created_at FROM compactions WHERE session_id = ?"
+                " ORDER BY id DESC LIMIT 1", (session_id,)).fetchone()
+            last = Compaction(*row) if row is not None else None
+            rows = conn.execute(
+                "SELECT id, role, content, tool_calls, tool_call_id, name, tokens, run_id,"
+                " created_at FROM messages WHERE session_id = ? AND id > ?"
+                " ORDER BY id DESC LIMIT ?",
+                (session_id, last.upto if last else 0, MAX_UNSUMMARIZED)).fetchall()
+            return last, [(int(r[0]), MessageRow(
+                r[1], r[2], json.loads(r[3]) if r[3] else None, r[4], r[5], int(r[6]), r[7],
+                float(r[8]))) for r in reversed(rows)]
+
+        return await self.engine.read(read)
+
+    async def compacted(self, c: Compaction) -> None:
+        """Keep a compaction (the summary and its numbers) with the session."""
+        await self.engine.write((
+            "INSERT INTO compactions (session_id, run_id, upto, summary, method, tokens_before,"
+            " tokens_after, usage_tokens, created_at) VALUES (?,?,?,?,?,?,?,?,?)",
+            (c.session_id, c.run_id, c.upto, c.summary, c.method, c.tokens_before,
+             c.tokens_after, c.usage_tokens, c.created_at or time.time())))
+
+    async def compactions(self, session_id: str) -> list[Compaction]:
+        rows = await self.engine.fetchall(
+            "SELECT session_id, run_id, upto, summary, method, tokens_before, tokens_after,"
+            " usage_tokens, created_at FROM compactions WHERE session_id = ? ORDER BY id",
+            (session_id,))
+        return [Compaction(*tuple(r)) for r in rows]
+
+    async def search(self, session_key: str, query: str, limit: int = 10) -> list[HistoryHit]:
+        """Messages of people and the agent (not tools) in every session of ``session_key``
+        (also those before a /new) that hold every word of ``query``; the newest first."""
+        terms = _terms(query)
+        if not terms:
+            return []
+        if self.engine.dialect == "postgres":
+            match = ("to_tsvector('simple', coalesce(m.content, '')) @@"
+                     " plainto_tsquery('simple', ?)")
+            arg = " ".join(terms)
+        else:
+            match = "m.id IN (SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?)"
+            arg = " ".join('"' + t.replace('"', "") + '"' for t in terms)
+        rows = await self.engine.fetchall(
+            "SELECT m.id, m.session_id, m.role, m.content, m.created_at FROM messages m"
+            " JOIN sessions s ON s.id = m.session_id WHERE s.key = ?"
+            " AND m.role IN ('user', 'assistant') AND m.content IS NOT NULL AND " + match +
+            " ORDER BY m.id DESC LIMIT ?", (session_key, arg, limit))
+        return [HistoryHit(int(r[0]), r[1], r[2], r[3], float(r[4])) for r in rows]
