@@ -36,6 +36,7 @@ from pluto.gateway.http.server import HttpServer
 from pluto.gateway.metrics import Metrics
 from pluto.gateway.pipeline.access import Access
 from pluto.gateway.pipeline.data_commands import DataCommands, data_service
+from pluto.gateway.pipeline.memory_commands import MemoryCommands
 from pluto.gateway.pipeline.intake import IntakeQueue, Shared, message_from_dict
 from pluto.gateway.pipeline.ratelimit import SharedRateLimiter
 from pluto.gateway.pipeline.pipeline import Pipeline
@@ -44,8 +45,10 @@ from pluto.gateway.ports import HttpMount, Provider, ProviderContext
 from pluto.gateway.provider_registry import build_provider, enabled
 from pluto.gateway.reload import ConfigWatcher, load_routes
 from pluto.gateway.supervisor import TaskHealth, supervise
+from pluto.runtime.usage import Prices, UsageMeter
 from pluto.runtime.data_tools import DATA_TOOLS
 from pluto.runtime.mcp import McpHub
+from pluto.runtime.memory import MemoryBook
 from pluto.runtime.model import Model, ModelSettings, warm_litellm
 from pluto.runtime.openai_compat import close_sessions, model_for, uses_litellm
 from pluto.runtime.runner import Runner
@@ -109,10 +112,15 @@ class Gateway:
         self.mcp = McpHub(max_servers=self.config.agents.mcp_max_servers,  # agents' MCP servers
                           idle_seconds=self.config.agents.mcp_idle_seconds,
                           log_dir=self.data_dir / "logs" / "mcp")
+        self.usage = UsageMeter(self.store.usage, prices=Prices(self.config.usage.prices),
+                                budgets=lambda: self.config.usage.budgets)  # the ledger
+        self.metrics.watch_usage(self.usage)
         self.runner = Runner(self.store.conversations, models=self._model_settings(),
                              tools=self.tools, data_dir=self.data_dir,
-                             services={"data": self.data.service, "mcp": self.mcp},
-                             model_factory=model_factory)
+                             services={"data": self.data.service, "mcp": self.mcp,
+                                       "memory": MemoryBook(self.data_dir / "memory"),
+                                       "history": self.store.history},
+                             model_factory=model_factory, usage=self.usage)
         # extra reports in /readyz: informative, they never make the gateway unready
         self.health_reports: dict[str, Callable[[], object]] = {"mcp": self.mcp.health}
         self.access = Access(self.store.pairing, lambda: self.config.access,
@@ -126,6 +134,8 @@ class Gateway:
             max_queued=self.config.gateway.max_queued_per_session,
             session_guard=(lambda key: self.cluster.holding(f"session:{key}"))
             if self.shared else None, track_runs=self.shared)
+        MemoryCommands(self.registry, self.runner.services["memory"],  # /memory, /history
+                       self.store.history).register(self.pipeline.commands)
         self.health_reports["cluster"] = self._cluster_report
         self._control_tasks: set[asyncio.Task[object]] = set()
         self.directory = Directory(lambda: self.routes, self.registry, self.store.conversations)

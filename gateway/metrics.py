@@ -3,7 +3,8 @@
 Each :class:`Metrics` has its own ``CollectorRegistry`` (not the process-global one), so several
 gateways in one process (tests, benchmarks) count apart. Labels are kept to small sets: provider
 names, outcomes, tool names and error kinds, never agent names, chat ids or user ids (there can be
-thousands of those).
+thousands of those) — save the usage counters, labelled by agent and model: the agents of a
+deployment's configuration, a set its admin bounds.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from prometheus_client import (
 )
 
 from pluto.events import MessageFinal, RunEnd, RunError, RunEvent, RunStart, ToolEnd
+from pluto.runtime.usage import Refusal, UsageCall, UsageMeter
 
 # seconds; a run is one turn of an agent (model calls and tools), from a blink to minutes
 RUN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
@@ -50,7 +52,35 @@ class Metrics:
                               ["instance", "shared"], registry=r)
         self.leases = Gauge("pluto_cluster_leases", "Leases this instance holds, by kind "
                             "(chat, session, provider, instance).", ["kind"], registry=r)
+        # the usage ledger's sums (agents and models are the configured ones: a bounded set)
+        self.usage_tokens = Counter("pluto_usage_tokens", "Model tokens per the usage ledger, "
+                                    "by agent, model and kind (input, output, cached).",
+                                    ["agent", "model", "kind"], registry=r)
+        self.usage_cost = Counter("pluto_usage_cost_usd", "Model cost in USD per the usage "
+                                  "ledger (calls of unknown price add nothing).",
+                                  ["agent", "model"], registry=r)
+        self.usage_calls = Counter("pluto_usage_model_calls", "Model calls, by agent, model "
+                                   "and outcome.", ["agent", "model", "outcome"], registry=r)
+        self.budget_refusals = Counter("pluto_usage_budget_refusals", "Model calls refused by "
+                                       "a usage budget, by what it limits (agent, route, user, "
+                                       "chat) and period.", ["per", "period"], registry=r)
         self._started: dict[str, float] = {}
+
+    def watch_usage(self, meter: UsageMeter) -> None:
+        """Count what ``meter`` records and refuses."""
+        meter.on_record.append(self.usage_call)
+        meter.on_refusal.append(self.usage_refused)
+
+    def usage_call(self, call: UsageCall) -> None:
+        for kind, n in (("input", call.input_tokens), ("output", call.output_tokens),
+                        ("cached", call.cached_tokens)):
+            self.usage_tokens.labels(agent=call.agent, model=call.model, kind=kind).inc(max(0, n))
+        if call.cost:
+            self.usage_cost.labels(agent=call.agent, model=call.model).inc(max(0.0, call.cost))
+        self.usage_calls.labels(agent=call.agent, model=call.model, outcome=call.outcome).inc()
+
+    def usage_refused(self, refusal: Refusal) -> None:
+        self.budget_refusals.labels(per=refusal.budget.per, period=refusal.budget.period).inc()
 
     def cluster(self, instance: str, shared: bool, held: list[str]) -> None:
         """Who this instance is and what it holds (read at each scrape)."""

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pluto.errors import ConfigError
 from pluto.yamldoc import YamlDoc
@@ -155,6 +155,37 @@ class StorageConfig(Strict):
         return os.environ.get(self.url_env, "").strip() or None
 
 
+class ModelPrice(Strict):
+    """What a model costs, in USD per million tokens (for models litellm's price list lacks)."""
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cached: float | None = Field(default=None, ge=0)  # cached input; unset: as ``input``
+
+
+class Budget(Strict):
+    """A limit of tokens and/or money per agent, route, user or chat, per day or month (UTC)."""
+
+    per: Literal["agent", "route", "user", "chat"]
+    period: Literal["day", "month"] = "day"
+    tokens: int | None = Field(default=None, gt=0)
+    cost: float | None = Field(default=None, gt=0)  # USD
+    only: str | None = None  # one agent/route, or user/chat as provider:id; unset: each its own
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> Budget:
+        if self.tokens is None and self.cost is None:
+            raise ValueError("a budget needs tokens, cost or both")
+        return self
+
+
+class UsageConfig(Strict):
+    """The usage ledger's prices and the budgets read from it."""
+
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)  # by model string or name
+    budgets: list[Budget] = Field(default_factory=list)
+
+
 class PlutoConfig(Strict):
     data_dir: Path = Field(default=Path(".pluto"), validate_default=True)  # made absolute
     http: HttpConfig = HttpConfig()
@@ -166,6 +197,7 @@ class PlutoConfig(Strict):
     agents: AgentsPolicy = AgentsPolicy()
     data: DataConfig = DataConfig()
     storage: StorageConfig = StorageConfig()
+    usage: UsageConfig = UsageConfig()
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
 
     @field_validator("data_dir", mode="before")

@@ -214,6 +214,9 @@ class _TurnBuilder:
         if usage:
             self.usage = {"prompt_tokens": getattr(usage, "prompt_tokens", 0) or 0,
                           "completion_tokens": getattr(usage, "completion_tokens", 0) or 0}
+            details = getattr(usage, "prompt_tokens_details", None)  # cached input tokens
+            if cached := getattr(details, "cached_tokens", None):
+                self.usage["cached_tokens"] = int(cached)
         choices = getattr(chunk, "choices", None) or []
         if not choices:
             return ""

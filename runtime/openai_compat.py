@@ -275,6 +275,9 @@ class _Turn:
         if (usage := chunk.get("usage")) and isinstance(usage, dict):
             self.usage = {"prompt_tokens": int(usage.get("prompt_tokens") or 0),
                           "completion_tokens": int(usage.get("completion_tokens") or 0)}
+            details = usage.get("prompt_tokens_details")  # cached input (part of the prompt)
+            if isinstance(details, dict) and (cached := details.get("cached_tokens")):
+                self.usage["cached_tokens"] = int(cached)
         choices = chunk.get("choices")
         if not choices:
             if (error := chunk.get("error")) is not None:

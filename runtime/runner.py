@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,12 +27,16 @@ from pluto.agents.spec import AgentSpec
 from pluto.events import (MessageDelta, MessageFinal, RunEnd, RunError, RunEvent, RunStart,
                           ToolEnd, ToolProgress, ToolStart)
 from pluto.runtime.batching import batched
+from pluto.runtime.memory import MemoryBook, Speaker
+from pluto.runtime.memory.compaction import Summarizer, model_summarizer
+from pluto.runtime.memory.context import NO_MEMORY, RunMemory, prepare
 from pluto.errors import RunTakenOver
 from pluto.runtime.errors import BudgetExceeded, ModelError
 from pluto.runtime.model import Model, ModelSettings, ModelTurn, ToolCall
 from pluto.runtime.openai_compat import model_for
 from pluto.runtime.skills import skill_tools
 from pluto.runtime.tools import Progress, Tool, ToolContext, ToolError, ToolResult
+from pluto.runtime.usage import Attribution, UsageCall, UsageMeter
 from pluto.storage.ports import ConversationStore
 from pluto.storage.rows import SessionRow, estimate_tokens
 
@@ -55,6 +59,9 @@ class RunRequest:
     text: str
     tools: tuple[str, ...] | None = None  # the route's narrowing of the agent's tools
     source: tuple[str, str] | None = None  # (provider, message id): the inbox's message
+    who: Attribution = Attribution()  # whom it answers, for the usage ledger and budgets
+    speaker: Speaker | None = None  # who wrote it, where: whose long-term memory it may use
+    notify: Callable[[str], Awaitable[Any]] | None = None  # a one-line notice to the chat
 
 
 @dataclass(slots=True)
@@ -82,7 +89,8 @@ class Runner:
                  tools: Mapping[str, Tool], data_dir: Path,
                  services: dict[str, Any] | None = None,
                  model_factory: Callable[[ModelSettings], Model] = model_for,
-                 retry_base_delay: float = 0.5, delta_interval: float = 0.04):
+                 retry_base_delay: float = 0.5, delta_interval: float = 0.04,
+                 usage: UsageMeter | None = None):
         self.store = conversations
         self.models = models
         self.tools = tools
@@ -91,6 +99,7 @@ class Runner:
         self.model_factory = model_factory
         self.retry_base_delay = retry_base_delay
         self.delta_interval = delta_interval  # text deltas are committed and shown in batches
+        self.usage = usage  # the ledger (a row per model call) and budgets
 
     def settings_for(self, agent: AgentSpec) -> ModelSettings:
         """An agent names a model from pluto.yaml, or gives a litellm model string itself."""
@@ -128,17 +137,22 @@ class Runner:
     async def run(self, req: RunRequest, observe: Observer = _ignore) -> AsyncIterator[RunEvent]:
         """Run one turn; yields events, each already committed to storage and observed."""
         agent = req.agent
-        history = await self.store.history(req.session.id, agent.history.max_messages,
-                                           agent.history.max_tokens)
+        memory = await self._memory(req)  # notes, summary and tools (runtime/memory)
+        history = memory.history if memory.history is not None else await self.store.history(
+            req.session.id, agent.history.max_messages, agent.history.max_tokens)
         start = await self.store.start_run(
             req.run_id, req.session.id, agent.name, req.text,
             RunStart(run_id=req.run_id, session_id=req.session.id, agent=agent.name),
             source=req.source)
         observe(start)
-        system = [{"role": "system", "content": agent.instructions}] if agent.instructions else []
+        prompt = "\n\n".join(p for p in (agent.instructions, memory.system) if p)
+        system = [{"role": "system", "content": prompt}] if prompt else []
         state = _RunState(req, observe, time.monotonic() + agent.budget.max_seconds,
                           system + history + [{"role": "user", "content": req.text}],
-                          self.tools_for(agent, req.tools), self.settings_for(agent))
+                          self.tools_for(agent, req.tools) | memory.tools,
+                          self.settings_for(agent))
+        for key, tokens in (memory.usage or {}).items():  # a compaction's tokens are the run's
+            state.usage[key] = state.usage.get(key, 0) + tokens
         yield start
         try:
             async for event in self._loop(state):
@@ -161,6 +175,37 @@ class Runner:
         finally:
             if not state.ended:  # cancelled (/stop, shutdown) or the consumer went away
                 await asyncio.shield(self._finish_cancelled(state))
+
+    # memory (runtime/memory): long-term notes, compaction, search_history ----------------
+
+    async def _memory(self, req: RunRequest) -> RunMemory:
+        """What the agent's ``memory:`` block adds to this run; a failure here is logged and
+        the run goes on with the plain history window (memory never stops an answer)."""
+        if req.agent.memory.long_term is None and req.agent.memory.short_term is None:
+            return NO_MEMORY
+        book = self.services.setdefault("memory", MemoryBook(self.data_dir / "memory"))
+        try:
+            return await prepare(req.agent, session_id=req.session.id,
+                                 session_key=req.session.key, run_id=req.run_id,
+                                 speaker=req.speaker, book=book,
+                                 history=self.services.get("history"),
+                                 summarizer=lambda: self._summarizer(req.agent),
+                                 narrowed=req.tools, notify=req.notify)
+        except Exception:
+            log.exception("memory for run %s (agent %s) failed; answering without it",
+                          req.run_id, req.agent.name)
+            return NO_MEMORY
+
+    def _summarizer(self, agent: AgentSpec) -> Summarizer | None:
+        """The model that writes compaction summaries (``short_term.model``, else the agent's);
+        None with the offline model: truncation then."""
+        short = agent.memory.short_term
+        settings = self.settings_for(agent)
+        if short is not None and short.model:
+            settings = self.models.get(short.model) or ModelSettings(model=short.model)
+        if settings.model == "offline":
+            return None
+        return model_summarizer(self.model_factory(settings), settings)
 
     async def _loop(self, state: _RunState) -> AsyncIterator[RunEvent]:
         state.tools.update(await self.agent_tools(state.req.agent, state.req.tools))
@@ -201,11 +246,13 @@ class Runner:
         """One model call, retried with backoff while nothing has been shown yet."""
         model = self.model_factory(state.settings)
         attempt = 0
+        await self._check_usage(state)
         while True:
             shown = False
             remaining = state.deadline - time.monotonic()
             if remaining <= 0:
                 raise BudgetExceeded(_budget_msg("seconds", state), "seconds")
+            started, unmetered = time.monotonic(), "cancelled"  # how an unanswered call ended
             stream = model.stream(state.messages, schemas, state.settings)
             try:
                 # One time limit for the whole call. This generator is read only by the turn's
@@ -215,13 +262,21 @@ class Runner:
                 async with asyncio.timeout(remaining):
                     async for item in stream:
                         shown = shown or isinstance(item, str)
+                        if isinstance(item, ModelTurn):
+                            unmetered = ""
+                            item = await self._metered(state, item, attempt, started)
                         yield item
                 return
             except TimeoutError:
+                unmetered = "error"
                 raise BudgetExceeded(_budget_msg("seconds", state), "seconds") from None
             except ModelError as e:
+                unmetered = "error"
                 if not e.retryable or shown or attempt >= state.settings.retries:
                     raise
+                unmetered = "retried"
+                await self._meter_unanswered(state, attempt, started, unmetered)
+                unmetered = ""
                 attempt += 1
                 delay = e.retry_after or self.retry_base_delay * 2 ** (attempt - 1)
                 if time.monotonic() + delay >= state.deadline:
@@ -232,6 +287,58 @@ class Runner:
             finally:
                 if (close := getattr(stream, "aclose", None)) is not None:
                     await close()
+                if unmetered:  # failed, or cancelled (/stop): a row too, with what we know
+                    await self._meter_unanswered(state, attempt, started, unmetered)
+
+    # the usage ledger and budgets (runtime/usage.py) ----------------------------------------
+
+    async def _check_usage(self, state: _RunState) -> None:
+        """Before a model call: refuse it when a usage budget is spent (or would be by it)."""
+        if self.usage is None:
+            return
+        req = state.req
+        upcoming = sum(estimate_tokens(m["content"]) for m in state.messages
+                       if isinstance(m.get("content"), str))
+        await self.usage.check(req.agent.name, req.who, upcoming_tokens=upcoming)
+
+    def _usage_call(self, state: _RunState, attempt: int, started: float, outcome: str,
+                    usage: Mapping[str, int], estimated: bool = False) -> UsageCall:
+        req = state.req
+        return UsageCall(
+            run_id=req.run_id, session_id=req.session.id, agent=req.agent.name,
+            model=state.settings.model, route=req.who.route, provider=req.who.provider,
+            user_id=req.who.user_id, chat_id=req.who.chat_id,
+            purpose="tool_loop" if state.tool_calls else "answer", attempt=attempt,
+            input_tokens=int(usage.get("prompt_tokens", 0)),
+            output_tokens=int(usage.get("completion_tokens", 0)),
+            cached_tokens=int(usage.get("cached_tokens", 0)), estimated=estimated,
+            latency=time.monotonic() - started, outcome=outcome)
+
+    async def _metered(self, state: _RunState, turn: ModelTurn, attempt: int,
+                       started: float) -> ModelTurn:
+        """A finished call: its ledger row, with what the model reported (a turn that reported
+        nothing gets the runner's estimate, marked so in the ledger)."""
+        estimated = not turn.usage
+        if estimated:
+            turn = replace(turn, usage={
+                "prompt_tokens": sum(estimate_tokens(json.dumps(m)) for m in state.messages),
+                "completion_tokens": estimate_tokens(turn.text)})
+        if self.usage is not None:
+            await self._record(state, self._usage_call(state, attempt, started, "ok",
+                                                       turn.usage, estimated))
+        return turn
+
+    async def _meter_unanswered(self, state: _RunState, attempt: int, started: float,
+                                outcome: str) -> None:
+        if self.usage is not None:
+            await asyncio.shield(self._record(state, self._usage_call(
+                state, attempt, started, outcome, {})))
+
+    async def _record(self, state: _RunState, call: UsageCall) -> None:
+        try:
+            await self.usage.record(call, models=(state.req.agent.model,))  # type: ignore[union-attr]
+        except Exception:  # the ledger never stops an answer
+            log.exception("usage of run %s not recorded", state.req.run_id)
 
     def _account(self, state: _RunState, turn: ModelTurn) -> None:
         usage = turn.usage or {

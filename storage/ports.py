@@ -302,6 +302,25 @@ class UsageStore(Protocol):
 
     async def reset(self, scope: str, key: str) -> None: ...
 
+    async def resets(self) -> dict[tuple[str, str], float]: ...
+
+
+class HistoryStore(Protocol):
+    """A conversation's compactions and full-text search (see ``storage/sqlite/memory``)."""
+
+    async def since_summary(self, session_id: str) -> tuple[Any, list[tuple[int, MessageRow]]]:
+        """The latest compaction (or None) and the messages after it, oldest first."""
+        ...
+
+    async def compacted(self, c: Any) -> None: ...
+
+    async def compactions(self, session_id: str) -> list[Any]: ...
+
+    async def search(self, session_key: str, query: str, limit: int = 10) -> list[Any]:
+        """Messages of every session of ``session_key`` holding the query's words, newest
+        first."""
+        ...
+
 
 class Bus(Protocol):
     """Notifications between instances sharing the database (PostgreSQL's LISTEN/NOTIFY)."""
@@ -325,6 +344,7 @@ class Store(Protocol):
     leases: LeaseStore
     rates: RateBucketStore
     usage: UsageStore
+    history: HistoryStore
     bus: Bus | None  # None: one process per database, nothing to tell
 
     @property

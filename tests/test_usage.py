@@ -5,14 +5,22 @@ when the server is not reachable)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from pluto.gateway.app import Gateway
+from pluto.gateway.cli import main as cli_main
+from pluto.runtime.openai_compat import close_sessions
+from pluto.settings import ModelConfig, PlutoConfig
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.sqlite import SqlStore, SqliteStore
 from pluto.storage.sqlite.usage import UsageCall
+from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.fakes.openai_server import ToolCall as FakeCall
+from tests.helpers.gateway import RecordingProvider
 from tests.helpers.pg import fresh_schema
 
 
@@ -74,6 +82,7 @@ async def test_spent_counts_from_the_later_of_the_period_and_a_reset(store):
     await usage.reset("user", "telegram:u1")
     assert (await usage.spent("user", "telegram:u1", 0.0)).total_tokens == 0
     assert (await usage.spent("user", "telegram:u2", 0.0)).total_tokens == 10  # not reset
+    await asyncio.sleep(0.01)  # the database's clock counts milliseconds
     await usage.record(call(user="u1", i=1, o=2))
     assert (await usage.spent("user", "telegram:u1", 0.0)).total_tokens == 3
     await usage.reset("user", "telegram:u1")  # again: moves the reset forward
@@ -81,3 +90,76 @@ async def test_spent_counts_from_the_later_of_the_period_and_a_reset(store):
     assert set(await usage.resets()) == {("user", "telegram:u1")}
     with pytest.raises(ValueError, match="no budget by"):
         await usage.spent("planet", "x", 0.0)
+
+
+# through a gateway, over the wire to a fake OpenAI-compatible model ------------------------
+
+def gateway_config(data_dir: Path, fake: FakeOpenAI, **usage: object) -> PlutoConfig:
+    model = ModelConfig(model="openai/gpt-4o-mini", api_base=fake.base_url, timeout=10,
+                        retries=2)
+    return PlutoConfig(data_dir=data_dir, models={"default": model}, usage=usage)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as server:
+        yield server
+    await close_sessions()
+
+
+async def started(gw: Gateway) -> RecordingProvider:
+    p = RecordingProvider()
+    gw.add_provider(p)
+    await p.running.wait()
+    return p
+
+
+async def test_the_ledger_matches_the_model_exactly_across_tools_retries_and_stop(
+        config_dir, data_dir, fake, capsys):
+    fake.script(
+        Reply(status=503),  # retried: a row with nothing reported
+        Reply(tool_calls=[FakeCall("current_time", {})], usage=(120, 9)),
+        Reply(text="It is noon.", usage=(160, 4), cached_tokens=100),
+        Reply(text="x" * 400, chunk_size=1, chunk_delay=0.01, usage=(50, 400)),  # /stop
+        Reply(text="Still here.", usage=(70, 3)))
+    gw = Gateway(config_dir, config=gateway_config(data_dir, fake))
+    gw.runner.retry_base_delay = 0.01
+    async with gw:
+        p = await started(gw)
+        await p.say("what time is it?")
+        assert await p.wait_finals(1) == ["It is noon."]
+        await p.say("count to a thousand")
+        await fake.wait_for_requests(4)
+        while not gw.metrics.runs_active._value.get():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # some of it streamed
+        await p.say("/stop")
+        await p.wait_finals(2)
+        await p.say("still there?")
+        assert (await p.wait_finals(3))[-1] == "Still here."
+        calls = await gw.store.usage.calls()
+        metrics = gw.metrics.render()[0].decode()
+    # one row per call, as the model reported it; the stopped stream reported nothing yet
+    assert [(c.outcome, c.purpose, c.attempt, c.input_tokens, c.output_tokens,
+             c.cached_tokens) for c in calls] == [
+        ("retried", "answer", 0, 0, 0, 0), ("ok", "answer", 1, 120, 9, 0),
+        ("ok", "tool_loop", 0, 160, 4, 100), ("cancelled", "answer", 0, 0, 0, 0),
+        ("ok", "answer", 0, 70, 3, 0)]
+    assert {(c.provider, c.user_id, c.chat_id, c.agent, c.model) for c in calls} == {
+        ("test", "u1", "c1", "default", "openai/gpt-4o-mini")}
+    assert all(c.latency >= 0 and c.route for c in calls)
+    # litellm's price list: gpt-4o-mini, cached input at its own price
+    price_in, price_out, price_cached = 0.15e-6, 0.6e-6, 0.075e-6
+    expected = ((120 + 60 + 70) * price_in + 100 * price_cached + (9 + 4 + 3) * price_out)
+    assert sum(c.cost or 0 for c in calls) == pytest.approx(expected)
+    assert 'pluto_usage_tokens_total{agent="default",kind="input",model="openai/gpt-4o-mini"} ' \
+           '350.0' in metrics
+    assert 'pluto_usage_cost_usd_total{agent="default",model="openai/gpt-4o-mini"}' in metrics
+
+    code = await asyncio.to_thread(cli_main, ["--config", str(config_dir), "--data-dir",
+                                              str(data_dir), "usage", "--by", "agent"])
+    out = capsys.readouterr().out
+    assert code == 0
+    [row] = [line.split() for line in out.splitlines() if line.startswith("default")]
+    assert row[:6] == ["default", "5", "350", "16", "100", "366"]
+    assert row[6] == f"${expected:,.6f}"

@@ -37,7 +37,9 @@ from pluto.gateway.pipeline.data_commands import DataCommands
 from pluto.gateway.pipeline.lanes import SessionLanes
 from pluto.gateway.pipeline.routing import RoutingTable
 from pluto.gateway.ports import Provider
+from pluto.runtime.memory import Speaker
 from pluto.runtime.runner import INTERNAL_ERROR, Runner, RunRequest
+from pluto.runtime.usage import Attribution
 from pluto.storage.ports import ConversationStore, InboundStore
 from pluto.types import (Accepted, Answered, Dropped, IncomingMessage, Outcome, Refused, Route,
                          outcome_to_dict)
@@ -238,7 +240,11 @@ class Pipeline:
         if text is None:  # only files were sent, or one could not be read: the user was told
             await self._deliver(provider, msg, job, self._without_run(job, "ok", None, observe))
             return
-        req = RunRequest(job.run_id, session, agent, text, route.tools, source=job.source)
+        req = RunRequest(job.run_id, session, agent, text, route.tools, source=job.source,
+                         who=Attribution(msg.provider, msg.user_id, msg.chat_id, route.rule),
+                         speaker=Speaker(msg.provider, msg.chat_id, msg.user_id, msg.is_direct),
+                         notify=lambda line: self.delivery.reply(provider, msg, line,
+                                                                 kind="notice"))
         await self._deliver(provider, msg, job, self.runner.run(req, observe))
 
     async def _deliver(self, provider: Provider, msg: IncomingMessage, job: Job,

@@ -82,6 +82,8 @@ class Reply:
     the headers), never sending ``[DONE]``. Not streamed: abort without a response."""
     usage: tuple[int, int] | None = None
     """(prompt_tokens, completion_tokens); default: a rough count (chars / 4)."""
+    cached_tokens: int | None = None
+    """Reported as ``usage.prompt_tokens_details.cached_tokens`` (part of the prompt tokens)."""
     finish_reason: str | None = None
     """Override the finish reason ("length", "content_filter", ...); default:
     "tool_calls" when there are tool calls, else "stop"."""
@@ -403,7 +405,7 @@ class FakeOpenAI:
     def _arguments(call: ToolCall) -> str:
         return call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
 
-    def _usage(self, body: dict[str, Any], reply: Reply) -> dict[str, int]:
+    def _usage(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
         if reply.usage is not None:
             prompt, completion = reply.usage
         else:
@@ -411,7 +413,11 @@ class FakeOpenAI:
             completion = _rough_tokens(
                 reply.text + "".join(c.name + self._arguments(c) for c in reply.tool_calls)
             )
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                                 "total_tokens": prompt + completion}
+        if reply.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
+        return usage
 
     @staticmethod
     def _finish_reason(reply: Reply) -> str:

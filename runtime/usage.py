@@ -1,0 +1,266 @@
+"""Metering: what each model call cost, written to the ledger as it ends, and budgets.
+
+The Runner hands every model call — each attempt of it, retries and cancelled ones included —
+to :meth:`UsageMeter.record` with the tokens the model itself reported (or, when it reported
+none, the runner's estimate, marked so). The cost comes from ``usage.prices`` in pluto.yaml
+when the model is priced there (local or unknown models), else from litellm's offline price
+list (the JSON file litellm ships, read once in a worker thread; litellm itself is not
+imported for it), else it is unknown (None), never guessed.
+
+Budgets (``usage.budgets``) limit the tokens or money an agent, route, user or chat spends per
+day or month (UTC). Before each model call :meth:`UsageMeter.check` sums the ledger for each
+budget that applies; a call that would pass one is refused with :class:`BudgetExceeded`, whose
+text is one sentence for the person, and observers are told (log, metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pluto.runtime.errors import BudgetExceeded
+from pluto.settings import Budget, ModelPrice
+from pluto.storage.ports import UsageStore
+from pluto.storage.sqlite.usage import UsageCall
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Attribution", "Prices", "UsageCall", "UsageMeter", "period_start"]
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """Who a run answers: the chat platform, the person, the chat, the route's rule."""
+
+    provider: str = ""
+    user_id: str = ""
+    chat_id: str = ""
+    route: str = ""
+
+
+# litellm's offline price list: read once per process, in a thread --------------------------
+
+_cost_map: dict[str, Any] | None = None
+_cost_map_lock = threading.Lock()
+
+
+def _read_cost_map() -> dict[str, Any]:
+    global _cost_map
+    with _cost_map_lock:
+        if _cost_map is None:
+            found: dict[str, Any] = {}
+            try:
+                spec = importlib.util.find_spec("litellm")  # finds it; does not import it
+                if spec is not None and spec.origin:
+                    path = Path(spec.origin).parent / "model_prices_and_context_window_backup.json"
+                    data = json.loads(path.read_text(encoding="utf-8"))
+                    found = {k: v for k, v in data.items() if isinstance(v, dict)}
+            except (OSError, ValueError) as e:
+                log.warning("litellm's price list could not be read (costs stay unknown "
+                            "unless usage.prices names the model): %s", e)
+            _cost_map = found
+        return _cost_map
+
+
+class Prices:
+    """USD per token of a model: pluto.yaml's ``usage.prices`` first, then litellm's list."""
+
+    def __init__(self, configured: Mapping[str, ModelPrice] | None = None):
+        self.configured = dict(configured or {})
+        self._map: dict[str, Any] | None = _cost_map
+
+    async def load(self) -> None:
+        if self._map is None:
+            self._map = await asyncio.to_thread(_read_cost_map)
+
+    def cost(self, models: Iterable[str], input_tokens: int, output_tokens: int,
+             cached_tokens: int = 0) -> float | None:
+        """The cost of a call to the first of ``models`` (its names) that has a price; None
+        when none has. Cached input tokens are part of ``input_tokens``, priced apart."""
+        cached = min(max(0, cached_tokens), input_tokens)
+        fresh = input_tokens - cached
+        names = list(models)
+        for name in names:
+            if (p := self.configured.get(name)) is not None:
+                cached_price = p.input if p.cached is None else p.cached
+                return (fresh * p.input + cached * cached_price + output_tokens * p.output) / 1e6
+        for name in names:
+            entry = self._lookup(name)
+            if entry is None:
+                continue
+            inp = entry.get("input_cost_per_token")
+            out = entry.get("output_cost_per_token")
+            if not isinstance(inp, int | float) or not isinstance(out, int | float):
+                continue
+            cached_price = entry.get("cache_read_input_token_cost")
+            if not isinstance(cached_price, int | float):
+                cached_price = inp
+            return fresh * inp + cached * cached_price + output_tokens * out
+        return None
+
+    def _lookup(self, name: str) -> dict[str, Any] | None:
+        table = self._map or {}
+        if name in table:
+            return table[name]
+        _, _, bare = name.partition("/")  # openai/gpt-4o-mini is listed as gpt-4o-mini
+        return table.get(bare) if bare else None
+
+
+# budgets -----------------------------------------------------------------------------------
+
+def period_start(period: str, now: float) -> float:
+    """The start (UTC) of the day or month that ``now`` is in."""
+    t = datetime.fromtimestamp(now, UTC)
+    t = t.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "month":
+        t = t.replace(day=1)
+    return t.timestamp()
+
+
+def _renews(period: str) -> str:
+    return "at midnight UTC" if period == "day" else "on the 1st of next month (UTC)"
+
+
+def _whose(scope: str) -> str:
+    return {"user": "You have", "chat": "This chat has", "agent": "This assistant has",
+            "route": "Conversations here have"}[scope]
+
+
+def budget_sentence(budget: Budget, used_tokens: int, used_cost: float) -> str:
+    """The one sentence a person is told when a budget stops a run."""
+    period = "daily" if budget.period == "day" else "monthly"
+    limits = []
+    if budget.tokens is not None:
+        limits.append(f"{budget.tokens:,} tokens")
+    if budget.cost is not None:
+        limits.append(f"${budget.cost:,.2f}")
+    return (f"{_whose(budget.per)} reached the {period} usage limit of "
+            f"{' / '.join(limits)}, so I can't answer now; it renews {_renews(budget.period)}.")
+
+
+def scope_key(scope: str, agent: str, who: Attribution) -> str:
+    match scope:
+        case "agent":
+            return agent
+        case "route":
+            return who.route
+        case "user":
+            return f"{who.provider}:{who.user_id}"
+        case _:
+            return f"{who.provider}:{who.chat_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A budget that stopped a call: for the log and metrics."""
+
+    budget: Budget
+    key: str
+    used_tokens: int
+    used_cost: float
+
+
+class UsageMeter:
+    """Writes the ledger and keeps the budgets (see the module's docstring)."""
+
+    def __init__(self, store: UsageStore, *, prices: Prices | None = None,
+                 budgets: Callable[[], list[Budget]] = list,
+                 clock: Callable[[], float] = time.time):
+        self.store = store
+        self.prices = prices or Prices()
+        self.budgets = budgets  # read at each check: a reload of pluto.yaml applies at once
+        self.clock = clock
+        self.on_record: list[Callable[[UsageCall], None]] = []
+        self.on_refusal: list[Callable[[Refusal], None]] = []
+
+    async def record(self, call: UsageCall, models: Iterable[str] = ()) -> UsageCall:
+        """Price the call (by its model, then by ``models``: other names of it), write it,
+        tell the observers; the row as written."""
+        if call.cost is None:
+            await self.prices.load()
+            cost = self.prices.cost([call.model, *models], call.input_tokens,
+                                    call.output_tokens, call.cached_tokens)
+            if cost is not None:
+                call = replace(call, cost=cost)
+        await self.store.record(call)
+        for observe in self.on_record:
+            try:
+                observe(call)
+            except Exception:
+                log.exception("a usage observer failed")
+        return call
+
+    async def check(self, agent: str, who: Attribution, *, upcoming_tokens: int = 0,
+                    models: Iterable[str] = ()) -> None:
+        """Raise :class:`BudgetExceeded` when a budget that applies is spent, or would be by a
+        call of ``upcoming_tokens`` more (an estimate of its prompt)."""
+        budgets = self.budgets()
+        if not budgets:
+            return
+        now = self.clock()
+        for budget in budgets:
+            key = scope_key(budget.per, agent, who)
+            if budget.only is not None and budget.only != key:
+                continue
+            spent = await self.store.spent(budget.per, key, period_start(budget.period, now))
+            over = budget.tokens is not None and (
+                spent.total_tokens + upcoming_tokens > budget.tokens)
+            over = over or (budget.cost is not None and spent.cost >= budget.cost)
+            if over:
+                refusal = Refusal(budget, key, spent.total_tokens, spent.cost)
+                log.warning("usage budget reached: %s %s, %s per %s (used %d tokens, $%.4f)",
+                            budget.per, key, _limits(budget), budget.period,
+                            spent.total_tokens, spent.cost)
+                for observe in self.on_refusal:
+                    observe(refusal)
+                raise BudgetExceeded(budget_sentence(budget, spent.total_tokens, spent.cost),
+                                     "usage")
+
+    async def status(self) -> list[dict[str, Any]]:
+        """Each budget with what its keys spent this period (the admin's view)."""
+        now = self.clock()
+        out = []
+        resets = await self.store.resets()
+        for budget in self.budgets():
+            since = period_start(budget.period, now)
+            if budget.only is not None:
+                keys = [budget.only]
+            else:
+                keys = [t.key for t in await self.store.totals(budget.per, since=since,
+                                                               limit=200)]
+            spent = []
+            for key in keys:
+                total = await self.store.spent(budget.per, key, since)
+                over = ((budget.tokens is not None and total.total_tokens >= budget.tokens)
+                        or (budget.cost is not None and total.cost >= budget.cost))
+                spent.append({"key": key, "total_tokens": total.total_tokens,
+                              "cost": round(total.cost, 8), "over": over,
+                              "reset_at": resets.get((budget.per, key))})
+            out.append({"per": budget.per, "period": budget.period, "tokens": budget.tokens,
+                        "cost": budget.cost, "only": budget.only, "since": since,
+                        "spent": spent})
+        return out
+
+    async def reset(self, scope: str, key: str) -> None:
+        """An admin's reset of ``key``'s budgets: what it spent until now no longer counts."""
+        if scope not in ("agent", "route", "user", "chat"):
+            raise ValueError(f"no budget per {scope!r}; one of: agent, route, user, chat")
+        await self.store.reset(scope, key)
+        log.warning("usage budgets of %s %s reset by an admin", scope, key)
+
+
+def _limits(budget: Budget) -> str:
+    parts = ([f"{budget.tokens} tokens"] if budget.tokens is not None else []) + (
+        [f"${budget.cost:g}"] if budget.cost is not None else [])
+    return " / ".join(parts)
+
+
