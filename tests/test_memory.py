@@ -4,6 +4,7 @@ over the verbatim history — on SQLite and PostgreSQL where storage is involved
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,9 @@ def agent_with(tmp_path: Path, memory=None, **yaml: object):
     folder = tmp_path / "agents" / "helper"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "agent.yaml").write_text(pyyaml.safe_dump({"instructions": [], **yaml}))
+    if isinstance(memory, dict):
+        (folder / "agent.yaml").write_text(pyyaml.safe_dump({"memory": memory, **yaml}))
+        return load_agent(folder)
     return dataclasses.replace(load_agent(folder), memory=memory or MemorySpec())
 
 
@@ -194,3 +198,252 @@ async def test_a_compaction_is_kept_and_the_messages_after_it_read(store):
     assert [c.upto for c in await history.compactions(s.id)] == [last.upto]
     # the verbatim transcript is intact
     assert len(await conv.messages(s.id)) == 6
+
+
+# runs: compaction, notes in the prompt, the tools -------------------------------------------
+
+import re
+import uuid
+
+from pluto.agents.spec import LongTermMemory, MemorySpec, ShortTermMemory
+from pluto.events import MessageFinal, RunEnd, ToolEnd
+from pluto.runtime.errors import ModelError
+from pluto.runtime.model import ToolCall
+from pluto.runtime.runner import Runner, RunRequest
+from pluto.runtime.testing import Scripted, ScriptedModel
+
+FACT = re.compile(r"fact: ([^.\n]*)")
+
+
+def clever(messages: list[dict]) -> Scripted:
+    """A scripted model: as a summarizer it keeps every 'fact: …'; asked for the cat's name it
+    answers from what its prompt holds; anything else gets a padded acknowledgement."""
+    prompt = "\n".join(str(m.get("content") or "") for m in messages)
+    if messages[0]["content"].startswith("You compact"):
+        return Scripted(text="\n".join(dict.fromkeys(f"fact: {f}." for f in FACT.findall(prompt)))
+                        or "nothing to keep")
+    if "name of my cat" in messages[-1]["content"]:
+        m = re.search(r"my cat is called (\w+)", prompt)
+        return Scripted(text=f"Your cat is called {m.group(1)}." if m else "I don't know.")
+    return Scripted(text="Noted, thank you. " + "Blah " * 20)
+
+
+class Chat:
+    """Runs of one agent through a Runner with the history part of the store."""
+
+    def __init__(self, store, tmp_path: Path, memory: MemorySpec, model: ScriptedModel):
+        self.store, self.model = store, model
+        self.agent = agent_with(tmp_path, memory)
+        self.runner = Runner(store.conversations, models={}, tools={}, data_dir=tmp_path,
+                             services={"history": store.history}, model_factory=model)
+        self.notices: list[str] = []
+
+    async def say(self, text: str, *, user: str = "42", chat: str = "42",
+                  direct: bool = True) -> list:
+        from pluto.runtime.memory import Speaker
+        key = f"helper/telegram/{chat}" + ("" if direct else f"/u/{user}")
+        session = await self.store.conversations.session(key, "helper")
+
+        async def notify(line: str) -> None:
+            self.notices.append(line)
+
+        req = RunRequest(uuid.uuid4().hex, session, self.agent, text,
+                         speaker=Speaker("telegram", chat, user, direct), notify=notify)
+        return [e async for e in self.runner.run(req)]
+
+
+def final(events: list) -> str:
+    return next(e.text for e in events if isinstance(e, MessageFinal))
+
+
+async def test_a_fact_of_turn_one_is_recalled_at_turn_200_after_several_compactions(
+        store, tmp_path: Path):
+    chat = Chat(store, tmp_path, MemorySpec(short_term=ShortTermMemory(max_tokens=400)),
+                ScriptedModel(fallback=clever))
+    await chat.say("fact: my cat is called Pixel. Please keep that in mind.")
+    for i in range(2, 200):
+        await chat.say(f"Turn {i}: " + "and some more words " * 5)
+    events = await chat.say("What is the name of my cat?")
+    assert final(events) == "Your cat is called Pixel."
+    session = await store.conversations.session("helper/telegram/42", "helper")
+    compactions = await store.history.compactions(session.id)
+    assert len(compactions) >= 3 and {c.method for c in compactions} == {"summary"}
+    assert all(c.tokens_after < c.tokens_before for c in compactions)
+    assert len(chat.notices) == len(compactions) and "summarized" in chat.notices[0]
+    last_prompt = chat.model.calls[-1]
+    assert "fact: my cat is called Pixel" in last_prompt[0]["content"]  # the summary
+    assert not any("Please keep that in mind" in str(m["content"]) for m in last_prompt[1:])
+    # the verbatim transcript is all there, and searchable
+    assert len(await store.conversations.messages(session.id, limit=10_000)) == 400
+    hits = await store.history.search(session.key, "Pixel keep")
+    assert [h.content for h in hits][-1].startswith("fact: my cat is called Pixel")
+    # the summarizer's tokens count as the run's usage
+    end = next(e for e in events if isinstance(e, RunEnd))
+    assert end.usage["prompt_tokens"] >= 10
+
+
+@pytest.mark.parametrize("trouble", ["slow", "failing"])
+async def test_a_slow_or_failing_summarizer_falls_back_to_truncation(store, tmp_path: Path,
+                                                                     trouble: str):
+    def model(messages: list[dict]) -> Scripted:
+        if messages[0]["content"].startswith("You compact"):
+            if trouble == "slow":
+                return Scripted(text="a summary that comes too late", chunk=1, delay=30)
+            return Scripted(error=ModelError("the summarizer is down"))
+        return Scripted(text="ok " + "word " * 40)
+
+    chat = Chat(store, tmp_path, MemorySpec(short_term=ShortTermMemory(
+        max_tokens=200, timeout_seconds=0.3, notice="(compacted)")), ScriptedModel(fallback=model))
+    for i in range(6):
+        events = await chat.say(f"fact: number {i} " + "filler " * 20)
+        assert final(events).startswith("ok")
+    session = await store.conversations.session("helper/telegram/42", "helper")
+    compactions = await store.history.compactions(session.id)
+    assert compactions and {c.method for c in compactions} == {"truncation"}
+    assert chat.notices == ["(compacted)"] * len(compactions)
+    assert "Earlier turns (clipped)" in compactions[-1].summary
+
+
+async def test_a_users_memory_never_reaches_another_user_or_a_group(store, tmp_path: Path):
+    remember = Scripted(tool_calls=[ToolCall("c1", "memory_remember",
+                                             json.dumps({"note": "Alice is allergic to nuts"}))])
+    model = ScriptedModel(remember, Scripted(text="I'll remember."))
+    chat = Chat(store, tmp_path, MemorySpec(long_term=LongTermMemory(scope="user")), model)
+    events = await chat.say("Remember I'm allergic to nuts", user="alice", chat="alice")
+    assert next(e for e in events if isinstance(e, ToolEnd)).content.startswith("Saved.")
+    assert "Alice is allergic to nuts" in (await chat.say("hi", user="alice",
+                                                          chat="alice") and
+                                          model.calls[-1][0]["content"])
+    await chat.say("hi", user="bob", chat="bob")
+    await chat.say("hi", user="alice", chat="group-1", direct=False)
+    for call in model.calls[-2:]:
+        assert "allergic" not in json.dumps(call)
+    # in the group the memory tools are not even offered
+    from pluto.runtime.memory import Speaker
+    from pluto.runtime.memory.context import prepare
+    for speaker, offered in ((Speaker("telegram", "group-1", "alice", False), False),
+                             (Speaker("telegram", "alice", "alice", True), True)):
+        memory = await prepare(chat.agent, session_id="s", session_key="k", run_id="r",
+                               speaker=speaker, book=chat.runner.services["memory"],
+                               history=None, summarizer=lambda: None)
+        assert ("memory_remember" in memory.tools) is offered
+
+
+async def test_the_model_searches_the_verbatim_history(store, tmp_path: Path):
+    search = Scripted(tool_calls=[ToolCall("c1", "search_history",
+                                           json.dumps({"query": "blue umbrella"}))])
+    model = ScriptedModel(Scripted(text="ok"), search, Scripted(text="found it"))
+    chat = Chat(store, tmp_path, MemorySpec(short_term=ShortTermMemory()), model)
+    await chat.say("I left my blue umbrella at the station")
+    events = await chat.say("where did I leave it?")
+    result = next(e for e in events if isinstance(e, ToolEnd))
+    assert "blue umbrella at the station" in result.content and not result.is_error
+
+
+# chat commands: /memory, /memory forget, /history search ------------------------------------
+
+async def test_memory_and_history_commands_in_a_chat(store, tmp_path: Path):
+    from pluto.agents.registry import AgentRegistry
+    from pluto.gateway.pipeline.commands import Commands, Failed
+    from pluto.gateway.pipeline.memory_commands import MemoryCommands
+    from pluto.types import IncomingMessage, Route
+
+    agent_with(tmp_path, memory={"long_term": {"scope": "user", "max_chars": 1000}})
+    registry = AgentRegistry(tmp_path / "agents")
+    book = MemoryBook(tmp_path / "memory")
+    commands = Commands(registry, store.conversations, stop=None)  # type: ignore[arg-type]
+    MemoryCommands(registry, book, store.history).register(commands)
+    route = Route(agent="helper", session_key="helper/telegram/42")
+
+    async def say(text: str, direct: bool = True, user: str = "42") -> str:
+        msg = IncomingMessage(provider="telegram", chat_id="42" if direct else "-100",
+                              user_id=user, text=text, is_direct=direct)
+        return await commands.handle(msg, route)
+
+    assert await say("/memory") == "I remember nothing about you yet."
+    await _remember(book, ALICE, "Likes green tea")
+    await _remember(book, ALICE, "Lives in Lyon")
+    shown = await say("/memory")
+    assert "- Likes green tea" in shown and "- Lives in Lyon" in shown
+    assert "green tea" not in await say("/memory", direct=False)  # never shown in a group
+    assert "nothing about you" in await say("/memory", user="43")  # bob sees none of it
+    assert await say("/memory forget tea") == "Forgotten. 1 note(s) left."
+    refused = await say("/memory forget beer")
+    assert isinstance(refused, Failed) and "no note contains 'beer'" in refused
+    assert (await book.revisions(ALICE))[-1].by == "user telegram:42"
+    assert isinstance(await say("/memory forget"), Failed)
+
+    session = await store.conversations.session(route.session_key, "helper")
+    await store.conversations.add_message(session.id, "user", "the parcel number is 8841")
+    found = await say("/history search parcel")
+    assert "you: the parcel number is 8841" in found
+    assert "Nothing in this conversation" in await say("/history search unicorn")
+    assert isinstance(await say("/history"), Failed)
+    assert "/memory" in await say("/help")
+
+
+# through the gateway and the fake OpenAI-compatible server ----------------------------------
+
+async def test_through_the_gateway_a_long_chat_compacts_visibly_and_keeps_its_facts(
+        config_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch):
+    from pluto.gateway.app import Gateway
+    from pluto.settings import PlutoConfig
+    from tests.fakes.openai_server import FakeOpenAI, Reply
+    from tests.fakes.openai_server import ToolCall as FakeCall
+    from tests.helpers.gateway import RecordingProvider, write_agent
+
+    write_agent(config_dir, "helper", "model: default\nmemory:\n"
+                "  long_term: {scope: user, max_chars: 2000}\n"
+                "  short_term: {max_tokens: 300, timeout_seconds: 10}\n")
+    (config_dir / "routes.yaml").write_text("routes: []\ndefault: helper\n")
+
+    def respond(body: dict) -> Reply:
+        messages = body["messages"]
+        prompt = json.dumps(messages)
+        last = messages[-1]
+        if messages[0]["content"].startswith("You compact"):
+            facts = dict.fromkeys(FACT.findall(messages[-1]["content"]))
+            return Reply(text="\n".join(f"fact: {f}." for f in facts) or "small talk")
+        if last["role"] == "user" and "remember that" in last["content"]:
+            return Reply(tool_calls=[FakeCall("memory_remember",
+                                              {"note": "Has a cat called Pixel"})])
+        if last["role"] == "user" and "name of my cat" in last["content"]:
+            m = re.search(r"cat (?:is )?called (\w+)", prompt)
+            return Reply(text=f"Your cat is called {m.group(1)}." if m else "I don't know.")
+        return Reply(text="Noted. " + "Right " * 15)
+
+    async with FakeOpenAI(api_key="sk-mem") as fake:
+        fake.respond_with(respond)
+        monkeypatch.setenv("PLUTO_API_KEY", "sk-mem")
+        cfg = PlutoConfig(data_dir=data_dir, models={"default": {
+            "model": "openai/fake", "api_base": fake.base_url, "api_key_env": "PLUTO_API_KEY",
+            "retries": 0, "timeout": 10}})
+        async with Gateway(config_dir, config=cfg) as gw:
+            p = RecordingProvider()
+            gw.add_provider(p)
+            await p.running.wait()
+            await p.say("fact: my cat is called Pixel. Please remember that.", chat="alice",
+                        user="alice")
+            await p.wait_finals(1, chat="alice")
+            for i in range(2, 25):
+                await p.say(f"Turn {i}: " + "we talk about the weather " * 6, chat="alice",
+                            user="alice")
+            await p.wait_finals(24, chat="alice")
+            await p.say("What is the name of my cat?", chat="alice", user="alice")
+            answers = await p.wait_finals(25, chat="alice")
+            assert answers[-1] == "Your cat is called Pixel."
+            notices = [m.text for m in p.sent if m.kind == "notice" and m.chat_id == "alice"]
+            session = await gw.store.conversations.session("helper/test/alice", "helper")
+            compactions = await gw.store.history.compactions(session.id)
+            assert len(compactions) >= 3 and len(notices) == len(compactions)
+            assert "summarized" in notices[0]
+            assert "fact: my cat is called Pixel." in compactions[-1].summary
+            assert "Has a cat called Pixel" in (data_dir / "memory" / "helper" / "users" /
+                                                "test" / "alice.md").read_text()
+            # another user, and alice herself, in a group: none of it reaches that prompt
+            before = len(fake.requests)
+            await p.say("hello everyone", chat="g1", user="bob", is_direct=False)
+            await p.say("What is the name of my cat?", chat="g1", user="alice", is_direct=False)
+            group = await p.wait_finals(2, chat="g1")
+            assert group[-1] == "I don't know."
+            assert "Pixel" not in json.dumps(fake.requests[before:])
