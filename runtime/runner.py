@@ -184,25 +184,42 @@ class Runner:
         if req.agent.memory.long_term is None and req.agent.memory.short_term is None:
             return NO_MEMORY
         book = self.services.setdefault("memory", MemoryBook(self.data_dir / "memory"))
+        started = time.monotonic()
         try:
-            return await prepare(req.agent, session_id=req.session.id,
-                                 session_key=req.session.key, run_id=req.run_id,
-                                 speaker=req.speaker, book=book,
-                                 history=self.services.get("history"),
-                                 summarizer=lambda: self._summarizer(req.agent),
-                                 narrowed=req.tools, notify=req.notify)
+            memory = await prepare(req.agent, session_id=req.session.id,
+                                   session_key=req.session.key, run_id=req.run_id,
+                                   speaker=req.speaker, book=book,
+                                   history=self.services.get("history"),
+                                   summarizer=lambda: self._summarizer(req.agent),
+                                   narrowed=req.tools, notify=req.notify)
         except Exception:
             log.exception("memory for run %s (agent %s) failed; answering without it",
                           req.run_id, req.agent.name)
             return NO_MEMORY
+        if memory.usage and self.usage is not None:  # the summarizer's call, in the ledger
+            try:
+                await self.usage.record(UsageCall(
+                    run_id=req.run_id, session_id=req.session.id, agent=req.agent.name,
+                    model=self._summary_settings(req.agent).model,
+                    input_tokens=memory.usage.get("prompt_tokens", 0),
+                    output_tokens=memory.usage.get("completion_tokens", 0),
+                    latency=time.monotonic() - started, outcome="ok", route=req.who.route,
+                    provider=req.who.provider, user_id=req.who.user_id,
+                    chat_id=req.who.chat_id, purpose="compaction"))
+            except Exception:
+                log.exception("usage of the compaction of run %s not recorded", req.run_id)
+        return memory
+
+    def _summary_settings(self, agent: AgentSpec) -> ModelSettings:
+        """The model that writes compaction summaries: ``short_term.model``, else the agent's."""
+        short = agent.memory.short_term
+        if short is not None and short.model:
+            return self.models.get(short.model) or ModelSettings(model=short.model)
+        return self.settings_for(agent)
 
     def _summarizer(self, agent: AgentSpec) -> Summarizer | None:
-        """The model that writes compaction summaries (``short_term.model``, else the agent's);
-        None with the offline model: truncation then."""
-        short = agent.memory.short_term
-        settings = self.settings_for(agent)
-        if short is not None and short.model:
-            settings = self.models.get(short.model) or ModelSettings(model=short.model)
+        """None with the offline model: truncation then."""
+        settings = self._summary_settings(agent)
         if settings.model == "offline":
             return None
         return model_summarizer(self.model_factory(settings), settings)

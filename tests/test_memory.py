@@ -437,6 +437,9 @@ async def test_through_the_gateway_a_long_chat_compacts_visibly_and_keeps_its_fa
             compactions = await gw.store.history.compactions(session.id)
             assert len(compactions) >= 3 and len(notices) == len(compactions)
             assert "summarized" in notices[0]
+            ledger = [c for c in await gw.store.usage.calls() if c.purpose == "compaction"]
+            assert len(ledger) == len(compactions)  # the summarizer's tokens are usage too
+            assert all(c.input_tokens > 0 and c.chat_id == "alice" for c in ledger)
             assert "fact: my cat is called Pixel." in compactions[-1].summary
             assert "Has a cat called Pixel" in (data_dir / "memory" / "helper" / "users" /
                                                 "test" / "alice.md").read_text()
