@@ -19,6 +19,7 @@ import asyncio
 import importlib.util
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -34,7 +35,7 @@ from pluto.storage.sqlite.usage import UsageCall
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Attribution", "Prices", "UsageCall", "UsageMeter", "period_start"]
+__all__ = ["Attribution", "Prices", "UsageCall", "UsageMeter", "parse_since", "period_start"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +125,24 @@ def period_start(period: str, now: float) -> float:
     if period == "month":
         t = t.replace(day=1)
     return t.timestamp()
+
+
+def parse_since(text: str, now: float) -> float:
+    """A start time from ``--since``; ValueError with a sentence when it is not one."""
+    text = text.strip()
+    if m := re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", text):
+        unit = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)]
+        return now - float(m.group(1)) * unit
+    if text in ("today", "day"):
+        return period_start("day", now)
+    if text == "month":
+        return period_start("month", now)
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a time: use 30m, 24h, 7d, today, month or "
+                         f"a date like 2026-11-01") from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 def _renews(period: str) -> str:
@@ -217,9 +236,10 @@ class UsageMeter:
             over = over or (budget.cost is not None and spent.cost >= budget.cost)
             if over:
                 refusal = Refusal(budget, key, spent.total_tokens, spent.cost)
-                log.warning("usage budget reached: %s %s, %s per %s (used %d tokens, $%.4f)",
-                            budget.per, key, _limits(budget), budget.period,
-                            spent.total_tokens, spent.cost)
+                log.warning("usage budget reached: %s %s, %s per %s (used %d tokens, $%.4f; "
+                            "the next call's prompt is about %d more)", budget.per, key,
+                            _limits(budget), budget.period, spent.total_tokens, spent.cost,
+                            upcoming_tokens)
                 for observe in self.on_refusal:
                     observe(refusal)
                 raise BudgetExceeded(budget_sentence(budget, spent.total_tokens, spent.cost),

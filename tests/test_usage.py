@@ -9,12 +9,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from pluto.gateway.app import Gateway
 from pluto.gateway.cli import main as cli_main
 from pluto.runtime.openai_compat import close_sessions
-from pluto.settings import ModelConfig, PlutoConfig
+from pluto.settings import AdminConfig, ModelConfig, PlutoConfig
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.sqlite import SqlStore, SqliteStore
 from pluto.storage.sqlite.usage import UsageCall
@@ -22,6 +23,8 @@ from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.openai_server import ToolCall as FakeCall
 from tests.helpers.gateway import RecordingProvider
 from tests.helpers.pg import fresh_schema
+
+ADMIN_KEY = "a-very-long-admin-key-for-usage"
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -163,3 +166,60 @@ async def test_the_ledger_matches_the_model_exactly_across_tools_retries_and_sto
     [row] = [line.split() for line in out.splitlines() if line.startswith("default")]
     assert row[:6] == ["default", "5", "350", "16", "100", "366"]
     assert row[6] == f"${expected:,.6f}"
+
+
+async def test_a_daily_user_budget_refuses_the_next_run_and_an_admin_resets_it(
+        config_dir, data_dir, fake, monkeypatch, caplog):
+    monkeypatch.setenv("PLUTO_ADMIN_KEY", ADMIN_KEY)
+    fake.script(Reply(text="First answer.", usage=(1500, 500)),
+                Reply(text="For the other one.", usage=(30, 5)),
+                Reply(text="After the reset.", usage=(10, 2)))
+    config = gateway_config(data_dir, fake, budgets=[{"per": "user", "period": "day",
+                                                     "tokens": 2000}]).model_copy(
+        update={"admin": AdminConfig(api_key_env="PLUTO_ADMIN_KEY")})
+    gw = Gateway(config_dir, config=config, serve=True, http_bind=("127.0.0.1", 0))
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    async with gw, aiohttp.ClientSession(headers=auth) as http:
+        p = await started(gw)
+        await p.say("hello")
+        assert await p.wait_finals(1) == ["First answer."]
+        await p.say("and again")  # 2,000 of 2,000 tokens spent today
+        sentence = (await p.wait_finals(2))[1]
+        assert sentence == ("You have reached the daily usage limit of 2,000 tokens, so I can't "
+                            "answer now; it renews at midnight UTC.")
+        assert len(fake.requests) == 1  # the model was not called
+        await p.say("hi", user="u2")  # another person has a budget of their own
+        assert (await p.wait_finals(3))[2] == "For the other one."
+        assert "usage budget reached: user test:u1" in caplog.text
+        assert "pluto_usage_budget_refusals_total{per=\"user\",period=\"day\"} 1.0" in \
+            gw.metrics.render()[0].decode()
+
+        base = gw.http.url + "/admin/usage"  # type: ignore[union-attr]
+        async with http.get(base + "?by=user&since=today") as r:
+            body = await r.json()
+        assert [(row["key"], row["total_tokens"]) for row in body["rows"]] == [
+            ("test:u1", 2000), ("test:u2", 35)]
+        assert body["total"]["calls"] == 2 and body["total"]["cost"] > 0
+        async with http.get(base + "/budgets") as r:
+            [budget] = (await r.json())["budgets"]
+        assert {s["key"]: s["over"] for s in budget["spent"]} == {"test:u1": True,
+                                                                  "test:u2": False}
+        for bad in ({"scope": "planet", "key": "x"}, {"scope": "user"}, []):
+            async with http.post(base + "/reset", json=bad) as r:
+                assert r.status == 400, bad
+                assert "'scope'" in (await r.json())["error"] or not isinstance(bad, dict)
+        async with http.get(base + "?by=nonsense") as r:
+            assert r.status == 400 and "'by' must be one of" in (await r.json())["error"]
+        async with http.get(base + "?since=yesterday") as r:
+            assert r.status == 400 and "is not a time" in (await r.json())["error"]
+        async with http.post(base + "/reset", json={"scope": "user", "key": "test:u1"}) as r:
+            assert r.status == 200
+        await asyncio.sleep(0.01)  # the database's clock counts milliseconds
+        await p.say("and now?")
+        assert (await p.wait_finals(4))[3] == "After the reset."
+        run_id = (await gw.store.usage.calls())[-1].run_id
+        async with http.get(f"{base}/runs/{run_id}") as r:
+            [row] = (await r.json())["calls"]
+        assert (row["input_tokens"], row["output_tokens"], row["user_id"]) == (10, 2, "u1")
+        async with http.get(base, headers={"Authorization": "Bearer wrong"}) as r:
+            assert r.status == 401

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -43,34 +42,14 @@ def add_parser(subs: Any) -> list[argparse.ArgumentParser]:
     return [usage]
 
 
-def parse_since(text: str, now: float) -> float:
-    """A start time from ``--since``; ValueError with a sentence when it is not one."""
-    text = text.strip()
-    if m := re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", text):
-        unit = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[m.group(2)]
-        return now - float(m.group(1)) * unit
-    from pluto.runtime.usage import period_start
-
-    if text in ("today", "day"):
-        return period_start("day", now)
-    if text == "month":
-        return period_start("month", now)
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"--since {text!r} is not a time: use 30m, 24h, 7d, today, month or "
-                         f"a date like 2026-11-01") from None
-    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
-
-
 async def usage_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
-    from pluto.runtime.usage import Prices, UsageMeter
+    from pluto.runtime.usage import Prices, UsageMeter, parse_since
     from pluto.storage import store_for
 
     try:
         since = parse_since(args.since, time.time()) if args.since else None
     except ValueError as e:
-        print(f"pluto usage: {e}", file=sys.stderr)
+        print(f"pluto usage: --since {e}", file=sys.stderr)
         return EXIT_CONFIG
     if args.reset is not None:
         scope, _, key = args.reset.partition(":")

@@ -15,6 +15,8 @@ Without a configured key the admin API is off and says so (403). Endpoints (JSON
 - ``GET /admin/pairing``, ``POST /admin/pairing/approve``,
   ``DELETE /admin/pairing/{provider}/{user}``: pairing requests and approvals
 - ``GET /admin/runs?limit=&agent=&status=``, ``GET /admin/runs/{id}``: recent runs, one run
+- ``GET /admin/usage?by=&since=``, ``GET /admin/usage/runs/{id}``, ``GET /admin/usage/budgets``,
+  ``POST /admin/usage/reset``: the usage ledger and budgets (:mod:`.admin_usage`)
 
 Agents put here are files in ``<data_dir>/agents/<name>/``, validated exactly like the ones in
 the config dir before they replace anything (atomically), and they override a config agent of
@@ -38,6 +40,7 @@ from pluto import jsonlimits
 from pluto.errors import ConfigError, UnknownAgent
 from pluto.jsonlimits import JsonTooDeep
 from pluto.gateway.http.admin_agents import AgentFiles, BadRequest, agent_card, agent_view, delete, save
+from pluto.gateway.http.admin_usage import add_usage_routes
 from pluto.gateway.pipeline.explain import explain, message_from
 from pluto.gateway.http.server import GATEWAY_KEY
 from pluto.events import event_to_dict
@@ -121,6 +124,7 @@ def mount_admin(app: web.Application, gateway: Gateway) -> None:
     r.add_delete("/pairing/{provider}/{user}", _revoke)
     r.add_get("/runs", _runs)
     r.add_get("/runs/{run_id}", _run)
+    add_usage_routes(r)  # /admin/usage...: the usage ledger and budgets (admin_usage.py)
     app.add_subapp("/admin", admin)
     app.router.add_get("/agents/{name}/.well-known/agent.json", _card)
     app.router.add_get("/agents/{name}/.well-known/agent-card.json", _card)
