@@ -450,3 +450,41 @@ async def test_through_the_gateway_a_long_chat_compacts_visibly_and_keeps_its_fa
             group = await p.wait_finals(2, chat="g1")
             assert group[-1] == "I don't know."
             assert "Pixel" not in json.dumps(fake.requests[before:])
+
+
+# pluto memory list | show | diff | restore --------------------------------------------------
+
+def test_pluto_memory_cli_shows_diffs_and_restores(config_dir: Path, data_dir: Path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    book = MemoryBook(data_dir / "memory")
+    for note in ("Likes green tea", "Lives in Lyon"):
+        asyncio.run(_remember(book, ALICE, note))
+    asyncio.run(book.edit(ALICE, lambda m: forget(m, "all"), op="forget", by="user", why=""))
+    exe = shutil.which("pluto")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLUTO_")}
+
+    def pluto(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [exe] if exe else [sys.executable, "-m", "pluto.gateway.cli"]
+        return subprocess.run([*cmd, "memory", *args, "--config", str(config_dir),
+                               "--data-dir", str(data_dir)], env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    listed = pluto("list")
+    assert listed.returncode == 0 and "user telegram:42 (agent helper)\t0 notes" in listed.stdout
+    revs = pluto("diff", "helper", "--user", "telegram:42")
+    assert [ln.split("\t")[2] for ln in revs.stdout.splitlines()] == ["remember", "remember",
+                                                                      "forget"]
+    assert "+- Lives in Lyon" in pluto("diff", "helper", "--user", "telegram:42",
+                                       "--rev", "2").stdout
+    done = pluto("restore", "helper", "--user", "telegram:42", "2")
+    assert done.returncode == 0 and "restored revision 2" in done.stdout
+    shown = pluto("show", "helper", "--user", "telegram:42")
+    assert shown.stdout == (asyncio.run(book.revisions(ALICE)))[1].content
+    bad = pluto("restore", "helper", "--user", "telegram:42", "9")
+    assert bad.returncode == 1 and "no revision 9" in bad.stderr and "Traceback" not in bad.stderr
+    odd = pluto("show", "helper", "--user", "nocolon")
+    assert odd.returncode == 2 and "PROVIDER:ID" in odd.stderr

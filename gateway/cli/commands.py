@@ -32,7 +32,7 @@ def dispatch(args: argparse.Namespace) -> int:
         return _config_failed(e)
     data_dir = data_dir_for(config, args.data_dir)  # absolute, decided once
     quiet = args.command in ("chat", "run", "agents", "routes", "pairing", "data", "doctor",
-                             "status", "logs", "usage")
+                             "status", "logs", "usage", "memory")
     setup_logging("DEBUG" if args.verbose else config.log_level,
                   secret_env_names=config.secret_names(),
                   log_file=None if args.command in ("status", "logs") else data_dir / "pluto.log",
@@ -67,6 +67,9 @@ def dispatch(args: argparse.Namespace) -> int:
         case "usage":
             from pluto.gateway.cli.usage import usage_command
             return _guarded(usage_command(args, config, data_dir))
+        case "memory":
+            from pluto.gateway.cli.memory import memory_command
+            return _guarded(memory_command(args, config, data_dir))
     return EXIT_CONFIG
 
 

@@ -1,0 +1,124 @@
+"""``pluto memory``: what agents remember (the Markdown files under ``<data dir>/memory``), for
+admins, with or without a running gateway.
+
+    pluto memory list [--agent NAME]                 every memory file: whose, notes, size
+    pluto memory show AGENT [--user P:ID | --chat P:ID]   the file as it is now
+    pluto memory diff AGENT [--user P:ID | --chat P:ID] [--rev N]   its revisions, or one's diff
+    pluto memory restore AGENT [--user P:ID | --chat P:ID] REV     bring revision REV back
+
+Without ``--user`` or ``--chat`` the agent's own notes (``long_term.scope: agent``) are meant.
+A restore is itself a new revision: nothing is lost by one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pluto.gateway.cli.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
+
+if TYPE_CHECKING:
+    from pluto.runtime.memory import Owner
+    from pluto.settings import PlutoConfig
+
+
+def add_parser(subs: Any) -> list[argparse.ArgumentParser]:
+    memory = subs.add_parser("memory", help="what agents remember: list, show, diff, restore")
+    acts = memory.add_subparsers(dest="memory_command", metavar="ACTION", required=True)
+    listing = acts.add_parser("list", help="every memory file: whose, how many notes, size")
+    listing.add_argument("--agent", metavar="NAME", help="only this agent's")
+    show = acts.add_parser("show", help="a memory file as it is now")
+    diff = acts.add_parser("diff", help="a memory file's revisions, or one revision's diff")
+    diff.add_argument("--rev", type=int, metavar="N", help="the diff of revision N")
+    restore = acts.add_parser("restore", help="bring an earlier revision back (as a new one)")
+    for sub in (show, diff, restore):
+        sub.add_argument("agent", help="the agent's name")
+        whose = sub.add_mutually_exclusive_group()
+        whose.add_argument("--user", metavar="PROVIDER:ID", help="a user's notes, e.g. "
+                           "telegram:42")
+        whose.add_argument("--chat", metavar="PROVIDER:ID", help="a chat's notes")
+    restore.add_argument("rev", type=int, help="the revision to bring back")
+    return [memory, listing, show, diff, restore]
+
+
+def _owner(args: argparse.Namespace) -> Owner:
+    from pluto.runtime.memory import Owner
+
+    which = args.user or args.chat
+    if which is None:
+        return Owner(args.agent, "agent")
+    provider, sep, ident = which.partition(":")
+    if not sep or not provider or not ident:
+        raise ValueError(f"'{which}' is not PROVIDER:ID (e.g. telegram:42)")
+    return Owner(args.agent, "user" if args.user else "chat", provider, ident)
+
+
+async def memory_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
+    from pluto.runtime.memory import MemoryBook, MemoryRefused
+
+    book = MemoryBook(data_dir / "memory")
+    if args.memory_command == "list":
+        return await _list(book, args.agent)
+    try:
+        owner = _owner(args)
+    except ValueError as e:
+        print(f"pluto memory: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    match args.memory_command:
+        case "show":
+            memory = await book.read(owner)
+            if memory.problem:
+                print(f"pluto memory: {owner.label()}: {memory.problem}", file=sys.stderr)
+                return EXIT_FAILED
+            if not memory.text:
+                print(f"pluto memory: nothing is remembered for {owner.label()}",
+                      file=sys.stderr)
+                return EXIT_FAILED
+            sys.stdout.write(memory.text)
+        case "diff":
+            return await _diff(book, owner, args.rev)
+        case "restore":
+            try:
+                memory = await book.restore(owner, args.rev, by="admin (pluto memory restore)")
+            except MemoryRefused as e:
+                print(f"pluto memory restore: {e}", file=sys.stderr)
+                return EXIT_FAILED
+            print(f"restored revision {args.rev} of {owner.label()} "
+                  f"({len(memory.notes)} notes)")
+        case _:
+            return EXIT_CONFIG
+    return EXIT_OK
+
+
+async def _list(book: Any, agent: str | None) -> int:
+    owners = book.owners(agent)
+    if not owners:
+        print("no memory files" + (f" for agent {agent}" if agent else ""))
+        return EXIT_OK
+    for owner in owners:
+        memory = await book.read(owner)
+        state = (f"UNREADABLE: {memory.problem}" if memory.problem
+                 else f"{len(memory.notes)} notes, {memory.chars:,} chars")
+        print(f"{owner.label()}\t{state}\t{book.path(owner)}")
+    return EXIT_OK
+
+
+async def _diff(book: Any, owner: Owner, rev: int | None) -> int:
+    revisions = await book.revisions(owner)
+    if not revisions:
+        print(f"pluto memory: {owner.label()} has no revisions", file=sys.stderr)
+        return EXIT_FAILED
+    if rev is None:
+        for r in revisions:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.at))
+            print(f"{r.rev}\t{when}\t{r.op}\tby {r.by}" + (f"\t{r.why}" if r.why else ""))
+        return EXIT_OK
+    wanted = next((r for r in revisions if r.rev == rev), None)
+    if wanted is None:
+        print(f"pluto memory: no revision {rev} (1..{revisions[-1].rev})", file=sys.stderr)
+        return EXIT_FAILED
+    sys.stdout.write(wanted.diff or "(no change)\n")
+    return EXIT_OK
