@@ -38,7 +38,7 @@ def add_parser(subs: Any) -> list[argparse.ArgumentParser]:
         sub.add_argument("agent", help="the agent's name")
         whose = sub.add_mutually_exclusive_group()
         whose.add_argument("--user", metavar="PROVIDER:ID", help="a user's notes, e.g. "
-                           "telegram:42")
+                           "web:42")
         whose.add_argument("--chat", metavar="PROVIDER:ID", help="a chat's notes")
     restore.add_argument("rev", type=int, help="the revision to bring back")
     return [memory, listing, show, diff, restore]
@@ -52,7 +52,7 @@ def _owner(args: argparse.Namespace) -> Owner:
         return Owner(args.agent, "agent")
     provider, sep, ident = which.partition(":")
     if not sep or not provider or not ident:
-        raise ValueError(f"'{which}' is not PROVIDER:ID (e.g. telegram:42)")
+        raise ValueError(f"'{which}' is not PROVIDER:ID (e.g. web:42)")
     return Owner(args.agent, "user" if args.user else "chat", provider, ident)
 
 

@@ -110,7 +110,7 @@ _SECRETS = [
     (re.compile(r"\b(sk|rk|pk)-[A-Za-z0-9_-]{16,}"), "an API key"),
     (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), "an AWS access key"),
     (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"), "a GitHub token"),
-    (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), "a Slack token"),
+    (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), "a chat-platform token"),
     (re.compile(r"\b\d{6,12}:[A-Za-z0-9_-]{30,}"), "a bot token"),
     (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
     (re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\."), "a signed token (JWT)"),
