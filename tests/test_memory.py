@@ -488,3 +488,41 @@ def test_pluto_memory_cli_shows_diffs_and_restores(config_dir: Path, data_dir: P
     assert bad.returncode == 1 and "no revision 9" in bad.stderr and "Traceback" not in bad.stderr
     odd = pluto("show", "helper", "--user", "nocolon")
     assert odd.returncode == 2 and "PROVIDER:ID" in odd.stderr
+
+
+async def test_with_the_offline_model_compaction_is_truncation_with_the_notice(
+        store, tmp_path: Path):
+    from pluto.runtime.memory import Speaker
+    from pluto.runtime.model import ModelSettings
+
+    agent = agent_with(tmp_path, MemorySpec(short_term=ShortTermMemory(max_tokens=200),
+                                            long_term=LongTermMemory(scope="user")))
+    runner = Runner(store.conversations, models={"default": ModelSettings(model="offline")},
+                    tools={}, data_dir=tmp_path, services={"history": store.history})
+    notices: list[str] = []
+
+    async def notify(line: str) -> None:
+        notices.append(line)
+
+    session = await store.conversations.session("helper/web/1", "helper")
+    for i in range(8):
+        req = RunRequest(uuid.uuid4().hex, session, agent, f"question {i} " + "why " * 30,
+                         speaker=Speaker("web", "1", "1"), notify=notify)
+        events = [e async for e in runner.run(req)]
+        assert isinstance(events[-1], RunEnd) and events[-1].outcome == "ok"
+    compactions = await store.history.compactions(session.id)
+    assert compactions and {c.method for c in compactions} == {"truncation"}
+    assert len(notices) == len(compactions)
+
+
+async def test_an_unreadable_memory_file_never_stops_an_answer(store, tmp_path: Path):
+    model = ScriptedModel(fallback=lambda m: Scripted(text="fine"))
+    chat = Chat(store, tmp_path, MemorySpec(long_term=LongTermMemory(scope="user")), model)
+    path = chat.runner.services.setdefault("memory", MemoryBook(tmp_path / "memory")).path(
+        Owner("helper", "user", "telegram", "42"))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x00\x01binary")
+    events = await chat.say("hello")
+    assert final(events) == "fine"
+    assert "Unavailable: the file holds binary data" in model.calls[-1][0]["content"]
+    assert path.read_bytes() == b"\x00\x01binary"
