@@ -322,6 +322,20 @@ class HistoryStore(Protocol):
         ...
 
 
+class NotesStore(Protocol):
+    """Long-term memory files in a shared database (see ``storage/sqlite/memory``)."""
+
+    async def read(self, owner: str) -> tuple[str, int] | None: ...
+
+    async def write(self, owner: str, expected_rev: int, revision: dict[str, Any]) -> bool:
+        """Compare-and-set on the revision number; False when another write came first."""
+        ...
+
+    async def revisions(self, owner: str) -> list[dict[str, Any]]: ...
+
+    async def owners(self) -> list[str]: ...
+
+
 class Bus(Protocol):
     """Notifications between instances sharing the database (PostgreSQL's LISTEN/NOTIFY)."""
 
@@ -345,6 +359,7 @@ class Store(Protocol):
     rates: RateBucketStore
     usage: UsageStore
     history: HistoryStore
+    notes: NotesStore
     bus: Bus | None  # None: one process per database, nothing to tell
 
     @property

@@ -140,12 +140,12 @@ def test_a_users_notes_never_enter_a_group_unless_the_agent_allows(tmp_path: Pat
     assert owner_for(agent_with(tmp_path, MemorySpec()), Speaker("t", "1", "1")) is None
 
 
-def test_odd_ids_stay_inside_the_memory_folder(tmp_path: Path):
+async def test_odd_ids_stay_inside_the_memory_folder(tmp_path: Path):
     book = MemoryBook(tmp_path)
     for odd in ("..", "../../etc/passwd", "a/b", ".hidden", "x\ny"):
         path = book.path(Owner("helper", "user", odd, odd)).resolve()
         assert path.is_relative_to(tmp_path.resolve()) and path.suffix == ".md"
-    assert book.owners() == []
+    assert await book.owners() == []
 
 
 # the history part of the store: compactions and search, on both engines --------------------
@@ -526,3 +526,27 @@ async def test_an_unreadable_memory_file_never_stops_an_answer(store, tmp_path: 
     assert final(events) == "fine"
     assert "Unavailable: the file holds binary data" in model.calls[-1][0]["content"]
     assert path.read_bytes() == b"\x00\x01binary"
+
+
+# several instances: the notes in the shared database ------------------------------------------
+
+async def test_notes_in_the_database_concurrent_writes_restore_and_listing(store):
+    from pluto.runtime.memory import SharedMemoryBook
+    book, other = SharedMemoryBook(store.notes), SharedMemoryBook(store.notes)  # two instances
+    await asyncio.gather(*(_remember(b, ALICE, f"fact number {i}")
+                           for i, b in enumerate([book, other] * 6)))
+    notes = (await other.read(ALICE)).notes
+    assert sorted(notes) == sorted(f"fact number {i}" for i in range(12))
+    revisions = await book.revisions(ALICE)
+    assert [r.rev for r in revisions] == list(range(1, 13))
+    third = revisions[2].content
+    await book.edit(ALICE, lambda m: forget(m, "all"), op="forget", by="user", why="")
+    restored = await other.restore(ALICE, 3)
+    assert restored.text == third and (await book.read(ALICE)).text == third
+    assert "+- fact number" in revisions[2].diff
+    await _remember(book, Owner("helper", "agent"), "The team meets on Mondays")
+    assert await book.owners() == [Owner("helper", "agent"), ALICE]
+    assert await book.owners("nobody") == []
+    with pytest.raises(MemoryRefused, match="API key"):
+        await _remember(book, BOB, "sk-abcdefghijklmnopqrstuvwxyz")
+    assert (await book.read(BOB)).notes == ()

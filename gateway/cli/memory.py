@@ -57,9 +57,24 @@ def _owner(args: argparse.Namespace) -> Owner:
 
 
 async def memory_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
-    from pluto.runtime.memory import MemoryBook, MemoryRefused
+    from pluto.runtime.memory import MemoryBook, SharedMemoryBook
 
-    book = MemoryBook(data_dir / "memory")
+    url = config.storage.url()
+    if url:  # several instances: the notes are in the shared database
+        from pluto.storage import store_for
+
+        store = store_for(data_dir, url)
+        await store.open()
+        try:
+            return await _act(args, SharedMemoryBook(store.notes))  # type: ignore[attr-defined]
+        finally:
+            await store.close()
+    return await _act(args, MemoryBook(data_dir / "memory"))
+
+
+async def _act(args: argparse.Namespace, book: Any) -> int:
+    from pluto.runtime.memory import MemoryRefused
+
     if args.memory_command == "list":
         return await _list(book, args.agent)
     try:
@@ -94,7 +109,7 @@ async def memory_command(args: argparse.Namespace, config: PlutoConfig, data_dir
 
 
 async def _list(book: Any, agent: str | None) -> int:
-    owners = book.owners(agent)
+    owners = await book.owners(agent)
     if not owners:
         print("no memory files" + (f" for agent {agent}" if agent else ""))
         return EXIT_OK
@@ -102,7 +117,7 @@ async def _list(book: Any, agent: str | None) -> int:
         memory = await book.read(owner)
         state = (f"UNREADABLE: {memory.problem}" if memory.problem
                  else f"{len(memory.notes)} notes, {memory.chars:,} chars")
-        print(f"{owner.label()}\t{state}\t{book.path(owner)}")
+        print(f"{owner.label()}\t{state}\t{book.where(owner)}")
     return EXIT_OK
 
 

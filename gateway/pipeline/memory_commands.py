@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from pluto.agents.registry import AgentRegistry
 from pluto.errors import PlutoError
 from pluto.gateway.pipeline.commands import Commands, Failed
-from pluto.runtime.memory import MemoryBook, MemoryRefused, Speaker, owner_for
+from pluto.runtime.memory import MemoryRefused, NoteBook, Speaker, owner_for
 from pluto.runtime.memory.notes import forget
 from pluto.types import IncomingMessage, Route
 
@@ -21,7 +21,7 @@ SEARCH_HITS = 10
 
 
 class MemoryCommands:
-    def __init__(self, registry: AgentRegistry, book: MemoryBook, history: HistoryStore):
+    def __init__(self, registry: AgentRegistry, book: NoteBook, history: HistoryStore):
         self.registry = registry
         self.book = book
         self.history = history

@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pluto.agents.spec import AgentSpec
-from pluto.runtime.memory.notes import Memory, MemoryBook, MemoryRefused, Owner
+from pluto.runtime.memory.notes import (Memory, MemoryBook, MemoryRefused, NoteBook, Owner,
+                                        SharedMemoryBook)
 
-__all__ = ["Memory", "MemoryBook", "MemoryRefused", "Owner", "Speaker", "owner_for",
-           "prompt_block"]
+__all__ = ["Memory", "MemoryBook", "MemoryRefused", "NoteBook", "Owner", "SharedMemoryBook",
+           "Speaker", "owner_for", "prompt_block"]
 
 
 @dataclass(frozen=True, slots=True)

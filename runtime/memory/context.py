@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pluto.agents.spec import AgentSpec
 from pluto.runtime.memory import Speaker, owner_for, prompt_block
 from pluto.runtime.memory.compaction import SUMMARY_HEAD, Summarizer, context_for
-from pluto.runtime.memory.notes import MemoryBook
+from pluto.runtime.memory.notes import NoteBook
 from pluto.runtime.memory.tools import MEMORY_TOOLS, memory_tools, search_tool
 from pluto.runtime.tools import Tool
 
@@ -38,7 +38,7 @@ NO_MEMORY = RunMemory()
 
 
 async def prepare(agent: AgentSpec, *, session_id: str, session_key: str, run_id: str,
-                  speaker: Speaker | None, book: MemoryBook, history: HistoryStore | None,
+                  speaker: Speaker | None, book: NoteBook, history: HistoryStore | None,
                   summarizer: Callable[[], Summarizer | None],
                   narrowed: tuple[str, ...] | None = None,
                   notify: Callable[[str], Awaitable[Any]] | None = None) -> RunMemory:

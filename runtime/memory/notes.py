@@ -171,9 +171,9 @@ def _find(memory: Memory, match: str) -> int:
     if not needle:
         raise MemoryRefused("say which note: a few words it contains")
     lines = memory.text.splitlines()
-    hits = [i for i, line in enumerate(lines)
-            if (m := _NOTE.match(line)) and needle in m.group(1).casefold()]
-    exact = [i for i in hits if _NOTE.match(lines[i]).group(1).casefold() == needle]  # type: ignore[union-attr]
+    notes = {i: m.group(1) for i, line in enumerate(lines) if (m := _NOTE.match(line))}
+    hits = [i for i, note in notes.items() if needle in note.casefold()]
+    exact = [i for i in hits if notes[i].casefold() == needle]
     if len(exact) == 1:
         return exact[0]
     if not hits:
@@ -181,7 +181,7 @@ def _find(memory: Memory, match: str) -> int:
             "; the notes are: " + " | ".join(memory.notes[:20]) if memory.notes
             else "; memory is empty"))
     if len(hits) > 1:
-        shown = " | ".join(_NOTE.match(lines[i]).group(1) for i in hits[:5])  # type: ignore[union-attr]
+        shown = " | ".join(notes[i] for i in hits[:5])
         raise MemoryRefused(f"{len(hits)} notes contain '{match}': {shown}; quote more of the "
                             f"one you mean")
     return hits[0]
@@ -229,26 +229,17 @@ def forget(memory: Memory, match: str) -> str:
 Edit = Callable[[Memory], str]
 
 
-class MemoryBook:
-    """The memory files under one folder (``<data dir>/memory``). Every method that touches a
-    file runs it in a worker thread, under the file's lock."""
+class NoteBook:
+    """What both kinds of memory book do the same way."""
 
-    def __init__(self, root: Path):
-        self.root = root
-
-    def path(self, owner: Owner) -> Path:
-        return self.root / owner.relpath()
-
-    async def read(self, owner: Owner) -> Memory:
-        return await asyncio.to_thread(self._read, owner)
+    async def read(self, owner: Owner) -> Memory: ...
 
     async def edit(self, owner: Owner, edit: Edit, *, op: str, by: str, why: str) -> Memory:
         """Apply one edit (a function of the current memory → the new text) as one revision;
         MemoryRefused (nothing written) when the edit or the file does not allow it."""
-        return await asyncio.to_thread(self._edit, owner, edit, op, by, why)
+        ...
 
-    async def revisions(self, owner: Owner) -> list[Revision]:
-        return await asyncio.to_thread(self._revisions, self.path(owner))
+    async def revisions(self, owner: Owner) -> list[Revision]: ...
 
     async def restore(self, owner: Owner, rev: int, *, by: str = "admin") -> Memory:
         revisions = await self.revisions(owner)
@@ -259,20 +250,54 @@ class MemoryBook:
         return await self.edit(owner, lambda m: wanted.content, op="restore", by=by,
                                why=f"restored revision {rev}")
 
-    def owners(self, agent: str | None = None) -> list[Owner]:
+    def where(self, owner: Owner) -> str:
+        """Where the notes are kept, for people."""
+        ...
+
+
+def _owner_of(parts: tuple[str, ...]) -> Owner | None:
+    """The owner of a memory file from its path below the memory folder."""
+    name = _unquote(parts[0])
+    if len(parts) == 2 and parts[1] == "agent.md":
+        return Owner(name, "agent")
+    if len(parts) == 4 and parts[1] in ("users", "chats") and parts[3].endswith(".md"):
+        return Owner(name, "user" if parts[1] == "users" else "chat", _unquote(parts[2]),
+                     _unquote(parts[3][:-3]))
+    return None
+
+
+class MemoryBook(NoteBook):
+    """The memory files under one folder (``<data dir>/memory``). Every method that touches a
+    file runs it in a worker thread, under the file's lock."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def path(self, owner: Owner) -> Path:
+        return self.root / owner.relpath()
+
+    def where(self, owner: Owner) -> str:
+        return str(self.path(owner))
+
+    async def read(self, owner: Owner) -> Memory:
+        return await asyncio.to_thread(self._read, owner)
+
+    async def edit(self, owner: Owner, edit: Edit, *, op: str, by: str, why: str) -> Memory:
+        return await asyncio.to_thread(self._edit, owner, edit, op, by, why)
+
+    async def revisions(self, owner: Owner) -> list[Revision]:
+        return await asyncio.to_thread(self._revisions, self.path(owner))
+
+    async def owners(self, agent: str | None = None) -> list[Owner]:
         """Every memory file there is (for ``pluto memory``)."""
-        found = []
-        for path in sorted(self.root.glob("*/**/*.md")):
-            parts = path.relative_to(self.root).parts
-            name = _unquote(parts[0])
-            if agent is not None and name != agent:
-                continue
-            if len(parts) == 2 and parts[1] == "agent.md":
-                found.append(Owner(name, "agent"))
-            elif len(parts) == 4 and parts[1] in ("users", "chats"):
-                found.append(Owner(name, "user" if parts[1] == "users" else "chat",
-                                   _unquote(parts[2]), _unquote(parts[3][:-3])))
-        return found
+        def find() -> list[Owner]:
+            found = []
+            for path in sorted(self.root.glob("*/**/*.md")):
+                owner = _owner_of(path.relative_to(self.root).parts)
+                if owner is not None and (agent is None or owner.agent == agent):
+                    found.append(owner)
+            return found
+        return await asyncio.to_thread(find)
 
     # in the worker thread -------------------------------------------------------------------
 
@@ -323,16 +348,67 @@ class MemoryBook:
     @staticmethod
     def _append(path: Path, last: Revision | None, text: str, by: str, op: str,
                 why: str) -> Revision:
-        before = last.content if last else ""
-        diff = "".join(difflib.unified_diff(before.splitlines(True), text.splitlines(True),
-                                            "before", "after"))
-        rev = Revision((last.rev if last else 0) + 1, time.time(), by, op, why[:300], diff,
-                       text, _sha(text))
+        rev = _revision(last.rev if last else 0, last.content if last else "", text, by, op,
+                        why)
         with path.with_suffix(".revisions.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(rev.as_dict(), ensure_ascii=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
         return rev
+
+
+class SharedMemoryBook(NoteBook):
+    """The same memory, kept in the database that several gateway instances share
+    (``store.notes``, PostgreSQL): the Markdown text of each owner and its revisions. A write
+    is a compare-and-set on the revision number, retried when another write came first — so
+    two writes at once both land. ``pluto memory show`` prints the Markdown."""
+
+    RETRIES = 20
+
+    def __init__(self, notes: Any):
+        self.notes = notes  # storage.sqlite.memory.SqlNotes
+
+    def where(self, owner: Owner) -> str:
+        return f"database: {owner.relpath()}"
+
+    async def _current(self, owner: Owner) -> tuple[Memory, int]:
+        row = await self.notes.read(str(owner.relpath()))
+        if row is None:
+            return Memory(owner, "", ()), 0
+        return parse(owner, row[0].encode()), row[1]
+
+    async def read(self, owner: Owner) -> Memory:
+        return (await self._current(owner))[0]
+
+    async def edit(self, owner: Owner, edit: Edit, *, op: str, by: str, why: str) -> Memory:
+        for _ in range(self.RETRIES):
+            memory, rev = await self._current(owner)
+            if memory.problem:
+                raise MemoryUnreadable(f"{owner.label()}: {memory.problem}; it is left as it is")
+            text = edit(memory)
+            if text == memory.text:
+                return memory
+            revision = _revision(rev, memory.text, text, by, op, why)
+            if await self.notes.write(str(owner.relpath()), rev, revision.as_dict()):
+                return parse(owner, text.encode())
+        raise MemoryRefused("memory is being changed by many writers at once; try again")
+
+    async def revisions(self, owner: Owner) -> list[Revision]:
+        return [Revision(**r) for r in await self.notes.revisions(str(owner.relpath()))]
+
+    async def owners(self, agent: str | None = None) -> list[Owner]:
+        found = []
+        for key in await self.notes.owners():
+            owner = _owner_of(tuple(Path(key).parts))
+            if owner is not None and (agent is None or owner.agent == agent):
+                found.append(owner)
+        return found
+
+
+def _revision(last_rev: int, before: str, text: str, by: str, op: str, why: str) -> Revision:
+    diff = "".join(difflib.unified_diff(before.splitlines(True), text.splitlines(True),
+                                        "before", "after"))
+    return Revision(last_rev + 1, time.time(), by, op, why[:300], diff, text, _sha(text))
 
 
 def _unquote(part: str) -> str:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from pluto.runtime.memory.notes import MemoryBook, MemoryRefused, Owner, forget, remember, replace
+from pluto.runtime.memory.notes import (MemoryRefused, NoteBook, Owner, forget, remember,
+                                        replace)
 from pluto.runtime.tools import Tool, ToolContext, ToolResult, tool
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 MEMORY_TOOLS = ("memory_remember", "memory_replace", "memory_forget")
 
 
-def memory_tools(book: MemoryBook, owner: Owner, max_chars: int) -> dict[str, Tool]:
+def memory_tools(book: NoteBook, owner: Owner, max_chars: int) -> dict[str, Tool]:
     whose = {"user": "the person you are talking to", "chat": "this chat",
              "agent": "all your conversations"}[owner.scope]
 

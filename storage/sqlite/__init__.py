@@ -18,7 +18,7 @@ from pluto.storage.sqlite.engine import SqliteEngine
 from pluto.storage.sqlite.flood import SqlFlood
 from pluto.storage.sqlite.inbound import SqliteInbound
 from pluto.storage.sqlite.leases import SqlLeases
-from pluto.storage.sqlite.memory import SqlHistory
+from pluto.storage.sqlite.memory import SqlHistory, SqlNotes
 from pluto.storage.sqlite.outbox import SqliteOutbox
 from pluto.storage.sqlite.pairing import SqlitePairing, approved_sync
 from pluto.storage.sqlite.ratelimits import SqlRateBuckets
@@ -45,6 +45,7 @@ class SqlStore:
         self.rates = SqlRateBuckets(self.engine)
         self.flood = SqlFlood(self.engine)
         self.history = SqlHistory(self.engine)  # compactions and search (after messages)
+        self.notes = SqlNotes(self.engine)  # long-term memory, when instances share it
         self.usage = SqlUsage(self.engine)
 
     @property

@@ -68,6 +68,27 @@ MIGRATIONS: list[Any] = [
         """,
     },
 ]
+MIGRATIONS.append(  # long-term notes kept in the database (several instances share them)
+    """
+    CREATE TABLE memory_files (
+        owner TEXT PRIMARY KEY,
+        text TEXT NOT NULL,
+        rev INTEGER NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE memory_revisions (
+        owner TEXT NOT NULL,
+        rev INTEGER NOT NULL,
+        at REAL NOT NULL,
+        by_whom TEXT NOT NULL,
+        op TEXT NOT NULL,
+        why TEXT NOT NULL,
+        diff TEXT NOT NULL,
+        content TEXT NOT NULL,
+        sha256 TEXT NOT NULL,
+        PRIMARY KEY (owner, rev)
+    );
+    """)
 MAX_UNSUMMARIZED = 2_000  # messages read after the last summary, at most (the newest)
 MAX_QUERY_TERMS = 12
 
@@ -168,3 +189,58 @@ class SqlHistory:
             " AND m.role IN ('user', 'assistant') AND m.content IS NOT NULL AND " + match +
             " ORDER BY m.id DESC LIMIT ?", (session_key, arg, limit))
         return [HistoryHit(int(r[0]), r[1], r[2], r[3], float(r[4])) for r in rows]
+
+
+class SqlNotes:
+    """Long-term memory files kept in the database, for gateways that share one (PostgreSQL):
+    each owner's Markdown text with its revision number, and every revision. A write is a
+    compare-and-set on the revision number, so of two writes at once one retries (the caller,
+    :class:`pluto.runtime.memory.SharedMemoryBook`) and both land."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    async def migrate(self) -> None:  # (the component's migrations are run by SqlHistory)
+        return None
+
+    async def read(self, owner: str) -> tuple[str, int] | None:
+        row = await self.engine.fetchone(
+            "SELECT text, rev FROM memory_files WHERE owner = ?", (owner,))
+        return (row[0], int(row[1])) if row is not None else None
+
+    async def write(self, owner: str, expected_rev: int, revision: dict[str, Any]) -> bool:
+        """Store ``revision['content']`` as revision ``expected_rev + 1``; False (nothing
+        written) when the owner's revision is no longer ``expected_rev``."""
+        r = revision
+
+        def change(conn: Any) -> bool:
+            if expected_rev == 0:
+                done = conn.execute(
+                    "INSERT INTO memory_files (owner, text, rev, updated_at) VALUES (?,?,1,?)"
+                    " ON CONFLICT(owner) DO NOTHING", (owner, r["content"], r["at"])).rowcount
+            else:
+                done = conn.execute(
+                    "UPDATE memory_files SET text = ?, rev = rev + 1, updated_at = ?"
+                    " WHERE owner = ? AND rev = ?",
+                    (r["content"], r["at"], owner, expected_rev)).rowcount
+            if not done:
+                return False
+            conn.execute(
+                "INSERT INTO memory_revisions (owner, rev, at, by_whom, op, why, diff, content,"
+                " sha256) VALUES (?,?,?,?,?,?,?,?,?)",
+                (owner, expected_rev + 1, r["at"], r["by"], r["op"], r["why"], r["diff"],
+                 r["content"], r["sha256"]))
+            return True
+
+        return await self.engine.transact(change)
+
+    async def revisions(self, owner: str) -> list[dict[str, Any]]:
+        rows = await self.engine.fetchall(
+            "SELECT rev, at, by_whom, op, why, diff, content, sha256 FROM memory_revisions"
+            " WHERE owner = ? ORDER BY rev", (owner,))
+        return [{"rev": int(r[0]), "at": float(r[1]), "by": r[2], "op": r[3], "why": r[4],
+                 "diff": r[5], "content": r[6], "sha256": r[7]} for r in rows]
+
+    async def owners(self) -> list[str]:
+        rows = await self.engine.fetchall("SELECT owner FROM memory_files ORDER BY owner")
+        return [r[0] for r in rows]
