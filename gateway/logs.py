@@ -2,13 +2,45 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 
+from pluto.runtime.tracing import current_trace
+
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class TextFormatter(logging.Formatter):
+    """:data:`FORMAT`; a line logged while a run is answered ends with ``trace=<its trace id>``."""
+
+    def __init__(self) -> None:
+        super().__init__(FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = super().formatMessage(record)
+        trace = current_trace.get()
+        return f"{line} trace={trace}" if trace else line
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line (``log_format: json``): ts, level, logger, message, trace_id,
+    exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+               "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        if trace := current_trace.get():
+            out["trace_id"] = trace
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            out["exception"] = record.exc_text
+        return json.dumps(out, ensure_ascii=False, default=str)
 
 
 def mask_record(record: logging.LogRecord, secrets: Iterable[str], placeholder: str) -> None:
@@ -61,8 +93,10 @@ class RedactSecrets(MaskSecrets):
 
 
 def setup_logging(level: str, *, secret_env_names: Iterable[str] = (),
-                  log_file: Path | None = None, stderr_level: str | None = None) -> None:
-    """Log to stderr (at ``stderr_level``, default ``level``) and, if given, to a file."""
+                  log_file: Path | None = None, stderr_level: str | None = None,
+                  fmt: str = "text") -> None:
+    """Log to stderr (at ``stderr_level``, default ``level``) and, if given, to a file; as
+    text lines or (``fmt="json"``) one JSON object a line."""
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
@@ -75,7 +109,7 @@ def setup_logging(level: str, *, secret_env_names: Iterable[str] = (),
         log_file.parent.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
     for h in handlers:
-        h.setFormatter(logging.Formatter(FORMAT))
+        h.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
         h.addFilter(redact)
         root.addHandler(h)
     root.setLevel(level)

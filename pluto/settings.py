@@ -186,6 +186,24 @@ class UsageConfig(Strict):
     budgets: list[Budget] = Field(default_factory=list)
 
 
+class TracingConfig(Strict):
+    """OpenTelemetry traces: off unless ``otlp_endpoint`` names an OTLP/HTTP collector."""
+
+    otlp_endpoint: str | None = Field(default=None, pattern=r"^https?://")  # …/v1/traces
+    service_name: str = Field(default="pluto", min_length=1, max_length=100)
+    headers_env: str | None = Field(default=None, pattern=ENV_NAME)  # "k=v,k2=v2" (a secret)
+
+    @field_validator("otlp_endpoint", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: Any) -> Any:
+        return v or None
+
+    def headers(self) -> dict[str, str]:
+        raw = os.environ.get(self.headers_env, "") if self.headers_env else ""
+        pairs = (p.partition("=") for p in raw.split(",") if "=" in p)
+        return {k.strip(): v.strip() for k, _, v in pairs}
+
+
 class PlutoConfig(Strict):
     data_dir: Path = Field(default=Path(".pluto"), validate_default=True)  # made absolute
     http: HttpConfig = HttpConfig()
@@ -198,6 +216,8 @@ class PlutoConfig(Strict):
     data: DataConfig = DataConfig()
     storage: StorageConfig = StorageConfig()
     usage: UsageConfig = UsageConfig()
+    tracing: TracingConfig = TracingConfig()
+    log_format: Literal["text", "json"] = "text"  # json: one object a line, for log collectors
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
 
     @field_validator("data_dir", mode="before")
@@ -218,6 +238,7 @@ class PlutoConfig(Strict):
         names += [self.admin.api_key_env] if self.admin.api_key_env else []
         names += self.agents.api_key_envs
         names += [self.storage.url_env]  # the database URL may carry a password
+        names += [self.tracing.headers_env] if self.tracing.headers_env else []
         for p in self.providers.values():
             names += [v for k, v in (p.model_extra or {}).items() if k.endswith("_env") and v]
         return names

@@ -36,6 +36,7 @@ from pluto.runtime.model import Model, ModelSettings, ModelTurn, ToolCall
 from pluto.runtime.openai_compat import model_for
 from pluto.runtime.skills import skill_tools
 from pluto.runtime.tools import Progress, Tool, ToolContext, ToolError, ToolResult
+from pluto.runtime.tracing import Tracing
 from pluto.runtime.usage import Attribution, UsageCall, UsageMeter
 from pluto.storage.ports import ConversationStore
 from pluto.storage.rows import SessionRow, estimate_tokens
@@ -90,7 +91,7 @@ class Runner:
                  services: dict[str, Any] | None = None,
                  model_factory: Callable[[ModelSettings], Model] = model_for,
                  retry_base_delay: float = 0.5, delta_interval: float = 0.04,
-                 usage: UsageMeter | None = None):
+                 usage: UsageMeter | None = None, tracing: Tracing | None = None):
         self.store = conversations
         self.models = models
         self.tools = tools
@@ -100,6 +101,7 @@ class Runner:
         self.retry_base_delay = retry_base_delay
         self.delta_interval = delta_interval  # text deltas are committed and shown in batches
         self.usage = usage  # the ledger (a row per model call) and budgets
+        self.tracing = tracing  # spans of runs, model and tool calls (off unless configured)
 
     def settings_for(self, agent: AgentSpec) -> ModelSettings:
         """An agent names a model from pluto.yaml, or gives a litellm model string itself."""
@@ -137,6 +139,8 @@ class Runner:
     async def run(self, req: RunRequest, observe: Observer = _ignore) -> AsyncIterator[RunEvent]:
         """Run one turn; yields events, each already committed to storage and observed."""
         agent = req.agent
+        if self.tracing is not None:
+            observe = self.tracing.follow(req, observe)
         memory = await self._memory(req)  # notes, summary and tools (runtime/memory)
         history = memory.history if memory.history is not None else await self.store.history(
             req.session.id, agent.history.max_messages, agent.history.max_tokens)

@@ -46,6 +46,7 @@ class Attribution:
     user_id: str = ""
     chat_id: str = ""
     route: str = ""
+    received: float = 0.0  # when the message arrived (time.time()), for its trace
 
 
 # litellm's offline price list: read once per process, in a thread --------------------------

@@ -36,7 +36,8 @@ def dispatch(args: argparse.Namespace) -> int:
     setup_logging("DEBUG" if args.verbose else config.log_level,
                   secret_env_names=config.secret_names(),
                   log_file=None if args.command in ("status", "logs") else data_dir / "pluto.log",
-                  stderr_level=None if args.verbose or not quiet else "CRITICAL")
+                  stderr_level=None if args.verbose or not quiet else "CRITICAL",
+                  fmt=config.log_format)
     match args.command:
         case "agents":
             return _agents(args, config, data_dir)

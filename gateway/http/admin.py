@@ -41,6 +41,7 @@ from pluto.errors import ConfigError, UnknownAgent
 from pluto.jsonlimits import JsonTooDeep
 from pluto.gateway.http.admin_agents import AgentFiles, BadRequest, agent_card, agent_view, delete, save
 from pluto.gateway.http.admin_usage import add_usage_routes
+from pluto.runtime.tracing import trace_id_for
 from pluto.gateway.pipeline.explain import explain, message_from
 from pluto.gateway.http.server import GATEWAY_KEY
 from pluto.events import event_to_dict
@@ -271,8 +272,8 @@ async def _run(request: web.Request) -> web.Response:
     if row is None:
         return _error(404, f"no run {run_id!r}")
     events = [event_to_dict(e) for e in await conversations.events(run_id)]
-    return web.json_response({"run": dataclasses.asdict(row), "events": events},
-                             dumps=_dumps)
+    return web.json_response({"run": dataclasses.asdict(row), "trace_id": trace_id_for(run_id),
+                              "events": events}, dumps=_dumps)
 
 
 # helpers ------------------------------------------------------------------------------------------

@@ -241,7 +241,8 @@ class Pipeline:
             await self._deliver(provider, msg, job, self._without_run(job, "ok", None, observe))
             return
         req = RunRequest(job.run_id, session, agent, text, route.tools, source=job.source,
-                         who=Attribution(msg.provider, msg.user_id, msg.chat_id, route.rule),
+                         who=Attribution(msg.provider, msg.user_id, msg.chat_id, route.rule,
+                                         job.received),
                          speaker=Speaker(msg.provider, msg.chat_id, msg.user_id, msg.is_direct),
                          notify=lambda line: self.delivery.reply(provider, msg, line,
                                                                  kind="notice"))
