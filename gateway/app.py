@@ -45,10 +45,11 @@ from pluto.gateway.ports import HttpMount, Provider, ProviderContext
 from pluto.gateway.provider_registry import build_provider, enabled
 from pluto.gateway.reload import ConfigWatcher, load_routes
 from pluto.gateway.supervisor import TaskHealth, supervise
+from pluto.runtime.tracing import Tracing
 from pluto.runtime.usage import Prices, UsageMeter
 from pluto.runtime.data_tools import DATA_TOOLS
 from pluto.runtime.mcp import McpHub
-from pluto.runtime.memory import MemoryBook
+from pluto.runtime.memory import MemoryBook, SharedMemoryBook
 from pluto.runtime.model import Model, ModelSettings, warm_litellm
 from pluto.runtime.openai_compat import close_sessions, model_for, uses_litellm
 from pluto.runtime.runner import Runner
@@ -115,12 +116,17 @@ class Gateway:
         self.usage = UsageMeter(self.store.usage, prices=Prices(self.config.usage.prices),
                                 budgets=lambda: self.config.usage.budgets)  # the ledger
         self.metrics.watch_usage(self.usage)
+        t = self.config.tracing  # spans over OTLP when configured (started in start())
+        self.tracing = Tracing(t.otlp_endpoint, service_name=t.service_name, headers=t.headers())
+        self.usage.on_record.append(self.tracing.model_call)
         self.runner = Runner(self.store.conversations, models=self._model_settings(),
                              tools=self.tools, data_dir=self.data_dir,
                              services={"data": self.data.service, "mcp": self.mcp,
-                                       "memory": MemoryBook(self.data_dir / "memory"),
+                                       "memory": SharedMemoryBook(self.store.notes)
+                                       if self.shared else MemoryBook(self.data_dir / "memory"),
                                        "history": self.store.history},
-                             model_factory=model_factory, usage=self.usage)
+                             model_factory=model_factory, usage=self.usage,
+                             tracing=self.tracing)
         # extra reports in /readyz: informative, they never make the gateway unready
         self.health_reports: dict[str, Callable[[], object]] = {"mcp": self.mcp.health}
         self.access = Access(self.store.pairing, lambda: self.config.access,
@@ -168,6 +174,8 @@ class Gateway:
         try:
             configured = self._configured_providers()  # validated before anything is opened
             await self._open_storage(stack)
+            await self.tracing.start()  # (configured: the SDK is imported in a thread)
+            stack.push_async_callback(self.tracing.shutdown)  # the last spans leave, last
             stack.push_async_callback(close_sessions)  # the model connections, last
             stack.push_async_callback(self.mcp.aclose)  # the MCP servers, once no run is left
             stack.push_async_callback(self._close_providers)  # after the HTTP server stops
