@@ -231,7 +231,12 @@ class UsageMeter:
             key = scope_key(budget.per, agent, who)
             if budget.only is not None and budget.only != key:
                 continue
-            spent = await self.store.spent(budget.per, key, period_start(budget.period, now))
+            try:
+                spent = await self.store.spent(budget.per, key,
+                                               period_start(budget.period, now))
+            except Exception:  # the ledger cannot be read: the answer goes on, and says so
+                log.exception("usage budget per %s of %s could not be checked", budget.per, key)
+                continue
             over = budget.tokens is not None and (
                 spent.total_tokens + upcoming_tokens > budget.tokens)
             over = over or (budget.cost is not None and spent.cost >= budget.cost)

@@ -6,16 +6,26 @@ when the server is not reachable)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from pluto.agents.spec import AgentSpec, HistoryWindow
+from pluto.agents.spec import Budget as AgentBudget
+from pluto.events import MessageFinal, RunEnd, RunError, ToolEnd
 from pluto.gateway.app import Gateway
 from pluto.gateway.cli import main as cli_main
+from pluto.runtime.model import ModelSettings, ModelTurn
+from pluto.runtime.model import ToolCall as ModelToolCall
 from pluto.runtime.openai_compat import close_sessions
-from pluto.settings import AdminConfig, ModelConfig, PlutoConfig
+from pluto.runtime.runner import Runner, RunRequest
+from pluto.runtime.testing import Scripted, ScriptedModel
+from pluto.runtime.tools import BUILTIN_TOOLS
+from pluto.runtime.usage import Attribution, UsageMeter
+from pluto.settings import AdminConfig, Budget, ModelConfig, PlutoConfig
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.sqlite import SqlStore, SqliteStore
 from pluto.storage.sqlite.usage import UsageCall
@@ -223,3 +233,85 @@ async def test_a_daily_user_budget_refuses_the_next_run_and_an_admin_resets_it(
         assert (row["input_tokens"], row["output_tokens"], row["user_id"]) == (10, 2, "u1")
         async with http.get(base, headers={"Authorization": "Bearer wrong"}) as r:
             assert r.status == 401
+
+
+# the Runner with a meter: a tool loop crossing an agent's budget, a model that reports nothing
+
+class Unreported:
+    """Answers with a tool call first, then text; never reports its usage."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, settings: ModelSettings) -> Unreported:
+        return self
+
+    async def stream(self, messages, tools, settings):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.calls == 1:
+            yield ModelTurn("", [ModelToolCall("c1", "current_time", "{}")], {})
+        else:
+            yield "Done."
+            yield ModelTurn("Done.", [], {})
+
+
+def spec(tmp_path: Path) -> AgentSpec:
+    return AgentSpec(name="a", description="", model="scripted", api_base=None,
+                     api_key_env=None, temperature=None, instructions="Be brief.",
+                     tools=("current_time",), datasets=(), budget=AgentBudget(),
+                     history=HistoryWindow(), source=tmp_path)
+
+
+async def run_once(store: SqlStore, runner: Runner, tmp_path: Path, text: str = "hi") -> list:
+    session = await store.conversations.session("k", "a")
+    req = RunRequest(uuid.uuid4().hex, session, spec(tmp_path), text,
+                     who=Attribution("test", "u1", "c1", "default"))
+    return [e async for e in runner.run(req)]
+
+
+async def test_a_tool_loop_is_stopped_at_the_next_call_once_an_agent_budget_is_spent(tmp_path):
+    model = ScriptedModel(
+        Scripted(tool_calls=[ModelToolCall("c1", "current_time", "{}")],
+                 usage={"prompt_tokens": 900, "completion_tokens": 200}),
+        Scripted(text="never asked"))
+    async with SqliteStore(tmp_path / "p.db") as store:
+        meter = UsageMeter(store.usage, budgets=lambda: [
+            Budget(per="agent", period="month", tokens=1000)])
+        runner = Runner(store.conversations, models={}, tools=BUILTIN_TOOLS, data_dir=tmp_path,
+                        model_factory=model, usage=meter)
+        events = await run_once(store, runner, tmp_path)
+        [error] = [e for e in events if isinstance(e, RunError)]
+        assert error.kind == "budget" and error.message == (
+            "This assistant has reached the monthly usage limit of 1,000 tokens, so I can't "
+            "answer now; it renews on the 1st of next month (UTC).")
+        assert isinstance(events[-1], RunEnd) and events[-1].outcome == "budget"
+        assert [e.name for e in events if isinstance(e, ToolEnd)] == ["current_time"]
+        calls = await store.usage.calls()
+        assert [(c.input_tokens, c.output_tokens, c.outcome) for c in calls] == [
+            (900, 200, "ok")]  # the second call was never made
+        assert len(model.calls) == 1
+
+
+async def test_a_model_that_reports_nothing_is_estimated_and_marked_so(tmp_path):
+    model = Unreported()
+    async with SqliteStore(tmp_path / "p.db") as store:
+        runner = Runner(store.conversations, models={}, tools=BUILTIN_TOOLS, data_dir=tmp_path,
+                        model_factory=model, usage=UsageMeter(store.usage))
+        events = await run_once(store, runner, tmp_path)
+        calls = await store.usage.calls()
+        assert [(c.purpose, bool(c.estimated), c.cost) for c in calls] == [
+            ("answer", True, None), ("tool_loop", True, None)]  # "scripted" has no price
+        end = events[-1]
+        assert isinstance(end, RunEnd) and end.usage["total_tokens"] == sum(
+            c.total_tokens for c in calls) > 0  # the run's totals and the ledger agree
+
+
+async def test_a_ledger_that_cannot_be_read_never_stops_an_answer(tmp_path, caplog):
+    async with SqliteStore(tmp_path / "p.db") as store:
+        meter = UsageMeter(store.usage, budgets=lambda: [Budget(per="user", tokens=10)])
+        runner = Runner(store.conversations, models={}, tools=BUILTIN_TOOLS, data_dir=tmp_path,
+                        model_factory=ScriptedModel(Scripted(text="fine")), usage=meter)
+        await store.engine.write(("DROP TABLE usage_calls", ()))
+        events = await run_once(store, runner, tmp_path)
+    assert isinstance(events[-2], MessageFinal) and events[-2].text == "fine"
+    assert "could not be checked" in caplog.text and "not recorded" in caplog.text
