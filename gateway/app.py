@@ -113,7 +113,7 @@ class Gateway:
         self.mcp = McpHub(max_servers=self.config.agents.mcp_max_servers,  # agents' MCP servers
                           idle_seconds=self.config.agents.mcp_idle_seconds,
                           log_dir=self.data_dir / "logs" / "mcp")
-        self.usage = UsageMeter(self.store.usage, prices=Prices(self.config.usage.prices),
+        self.usage = UsageMeter(self.store.usage, prices=Prices(lambda: self.config.usage.prices),
                                 budgets=lambda: self.config.usage.budgets)  # the ledger
         self.metrics.watch_usage(self.usage)
         t = self.config.tracing  # spans over OTLP when configured (started in start())

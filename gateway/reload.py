@@ -11,8 +11,9 @@ stands alone: a broken ``pluto.yaml`` does not hold back a good ``routes.yaml``.
 
 Agents reload themselves (see :mod:`agents.registry`); the watcher only re-checks the ones in
 memory so that a broken edit is reported at once. In ``pluto.yaml`` the models, gateway limits,
-access and admin settings and the log level apply live; ``data_dir``, ``http`` and
-``providers`` need a restart, which is logged and shown in the status.
+access and admin settings, usage prices and budgets and the log level apply live; ``data_dir``,
+``http``, ``providers``, ``tracing`` and ``log_format`` need a restart, which is logged and shown
+in the status.
 
 Looking (stat), reading, parsing and validating run in a worker thread; only the swap runs on
 the event loop, so a big or slow file never stalls it.
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 
 Problem = tuple[str, int | None, str, str]
 Stamp = tuple[int, int, int] | None
-RESTART_ONLY = ("data_dir", "http", "providers")
+RESTART_ONLY = ("data_dir", "http", "providers", "tracing", "log_format")
 
 
 def load_routes(config_dir: Path, registry: AgentRegistry) -> RoutingTable:

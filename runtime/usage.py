@@ -76,8 +76,10 @@ def _read_cost_map() -> dict[str, Any]:
 class Prices:
     """USD per token of a model: pluto.yaml's ``usage.prices`` first, then litellm's list."""
 
-    def __init__(self, configured: Mapping[str, ModelPrice] | None = None):
-        self.configured = dict(configured or {})
+    def __init__(self, configured: Mapping[str, ModelPrice]
+                 | Callable[[], Mapping[str, ModelPrice]] | None = None):
+        # a function: read at each call (a live reload of pluto.yaml applies at once)
+        self._configured = configured if callable(configured) else (lambda: configured or {})
         self._map: dict[str, Any] | None = _cost_map
 
     async def load(self) -> None:
@@ -91,8 +93,9 @@ class Prices:
         cached = min(max(0, cached_tokens), input_tokens)
         fresh = input_tokens - cached
         names = list(models)
+        configured = self._configured()
         for name in names:
-            if (p := self.configured.get(name)) is not None:
+            if (p := configured.get(name)) is not None:
                 cached_price = p.input if p.cached is None else p.cached
                 return (fresh * p.input + cached * cached_price + output_tokens * p.output) / 1e6
         for name in names:

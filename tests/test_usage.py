@@ -24,8 +24,8 @@ from pluto.runtime.openai_compat import close_sessions
 from pluto.runtime.runner import Runner, RunRequest
 from pluto.runtime.testing import Scripted, ScriptedModel
 from pluto.runtime.tools import BUILTIN_TOOLS
-from pluto.runtime.usage import Attribution, UsageMeter
-from pluto.settings import AdminConfig, Budget, ModelConfig, PlutoConfig
+from pluto.runtime.usage import Attribution, Prices, UsageMeter
+from pluto.settings import AdminConfig, Budget, ModelConfig, ModelPrice, PlutoConfig
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.sqlite import SqlStore, SqliteStore
 from pluto.storage.sqlite.usage import UsageCall
@@ -315,3 +315,22 @@ async def test_a_ledger_that_cannot_be_read_never_stops_an_answer(tmp_path, capl
         events = await run_once(store, runner, tmp_path)
     assert isinstance(events[-2], MessageFinal) and events[-2].text == "fine"
     assert "could not be checked" in caplog.text and "not recorded" in caplog.text
+
+
+def test_prices_from_pluto_yaml_first_then_litellms_list_else_unknown():
+    from pluto.runtime.usage import _read_cost_map
+
+    configured = {"openai/gpt-4o-mini": ModelPrice(input=1.0, output=2.0),
+                  "local": ModelPrice(input=0.5, output=1.0, cached=0.25)}
+    prices = Prices(lambda: configured)
+    prices._map = _read_cost_map()  # (normally read in a thread by load())
+    # pluto.yaml wins over litellm's list; per million tokens; cached input at its price
+    assert prices.cost(["openai/gpt-4o-mini"], 1_000_000, 1_000_000) == pytest.approx(3.0)
+    assert prices.cost(["local"], 1_000_000, 0, 400_000) == pytest.approx(0.6 * 0.5 + 0.1)
+    # a name litellm lists without its provider prefix
+    assert prices.cost(["openai/gpt-4o"], 1_000_000, 0) == pytest.approx(2.5)
+    assert prices.cost(["nobody/knows-me", "also-unknown"], 10, 10) is None
+    # another name of the same model (the pluto.yaml model name) is tried next
+    assert prices.cost(["nobody/knows-me", "local"], 1_000_000, 0) == pytest.approx(0.5)
+    configured["nobody/knows-me"] = ModelPrice(input=0, output=0)  # a live edit applies
+    assert prices.cost(["nobody/knows-me"], 10, 10) == 0.0
