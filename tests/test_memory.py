@@ -550,3 +550,19 @@ async def test_notes_in_the_database_concurrent_writes_restore_and_listing(store
     with pytest.raises(MemoryRefused, match="API key"):
         await _remember(book, BOB, "sk-abcdefghijklmnopqrstuvwxyz")
     assert (await book.read(BOB)).notes == ()
+
+
+async def test_the_gateway_keeps_notes_in_the_database_when_instances_share_it(
+        config_dir: Path, data_dir: Path):
+    from pluto.gateway.app import Gateway
+    from pluto.runtime.memory import SharedMemoryBook
+    from pluto.settings import PlutoConfig
+    from pluto.storage.postgres import PostgresStore
+    from tests.helpers.pg import fresh_schema
+
+    with fresh_schema() as url:
+        gw = Gateway(config_dir, config=PlutoConfig(data_dir=data_dir),
+                     store=PostgresStore(url))
+        assert isinstance(gw.runner.services["memory"], SharedMemoryBook)
+    gw = Gateway(config_dir, config=PlutoConfig(data_dir=data_dir))
+    assert isinstance(gw.runner.services["memory"], MemoryBook)
