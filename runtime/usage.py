@@ -214,7 +214,8 @@ class UsageMeter:
                                     call.output_tokens, call.cached_tokens)
             if cost is not None:
                 call = replace(call, cost=cost)
-        await self.store.record(call)
+        now = self.clock()
+        await self.store.record(call, {p: period_start(p, now) for p in ("day", "month")})
         for observe in self.on_record:
             try:
                 observe(call)
@@ -235,7 +236,7 @@ class UsageMeter:
             if budget.only is not None and budget.only != key:
                 continue
             try:
-                spent = await self.store.spent(budget.per, key,
+                spent = await self.store.spent(budget.per, key, budget.period,
                                                period_start(budget.period, now))
             except Exception:  # the ledger cannot be read: the answer goes on, and says so
                 log.exception("usage budget per %s of %s could not be checked", budget.per, key)
@@ -262,13 +263,12 @@ class UsageMeter:
         for budget in self.budgets():
             since = period_start(budget.period, now)
             if budget.only is not None:
-                keys = [budget.only]
+                totals = [await self.store.spent(budget.per, budget.only, budget.period, since)]
             else:
-                keys = [t.key for t in await self.store.totals(budget.per, since=since,
-                                                               limit=200)]
+                totals = await self.store.counters(budget.per, budget.period, since)
             spent = []
-            for key in keys:
-                total = await self.store.spent(budget.per, key, since)
+            for total in totals:
+                key = total.key
                 over = ((budget.tokens is not None and total.total_tokens >= budget.tokens)
                         or (budget.cost is not None and total.cost >= budget.cost))
                 spent.append({"key": key, "total_tokens": total.total_tokens,

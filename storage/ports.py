@@ -9,7 +9,7 @@ commits or rolls back anyone else's work. A component gets the part it needs (th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from pluto.events import RunEvent
@@ -288,7 +288,9 @@ class RateBucketStore(Protocol):
 class UsageStore(Protocol):
     """The usage ledger: one row per model call, and budget resets (``storage/sqlite/usage``)."""
 
-    async def record(self, call: Any) -> None: ...
+    async def record(self, call: Any, periods: Mapping[str, float] | None = None) -> None:
+        """Add a call to the ledger and to its budgets' counters of ``periods``."""
+        ...
 
     async def calls(self, *, run_id: str | None = None, since: float | None = None,
                     limit: int = 1000) -> list[Any]: ...
@@ -296,9 +298,12 @@ class UsageStore(Protocol):
     async def totals(self, by: str, *, since: float | None = None, until: float | None = None,
                      limit: int = 500) -> list[Any]: ...
 
-    async def spent(self, scope: str, key: str, since: float) -> Any:
-        """What ``key`` spent since ``since`` (or since its last reset, when later)."""
+    async def spent(self, scope: str, key: str, period: str, start: float) -> Any:
+        """What ``key`` spent in the period that began at ``start`` (since its last reset)."""
         ...
+
+    async def counters(self, scope: str, period: str, start: float,
+                       limit: int = 200) -> list[Any]: ...
 
     async def reset(self, scope: str, key: str) -> None: ...
 

@@ -84,25 +84,45 @@ async def test_ledger_rows_sums_and_groups(store):
         await usage.totals("nonsense; DROP TABLE usage_calls")
 
 
-async def test_spent_counts_from_the_later_of_the_period_and_a_reset(store):
+DAY, MONTH = 1_700_000_000.0, 1_699_000_000.0  # period starts, as the meter gives them
+
+
+async def test_budget_counters_per_period_and_an_admins_reset(store):
     usage = store.usage
-    await usage.record(call(user="u1", i=50, o=50, cost=1.0))
-    await usage.record(call(user="u2", i=5, o=5, cost=None))
-    spent = await usage.spent("user", "telegram:u1", 0.0)
+    periods = {"day": DAY, "month": MONTH}
+    await usage.record(call(user="u1", i=50, o=50, cost=1.0), periods)
+    await usage.record(call(user="u2", i=5, o=5, cost=None), periods)
+    await usage.record(call(user="u1", i=7, o=0), None)  # counts in the ledger only
+    spent = await usage.spent("user", "telegram:u1", "day", DAY)
     assert (spent.total_tokens, spent.cost, spent.calls) == (100, pytest.approx(1.0), 1)
-    assert (await usage.spent("agent", "a", 0.0)).total_tokens == 110
-    assert (await usage.spent("chat", "telegram:c1", 0.0)).calls == 2
+    assert (await usage.spent("agent", "a", "month", MONTH)).total_tokens == 110
+    assert (await usage.spent("chat", "telegram:c1", "day", DAY)).unpriced_calls == 1
+    assert (await usage.spent("route", "default", "day", DAY)).calls == 2
+    assert (await usage.spent("user", "telegram:u1", "day", DAY + 86400)).calls == 0  # next day
+    assert (await usage.spent("user", "telegram:u1", "month", DAY)).calls == 0  # another period
+    assert [(t.key, t.total_tokens) for t in await usage.counters("user", "day", DAY)] == [
+        ("telegram:u1", 100), ("telegram:u2", 10)]
     await usage.reset("user", "telegram:u1")
-    assert (await usage.spent("user", "telegram:u1", 0.0)).total_tokens == 0
-    assert (await usage.spent("user", "telegram:u2", 0.0)).total_tokens == 10  # not reset
-    await asyncio.sleep(0.01)  # the database's clock counts milliseconds
-    await usage.record(call(user="u1", i=1, o=2))
-    assert (await usage.spent("user", "telegram:u1", 0.0)).total_tokens == 3
-    await usage.reset("user", "telegram:u1")  # again: moves the reset forward
-    assert (await usage.spent("user", "telegram:u1", 0.0)).total_tokens == 0
+    assert [t.key for t in await usage.counters("user", "day", DAY)] == ["telegram:u2"]
+    assert (await usage.spent("user", "telegram:u1", "day", DAY)).total_tokens == 0
+    assert (await usage.spent("user", "telegram:u2", "day", DAY)).total_tokens == 10  # not reset
+    assert (await usage.spent("agent", "a", "day", DAY)).total_tokens == 110  # nor the agent
+    await usage.record(call(user="u1", i=1, o=2), periods)
+    assert (await usage.spent("user", "telegram:u1", "day", DAY)).total_tokens == 3
+    await usage.reset("user", "telegram:u1")  # again
+    assert (await usage.spent("user", "telegram:u1", "day", DAY)).total_tokens == 0
     assert set(await usage.resets()) == {("user", "telegram:u1")}
+    assert sum(t.total_tokens for t in await usage.totals("user")) == 120  # the ledger keeps all
     with pytest.raises(ValueError, match="no budget by"):
-        await usage.spent("planet", "x", 0.0)
+        await usage.spent("planet", "x", "day", DAY)
+
+
+async def test_counters_add_up_under_concurrent_calls(store):
+    periods = {"day": DAY, "month": MONTH}
+    await asyncio.gather(*(store.usage.record(call(run=f"r{i}", i=i, o=1), periods)
+                           for i in range(50)))
+    spent = await store.usage.spent("agent", "a", "day", DAY)
+    assert (spent.calls, spent.input_tokens, spent.output_tokens) == (50, sum(range(50)), 50)
 
 
 # through a gateway, over the wire to a fake OpenAI-compatible model ------------------------
@@ -311,7 +331,8 @@ async def test_a_ledger_that_cannot_be_read_never_stops_an_answer(tmp_path, capl
         meter = UsageMeter(store.usage, budgets=lambda: [Budget(per="user", tokens=10)])
         runner = Runner(store.conversations, models={}, tools=BUILTIN_TOOLS, data_dir=tmp_path,
                         model_factory=ScriptedModel(Scripted(text="fine")), usage=meter)
-        await store.engine.write(("DROP TABLE usage_calls", ()))
+        await store.engine.write(("DROP TABLE usage_calls", ()),
+                                 ("DROP TABLE usage_counters", ()))
         events = await run_once(store, runner, tmp_path)
     assert isinstance(events[-2], MessageFinal) and events[-2].text == "fine"
     assert "could not be checked" in caplog.text and "not recorded" in caplog.text

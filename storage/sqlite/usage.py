@@ -5,8 +5,12 @@ for (``purpose``: the answer, a turn of a tool loop, a compaction, a memory upda
 attempt of it (retries are rows of their own), what the model reported (input, output and
 cached tokens; ``estimated`` when it reported none and the runner counted), what it cost (None:
 the model's price is unknown), how long it took and how it ended (``ok``, ``retried``,
-``error``, ``cancelled``). Budgets read the sums of a period; an admin's reset of a budget is a
-row in ``usage_resets`` (spending before it no longer counts). Time is the database's clock.
+``error``, ``cancelled``). Time is the database's clock.
+
+Budgets read running sums, not the ledger: each row also adds itself, in the same transaction,
+to ``usage_counters`` — one row per agent, route, user and chat per day and month (UTC) — so a
+budget check is one lookup however long the ledger grows. An admin's reset of a budget clears
+its counters (spending before it no longer counts) and is remembered in ``usage_resets``.
 """
 
 from __future__ import annotations
@@ -53,6 +57,22 @@ MIGRATIONS: list[Any] = [
         PRIMARY KEY (scope, key)
     );
     """,
+    """
+    CREATE TABLE usage_counters (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        period TEXT NOT NULL,
+        start REAL NOT NULL,
+        calls INTEGER NOT NULL,
+        input_tokens INTEGER NOT NULL,
+        output_tokens INTEGER NOT NULL,
+        cached_tokens INTEGER NOT NULL,
+        cost REAL NOT NULL,
+        unpriced_calls INTEGER NOT NULL,
+        PRIMARY KEY (scope, key, period, start)
+    );
+    CREATE INDEX usage_counters_start ON usage_counters(start);
+    """,
 ]
 
 # what a ledger can be grouped or budgeted by: the SQL expression of its key (never user input)
@@ -67,11 +87,7 @@ KEYS: Mapping[str, str] = {
     "purpose": "purpose",
     "outcome": "outcome",
 }
-# the columns that narrow a budget's sum to one key (an index serves each)
-_WHERE: Mapping[str, tuple[str, ...]] = {
-    "agent": ("agent",), "route": ("route",), "model": ("model",),
-    "user": ("provider", "user_id"), "chat": ("provider", "chat_id"),
-}
+SCOPES = ("agent", "route", "user", "chat")  # what a budget limits (a counter each)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,13 +161,29 @@ class SqlUsage:
     async def migrate(self) -> None:
         await self.engine.migrate(COMPONENT, MIGRATIONS)
 
-    async def record(self, call: UsageCall) -> None:
-        """Add one call to the ledger (committed when this returns)."""
+    async def record(self, call: UsageCall, periods: Mapping[str, float] | None = None) -> None:
+        """Add one call to the ledger and to the counters of ``periods`` (``{"day": start,
+        "month": start}``), in one transaction (committed when this returns)."""
         values = tuple(int(v) if isinstance(v, bool) else v
                        for v in (getattr(call, c) for c in _COLUMNS))
-        await self.engine.write((
-            f"INSERT INTO usage_calls (ts, {', '.join(_COLUMNS)}) VALUES"
-            f" ({self.engine.now_sql}, {', '.join('?' for _ in _COLUMNS)})", values))
+        statements = [(f"INSERT INTO usage_calls (ts, {', '.join(_COLUMNS)}) VALUES"
+                       f" ({self.engine.now_sql}, {', '.join('?' for _ in _COLUMNS)})", values)]
+        sums = (call.input_tokens, call.output_tokens, call.cached_tokens, call.cost or 0.0,
+                int(call.cost is None))
+        for scope in SCOPES:
+            for period, start in sorted((periods or {}).items()):  # one lock order
+                statements.append((
+                    "INSERT INTO usage_counters (scope, key, period, start, calls, input_tokens,"
+                    " output_tokens, cached_tokens, cost, unpriced_calls) VALUES"
+                    " (?, ?, ?, ?, 1, ?, ?, ?, ?, ?) ON CONFLICT(scope, key, period, start) DO"
+                    " UPDATE SET calls = usage_counters.calls + 1,"
+                    " input_tokens = usage_counters.input_tokens + excluded.input_tokens,"
+                    " output_tokens = usage_counters.output_tokens + excluded.output_tokens,"
+                    " cached_tokens = usage_counters.cached_tokens + excluded.cached_tokens,"
+                    " cost = usage_counters.cost + excluded.cost,"
+                    " unpriced_calls = usage_counters.unpriced_calls + excluded.unpriced_calls",
+                    (scope, scope_key(scope, call), period, start, *sums)))
+        await self.engine.write(*statements)
 
     async def calls(self, *, run_id: str | None = None, since: float | None = None,
                     limit: int = 1000) -> list[UsageCall]:
@@ -182,42 +214,58 @@ class SqlUsage:
             f" {expr} LIMIT ?", (*params, limit))
         return [_total(str(r[0]), r[1:]) for r in rows]
 
-    async def spent(self, scope: str, key: str, since: float) -> UsageTotal:
-        """What one agent, route, model, user (``provider:user``) or chat (``provider:chat``)
-        spent since ``since``, or since its last reset if that was later."""
-        columns = _WHERE.get(scope)
-        if columns is None:
-            raise ValueError(f"no budget by {scope!r}; one of: {', '.join(_WHERE)}")
-        parts = tuple(key.split(":", 1)) if len(columns) == 2 else (key,)
-        if len(parts) != len(columns):
-            parts = ("", key)
-        where = " AND ".join(f"{c} = ?" for c in columns)
+    async def spent(self, scope: str, key: str, period: str, start: float) -> UsageTotal:
+        """What one agent, route, user (``provider:user``) or chat (``provider:chat``) spent
+        in the ``period`` ("day", "month") that began at ``start``, since its last reset."""
+        if scope not in SCOPES:
+            raise ValueError(f"no budget by {scope!r}; one of: {', '.join(SCOPES)}")
+        row = await self.engine.fetchone(
+            "SELECT calls, input_tokens, output_tokens, cached_tokens, cost, unpriced_calls"
+            " FROM usage_counters WHERE scope = ? AND key = ? AND period = ? AND start = ?",
+            (scope, key, period, start))
+        return _total(key, row if row is not None else (0, 0, 0, 0, 0.0, 0))
 
-        def query(conn: Any) -> Any:
-            reset = conn.execute("SELECT at FROM usage_resets WHERE scope = ? AND key = ?",
-                                 (scope, key)).fetchone()
-            after = float(reset[0]) if reset is not None else -1.0  # a reset counts nothing
-            return conn.execute(  # at its own instant (the clock's steps are a millisecond)
-                f"SELECT {_SUMS} FROM usage_calls WHERE {where} AND ts >= ? AND ts > ?",
-                (*parts, since, after)).fetchone()
-
-        row = await self.engine.read(query)
-        return _total(key, row)
+    async def counters(self, scope: str, period: str, start: float,
+                       limit: int = 200) -> list[UsageTotal]:
+        """Every key's counter of one period, the largest spenders first."""
+        rows = await self.engine.fetchall(
+            "SELECT key, calls, input_tokens, output_tokens, cached_tokens, cost, unpriced_calls"
+            " FROM usage_counters WHERE scope = ? AND period = ? AND start = ?"
+            " ORDER BY cost DESC, input_tokens + output_tokens DESC, key LIMIT ?",
+            (scope, period, start, limit))
+        return [_total(str(r[0]), r[1:]) for r in rows]
 
     async def reset(self, scope: str, key: str) -> None:
         """An admin's reset: what ``key`` spent until now no longer counts for its budgets."""
-        await self.engine.write((
-            f"INSERT INTO usage_resets (scope, key, at) VALUES (?, ?, {self.engine.now_sql})"
-            f" ON CONFLICT(scope, key) DO UPDATE SET at = excluded.at", (scope, key)))
+        await self.engine.write(
+            ("DELETE FROM usage_counters WHERE scope = ? AND key = ?", (scope, key)),
+            (f"INSERT INTO usage_resets (scope, key, at) VALUES (?, ?, {self.engine.now_sql})"
+             f" ON CONFLICT(scope, key) DO UPDATE SET at = excluded.at", (scope, key)))
 
     async def resets(self) -> dict[tuple[str, str], float]:
         rows = await self.engine.fetchall("SELECT scope, key, at FROM usage_resets")
         return {(r[0], r[1]): float(r[2]) for r in rows}
 
     async def prune(self, older_than_seconds: float) -> int:
-        return await self.engine.write((
-            f"DELETE FROM usage_calls WHERE ts < {self.engine.now_sql} - ?",
-            (older_than_seconds,)))
+        """Forget calls (and counters of periods that began) longer ago than that."""
+        return await self.engine.write(
+            (f"DELETE FROM usage_counters WHERE start < {self.engine.now_sql} - ?",
+             (older_than_seconds,)),
+            (f"DELETE FROM usage_calls WHERE ts < {self.engine.now_sql} - ?",
+             (older_than_seconds,)))
+
+
+def scope_key(scope: str, call: UsageCall) -> str:
+    """The key a call counts under for a budget per ``scope``."""
+    match scope:
+        case "agent":
+            return call.agent
+        case "route":
+            return call.route
+        case "user":
+            return f"{call.provider}:{call.user_id}"
+        case _:
+            return f"{call.provider}:{call.chat_id}"
 
 
 def _period(since: float | None, until: float | None) -> tuple[str, tuple[Any, ...]]:
