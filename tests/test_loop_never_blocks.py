@@ -42,7 +42,7 @@ SLACK_LIMIT = 3.0  # seconds: Slack retries an event not acknowledged by then
 # `pluto serve`, telling on stderr when litellm's module starts and ends executing, and on which
 # thread ("main": the event loop's).
 SERVE = f"""
-import importlib.abc, importlib.util, os, sys, threading, time
+import importlib.abc, importlib.machinery, importlib.util, os, sys, threading, time
 
 def tell(what, where):  # one write: a whole line, never mixed with the log's
     os.write(2, f"{MARK} {{what}} {{time.time():.6f}} {{where}}\\n".encode())
@@ -51,8 +51,11 @@ class Watch(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name != "litellm":
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        # (the path finder itself: asking importlib.util.find_spec would come back here; a
+        # lookup that does not import, such as the usage ledger's, leaves the watch in place)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None:
+            return None
         run = spec.loader.exec_module
 
         def exec_module(module):
@@ -120,8 +123,9 @@ def write_config(config_dir: Path, data_dir: Path, model_url: str, slack_url: st
 data_dir: {json.dumps(str(data_dir))}
 http: {{host: 127.0.0.1, port: 0}}
 models:
+  # through litellm (an OpenAI-compatible model would take the direct path, without it)
   default: {{model: openai/test, api_base: {json.dumps(model_url)}, api_key_env: LOOP_MODEL_KEY,
-            timeout: 30, retries: 0}}
+            timeout: 30, retries: 0, client: litellm}}
 providers:
   api: {{enabled: true, keys_env: LOOP_API_KEYS}}
   slack:

@@ -94,7 +94,8 @@ async def _converse(page: Any, gw: Any, model: GatedModel, frames: list[dict[str
     await expect(table.locator("td")).to_have_text(["North", "120", "South", "80"])  # streamed
     await expect(answer).to_contain_text("North leads.")
     await expect(page.locator(".pluto-stop")).to_be_hidden()
-    assert sum(f["type"] == "message.delta" for f in frames) > 10
+    # streamed: words 10 ms apart arrive in batches (the runtime sends at most every 40 ms)
+    assert sum(f["type"] == "message.delta" for f in frames) >= 3
 
 
 async def _reconnects(page: Any, gw: Any) -> None:

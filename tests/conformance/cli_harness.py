@@ -31,7 +31,7 @@ class TerminalUnderTest(CliProvider):
         self.intake: Intake | None = None
         self.ready = asyncio.Event()
         # what the terminal shows: (the run it streams, or None; its text; a file it names)
-        self.screen: list[tuple[str | None, str, Path | None]] = []
+        self.display: list[tuple[str | None, str, Path | None]] = []
         self.changed = asyncio.Event()
         self.asking: set[asyncio.Task[None]] = set()
 
@@ -48,22 +48,22 @@ class TerminalUnderTest(CliProvider):
 
     def _delta(self, run_id: str, text: str) -> None:
         super()._delta(run_id, text)
-        for i, (run, shown, _) in enumerate(self.screen):
+        for i, (run, shown, _) in enumerate(self.display):
             if run == run_id:
-                self.screen[i] = (run, shown + text, None)
+                self.display[i] = (run, shown + text, None)
                 break
         else:
-            self.screen.append((run_id, text, None))
+            self.display.append((run_id, text, None))
         self.changed.set()
 
     async def send(self, message: OutgoingMessage) -> str | None:
         streamed = message.run_id is not None and any(r == message.run_id
-                                                      for r, _, _ in self.screen)
+                                                      for r, _, _ in self.display)
         result = await super().send(message)
         if message.kind in ("reply", "error") and not streamed and message.text:
-            self.screen.append((None, message.text, None))  # a streamed one adds nothing more
+            self.display.append((None, message.text, None))  # a streamed one adds nothing more
         for attachment in message.attachments:  # printed as its path
-            self.screen.append((None, "", attachment.path))
+            self.display.append((None, "", attachment.path))
         self.changed.set()
         return result
 
@@ -104,7 +104,7 @@ class CliHarness(Harness):
         assert self.terminal is not None
         printed = self.terminal.out.getvalue()  # type: ignore[attr-defined]
         out = []
-        for i, (_, text, path) in enumerate(self.terminal.screen):
+        for i, (_, text, path) in enumerate(self.terminal.display):
             if path is not None:
                 assert str(path) in printed, f"not on the terminal: {path}"
                 out.append(Shown(id=str(i), text="", kind="image", data=path.read_bytes()))

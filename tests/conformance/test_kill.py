@@ -79,8 +79,9 @@ async def test_sigkill_mid_reply_then_each_chunk_exactly_once(harness: Harness, 
         "PLUTO_API_KEY": "sk-kill-test", "PYTHONUNBUFFERED": "1"}
     serve = Serve(harness.config_dir, env, tmp_path / "serve.log")
     chat = harness.direct_chat
-    # the third chunk is refused with a long retry-after: the gateway waits, mid-reply
-    harness.rate_limit_sends(chat, after=2, retry_after=3600)
+    # the third chunk is refused with a retry-after: the gateway waits, mid-reply, and the
+    # restarted process honours what is left of it (flood control survives a restart)
+    harness.rate_limit_sends(chat, after=2, retry_after=4)
     try:
         harness.expect_connection()
         await serve.start()
