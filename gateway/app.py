@@ -175,6 +175,7 @@ class Gateway:
             configured = self._configured_providers()  # validated before anything is opened
             await self._open_storage(stack)
             await self.tracing.start()  # (configured: the SDK is imported in a thread)
+            await self.usage.prices.load()  # litellm's price list, read in a thread (~20 ms)
             stack.push_async_callback(self.tracing.shutdown)  # the last spans leave, last
             stack.push_async_callback(close_sessions)  # the model connections, last
             stack.push_async_callback(self.mcp.aclose)  # the MCP servers, once no run is left

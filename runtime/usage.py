@@ -16,10 +16,10 @@ text is one sentence for the person, and observers are told (log, metrics).
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import logging
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -51,6 +51,7 @@ class Attribution:
 
 # litellm's offline price list: read once per process, in a thread --------------------------
 
+_PRICE_FILE = "model_prices_and_context_window_backup.json"  # shipped in litellm's package
 _cost_map: dict[str, Any] | None = None
 _cost_map_lock = threading.Lock()
 
@@ -60,10 +61,10 @@ def _read_cost_map() -> dict[str, Any]:
     with _cost_map_lock:
         if _cost_map is None:
             found: dict[str, Any] = {}
-            try:
-                spec = importlib.util.find_spec("litellm")  # finds it; does not import it
-                if spec is not None and spec.origin:
-                    path = Path(spec.origin).parent / "model_prices_and_context_window_backup.json"
+            try:  # a plain file lookup: neither litellm nor the import machinery is asked
+                path = next((p for p in (Path(d) / "litellm" / _PRICE_FILE for d in sys.path
+                                         if d) if p.is_file()), None)
+                if path is not None:
                     data = json.loads(path.read_text(encoding="utf-8"))
                     found = {k: v for k, v in data.items() if isinstance(v, dict)}
             except (OSError, ValueError) as e:
