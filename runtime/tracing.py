@@ -202,6 +202,8 @@ class Tracing:
         end = time.time_ns()
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat", "gen_ai.request.model": call.model,
+            "gen_ai.provider.name": call.model.partition("/")[0] if "/" in call.model
+            else call.model,
             "gen_ai.usage.input_tokens": call.input_tokens,
             "gen_ai.usage.output_tokens": call.output_tokens,
             "pluto.purpose": call.purpose, "pluto.attempt": call.attempt,

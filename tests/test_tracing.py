@@ -118,6 +118,7 @@ async def test_one_message_is_traced_route_run_model_and_tool(config_dir: Path, 
              attrs(m)["gen_ai.usage.output_tokens"]) for m in models] == [
         ("retried", 0, 0), ("ok", 120, 9), ("ok", 160, 4)]
     assert attrs(models[-1])["gen_ai.usage.cache_read.input_tokens"] == 100
+    assert attrs(models[-1])["gen_ai.provider.name"] == "openai"
     assert models[0].status.code == 2  # STATUS_CODE_ERROR
     assert attrs(run)["gen_ai.operation.name"] == "invoke_agent"
     assert attrs(run)["pluto.outcome"] == "ok"
