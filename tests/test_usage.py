@@ -9,6 +9,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -25,7 +26,8 @@ from pluto.runtime.runner import Runner, RunRequest
 from pluto.runtime.testing import Scripted, ScriptedModel
 from pluto.runtime.tools import BUILTIN_TOOLS
 from pluto.runtime.usage import Attribution, Prices, UsageMeter
-from pluto.settings import AdminConfig, Budget, ModelConfig, ModelPrice, PlutoConfig
+from pluto.settings import (AdminConfig, Budget, ModelConfig, ModelPrice, PlutoConfig,
+                            StorageConfig)
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.sqlite import SqlStore, SqliteStore
 from pluto.storage.sqlite.usage import UsageCall
@@ -147,15 +149,29 @@ async def started(gw: Gateway) -> RecordingProvider:
     return p
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest) -> Any:
+    """None: the gateway's own SQLite; else a PostgreSQL URL (a fresh schema)."""
+    if request.param == "sqlite":
+        yield None
+    else:
+        with fresh_schema() as url:
+            yield url
+
+
 async def test_the_ledger_matches_the_model_exactly_across_tools_retries_and_stop(
-        config_dir, data_dir, fake, capsys):
+        config_dir, data_dir, fake, capsys, database, monkeypatch):
     fake.script(
         Reply(status=503),  # retried: a row with nothing reported
         Reply(tool_calls=[FakeCall("current_time", {})], usage=(120, 9)),
         Reply(text="It is noon.", usage=(160, 4), cached_tokens=100),
         Reply(text="x" * 400, chunk_size=1, chunk_delay=0.01, usage=(50, 400)),  # /stop
         Reply(text="Still here.", usage=(70, 3)))
-    gw = Gateway(config_dir, config=gateway_config(data_dir, fake))
+    if database is not None:
+        monkeypatch.setenv("PLUTO_TEST_USAGE_DB", database)
+    config = gateway_config(data_dir, fake).model_copy(
+        update={"storage": StorageConfig(url_env="PLUTO_TEST_USAGE_DB")})
+    gw = Gateway(config_dir, config=config)
     gw.runner.retry_base_delay = 0.01
     async with gw:
         p = await started(gw)
@@ -189,6 +205,7 @@ async def test_the_ledger_matches_the_model_exactly_across_tools_retries_and_sto
            '350.0' in metrics
     assert 'pluto_usage_cost_usd_total{agent="default",model="openai/gpt-4o-mini"}' in metrics
 
+    (config_dir / "pluto.yaml").write_text("storage: {url_env: PLUTO_TEST_USAGE_DB}\n")
     code = await asyncio.to_thread(cli_main, ["--config", str(config_dir), "--data-dir",
                                               str(data_dir), "usage", "--by", "agent"])
     out = capsys.readouterr().out
