@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
+MAX_OPEN_RUNS = 10_000  # spans kept open at most (the oldest run's are ended past it)
 # the trace id of the run whose task is logging (gateway/logs.py adds it to each line)
 current_trace: contextvars.ContextVar[str | None] = contextvars.ContextVar("pluto_trace",
                                                                             default=None)
@@ -181,6 +182,8 @@ class Tracing:
                         "gen_ai.agent.name": req.agent.name,
                         "gen_ai.conversation.id": req.session.id, "pluto.run_id": req.run_id})
         self._runs[req.run_id] = _Run(message, run)
+        if len(self._runs) > MAX_OPEN_RUNS:  # a run that never ended here (taken over by
+            self._end_run(next(iter(self._runs)), "unknown", now)  # another instance)
 
     def _end_run(self, run_id: str, outcome: str, now: int) -> None:
         run = self._runs.pop(run_id, None)
