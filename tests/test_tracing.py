@@ -162,3 +162,57 @@ def test_json_log_lines_carry_the_trace_id_and_the_exception():
     line = json.loads(JsonFormatter().format(record))
     assert "RuntimeError: kaput" in line["exception"] and "trace_id" not in line
     asyncio.get_event_loop_policy()  # (no loop needed)
+
+
+async def test_a_stopped_run_ends_its_spans_cancelled_and_json_logs_reach_the_file(tmp_path):
+    from pluto.agents.spec import AgentSpec, Budget, HistoryWindow
+    from pluto.events import MessageDelta
+    from pluto.gateway.logs import setup_logging
+    from pluto.runtime.runner import Runner, RunRequest
+    from pluto.runtime.testing import Scripted, ScriptedModel
+    from pluto.runtime.tracing import Tracing
+    from pluto.runtime.usage import Attribution, UsageMeter
+    from pluto.storage.sqlite import SqliteStore
+
+    model = ScriptedModel(Scripted(text="x" * 500, chunk=1, delay=0.01))
+    spec = AgentSpec(name="a", description="", model="scripted", api_base=None,
+                     api_key_env=None, temperature=None, instructions="", tools=(),
+                     datasets=(), budget=Budget(), history=HistoryWindow(), source=tmp_path)
+    setup_logging("INFO", log_file=tmp_path / "pluto.log", stderr_level="CRITICAL", fmt="json")
+    try:
+        async with Collector() as collector, SqliteStore(tmp_path / "p.db") as store:
+            tracing = Tracing(collector.url)
+            await tracing.start()
+            meter = UsageMeter(store.usage)
+            meter.on_record.append(tracing.model_call)
+            runner = Runner(store.conversations, models={}, tools={}, data_dir=tmp_path,
+                            model_factory=model, usage=meter, tracing=tracing)
+            session = await store.conversations.session("k", "a")
+            req = RunRequest("f" * 32, session, spec, "go", who=Attribution("test", "u", "c"))
+            seen = asyncio.Event()
+
+            async def consume() -> None:
+                async for event in runner.run(req):
+                    if isinstance(event, MessageDelta) and not seen.is_set():
+                        logging.getLogger("pluto.test").warning("streaming")  # in the run
+                        seen.set()
+
+            task = asyncio.create_task(consume())
+            await seen.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            logging.getLogger("pluto.test").warning("after the stop")
+            await tracing.shutdown()
+        spans = {s.name: s for s in collector.spans}
+    finally:
+        setup_logging("INFO", stderr_level="CRITICAL")
+    run, chat = spans["invoke_agent a"], spans["chat scripted"]
+    assert attrs(run)["pluto.outcome"] == "cancelled" and run.status.code == 2
+    assert attrs(chat)["pluto.outcome"] == "cancelled" and chat.parent_span_id == run.span_id
+    assert {s.trace_id.hex() for s in collector.spans} == {"f" * 32}
+    lines = [json.loads(line) for line in (tmp_path / "pluto.log").read_text().splitlines()]
+    [during] = [line for line in lines if line["message"] == "streaming"]
+    assert during["trace_id"] == "f" * 32 and during["level"] == "WARNING"
+    [after] = [line for line in lines if line["message"] == "after the stop"]
+    assert "trace_id" not in after  # another task's line: not the run's
