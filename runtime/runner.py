@@ -295,13 +295,12 @@ class Runner:
                 unmetered = "error"
                 if not e.retryable or shown or attempt >= state.settings.retries:
                     raise
-                unmetered = "retried"
-                await self._meter_unanswered(state, attempt, started, unmetered)
-                unmetered = ""
-                attempt += 1
-                delay = e.retry_after or self.retry_base_delay * 2 ** (attempt - 1)
+                delay = e.retry_after or self.retry_base_delay * 2 ** attempt
                 if time.monotonic() + delay >= state.deadline:
                     raise
+                unmetered = ""
+                await self._meter_unanswered(state, attempt, started, "retried")
+                attempt += 1
                 log.warning("model %s: %s; retry %d in %.1fs", state.settings.model, e,
                             attempt, delay)
                 await asyncio.sleep(delay)
