@@ -372,3 +372,27 @@ def test_prices_from_pluto_yaml_first_then_litellms_list_else_unknown():
     assert prices.cost(["nobody/knows-me", "local"], 1_000_000, 0) == pytest.approx(0.5)
     configured["nobody/knows-me"] = ModelPrice(input=0, output=0)  # a live edit applies
     assert prices.cost(["nobody/knows-me"], 10, 10) == 0.0
+
+
+async def test_pluto_usage_refuses_bad_options_in_one_sentence_and_resets(config_dir, data_dir,
+                                                                          capsys):
+    def pluto(*args: str) -> tuple[int, str, str]:
+        code = cli_main(["--config", str(config_dir), "--data-dir", str(data_dir), "usage",
+                         *args])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    code, _, err = await asyncio.to_thread(pluto, "--since", "last tuesday")
+    assert code == 2 and err.strip() == (
+        "pluto usage: --since 'last tuesday' is not a time: use 30m, 24h, 7d, today, month or "
+        "a date like 2026-11-01")
+    code, _, err = await asyncio.to_thread(pluto, "--reset", "planet:mars")
+    assert code == 2 and "--reset takes SCOPE:KEY" in err and "Traceback" not in err
+    code, out, _ = await asyncio.to_thread(pluto, "--since", "7d")
+    assert code == 0 and out.strip() == "no model calls recorded (in this period)"
+    code, out, _ = await asyncio.to_thread(pluto, "--reset", "user:web:42")
+    assert code == 0 and out.startswith("reset the budgets of user web:42")
+    code, out, _ = await asyncio.to_thread(pluto, "--budgets", "--json")
+    assert code == 0 and out.strip() == "[]"
+    code, out, _ = await asyncio.to_thread(pluto, "--json", "--by", "user")
+    assert code == 0 and '"rows": []' in out
