@@ -55,10 +55,13 @@ class Row(tuple):  # type: ignore[type-arg]
         return list(self._index)
 
 
+@lru_cache(maxsize=512)
+def _row_class(names: tuple[str, ...]) -> type[Row]:
+    return type("Row", (Row,), {"__slots__": (), "_index": {n: i for i, n in enumerate(names)}})
+
+
 def _row_factory(cursor: Any) -> Callable[[Sequence[Any]], Row]:
-    names = [d.name for d in cursor.description or ()]
-    cls = type("Row", (Row,), {"__slots__": (), "_index": {n: i for i, n in enumerate(names)}})
-    return lambda values: cls(values)
+    return _row_class(tuple(d.name for d in cursor.description or ()))
 
 
 class _Conn:
@@ -72,7 +75,7 @@ class _Conn:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         cur = self._conn.cursor(row_factory=_row_factory)
         if params:
-            cur.execute(_pg(sql), params, prepare=True)
+            cur.execute(_pg(sql), params)  # prepared by psycopg once used a few times
         else:
             cur.execute(sql)
         return cur
@@ -127,7 +130,7 @@ class PostgresEngine:
 
         pool = ConnectionPool(self.url, min_size=self.min_size, max_size=self.max_size,
                               open=False, timeout=self.connect_timeout,
-                              kwargs={"autocommit": False, "connect_timeout":
+                              kwargs={"autocommit": True, "connect_timeout":
                                       max(1, int(self.connect_timeout))},
                               name="pluto")
         try:
@@ -178,10 +181,12 @@ class PostgresEngine:
         return await self._in_thread(self._run, change)
 
     async def write(self, *statements: Statement) -> int:
-        return await self.transact(run_statements(statements))
+        # one statement is atomic by itself: no BEGIN and COMMIT around it (two round trips)
+        return await self._in_thread(self._run, run_statements(statements),
+                                     len(statements) > 1)
 
     async def read(self, query: Callable[[Any], T]) -> T:
-        return await self._in_thread(self._run, query)
+        return await self._in_thread(self._run, query, False)
 
     async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         return await self.read(lambda conn: conn.execute(sql, params).fetchall())
@@ -209,8 +214,9 @@ class PostgresEngine:
         if self._open_calls == 0:
             self._idle.set()
 
-    def _run(self, change: Callable[[Any], T]) -> T:
-        """In a worker thread: ``change`` in one transaction on a pooled connection."""
+    def _run(self, change: Callable[[Any], T], atomic: bool = True) -> T:
+        """In a worker thread: ``change`` in one transaction on a pooled connection (a read,
+        ``atomic=False``, runs as it is: one statement sees one committed state)."""
         import psycopg
 
         pool = self._pool
@@ -219,6 +225,8 @@ class PostgresEngine:
         for attempt in range(RETRIES):
             try:
                 with pool.connection() as conn:
+                    if not atomic:
+                        return change(_Conn(conn))
                     with conn.transaction():
                         return change(_Conn(conn))
             except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
