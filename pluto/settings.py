@@ -170,12 +170,15 @@ class Budget(Strict):
     period: Literal["day", "month"] = "day"
     tokens: int | None = Field(default=None, gt=0)
     cost: float | None = Field(default=None, gt=0)  # USD
-    only: str | None = None  # one agent/route, or user/chat as provider:id; unset: each its own
+    only: str | None = None  # one agent/route (its name), or user/chat as provider:id; unset:
+    # each agent, route, user or chat has a budget of its own
 
     @model_validator(mode="after")
     def _some_limit(self) -> Budget:
         if self.tokens is None and self.cost is None:
             raise ValueError("a budget needs tokens, cost or both")
+        if self.only is not None and self.per in ("user", "chat") and ":" not in self.only:
+            raise ValueError(f"only: a {self.per} is named provider:id, e.g. web:42")
         return self
 
 
