@@ -99,6 +99,8 @@ class Route:
     session_key: str
     tools: tuple[str, ...] | None = None  # None: the agent's own list; else narrowed to these
     rule: str = "default"  # a human-readable name of the rule that matched
+    # whether a user's long-term notes may enter this group chat; None: the agent decides
+    memory_in_groups: bool | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

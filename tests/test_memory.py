@@ -140,6 +140,29 @@ def test_a_users_notes_never_enter_a_group_unless_the_agent_allows(tmp_path: Pat
     assert owner_for(agent_with(tmp_path, MemorySpec()), Speaker("t", "1", "1")) is None
 
 
+def test_the_route_says_whether_a_users_notes_enter_its_group(tmp_path: Path):
+    from pluto.agents.spec import LongTermMemory, MemorySpec
+    from pluto.gateway.pipeline.routing import RoutingTable
+    from pluto.types import IncomingMessage
+    strict = agent_with(tmp_path, MemorySpec(long_term=LongTermMemory(scope="user")))
+    lax = agent_with(tmp_path, MemorySpec(long_term=LongTermMemory(scope="user", groups=True)))
+    # the route's word wins over the agent's, both ways
+    assert owner_for(strict, Speaker("telegram", "-100", "42", False, True)) == ALICE
+    assert owner_for(lax, Speaker("telegram", "-100", "42", False, False)) is None
+    assert owner_for(lax, Speaker("telegram", "-100", "42", False, None)) == ALICE
+    (tmp_path / "routes.yaml").write_text(
+        "routes:\n"
+        "  - {match: {chat: '-100'}, agent: helper, memory_in_groups: true}\n"
+        "  - {match: {chat: '-200'}, agent: helper}\n")
+    table = RoutingTable.load(tmp_path / "routes.yaml", agents={"helper"})
+    group = IncomingMessage(provider="telegram", chat_id="-100", user_id="42", text="hi",
+                            is_direct=False, mentions_bot=True)
+    assert table.route(group).memory_in_groups is True
+    other = IncomingMessage(provider="telegram", chat_id="-200", user_id="42", text="hi",
+                            is_direct=False, mentions_bot=True)
+    assert table.route(other).memory_in_groups is None  # the agent decides
+
+
 async def test_odd_ids_stay_inside_the_memory_folder(tmp_path: Path):
     book = MemoryBook(tmp_path)
     for odd in ("..", "../../etc/passwd", "a/b", ".hidden", "x\ny"):

@@ -243,7 +243,8 @@ class Pipeline:
         req = RunRequest(job.run_id, session, agent, text, route.tools, source=job.source,
                          who=Attribution(msg.provider, msg.user_id, msg.chat_id, route.rule,
                                          job.received),
-                         speaker=Speaker(msg.provider, msg.chat_id, msg.user_id, msg.is_direct),
+                         speaker=Speaker(msg.provider, msg.chat_id, msg.user_id, msg.is_direct,
+                                         route.memory_in_groups),
                          notify=lambda line: self.delivery.reply(provider, msg, line,
                                                                  kind="notice"))
         await self._deliver(provider, msg, job, self.runner.run(req, observe))

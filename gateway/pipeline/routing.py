@@ -9,6 +9,8 @@ routes:
     agent: support
     session: chat                # chat | user | thread | shared
     tools: [current_time]        # narrows the agent's own tools
+    memory_in_groups: false      # a user's long-term notes in this group (default: the agent's
+                                 # memory.long_term.groups, itself false)
     require_mention: true        # in groups, answer only when the bot is mentioned
     rate_limit: {user: 5/minute, chat: 30/minute}
   - match: {provider: telegram, direct: true}
@@ -195,6 +197,7 @@ class Rule(_Strict):
     deny: bool = False
     session: SessionScope = "chat"
     tools: list[str] | None = None
+    memory_in_groups: bool | None = None  # None: the agent's memory.long_term.groups decides
     rate_limit: RateLimitSpec | None = None
     require_mention: bool | None = None
     access: AccessMode | None = None
@@ -342,7 +345,8 @@ class RoutingTable:
         scope: SessionScope = rule.session if rule is not None else "chat"
         route = Route(agent=agent, session_key=session_key(agent, scope, m),
                       tools=tuple(rule.tools) if rule and rule.tools is not None else None,
-                      rule=label)
+                      rule=label,
+                      memory_in_groups=rule.memory_in_groups if rule is not None else None)
         if policy.require_mention and not m.is_direct and not m.mentions_bot:
             return Decision("needs_mention", label, i, rule, route, policy)
         return Decision("route", label, i, rule, route, policy)

@@ -22,13 +22,15 @@ class Speaker:
     chat_id: str
     user_id: str
     is_direct: bool = True
+    groups: bool | None = None  # the route's memory_in_groups (None: the agent's setting)
 
 
 def owner_for(agent: AgentSpec, speaker: Speaker | None) -> Owner | None:
     """Whose notes a run of ``agent`` for ``speaker`` reads and writes; None: no memory here.
 
     A user's notes enter only that user's direct chats — never a group, where others would
-    read them — unless the agent's ``long_term.groups`` says they may."""
+    read them — unless the route says they may (``memory_in_groups`` in routes.yaml) or,
+    when the route does not say, the agent's ``long_term.groups``."""
     long_term = agent.memory.long_term
     if long_term is None:
         return None
@@ -38,7 +40,8 @@ def owner_for(agent: AgentSpec, speaker: Speaker | None) -> Owner | None:
         return None
     if long_term.scope == "chat":
         return Owner(agent.name, "chat", speaker.provider, speaker.chat_id)
-    if not speaker.is_direct and not long_term.groups:
+    in_groups = long_term.groups if speaker.groups is None else speaker.groups
+    if not speaker.is_direct and not in_groups:
         return None
     return Owner(agent.name, "user", speaker.provider, speaker.user_id)
 
