@@ -123,7 +123,13 @@ class SqliteEngine:
         await self._idle.wait()  # every change handed over is committed (or failed)
         if self._db is not None:
             db, self._db = self._db, None
+            thread = getattr(db, "_thread", None)  # aiosqlite's worker (private, pinned)
             await db.close()
+            # the worker answers the close, then ends a moment later: closed means gone
+            for _ in range(400):
+                if thread is None or not thread.is_alive():
+                    break
+                await asyncio.sleep(0.005)
 
     # schema -------------------------------------------------------------------------------
 
