@@ -13,15 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from urllib.parse import quote
 
-import aiohttp
-
 from bench.common import Figure, Report, percentile
-from bench.roundtrip import Client, LoadResult
+from bench.roundtrip import LoadResult, load
 from bench.servers import Server
 
 PG_URL = os.environ.get("PLUTO_BENCH_DATABASE_URL",
@@ -41,32 +38,6 @@ def schema() -> Iterator[str]:
     finally:
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {name} CASCADE")
-
-
-async def load(servers: list[Server], sessions: int, messages: int) -> LoadResult:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        clients = [Client(http, servers[i % len(servers)]) for i in range(sessions)]
-        await asyncio.gather(*(c.connect() for c in clients))
-        for c in clients[:20]:
-            await c.ask("warm up")
-        per = max(1, messages // sessions)
-        latencies: list[float] = []
-        errors = 0
-
-        async def run(c: Client) -> None:
-            nonlocal errors
-            for i in range(per):
-                try:
-                    latencies.append(await c.ask(f"message {i} from a benchmark client"))
-                except (ConnectionError, RuntimeError):
-                    errors += 1
-                    return
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(run(c) for c in clients))
-        elapsed = time.perf_counter() - t0
-        await asyncio.gather(*(c.close() for c in clients))
-    return LoadResult(latencies, elapsed, errors)
 
 
 def measure(instances: int, url: str | None, sessions: int, messages: int

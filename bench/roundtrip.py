@@ -80,11 +80,14 @@ async def connect_many(session: aiohttp.ClientSession, server: Server, n: int,
     return clients
 
 
-async def load(server: Server, sessions: int, messages: int) -> LoadResult:
-    """``sessions`` clients in parallel, each sending its share of ``messages`` in turn."""
+async def load(server: Server | list[Server], sessions: int, messages: int) -> LoadResult:
+    """``sessions`` clients in parallel, each sending its share of ``messages`` in turn; with
+    several servers (instances), the clients are spread over them as a load balancer would."""
+    servers = server if isinstance(server, list) else [server]
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        clients = await connect_many(session, server, sessions)
+        clients = [c for i, target in enumerate(servers) for c in await connect_many(
+            session, target, sessions // len(servers) + (i < sessions % len(servers)))]
         for c in clients[: min(sessions, 20)]:
             await c.ask("warm up")
         per = max(1, messages // sessions)

@@ -108,25 +108,7 @@ class Gateway:
         self.delivery = Delivery(self.outbox, data_dir=self.data_dir, throttle=throttle,
                                  keep_preview=lambda msg, pid: self.store.inbound.keep_preview(
                                      msg.provider, msg.message_id or "", pid))
-        self.data = DataCommands(data_service(self.config, config_dir, self.data_dir),
-                                 self.registry, self.store.conversations)
-        self.mcp = McpHub(max_servers=self.config.agents.mcp_max_servers,  # agents' MCP servers
-                          idle_seconds=self.config.agents.mcp_idle_seconds,
-                          log_dir=self.data_dir / "logs" / "mcp")
-        self.usage = UsageMeter(self.store.usage, prices=Prices(lambda: self.config.usage.prices),
-                                budgets=lambda: self.config.usage.budgets)  # the ledger
-        self.metrics.watch_usage(self.usage)
-        t = self.config.tracing  # spans over OTLP when configured (started in start())
-        self.tracing = Tracing(t.otlp_endpoint, service_name=t.service_name, headers=t.headers())
-        self.usage.on_record.append(self.tracing.model_call)
-        self.runner = Runner(self.store.conversations, models=self._model_settings(),
-                             tools=self.tools, data_dir=self.data_dir,
-                             services={"data": self.data.service, "mcp": self.mcp,
-                                       "memory": SharedMemoryBook(self.store.notes)
-                                       if self.shared else MemoryBook(self.data_dir / "memory"),
-                                       "history": self.store.history},
-                             model_factory=model_factory, usage=self.usage,
-                             tracing=self.tracing)
+        self.runner = self._runtime(model_factory)
         # extra reports in /readyz: informative, they never make the gateway unready
         self.health_reports: dict[str, Callable[[], object]] = {"mcp": self.mcp.health}
         self.access = Access(self.store.pairing, lambda: self.config.access,
@@ -152,6 +134,29 @@ class Gateway:
         self.started_at = time.time()
         self._stack: AsyncExitStack | None = None
         self._stopping = False
+
+    def _runtime(self, model_factory: Callable[[ModelSettings], Model]) -> Runner:
+        """What runs the agents: the services their tools use (data, MCP servers, memory,
+        history), the usage ledger and tracing, and the Runner over them."""
+        self.data = DataCommands(data_service(self.config, self.config_dir, self.data_dir),
+                                 self.registry, self.store.conversations)
+        self.mcp = McpHub(max_servers=self.config.agents.mcp_max_servers,  # agents' MCP servers
+                          idle_seconds=self.config.agents.mcp_idle_seconds,
+                          log_dir=self.data_dir / "logs" / "mcp")
+        self.usage = UsageMeter(self.store.usage, prices=Prices(lambda: self.config.usage.prices),
+                                budgets=lambda: self.config.usage.budgets)  # the ledger
+        self.metrics.watch_usage(self.usage)
+        t = self.config.tracing  # spans over OTLP when configured (started in start())
+        self.tracing = Tracing(t.otlp_endpoint, service_name=t.service_name, headers=t.headers())
+        self.usage.on_record.append(self.tracing.model_call)
+        return Runner(self.store.conversations, models=self._model_settings(),
+                      tools=self.tools, data_dir=self.data_dir,
+                      services={"data": self.data.service, "mcp": self.mcp,
+                                "memory": SharedMemoryBook(self.store.notes)
+                                if self.shared else MemoryBook(self.data_dir / "memory"),
+                                "history": self.store.history},
+                      model_factory=model_factory, usage=self.usage,
+                      tracing=self.tracing)
 
     def _tool_names(self) -> Collection[str]:
         """The tools an agent may name in ``tools:`` (an unknown one is a ConfigError)."""
