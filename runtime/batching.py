@@ -12,7 +12,7 @@ soon as it comes, after the text before it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Generic, TypeVar
 
 End = TypeVar("End")
@@ -67,13 +67,19 @@ class _Reader(Generic[End]):
 
 
 async def batched(items: AsyncIterator[str | End], *, interval: float = 0.04,
-                  max_chars: int = 2000) -> AsyncIterator[str | End]:
+                  max_chars: int = 2000,
+                  after: Awaitable[object] | None = None) -> AsyncIterator[str | End]:
     """``items`` (text deltas, then one end item) with the deltas joined in batches. An error
-    raised by ``items`` comes after the text read before it."""
+    raised by ``items`` comes after the text read before it.
+
+    With ``after``, nothing is handed on (not even an error) before it is done — while
+    ``items`` are read meanwhile: a run's model call starts while its start is committed."""
     reader: _Reader[End] = _Reader(items, max_chars)
     loop = asyncio.get_running_loop()
     last = float("-inf")  # when the last batch was handed on
     try:
+        if after is not None:
+            await asyncio.shield(after)  # (a stop ends this, never what it waits for)
         while True:
             done = reader.task.done()
             if not reader.text and not done:

@@ -14,6 +14,7 @@ including those recorded when a run is cancelled (which are not yielded: the con
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -73,6 +74,9 @@ class _RunState:
     messages: list[dict[str, Any]]
     tools: dict[str, Tool]
     settings: ModelSettings
+    starting: asyncio.Future[RunEvent]  # the run's start, being committed
+    start_observed: bool = False
+    start_shown: bool = False
     usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 0,
                                                            "completion_tokens": 0})
     tool_calls: int = 0
@@ -144,24 +148,26 @@ class Runner:
         memory = await self._memory(req)  # notes, summary and tools (runtime/memory)
         history = memory.history if memory.history is not None else await self.store.history(
             req.session.id, agent.history.max_messages, agent.history.max_tokens)
-        start = await self.store.start_run(
+        # The start is committed while the model is called (one database trip off the first
+        # token's way); nothing is shown before it is on disk.
+        starting = asyncio.ensure_future(self.store.start_run(
             req.run_id, req.session.id, agent.name, req.text,
             RunStart(run_id=req.run_id, session_id=req.session.id, agent=agent.name),
-            source=req.source)
-        observe(start)
+            source=req.source))
         prompt = "\n\n".join(p for p in (agent.instructions, memory.system) if p)
         system = [{"role": "system", "content": prompt}] if prompt else []
         state = _RunState(req, observe, time.monotonic() + agent.budget.max_seconds,
                           system + history + [{"role": "user", "content": req.text}],
                           self.tools_for(agent, req.tools) | memory.tools,
-                          self.settings_for(agent))
+                          self.settings_for(agent), starting)
         for key, tokens in (memory.usage or {}).items():  # a compaction's tokens are the run's
             state.usage[key] = state.usage.get(key, 0) + tokens
-        yield start
         try:
             async for event in self._loop(state):
                 yield event
         except (ModelError, BudgetExceeded) as e:
+            if start := await self._shown_start(state):
+                yield start
             if isinstance(e, BudgetExceeded):
                 log.warning("run %s (agent %s) stopped at its %s budget", req.run_id,
                             agent.name, e.budget)
@@ -173,12 +179,36 @@ class Runner:
             state.ended = True  # another instance answers it: nothing more is said here
             raise
         except Exception:
+            if _failed(starting):  # it never started: the caller ends it (as it always did)
+                state.ended = True
+                raise
             log.exception("run %s failed", req.run_id)
+            if start := await self._shown_start(state):
+                yield start
             yield await self._fail(state, INTERNAL_ERROR, "error")
             yield await self._end(state, "error", error=INTERNAL_ERROR)
         finally:
             if not state.ended:  # cancelled (/stop, shutdown) or the consumer went away
                 await asyncio.shield(self._finish_cancelled(state))
+
+    async def _shown_start(self, state: _RunState) -> RunEvent | None:
+        """The run's start, committed and observed, the first time it is asked for (then
+        None): it comes before anything else the run shows."""
+        if state.start_shown:
+            return None
+        start = await self._observed_start(state)
+        state.start_shown = True
+        return start
+
+    @staticmethod
+    async def _observed_start(state: _RunState) -> RunEvent:
+        """The run's start once committed, observed once (before anything else of the run:
+        the usage ledger's observers too)."""
+        start = await asyncio.shield(state.starting)  # a stop never cuts a commit short
+        if not state.start_observed:
+            state.start_observed = True
+            state.observe(start)
+        return start
 
     # memory (runtime/memory): long-term notes, compaction, search_history ----------------
 
@@ -233,9 +263,12 @@ class Runner:
         schemas = [t.schema() for t in state.tools.values()]
         while True:
             turn = None
-            items = batched(self._model_turn(state, schemas), interval=self.delta_interval)
+            items = batched(self._model_turn(state, schemas), interval=self.delta_interval,
+                            after=None if state.start_shown else state.starting)
             async with aclosing(items):  # type: ignore[type-var]
                 async for item in items:
+                    if not state.start_shown:
+                        yield await self._shown_start(state)  # type: ignore[misc]
                     if isinstance(item, ModelTurn):
                         turn = item
                     else:
@@ -314,7 +347,7 @@ class Runner:
 
     async def _check_usage(self, state: _RunState) -> None:
         """Before a model call: refuse it when a usage budget is spent (or would be by it)."""
-        if self.usage is None:
+        if self.usage is None or not self.usage.budgets():
             return
         req = state.req
         upcoming = sum(estimate_tokens(m["content"]) for m in state.messages
@@ -355,6 +388,8 @@ class Runner:
                 state, attempt, started, outcome, {})))
 
     async def _record(self, state: _RunState, call: UsageCall) -> None:
+        with contextlib.suppress(Exception):  # (one that never started: recorded all the same)
+            await self._observed_start(state)  # a call is recorded after its run's start
         try:
             await self.usage.record(call, models=(state.req.agent.model,))  # type: ignore[union-attr]
         except Exception:  # the ledger never stops an answer
@@ -464,11 +499,19 @@ class Runner:
             state.partial = ""
 
     async def _finish_cancelled(self, state: _RunState) -> None:
+        try:
+            await self._shown_start(state)  # (observed, not yielded: the consumer is gone)
+        except BaseException:  # noqa: BLE001 - it never started: nothing to end
+            return
         await self._keep_partial(state)
         try:
             await self._end(state, "cancelled", error="stopped by the user")
         except RunTakenOver:
             pass  # another instance took it over: it ends there
+
+
+def _failed(future: asyncio.Future[Any]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is not None
 
 
 def _parse_arguments(call: ToolCall) -> tuple[dict[str, Any] | None, ToolResult | None]:

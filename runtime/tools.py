@@ -63,11 +63,15 @@ class Tool:
     description: str
     parameters: dict[str, Any]  # JSON schema of the arguments
     fn: ToolFn
+    _schema: dict[str, Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:  # built once: every model call sends it
+        object.__setattr__(self, "_schema", {"type": "function", "function": {
+            "name": self.name, "description": self.description, "parameters": self.parameters}})
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI-style function declaration."""
-        return {"type": "function", "function": {
-            "name": self.name, "description": self.description, "parameters": self.parameters}}
+        return self._schema
 
     async def __call__(self, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
         problem = check_arguments(self.parameters, arguments)

@@ -307,3 +307,87 @@ async def test_previews_alone_are_committed_soon(store, tmp_path):
         while len(await store.events("r-alone")) < 2:
             await asyncio.sleep(0.01)
     assert (await store.events("r-alone"))[-1].text == "partial"
+
+
+class _SlowStart:
+    """The store, with each run's start held until ``go`` is set (or failing with ``error``)."""
+
+    def __init__(self, store: ConversationStore, error: Exception | None = None):
+        self.store, self.error, self.go = store, error, asyncio.Event()
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    async def start_run(self, *args, **kwargs):
+        await self.go.wait()
+        if self.error is not None:
+            raise self.error
+        return await self.store.start_run(*args, **kwargs)
+
+
+async def test_the_model_is_called_while_the_start_is_committed_and_nothing_shows_before_it(
+        store, tmp_path):
+    slow = _SlowStart(store)
+    model = ScriptedModel(Scripted(text="Hello there.", chunk=4))
+    runner = Runner(slow, models={}, tools=TOOLS, data_dir=Path("."), model_factory=model)
+    session = await store.session("overlap", "a")
+    observed: list = []
+    events = runner.run(RunRequest("r-ov", session, agent(tmp_path), "hi"), observed.append)
+    first = asyncio.ensure_future(events.__anext__())
+    async with asyncio.timeout(5):
+        while not model.calls:  # the model is asked before the start is on disk
+            await asyncio.sleep(0.005)
+    await asyncio.sleep(0.05)
+    assert not first.done() and observed == []  # ... and nothing is shown or observed
+    slow.go.set()
+    rest = [await first] + [e async for e in events]
+    assert isinstance(rest[0], RunStart) and rest[0].seq == 1
+    assert [type(e) for e in observed] == [type(e) for e in rest]  # same events, same order
+    assert "".join(e.text for e in rest if isinstance(e, MessageDelta)) == "Hello there."
+    assert [e.seq for e in rest] == sorted(e.seq for e in rest)
+    assert (await store.run("r-ov")).status == "ok"
+
+
+async def test_a_start_that_fails_stops_the_model_call_and_shows_nothing(store, tmp_path):
+    from pluto.errors import StorageError
+    slow = _SlowStart(store, StorageError("disk full"))
+    model = ScriptedModel(Scripted(text="never shown " * 20, chunk=3, delay=0.01))
+    runner = Runner(slow, models={}, tools=TOOLS, data_dir=Path("."), model_factory=model)
+    session = await store.session("failstart", "a")
+    observed: list = []
+    events = runner.run(RunRequest("r-fs", session, agent(tmp_path), "hi"), observed.append)
+    first = asyncio.ensure_future(events.__anext__())
+    async with asyncio.timeout(5):
+        while not model.calls:
+            await asyncio.sleep(0.005)
+    slow.go.set()
+    with pytest.raises(StorageError):  # as before: the caller ends it and says so
+        await first
+    assert observed == [] and await store.run("r-fs") is None
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "model-turn"]  # call stopped
+
+
+async def test_a_run_stopped_before_its_start_is_committed_ends_cancelled(store, tmp_path):
+    slow = _SlowStart(store)
+    model = ScriptedModel(Scripted(text="slow words " * 20, chunk=3, delay=0.02))
+    runner = Runner(slow, models={}, tools=TOOLS, data_dir=Path("."), model_factory=model)
+    session = await store.session("stopearly", "a")
+    observed: list = []
+
+    async def consume() -> None:
+        async for _ in runner.run(RunRequest("r-se", session, agent(tmp_path), "hi"),
+                                  observed.append):
+            pass
+
+    task = asyncio.create_task(consume())
+    async with asyncio.timeout(5):
+        while not model.calls:
+            await asyncio.sleep(0.005)
+    task.cancel()
+    await asyncio.sleep(0.02)
+    slow.go.set()  # the start lands after the stop: the run is still ended, as cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await store.run("r-se")).status == "cancelled"
+    assert [type(e) for e in observed] == [RunStart, RunEnd]
+    assert observed[-1].outcome == "cancelled"

@@ -152,20 +152,22 @@ class SqliteConversations:
         if self._cache and (cached := self._sessions.get(key)) is not None:
             return cached
 
-        def find_or_create(conn: Any) -> SessionRow:
+        def find_or_create(conn: Any) -> tuple[SessionRow, bool]:
             row = conn.execute("SELECT id, key, agent, created_at FROM sessions"
                                " WHERE key = ? AND active = 1", (key,)).fetchone()
             if row is not None:
-                return _session(row)
+                return _session(row), False
             now = time.time()
             new = SessionRow(uuid.uuid4().hex, key, agent, now)
             conn.execute("INSERT INTO sessions (id, key, agent, created_at, updated_at)"
                          " VALUES (?,?,?,?,?)", (new.id, key, agent, now, now))
-            return new
+            return new, True
 
-        session = await self.engine.transact(find_or_create)
+        session, created = await self.engine.transact(find_or_create)
         if not self._cache:
             return session
+        if created:  # its history is empty: its first run need not read it
+            self._keep_recent(session.id, [])
         if len(self._sessions) >= SESSION_CACHE:
             self._sessions.clear()
         self._sessions[key] = session
@@ -212,10 +214,7 @@ class SqliteConversations:
         else:
             rows = await self.messages(session_id, limit=max(max_messages, HISTORY_MESSAGES))
             if self._cache and session_id not in self._recent:
-                self._recent[session_id] = deque(rows[-HISTORY_MESSAGES:],
-                                                 maxlen=HISTORY_MESSAGES)
-                while len(self._recent) > HISTORY_SESSIONS:
-                    self._recent.popitem(last=False)
+                self._keep_recent(session_id, rows)
             rows = rows[-max_messages:]
         kept: list[MessageRow] = []
         total = 0
@@ -225,6 +224,11 @@ class SqliteConversations:
                 break
             kept.append(row)
         return sanitize_history([r.as_model_message() for r in reversed(kept)])
+
+    def _keep_recent(self, session_id: str, rows: list[MessageRow]) -> None:
+        self._recent[session_id] = deque(rows[-HISTORY_MESSAGES:], maxlen=HISTORY_MESSAGES)
+        while len(self._recent) > HISTORY_SESSIONS:
+            self._recent.popitem(last=False)
 
     def _remember(self, session_id: str, *messages: MessageRow) -> None:
         """Messages just committed join the session's copy in memory, if it has one."""

@@ -71,6 +71,16 @@ def _apply_batch(conn: sqlite3.Connection, changes: list[Change]) -> list[Any]:
     return results
 
 
+async def _ended(db: aiosqlite.Connection) -> None:
+    """Until aiosqlite's worker thread (private, pinned) has ended: it answers a close or a
+    failed connect, then ends a moment later — closed means gone (2 s at most)."""
+    thread = getattr(db, "_thread", None)
+    for _ in range(400):
+        if thread is None or not thread.is_alive():
+            return
+        await asyncio.sleep(0.005)
+
+
 class _Failed:
     __slots__ = ("error",)
 
@@ -104,8 +114,13 @@ class SqliteEngine:
     async def open(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = await aiosqlite.connect(self.path, isolation_level=None)
+        except OSError as e:
+            raise StorageError(f"cannot open the database {self.path}: {e}") from None
+        connecting = aiosqlite.connect(self.path, isolation_level=None)
+        try:
+            self._db = await connecting
         except (OSError, sqlite3.Error) as e:
+            await _ended(connecting)  # its worker was told to stop: gone before we say so
             raise StorageError(f"cannot open the database {self.path}: {e}") from None
         self._db.row_factory = sqlite3.Row
         try:
@@ -123,13 +138,8 @@ class SqliteEngine:
         await self._idle.wait()  # every change handed over is committed (or failed)
         if self._db is not None:
             db, self._db = self._db, None
-            thread = getattr(db, "_thread", None)  # aiosqlite's worker (private, pinned)
             await db.close()
-            # the worker answers the close, then ends a moment later: closed means gone
-            for _ in range(400):
-                if thread is None or not thread.is_alive():
-                    break
-                await asyncio.sleep(0.005)
+            await _ended(db)
 
     # schema -------------------------------------------------------------------------------
 
@@ -172,28 +182,33 @@ class SqliteEngine:
         return await self.transact(run_statements(statements))
 
     def _commit_next(self) -> None:
-        """Hand what is pending to the database thread as one batch. Its end (a callback, not a
-        task: a caller cancelled meanwhile never stops it) settles each change and hands over
-        whatever arrived in the meantime."""
+        """Hand what is pending to the database thread as one batch. Its end (a callback the
+        thread schedules on the loop, not a task: a caller cancelled meanwhile never stops it)
+        settles each change and hands over whatever arrived in the meantime."""
         batch, self._pending = self._pending, []
         self._committing = True
         self._idle.clear()
         db = self._conn
-        done: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
         changes = [change for change, _ in batch]
-        # aiosqlite's worker runs queued functions in order and settles their futures
-        db._tx.put_nowait((done, lambda: _apply_batch(db._conn, changes)))
-        done.add_done_callback(lambda finished: self._committed(batch, finished))
+
+        def apply() -> None:  # in the database thread
+            try:
+                results: list[Any] | BaseException = _apply_batch(db._conn, changes)
+            except BaseException as e:  # noqa: BLE001 - every caller gets it
+                results = e
+            loop.call_soon_threadsafe(self._committed, batch, results)
+
+        # aiosqlite's worker runs queued functions in order; with no future of its own it
+        # schedules nothing: the batch's end is one callback on the loop, not two
+        db._tx.put_nowait((None, apply))
 
     def _committed(self, batch: list[tuple[Change, asyncio.Future[Any]]],
-                   finished: asyncio.Future[list[Any]]) -> None:
-        if finished.cancelled() or finished.exception() is not None:
-            e = finished.exception() if not finished.cancelled() else StorageError(
-                "the commit was cancelled")
-            log.error("storage: a commit of %d change(s) failed: %s", len(batch), e)
-            results: list[Any] = [_Failed(e)] * len(batch)  # type: ignore[arg-type]
-        else:
-            results = finished.result()
+                   results: list[Any] | BaseException) -> None:
+        if isinstance(results, BaseException):
+            log.error("storage: a commit of %d change(s) failed: %s", len(batch), results)
+            results = [_Failed(results if isinstance(results, Exception) else StorageError(
+                "the commit was interrupted"))] * len(batch)
         for (_, fut), result in zip(batch, results):
             if fut.done():
                 continue
