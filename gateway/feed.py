@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,6 +27,7 @@ from pluto.storage.ports import Bus, RunReader
 log = logging.getLogger(__name__)
 
 MAX_BACKLOG = 10_000  # live events a stalled watcher may hold before it is cut off
+PUBLISHED_KEPT = 50_000  # the runs with an event published here, most recent (their ids only)
 CHANNEL = "pluto_runs"
 
 
@@ -48,12 +49,21 @@ class _Watcher:
 
 
 class LocalRunFeed:
+    # every run of this process publishes every event here (with several instances a run may
+    # execute elsewhere: that feed says False)
+    runs_here = True
+
     def __init__(self, runs: RunReader):
         self.runs = runs
         self._watchers: dict[str, set[_Watcher]] = defaultdict(set)
+        self._published: OrderedDict[str, None] = OrderedDict()
 
     def publish(self, event: RunEvent) -> None:
         """Hand a committed event (with its ``seq``) to the run's live watchers."""
+        if event.run_id not in self._published:
+            self._published[event.run_id] = None
+            if len(self._published) > PUBLISHED_KEPT:
+                self._published.popitem(last=False)
         watchers = self._watchers.get(event.run_id)
         if not watchers:
             return
@@ -66,17 +76,23 @@ class LocalRunFeed:
     def watched(self, run_id: str) -> bool:
         return bool(self._watchers.get(run_id))
 
-    async def follow(self, run_id: str, after: int = 0) -> AsyncIterator[RunEvent]:
+    async def follow(self, run_id: str, after: int = 0, *,
+                     fresh: bool = False) -> AsyncIterator[RunEvent]:
+        """``fresh``: the run was just accepted in this process. If nothing of it has been
+        published yet, nothing of it is stored either: storage is not read (a database trip
+        fewer on the way to a new answer's first words), unless a gap says otherwise."""
         watcher = _Watcher()
         self._watchers[run_id].add(watcher)
         last = after
+        unread = fresh and self.runs_here and run_id not in self._published
         try:
             while True:
-                for event in await self.runs.events(run_id, after=last):
+                for event in [] if unread else await self.runs.events(run_id, after=last):
                     last = event.seq
                     yield event
                     if isinstance(event, RunEnd):
                         return
+                unread = False
                 watcher.overflowed = False
                 while not watcher.overflowed:
                     event = await watcher.queue.get()
@@ -102,6 +118,8 @@ class SharedRunFeed(LocalRunFeed):
     """The run feed of one instance among several: local watchers as :class:`LocalRunFeed`,
     plus a notification to the other instances for each committed event (``instance|run``,
     sent in small batches), and a wake-up for local watchers of runs executing elsewhere."""
+
+    runs_here = False  # a run accepted here may execute on another instance
 
     def __init__(self, runs: RunReader, bus: Bus, instance: str):
         super().__init__(runs)

@@ -41,6 +41,9 @@ class Ticket(Protocol):
 
     async def outcome(self) -> Outcome: ...
 
+    def when_decided(self, callback: Callable[[Outcome], None]) -> None:
+        """``callback(outcome)`` once decided: the same without a task of one's own."""
+
 
 class Intake(Protocol):
     """Where a provider hands messages over. Handing over never waits for routing, a model or
@@ -61,7 +64,8 @@ class RunFeed(Protocol):
     """The one way to watch a run: its committed events after ``seq`` N, then the live ones,
     each once and in order, until its ``run.end``."""
 
-    def follow(self, run_id: str, after: int = 0) -> AsyncIterator[RunEvent]: ...
+    def follow(self, run_id: str, after: int = 0, *,
+               fresh: bool = False) -> AsyncIterator[RunEvent]: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,11 @@ class Ticket:
     def done(self) -> bool:
         return self._future.done()
 
+    def when_decided(self, callback: Callable[[Outcome], None]) -> None:
+        """Call ``callback`` with the outcome once decided (a callback, not a task)."""
+        self._future.add_done_callback(
+            lambda fut: None if fut.cancelled() else callback(fut.result()))
+
     def settle(self, outcome: Outcome) -> None:
         if not self._future.done():
             self._future.set_result(outcome)

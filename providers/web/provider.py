@@ -33,7 +33,7 @@ from pluto.providers.web.settings import WebSettings, load_settings
 from pluto.providers.web.socket import serve_socket
 from pluto.providers.web.tokens import FileLinks, SessionSigner, load_key
 from pluto.types import (MARKDOWN, Accepted, Capabilities, IncomingMessage, OutgoingMessage,
-                         Route)
+                         Outcome, Route)
 
 log = logging.getLogger(__name__)
 
@@ -107,31 +107,30 @@ class WebProvider(Provider):
         await self._ready.wait()
         assert self._intake is not None
         ticket = await self._intake.submit(msg)
-        asyncio.create_task(self._show_outcome(ticket), name=f"web:outcome:{msg.chat_id}")
+        ticket.when_decided(lambda outcome: self._show_outcome(msg, outcome))
         return ticket
 
-    async def _show_outcome(self, ticket: Ticket) -> None:
-        outcome = await ticket.outcome()
+    def _show_outcome(self, msg: IncomingMessage, outcome: Outcome) -> None:
         if isinstance(outcome, Accepted):
-            msg = ticket.message
             client_id = (msg.message_id or "").removeprefix(f"{msg.chat_id}:")
-            self._follow(msg.chat_id, outcome.run_id, client_id)
+            self._follow(msg.chat_id, outcome.run_id, client_id, fresh=True)
 
     def route(self, probe: IncomingMessage) -> Route | None:
         return self.chats.route(probe)
 
-    def _follow(self, chat_id: str, run_id: str, client_id: str | None = None) -> None:
+    def _follow(self, chat_id: str, run_id: str, client_id: str | None = None, *,
+                fresh: bool = False) -> None:
         if run_id in self._follows or run_id in self._finished:
             return
         self._shown[run_id] = _Shown(chat_id, client_id)
         self.rooms.run_started(chat_id, run_id)
-        self._follows[run_id] = asyncio.create_task(self._show_run(run_id),
+        self._follows[run_id] = asyncio.create_task(self._show_run(run_id, fresh),
                                                     name=f"web:run:{run_id}")
 
-    async def _show_run(self, run_id: str) -> None:
+    async def _show_run(self, run_id: str, fresh: bool = False) -> None:
         shown = self._shown[run_id]
         try:
-            async with aclosing(self.feed.follow(run_id)) as events:
+            async with aclosing(self.feed.follow(run_id, fresh=fresh)) as events:
                 async for event in events:
                     if isinstance(event, MessageFinal | RunError):
                         shown.reply_seq = event.seq  # shown when delivery hands it over

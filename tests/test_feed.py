@@ -1,0 +1,86 @@
+"""The run feed: stored then live, each event once and in order — and a run just accepted in
+this process is followed without reading storage unless it has to."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+
+from pluto.events import MessageDelta, RunEnd, RunEvent, RunStart
+from pluto.gateway.feed import LocalRunFeed, SharedRunFeed
+
+
+class Runs:
+    """A RunReader over a list, counting the reads."""
+
+    def __init__(self, stored: list[RunEvent] = ()):
+        self.stored = list(stored)
+        self.reads = 0
+
+    async def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
+        self.reads += 1
+        return [e for e in self.stored if e.run_id == run_id and e.seq > after]
+
+
+def events(run_id: str = "r") -> list[RunEvent]:
+    return [RunStart(run_id=run_id, session_id="s", agent="a", seq=1),
+            MessageDelta(run_id=run_id, text="Hel", seq=2),
+            MessageDelta(run_id=run_id, text="lo", seq=3),
+            RunEnd(run_id=run_id, outcome="ok", seq=4)]
+
+
+async def follow(feed: LocalRunFeed, run_id: str = "r", **kw) -> list[RunEvent]:
+    async with aclosing(feed.follow(run_id, **kw)) as stream:
+        return [e async for e in stream]
+
+
+async def publish_soon(feed: LocalRunFeed, evs: list[RunEvent]) -> None:
+    await asyncio.sleep(0.01)  # the watcher is subscribed by then
+    for e in evs:
+        feed.publish(e)
+        await asyncio.sleep(0)
+
+
+async def test_a_fresh_run_is_followed_live_without_reading_storage():
+    runs = Runs()
+    feed = LocalRunFeed(runs)
+    watching = asyncio.ensure_future(follow(feed, fresh=True))
+    await publish_soon(feed, events())
+    assert [e.seq for e in await asyncio.wait_for(watching, 5)] == [1, 2, 3, 4]
+    assert runs.reads == 0
+
+
+async def test_a_fresh_run_that_already_published_is_read_from_storage_once():
+    evs = events()
+    runs = Runs(evs[:2])
+    feed = LocalRunFeed(runs)
+    for e in evs[:2]:  # published (and stored) before the watcher came
+        feed.publish(e)
+    watching = asyncio.ensure_future(follow(feed, fresh=True))
+    await publish_soon(feed, evs[2:])
+    assert [e.seq for e in await asyncio.wait_for(watching, 5)] == [1, 2, 3, 4]
+    assert runs.reads == 1
+
+
+async def test_a_gap_in_a_fresh_run_is_filled_from_storage():
+    evs = events()
+    runs = Runs(evs)
+    feed = LocalRunFeed(runs)
+    watching = asyncio.ensure_future(follow(feed, fresh=True))
+    await publish_soon(feed, evs[2:])  # seq 1 and 2 never reached it live
+    assert [e.seq for e in await asyncio.wait_for(watching, 5)] == [1, 2, 3, 4]
+    assert runs.reads == 1
+
+
+async def test_a_run_that_is_not_fresh_and_a_feed_of_several_instances_read_storage():
+    evs = events()
+    runs = Runs(evs)
+    assert [e.seq for e in await follow(LocalRunFeed(runs))] == [1, 2, 3, 4]
+
+    class Bus:
+        def subscribe(self, channel, callback) -> None: ...
+        async def publish(self, channel, payloads) -> None: ...
+
+    shared = SharedRunFeed(runs, Bus(), "i1")  # the run may execute on another instance
+    assert [e.seq for e in await follow(shared, fresh=True)] == [1, 2, 3, 4]
+    assert runs.reads == 2
