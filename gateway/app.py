@@ -38,6 +38,7 @@ from pluto.gateway.pipeline.access import Access
 from pluto.gateway.pipeline.data_commands import DataCommands, data_service
 from pluto.gateway.pipeline.memory_commands import MemoryCommands
 from pluto.gateway.pipeline.intake import IntakeQueue, Shared, message_from_dict
+from pluto.gateway.pipeline.overload import Load
 from pluto.gateway.pipeline.ratelimit import SharedRateLimiter
 from pluto.gateway.pipeline.pipeline import Pipeline
 from pluto.gateway.pipeline.routing import RoutingTable
@@ -110,7 +111,10 @@ class Gateway:
                                      msg.provider, msg.message_id or "", pid))
         self.runner = self._runtime(model_factory)
         # extra reports in /readyz: informative, they never make the gateway unready
-        self.health_reports: dict[str, Callable[[], object]] = {"mcp": self.mcp.health}
+        self.load = Load(lambda: self.config.gateway)  # run slots; busy notice when overloaded
+        self.metrics.watch_load(self.load)
+        self.health_reports: dict[str, Callable[[], object]] = {"mcp": self.mcp.health,
+                                                                "load": self.load.report}
         self.access = Access(self.store.pairing, lambda: self.config.access,
                              limiter=SharedRateLimiter(self.store.rates) if self.shared else None)
         self.pipeline = Pipeline(
@@ -118,7 +122,7 @@ class Gateway:
             inbox=self.store.inbound, access=self.access,
             registry=self.registry, routes=lambda: self.routes, data=self.data,
             runner=self.runner, delivery=self.delivery, providers=self.providers,
-            metrics=self.metrics, publish=self.feed.publish,
+            metrics=self.metrics, load=self.load, publish=self.feed.publish,
             max_queued=self.config.gateway.max_queued_per_session,
             session_guard=(lambda key: self.cluster.holding(f"session:{key}"))
             if self.shared else None, track_runs=self.shared)
@@ -179,6 +183,8 @@ class Gateway:
         try:
             configured = self._configured_providers()  # validated before anything is opened
             await self._open_storage(stack)
+            self.load.start()  # the lag monitor
+            stack.push_async_callback(self.load.stop)
             await self.tracing.start()  # (configured: the SDK is imported in a thread)
             await self.usage.prices.load()  # litellm's price list, read in a thread (~20 ms)
             stack.push_async_callback(self.tracing.shutdown)  # the last spans leave, last

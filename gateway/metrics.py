@@ -19,6 +19,7 @@ from prometheus_client import (
 )
 
 from pluto.events import MessageFinal, RunEnd, RunError, RunEvent, RunStart, ToolEnd
+from pluto.gateway.pipeline.overload import Load
 from pluto.runtime.usage import Refusal, UsageCall, UsageMeter
 
 # seconds; a run is one turn of an agent (model calls and tools), from a blink to minutes
@@ -64,7 +65,24 @@ class Metrics:
         self.budget_refusals = Counter("pluto_usage_budget_refusals", "Model calls refused by "
                                        "a usage budget, by what it limits (agent, route, user, "
                                        "chat) and period.", ["per", "period"], registry=r)
+        self.busy_refusals = Counter("pluto_busy_refusals", "Messages answered with the busy "
+                                     "notice, by reason (waiting: too many runs wait for a "
+                                     "slot; lag: the event loop runs late).", ["reason"],
+                                     registry=r)
         self._started: dict[str, float] = {}
+
+    def watch_load(self, load: Load) -> None:
+        """Runs holding and waiting for a slot, and the loop's lag: read at each scrape."""
+        r = self.registry
+        Gauge("pluto_load_running", "Runs holding one of the gateway's run slots.",
+              registry=r).set_function(lambda: load.running)
+        Gauge("pluto_load_waiting", "Session lanes waiting in line for a run slot.",
+              registry=r).set_function(lambda: load.waiting)
+        Gauge("pluto_event_loop_lag_seconds", "How late the event loop woke, at worst, in "
+              "about the last second.", registry=r).set_function(lambda: load.lag)
+
+    def busy_refusal(self, reason: str) -> None:
+        self.busy_refusals.labels(reason=reason).inc()
 
     def watch_usage(self, meter: UsageMeter) -> None:
         """Count what ``meter`` records and refuses."""

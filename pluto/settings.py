@@ -70,6 +70,12 @@ class GatewayLimits(Strict):
     # platforms that edit: at most one edit of a streamed reply per chat this often
     stream_edit_interval_seconds: float = Field(default=1.0, ge=0, le=60)
     reload_interval_seconds: float = Field(default=0.25, ge=0, le=60)  # 0: no live reload
+    # overload (gateway/pipeline/overload.py): runs at once in this process, runs waiting for
+    # one of those slots, and how late the event loop may wake (0: not watched) before a new
+    # message is answered with a one-line "busy" notice instead of being taken
+    max_running: int = Field(default=1000, ge=1)
+    max_waiting: int = Field(default=1000, ge=0)
+    busy_lag_seconds: float = Field(default=2.0, ge=0)
 
 
 class AccessConfig(Strict):

@@ -1,6 +1,7 @@
 """One run at a time per session: messages for a busy session wait in order in its lane;
-different sessions run concurrently. A lane exists only while it has work, so idle sessions
-cost nothing."""
+different sessions run concurrently, as many at once as there are run slots (a lane whose next
+job finds none waits in line for one: see :mod:`.overload`). A lane exists only while it has
+work, so idle sessions cost nothing."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from pluto.gateway.pipeline.overload import Load
+
 log = logging.getLogger(__name__)
 
 J = TypeVar("J")
@@ -22,13 +25,16 @@ class _Lane(Generic[J]):
     queue: deque[J] = field(default_factory=deque)
     worker: asyncio.Task[None] | None = None
     current: asyncio.Task[None] | None = None
+    slot: asyncio.Future[None] | None = None  # the slot for its next job, or its place in line
 
 
 class SessionLanes(Generic[J]):
     def __init__(self, handler: Callable[[J], Awaitable[None]], *, max_queued: int = 50,
-                 guard: Callable[[str], AbstractAsyncContextManager[Any]] | None = None):
+                 guard: Callable[[str], AbstractAsyncContextManager[Any]] | None = None,
+                 slots: Load | None = None):
         self.handler = handler
         self.max_queued = max_queued
+        self.slots = slots  # unset: no limit on lanes running at once
         # Several instances: a lane runs only while it holds its session (a lease: no other
         # instance runs that session meanwhile); losing it cancels the running job.
         self.guard = guard
@@ -62,6 +68,7 @@ class SessionLanes(Generic[J]):
             return False
         lane.queue.append(job)
         if lane.worker is None:
+            self._take(lane)  # in line at once, so the next message sees it waiting
             lane.worker = asyncio.create_task(self._work(key, lane), name=f"lane:{key}")
         return True
 
@@ -80,15 +87,39 @@ class SessionLanes(Generic[J]):
                 lane.current.cancel()
             raise
         finally:
+            self._give_back(lane)
             if self._lanes.get(key) is lane:
                 del self._lanes[key]
 
     async def _drain(self, lane: _Lane[J]) -> None:
         while lane.queue:
+            self._take(lane)
+            if lane.slot is not None:
+                await lane.slot  # behind the lanes that asked first
             job = lane.queue.popleft()
             lane.current = asyncio.create_task(self._guarded(job))
             await asyncio.wait({lane.current})  # a cancelled job does not stop the lane
             lane.current = None
+            self._give_back(lane)  # the next job gets back in line, behind other sessions
+
+    def _take(self, lane: _Lane[J]) -> None:
+        if self.slots is not None and lane.slot is None:
+            lane.slot = self.slots.take()
+
+    def _give_back(self, lane: _Lane[J]) -> None:
+        if lane.slot is not None:
+            assert self.slots is not None
+            self.slots.give_back(lane.slot)
+            lane.slot = None
+
+    def _abandon(self, key: str, lane: _Lane[J]) -> None:
+        """End a lane that waits (for a slot or its session's lease) with nothing left to run:
+        its place in line goes now, and a new job for the session starts a new lane."""
+        self._give_back(lane)
+        if lane.worker is not None:
+            lane.worker.cancel()
+        if self._lanes.get(key) is lane:
+            del self._lanes[key]
 
     async def _guarded(self, job: J) -> None:
         try:
@@ -112,6 +143,8 @@ class SessionLanes(Generic[J]):
         if running:
             assert lane.current is not None
             lane.current.cancel()
+        elif dropped:
+            self._abandon(key, lane)
         return running, dropped
 
     async def close(self, grace: float) -> list[J]:
@@ -126,10 +159,12 @@ class SessionLanes(Generic[J]):
         dropped: list[J] = []
         if pending:
             log.warning("cancelling %d run(s) still going at shutdown", len(pending))
-            for lane in list(self._lanes.values()):
+            for key, lane in list(self._lanes.items()):
                 dropped += lane.queue
                 lane.queue.clear()
                 if lane.current:
                     lane.current.cancel()
+                else:
+                    self._abandon(key, lane)
             await asyncio.wait(pending, timeout=5)
         return dropped

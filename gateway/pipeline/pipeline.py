@@ -3,13 +3,15 @@
 :meth:`Pipeline.handle` takes one message through the steps, one concern each, and says what
 became of it (a typed :data:`~pluto.types.Outcome`):
 
-    access (routing, mention, pairing, rate limits) → commands → the session's lane
+    access (routing, mention, pairing, rate limits) → commands → overload → the session's lane
 
 (a redelivered message was already stopped by intake, which records every message first).
 
 A message for an agent gets its run id at once (the run is recorded as queued), then waits in
 its session's lane: one run at a time per session, in arrival order; different sessions run
-concurrently. :meth:`Pipeline.process` runs it: the agent, any files sent with it, the runner,
+concurrently, up to the gateway's run slots (:mod:`.overload`; when those are all taken and
+too many runs wait for one, or the event loop runs late, a new message gets a one-line busy
+notice instead). :meth:`Pipeline.process` runs it: the agent, any files sent with it, the runner,
 and delivery of the reply. Every answer — a command's, a notice, a run's — leaves through
 :class:`~pluto.gateway.delivery.delivery.Delivery`.
 """
@@ -35,6 +37,7 @@ from pluto.gateway.pipeline.access import Access
 from pluto.gateway.pipeline.commands import Commands, Failed
 from pluto.gateway.pipeline.data_commands import DataCommands
 from pluto.gateway.pipeline.lanes import SessionLanes
+from pluto.gateway.pipeline.overload import Load
 from pluto.gateway.pipeline.routing import RoutingTable
 from pluto.gateway.ports import Provider
 from pluto.runtime.memory import Speaker
@@ -47,6 +50,8 @@ from pluto.types import (Accepted, Answered, Dropped, IncomingMessage, Outcome, 
 log = logging.getLogger(__name__)
 
 BUSY = "I'm still working through your earlier messages; please wait a moment and try again."
+BUSY_GATEWAY = ("I'm very busy right now and can't take this message; please send it again in "
+                "a minute.")
 STOPPED = "stopped by the user"
 
 
@@ -70,7 +75,7 @@ class Pipeline:
     def __init__(self, *, conversations: ConversationStore, inbox: InboundStore,
                  access: Access, registry: AgentRegistry, routes: Callable[[], RoutingTable],
                  data: DataCommands, runner: Runner, delivery: Delivery,
-                 providers: Mapping[str, Provider], metrics: Metrics,
+                 providers: Mapping[str, Provider], metrics: Metrics, load: Load,
                  publish: Callable[[RunEvent], None], max_queued: int = 50,
                  session_guard: Callable[[str], AbstractAsyncContextManager[Any]] | None = None,
                  track_runs: bool = False):
@@ -86,9 +91,10 @@ class Pipeline:
         self.metrics = metrics
         self.publish = publish  # to the run feed
         self.session_guard = session_guard
+        self.load = load  # the run slots, and whether to take new work at all
         self.lanes: SessionLanes[Job] = SessionLanes(
             self.process, max_queued=max_queued,
-            guard=self._guard if session_guard is not None else None)
+            guard=self._guard if session_guard is not None else None, slots=load)
         # sessions whose next lane needs the session's lease: a chat's intake already runs
         # its messages one at a time on one instance, so only a session that spans chats
         # (``session: shared``) or a message outside the shared inbox (no platform id) needs it
@@ -149,6 +155,11 @@ class Pipeline:
             self.metrics.message_out(provider.name, "command")
             await self.delivery.reply(provider, msg, answer, kind="error" if failed else "reply")
             return Answered(str(answer), failed=failed)
+        if (overloaded := self.load.refusal()) is not None:
+            self.load.refused(overloaded)
+            self.metrics.busy_refusal(overloaded)
+            await self.delivery.reply(provider, msg, BUSY_GATEWAY, kind="notice")
+            return Dropped("the gateway is overloaded", notice=BUSY_GATEWAY)
         if self.lanes.full(route.session_key):
             await self.delivery.reply(provider, msg, BUSY, kind="notice")
             return Dropped("the session's queue is full", notice=BUSY)
