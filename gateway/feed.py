@@ -27,7 +27,8 @@ from pluto.storage.ports import Bus, RunReader
 log = logging.getLogger(__name__)
 
 MAX_BACKLOG = 10_000  # live events a stalled watcher may hold before it is cut off
-PUBLISHED_KEPT = 50_000  # the runs with an event published here, most recent (their ids only)
+PUBLISHED_KEPT = 5_000  # the runs with an event published here, most recent (their ids only)
+UNREAD_CHECK = 2.0  # a fresh run silent this long is looked up in storage all the same
 CHANNEL = "pluto_runs"
 
 
@@ -92,10 +93,17 @@ class LocalRunFeed:
                     yield event
                     if isinstance(event, RunEnd):
                         return
-                unread = False
                 watcher.overflowed = False
                 while not watcher.overflowed:
-                    event = await watcher.queue.get()
+                    if unread:  # (its id forgotten by a flood of others: storage tells)
+                        unread = False
+                        try:
+                            async with asyncio.timeout(UNREAD_CHECK):
+                                event = await watcher.queue.get()
+                        except TimeoutError:
+                            break
+                    else:
+                        event = await watcher.queue.get()
                     if event is WAKE:
                         break  # committed by another instance: storage has it
                     if event.seq <= last:

@@ -84,3 +84,18 @@ async def test_a_run_that_is_not_fresh_and_a_feed_of_several_instances_read_stor
     shared = SharedRunFeed(runs, Bus(), "i1")  # the run may execute on another instance
     assert [e.seq for e in await follow(shared, fresh=True)] == [1, 2, 3, 4]
     assert runs.reads == 2
+
+
+async def test_a_fresh_run_forgotten_by_a_flood_of_others_is_found_in_storage(monkeypatch):
+    from pluto.gateway import feed as feed_module
+    monkeypatch.setattr(feed_module, "PUBLISHED_KEPT", 3)
+    monkeypatch.setattr(feed_module, "UNREAD_CHECK", 0.05)
+    evs = events()
+    runs = Runs(evs)
+    feed = LocalRunFeed(runs)
+    for e in evs:  # the whole run was published (and stored) before anybody followed it ...
+        feed.publish(e)
+    for i in range(5):  # ... and then its id was pushed out by others
+        feed.publish(RunStart(run_id=f"other{i}", session_id="s", agent="a", seq=1))
+    got = await asyncio.wait_for(follow(feed, fresh=True), 5)  # never waits for ever
+    assert [e.seq for e in got] == [1, 2, 3, 4] and runs.reads == 1
