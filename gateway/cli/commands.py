@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pluto.errors import ConfigError, PlutoError
 from pluto import __version__
+from pluto.gateway import gcpolicy
 from pluto.gateway.app import Gateway
 from pluto.gateway.cli.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from pluto.settings import PlutoConfig, data_dir_for, load_pluto_config
@@ -163,6 +164,7 @@ async def _serve(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) 
     _on_signals(on_signal, signal.SIGINT, signal.SIGTERM)
     async with gw:
         assert gw.http is not None
+        gcpolicy.settle()  # what exists now lives as long as the process
         log.info("pluto %s serving on %s (config: %s, data: %s)", __version__, gw.http.url,
                  args.config.resolve(), data_dir)
         await stop.wait()
