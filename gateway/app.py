@@ -115,19 +115,7 @@ class Gateway:
         self.metrics.watch_load(self.load)
         self.health_reports: dict[str, Callable[[], object]] = {"mcp": self.mcp.health,
                                                                 "load": self.load.report}
-        self.access = Access(self.store.pairing, lambda: self.config.access,
-                             limiter=SharedRateLimiter(self.store.rates) if self.shared else None)
-        self.pipeline = Pipeline(
-            conversations=self.store.conversations,
-            inbox=self.store.inbound, access=self.access,
-            registry=self.registry, routes=lambda: self.routes, data=self.data,
-            runner=self.runner, delivery=self.delivery, providers=self.providers,
-            metrics=self.metrics, load=self.load, publish=self.feed.publish,
-            max_queued=self.config.gateway.max_queued_per_session,
-            session_guard=(lambda key: self.cluster.holding(f"session:{key}"))
-            if self.shared else None, track_runs=self.shared)
-        MemoryCommands(self.registry, self.runner.services["memory"],  # /memory, /history
-                       self.store.history).register(self.pipeline.commands)
+        self.pipeline = self._pipeline()
         self.health_reports["cluster"] = self._cluster_report
         self._control_tasks: set[asyncio.Task[object]] = set()
         self.directory = Directory(lambda: self.routes, self.registry, self.store.conversations)
@@ -138,6 +126,23 @@ class Gateway:
         self.started_at = time.time()
         self._stack: AsyncExitStack | None = None
         self._stopping = False
+
+    def _pipeline(self) -> Pipeline:
+        """Access, the pipeline (with its run slots) and the memory commands."""
+        self.access = Access(self.store.pairing, lambda: self.config.access,
+                             limiter=SharedRateLimiter(self.store.rates) if self.shared else None)
+        pipeline = Pipeline(
+            conversations=self.store.conversations,
+            inbox=self.store.inbound, access=self.access,
+            registry=self.registry, routes=lambda: self.routes, data=self.data,
+            runner=self.runner, delivery=self.delivery, providers=self.providers,
+            metrics=self.metrics, load=self.load, publish=self.feed.publish,
+            max_queued=self.config.gateway.max_queued_per_session,
+            session_guard=(lambda key: self.cluster.holding(f"session:{key}"))
+            if self.shared else None, track_runs=self.shared)
+        MemoryCommands(self.registry, self.runner.services["memory"],  # /memory, /history
+                       self.store.history).register(pipeline.commands)
+        return pipeline
 
     def _runtime(self, model_factory: Callable[[ModelSettings], Model]) -> Runner:
         """What runs the agents: the services their tools use (data, MCP servers, memory,
