@@ -9,6 +9,8 @@ deployment's configuration, a set its admin bounds.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -70,6 +72,16 @@ class Metrics:
                                      "slot; lag: the event loop runs late).", ["reason"],
                                      registry=r)
         self._started: dict[str, float] = {}
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}  # (metric, labels) -> child
+
+    def _of(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, found once per label set (every message counts several:
+        looked up each time, they cost more than the counting). Not for a metric that is
+        cleared (its children would be gone)."""
+        child = self._children.get((metric, labels))
+        if child is None:
+            child = self._children[(metric, labels)] = metric.labels(*labels)
+        return child
 
     def watch_load(self, load: Load) -> None:
         """Runs holding and waiting for a slot, and the loop's lag: read at each scrape."""
@@ -82,7 +94,7 @@ class Metrics:
               "about the last second.", registry=r).set_function(lambda: load.lag)
 
     def busy_refusal(self, reason: str) -> None:
-        self.busy_refusals.labels(reason=reason).inc()
+        self._of(self.busy_refusals, reason).inc()
 
     def watch_usage(self, meter: UsageMeter) -> None:
         """Count what ``meter`` records and refuses."""
@@ -92,13 +104,13 @@ class Metrics:
     def usage_call(self, call: UsageCall) -> None:
         for kind, n in (("input", call.input_tokens), ("output", call.output_tokens),
                         ("cached", call.cached_tokens)):
-            self.usage_tokens.labels(agent=call.agent, model=call.model, kind=kind).inc(max(0, n))
+            self._of(self.usage_tokens, call.agent, call.model, kind).inc(max(0, n))
         if call.cost:
-            self.usage_cost.labels(agent=call.agent, model=call.model).inc(max(0.0, call.cost))
-        self.usage_calls.labels(agent=call.agent, model=call.model, outcome=call.outcome).inc()
+            self._of(self.usage_cost, call.agent, call.model).inc(max(0.0, call.cost))
+        self._of(self.usage_calls, call.agent, call.model, call.outcome).inc()
 
     def usage_refused(self, refusal: Refusal) -> None:
-        self.budget_refusals.labels(per=refusal.budget.per, period=refusal.budget.period).inc()
+        self._of(self.budget_refusals, refusal.budget.per, refusal.budget.period).inc()
 
     def cluster(self, instance: str, shared: bool, held: list[str]) -> None:
         """Who this instance is and what it holds (read at each scrape)."""
@@ -113,13 +125,13 @@ class Metrics:
             self.leases.labels(kind=kind).set(n)
 
     def message_in(self, provider: str) -> None:
-        self.messages_in.labels(provider=provider).inc()
+        self._of(self.messages_in, provider).inc()
 
     def message_out(self, provider: str, kind: str) -> None:
-        self.messages_out.labels(provider=provider, kind=kind).inc()
+        self._of(self.messages_out, provider, kind).inc()
 
     def error(self, kind: str) -> None:
-        self.errors.labels(kind=kind).inc()
+        self._of(self.errors, kind).inc()
 
     def observe(self, event: RunEvent, provider: str) -> None:
         """Count one run event on its way from the runner to ``provider``."""
@@ -128,20 +140,20 @@ class Metrics:
                 self._started[run_id] = ts
                 self.runs_active.inc()
             case ToolEnd(name=name, is_error=is_error):
-                self.tool_calls.labels(tool=name, outcome="error" if is_error else "ok").inc()
+                self._of(self.tool_calls, name, "error" if is_error else "ok").inc()
             case MessageFinal():
                 self.message_out(provider, "reply")
             case RunError(kind=kind):
                 self.message_out(provider, "error")
                 self.error(f"run_{kind}")
             case RunEnd(run_id=run_id, outcome=outcome, usage=usage, ts=ts):
-                self.runs.labels(outcome=outcome).inc()
+                self._of(self.runs, outcome).inc()
                 started = self._started.pop(run_id, None)
                 if started is not None:
                     self.runs_active.dec()
                     self.run_seconds.observe(max(0.0, ts - started))
                 for kind in ("prompt", "completion"):
-                    self.tokens.labels(kind=kind).inc(max(0, int(usage.get(f"{kind}_tokens", 0))))
+                    self._of(self.tokens, kind).inc(max(0, int(usage.get(f"{kind}_tokens", 0))))
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

@@ -12,7 +12,7 @@ soon as it comes, after the text before it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Generic, TypeVar
 
 End = TypeVar("End")
@@ -67,25 +67,36 @@ class _Reader(Generic[End]):
 
 
 async def batched(items: AsyncIterator[str | End], *, interval: float = 0.04,
-                  max_chars: int = 2000,
-                  after: Awaitable[object] | None = None) -> AsyncIterator[str | End]:
+                  max_chars: int = 2000, after: Awaitable[object] | None = None,
+                  covers: Callable[[End], bool] | None = None) -> AsyncIterator[str | End]:
     """``items`` (text deltas, then one end item) with the deltas joined in batches. An error
     raised by ``items`` comes after the text read before it.
 
     With ``after``, nothing is handed on (not even an error) before it is done — while
-    ``items`` are read meanwhile: a run's model call starts while its start is committed."""
+    ``items`` are read meanwhile: a run's model call starts while its start is committed.
+
+    With ``covers``: an end for which it is true carries the turn's whole text itself (a final
+    answer), so a turn that has ended so before its first batch went out hands on that end
+    alone — no preview to show and replace at once. Once a batch went out, the batches always
+    add up to the turn's text."""
     reader: _Reader[End] = _Reader(items, max_chars)
     loop = asyncio.get_running_loop()
     last = float("-inf")  # when the last batch was handed on
     try:
         if after is not None:
-            await asyncio.shield(after)  # (a stop ends this, never what it waits for)
+            if isinstance(after, asyncio.Future) and after.done():
+                after.result()  # (its error, if it failed)
+            else:
+                await asyncio.shield(after)  # (a stop ends this, never what it waits for)
         while True:
             done = reader.task.done()
             if not reader.text and not done:
                 await reader.wait(None)
                 continue
             if reader.text:
+                if done and last < 0 and covers is not None and _covered(reader, covers):
+                    reader.take()  # nothing shown yet, and the end says it all
+                    continue
                 wait = last + interval - loop.time()
                 if wait > 0 and not done and reader.chars < reader.max_chars:
                     await reader.wait(wait)
@@ -101,3 +112,10 @@ async def batched(items: AsyncIterator[str | End], *, interval: float = 0.04,
         if not reader.task.done():
             reader.task.cancel()
             await asyncio.gather(reader.task, return_exceptions=True)
+
+
+def _covered(reader: _Reader[End], covers: Callable[[End], bool]) -> bool:
+    """Whether the finished turn ended well with an end that carries its text."""
+    task = reader.task
+    return (not task.cancelled() and task.exception() is None and bool(reader.end)
+            and all(covers(end) for end in reader.end))

@@ -204,7 +204,9 @@ class Runner:
     async def _observed_start(state: _RunState) -> RunEvent:
         """The run's start once committed, observed once (before anything else of the run:
         the usage ledger's observers too)."""
-        start = await asyncio.shield(state.starting)  # a stop never cuts a commit short
+        starting = state.starting
+        start = (starting.result() if starting.done()  # (no shield to make: it is committed)
+                 else await asyncio.shield(starting))  # a stop never cuts a commit short
         if not state.start_observed:
             state.start_observed = True
             state.observe(start)
@@ -264,7 +266,8 @@ class Runner:
         while True:
             turn = None
             items = batched(self._model_turn(state, schemas), interval=self.delta_interval,
-                            after=None if state.start_shown else state.starting)
+                            after=None if state.start_shown else state.starting,
+                            covers=_final_answer)
             async with aclosing(items):  # type: ignore[type-var]
                 async for item in items:
                     if not state.start_shown:
@@ -508,6 +511,11 @@ class Runner:
             await self._end(state, "cancelled", error="stopped by the user")
         except RunTakenOver:
             pass  # another instance took it over: it ends there
+
+
+def _final_answer(item: Any) -> bool:
+    """A model turn that ends the run: its text is the answer, shown whole (not as a delta)."""
+    return isinstance(item, ModelTurn) and not item.tool_calls
 
 
 def _failed(future: asyncio.Future[Any]) -> bool:

@@ -14,6 +14,7 @@ and ``REAL``) or a ``{"sqlite": …, "postgres": …}`` pair where the engines t
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
@@ -69,6 +70,11 @@ class Engine(Protocol):
 
     async def write(self, *statements: Statement) -> int:
         """Statements as one atomic change; the row count of the last one."""
+        ...
+
+    def queue(self, change: Callable[[Any], T]) -> asyncio.Future[T]:
+        """``change`` handed over now, without waiting: its future settles once committed. A
+        single writer (SQLite) commits it before every change handed over after it."""
         ...
 
     async def read(self, query: Callable[[Any], T]) -> T:

@@ -8,6 +8,7 @@ one run at a time per session."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -134,29 +135,46 @@ async def test_each_instance_says_who_it_is_and_what_it_holds(instances) -> None
     assert set(await a.cluster.alive()) >= {a.instance, b.instance}
 
 
+@contextlib.asynccontextmanager
+async def gateways_on(config_dir: Path, tmp_path: Path, urls: list[str],
+                      model: ScriptedModel) -> AsyncIterator[list[Gateway]]:
+    """A started gateway per database URL, each with a recording provider; stopped after."""
+    gateways: list[Gateway] = []
+    try:
+        for i, url in enumerate(urls):
+            gw = Gateway(config_dir, config=PlutoConfig(data_dir=tmp_path / f"d{i}"),
+                         model_factory=model, store=PostgresStore(url))
+            await gw.start()
+            gateways.append(gw)
+            provider = RecordingProvider()
+            gw.add_provider(provider)
+            await provider.running.wait()
+        yield gateways
+    finally:
+        for gw in gateways:
+            await gw.stop()
+
+
+async def until_running(store, run_id: str):  # type: ignore[no-untyped-def]
+    """The run's row once it is running (after 5 s at most: then as it is)."""
+    for _ in range(100):
+        run = await store.run(run_id)
+        if run is not None and run.status == "running":
+            break
+        await asyncio.sleep(0.05)
+    return run
+
+
 async def test_stop_sent_to_another_instance_stops_the_run(config_dir, tmp_path) -> None:
+    slow = ScriptedModel(fallback=lambda msgs: Scripted(text="word " * 400, chunk=5,
+                                                        delay=0.02))
     with fresh_schema() as url:
-        gateways = []
-        slow = ScriptedModel(fallback=lambda msgs: Scripted(text="word " * 400, chunk=5,
-                                                            delay=0.02))
-        try:
-            for i in range(2):
-                gw = Gateway(config_dir, config=PlutoConfig(data_dir=tmp_path / f"d{i}"),
-                             model_factory=slow, store=PostgresStore(url))
-                await gw.start()
-                gateways.append(gw)
-                provider = RecordingProvider()
-                gw.add_provider(provider)
-                await provider.running.wait()
+        async with gateways_on(config_dir, tmp_path, [url, url], slow) as gateways:
             a, b = (gw.providers["test"] for gw in gateways)
             started = await b.say("tell me a long story", chat="c1")
             assert isinstance(started, Accepted)
             store = gateways[0].store.conversations
-            for _ in range(100):  # until it runs (on b)
-                run = await store.run(started.run_id)
-                if run is not None and run.status == "running":
-                    break
-                await asyncio.sleep(0.05)
+            await until_running(store, started.run_id)  # (on b)
             stopped = await a.say("/stop", chat="c1")  # the same chat, the other instance
             assert stopped.type == "answered" and stopped.text.startswith("Stopped"), stopped
             for _ in range(100):
@@ -165,6 +183,23 @@ async def test_stop_sent_to_another_instance_stops_the_run(config_dir, tmp_path)
                     break
                 await asyncio.sleep(0.05)
             assert run.status == "cancelled"
-        finally:
-            for gw in gateways:
-                await gw.stop()
+
+
+async def test_deployments_in_other_schemas_of_the_database_never_hear_each_other(
+        config_dir, tmp_path) -> None:
+    """Notifications are database-wide; two deployments sharing the database in schemas of
+    their own (the same chat, the same session key) must not stop each other's runs."""
+    slow = ScriptedModel(fallback=lambda msgs: Scripted(text="word " * 100, chunk=5,
+                                                        delay=0.02))
+    with fresh_schema() as url_a, fresh_schema() as url_b:
+        async with gateways_on(config_dir, tmp_path, [url_a, url_b], slow) as gateways:
+            a, b = (gw.providers["test"] for gw in gateways)
+            started = await b.say("tell me a long story", chat="c1")
+            assert isinstance(started, Accepted)
+            store_b = gateways[1].store.conversations
+            await until_running(store_b, started.run_id)  # (in deployment b)
+            stopped = await a.say("/stop", chat="c1")  # deployment a: nothing of its own runs
+            assert stopped.type == "answered" and not stopped.text.startswith("Stopped"), stopped
+            await b.wait_finals(1)
+            assert (await store_b.run(started.run_id)).status == "ok"
+            assert b.finals()[0].startswith("word word")

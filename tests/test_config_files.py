@@ -5,6 +5,7 @@ registry's async API reads in a worker thread; the live-reload watcher parses of
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import threading
@@ -212,6 +213,11 @@ async def test_the_watcher_parses_a_big_routes_yaml_off_the_loop(config_dir: Pat
                                                                  data_dir: Path) -> None:
     (config_dir / "routes.yaml").write_text(ROUTES)
     gw, p = await serving(config_dir, data_dir)
+    # As `pluto serve` does once up (gateway/gcpolicy.py): what the process holds is frozen, so
+    # a full collection walks only what came since. Unfrozen, a collection would walk what the
+    # whole test session left behind (0.5 s in CI), whichever thread happened to set it off.
+    gc.collect()
+    gc.freeze()
     try:
         rule = "  - {name: rule-%05d, match: {provider: other, chat: '%060d'}, agent: default}\n"
         rules = "".join(rule % (i, i) for i in range(7_000))  # ~84k values: under the cap
@@ -234,6 +240,7 @@ async def test_the_watcher_parses_a_big_routes_yaml_off_the_loop(config_dir: Pat
         await p.say("still here?")
         assert await p.wait_finals(1) == ["pong"]
     finally:
+        gc.unfreeze()
         await gw.stop()
 
 

@@ -15,7 +15,8 @@ import pluto.gateway.delivery.flood as flood_module
 import pluto.gateway.delivery.outbox as outbox_module
 from pluto.errors import DeliveryRefused, ProviderError, RateLimited
 from pluto.gateway.delivery.outbox import Outbox, RetryPolicy
-from pluto.gateway.pipeline.intake import IntakeQueue
+from pluto.gateway.cluster import Cluster
+from pluto.gateway.pipeline.intake import IntakeQueue, Shared
 from pluto.gateway.ports import Provider
 from pluto.storage.sqlite import SqliteStore
 from pluto.storage.sqlite.inbound import SqliteInbound
@@ -399,6 +400,54 @@ async def test_intake_never_waits_for_a_slow_chat(store):
     assert handled == ["fast"] and not slow.done()
     release.set()
     assert isinstance(await slow.outcome(), Accepted)
+
+
+async def test_a_message_the_chats_holder_takes_before_its_ticket_is_queued_is_decided_at_once(
+        store):
+    """Several instances: the holder of a chat takes its messages from the inbox, so it may
+    take one while the provider that received it is still handing it over. That provider's
+    ticket is decided when the holder decides (Accepted), not when the run ends."""
+    runs = {"1": asyncio.Event(), "2": asyncio.Event()}  # set: the run has ended
+    decided: list[str] = []
+
+    async def handle(msg: IncomingMessage) -> Outcome:
+        await store.inbound.handled(msg.provider, msg.message_id or "")  # (the run's start)
+        decided.append(msg.message_id or "")
+        return Accepted(msg.message_id or "")
+
+    class SlowInbox(SqliteInbound):  # recorded, then slow to say so
+        handing_over = asyncio.Event()
+
+        async def accept(self, provider: str, message_id: str, payload: dict) -> bool:
+            fresh = await super().accept(provider, message_id, payload)
+            if message_id == "2":
+                await self.handing_over.wait()
+            return fresh
+
+    inbox = SlowInbox(store.engine)
+    shared = Shared(Cluster(None, "me"), take_over=lambda provider, chat: asyncio.sleep(0),
+                    finished=lambda run_id: runs[run_id].wait())
+    queue = IntakeQueue("p", handle, inbox, shared=shared)  # type: ignore[arg-type]
+    first = await queue.submit(incoming("1", provider="p"))
+    assert await asyncio.wait_for(first.outcome(), 2) == Accepted("1")
+    second = asyncio.create_task(queue.submit(incoming("2", provider="p")))
+    async with asyncio.timeout(5):
+        while "2" not in await _unhandled_ids(inbox):
+            await asyncio.sleep(0.01)
+        runs["1"].set()  # the holder goes on to the chat's next message: "2", from the inbox
+        while decided != ["1", "2"]:
+            await asyncio.sleep(0.01)
+    inbox.handing_over.set()
+    ticket = await asyncio.wait_for(second, 2)
+    assert await asyncio.wait_for(ticket.outcome(), 2) == Accepted("2")  # run "2" goes on
+    assert queue.waiting == 0 and not runs["2"].is_set()
+    runs["2"].set()
+    await queue.close(2)
+    assert queue._free == queue.capacity  # every message taken was given back
+
+
+async def _unhandled_ids(inbox: SqliteInbound) -> list[str]:
+    return [m["message_id"] for m in await inbox.unhandled_in_chat("p", "1")]
 
 
 async def test_a_full_intake_pushes_back_and_drops_nothing(store):

@@ -160,7 +160,7 @@ async def test_many_rapid_edits_settle_on_the_last(gw_p, config):
         await talk[i]
         await asyncio.sleep(0.005)
     write(config / "routes.yaml", TO_BETA + "# the last edit\n")
-    await until(lambda: gw.routes.doc is not None and "last edit" in gw.routes.doc.path.read_text()
+    await until(lambda: gw.routes.path is not None and "last edit" in gw.routes.path.read_text()
                 and gw.routes.route(p.msg("x")).agent == "beta")  # type: ignore[union-attr]
     await until(lambda: len(p.finals()) == 40)
     assert all(re.fullmatch(r"I am (alpha|beta): r\d+", t) for t in p.finals())

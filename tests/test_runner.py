@@ -74,12 +74,12 @@ def call(name: str, args: object, id: str = "c1") -> ToolCall:
     return ToolCall(id, name, args if isinstance(args, str) else json.dumps(args))
 
 
-async def test_plain_answer_streams_and_is_persisted(store, tmp_path):
+async def test_plain_answer_is_persisted_and_one_written_at_once_comes_whole(store, tmp_path):
     model = ScriptedModel(Scripted(text="Hello there, friend.", chunk=5))
     events = await run(store, model, agent(tmp_path))
-    assert isinstance(events[0], RunStart)
-    deltas = [e.text for e in events if isinstance(e, MessageDelta)]
-    assert deltas == ["Hello there, friend."]  # written at once: one batch, one commit
+    # written at once: complete before a first batch could go, it comes as the answer alone
+    # (no preview to show and then replace)
+    assert [type(e) for e in events] == [RunStart, MessageFinal, RunEnd]
     assert isinstance(events[-2], MessageFinal) and events[-2].text == "Hello there, friend."
     assert isinstance(events[-1], RunEnd) and events[-1].outcome == "ok"
     stored = await store.events(events[0].run_id)
@@ -264,6 +264,26 @@ async def test_a_batch_goes_once_it_holds_max_chars():
     assert out[:-1] == ["abcd", "abcdabcdabcd", "abcdabcdabcd"] and isinstance(out[-1], ModelTurn)
 
 
+async def test_text_an_answer_carries_itself_is_not_a_batch_of_its_own():
+    def final(item) -> bool:
+        return isinstance(item, ModelTurn) and not item.tool_calls
+
+    async def at_once(turn: ModelTurn):
+        yield "Hel"
+        yield "lo"
+        yield turn
+
+    answer = [item async for item in batched(at_once(ModelTurn("Hello")), covers=final)]
+    assert answer == [ModelTurn("Hello")]  # the answer says it all
+    call = ModelTurn("Let me look.", tool_calls=[ToolCall("c1", "now", "{}")])
+    with_tools = [item async for item in batched(at_once(call), covers=final)]
+    assert with_tools == ["Hello", call]  # a turn that calls tools: its text is shown
+    streamed = [item async for item in batched(_source(["ab", "cd", "ef"], delay=0.02),
+                                               interval=3600, covers=final)]
+    # the first piece at once, as ever; once one went out, the batches add up to the text
+    assert streamed == ["ab", "cdef", ModelTurn("abcdef")]
+
+
 async def test_an_error_comes_after_the_text_read_before_it():
     got: list = []
     with pytest.raises(ModelError, match="cut"):
@@ -343,7 +363,7 @@ async def test_the_model_is_called_while_the_start_is_committed_and_nothing_show
     rest = [await first] + [e async for e in events]
     assert isinstance(rest[0], RunStart) and rest[0].seq == 1
     assert [type(e) for e in observed] == [type(e) for e in rest]  # same events, same order
-    assert "".join(e.text for e in rest if isinstance(e, MessageDelta)) == "Hello there."
+    assert [e.text for e in rest if isinstance(e, MessageFinal)] == ["Hello there."]
     assert [e.seq for e in rest] == sorted(e.seq for e in rest)
     assert (await store.run("r-ov")).status == "ok"
 

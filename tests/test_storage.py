@@ -46,6 +46,49 @@ async def test_group_commit_isolates_a_failing_write(store):
         "s-2", "s-ok"]
 
 
+async def test_a_failing_change_in_a_batch_leaves_no_trace_with_savepoints_in_memory(store):
+    """Each change of a batch runs in its own savepoint, journalled in memory (not in a
+    temporary file per commit); a change that fails half-way is undone to its savepoint."""
+    assert (await store.engine.fetchone("PRAGMA temp_store"))[0] == 2  # MEMORY
+
+    def half_then_fail(conn: sqlite3.Connection) -> None:
+        conn.execute(SESSION, ("s-half", "k-half", "a", 1.0, 1.0))
+        raise ValueError("second statement refused")
+
+    ok = store.engine.write((SESSION, ("s-ok", "k-ok", "a", 1.0, 1.0)))
+    results = await asyncio.gather(ok, store.engine.transact(half_then_fail),
+                                   return_exceptions=True)
+    assert results[0] == 1 and isinstance(results[1], ValueError)
+    assert [r[0] for r in await store.engine.fetchall("SELECT id FROM sessions")] == ["s-ok"]
+
+
+async def test_a_batch_runs_together_and_again_change_by_change_only_when_one_fails(store):
+    """Changes of a batch run together without savepoints; when one fails, the batch is rolled
+    back and each change runs again in its own savepoint: the others commit exactly once."""
+    runs: list[str] = []
+
+    def insert(sid: str, fail: bool = False):
+        def change(conn: sqlite3.Connection) -> str:
+            runs.append(sid)
+            conn.execute(SESSION, (sid, f"k-{sid}", "a", 1.0, 1.0))
+            if fail:
+                raise ValueError(f"{sid} refused")
+            return sid
+        return change
+
+    engine = store.engine
+    assert await asyncio.gather(engine.transact(insert("a")), engine.transact(insert("b")),
+                                engine.transact(insert("c"))) == ["a", "b", "c"]
+    assert sorted(runs) == ["a", "b", "c"]  # all ran once, together
+    runs.clear()
+    results = await asyncio.gather(engine.transact(insert("d")),
+                                   engine.transact(insert("e", fail=True)),
+                                   engine.transact(insert("f")), return_exceptions=True)
+    assert results[0] == "d" and results[2] == "f" and isinstance(results[1], ValueError)
+    assert [r[0] for r in await engine.fetchall("SELECT id FROM sessions ORDER BY id")] == [
+        "a", "b", "c", "d", "f"]
+
+
 async def test_a_paused_multi_statement_write_is_neither_half_committed_nor_undone(store):
     """Caller A's change pauses half-way (one row written, one to go) while caller B's write
     lands: nobody sees A's half, B's write is not lost when A fails, and A's whole change
@@ -166,3 +209,79 @@ async def test_an_unusable_database_path_is_one_sentence(tmp_path):
     with pytest.raises(StorageError, match="cannot"):
         await store.open()
     assert not store.is_open
+
+
+async def blocked_writer(store: SqliteStore) -> tuple[asyncio.Task[None], threading.Event]:
+    """The writing thread held inside a change until the returned event is set."""
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:
+        inside.set()
+        assert release.wait(10)
+
+    held = asyncio.create_task(store.engine.transact(hold))
+    assert await asyncio.to_thread(inside.wait, 10)
+    return held, release
+
+
+async def test_a_read_never_waits_for_a_commit_in_progress(store):
+    """Reads have a connection and a thread of their own: they answer while a commit is under
+    way, from what is committed (and a write once awaited is seen by the next read)."""
+    engine = store.engine
+    held, release = await blocked_writer(store)
+    try:
+        write = asyncio.create_task(engine.write((SESSION, ("s-1", "k-1", "a", 1.0, 1.0))))
+        row = await asyncio.wait_for(engine.fetchone("SELECT COUNT(*) FROM sessions"), 5)
+        assert row[0] == 0 and not write.done()
+    finally:
+        release.set()
+    await held
+    assert await write == 1
+    assert (await engine.fetchone("SELECT COUNT(*) FROM sessions"))[0] == 1
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):  # reads only, there
+        await engine.read(lambda conn: conn.execute(SESSION, ("s-2", "k-2", "a", 1.0, 1.0)))
+
+
+async def test_a_new_session_is_used_before_its_row_is_committed(store):
+    """A new chat's session comes without waiting for a commit; what uses it next (its run's
+    start) is committed after the session's row, and every lookup meanwhile finds the same
+    session, never a second one."""
+    conversations = store.conversations
+    held, release = await blocked_writer(store)
+    try:
+        session = await asyncio.wait_for(conversations.session("chat-1", "a"), 5)
+        assert await conversations.session("chat-1", "a") is session
+        conversations._sessions.clear()  # the cache let go of it: still the same session
+        assert (await conversations.session("chat-1", "a")).id == session.id
+        start = asyncio.create_task(conversations.start_run(
+            "r1", session.id, "a", "hi", RunStart(run_id="r1", session_id=session.id,
+                                                  agent="a")))
+        await asyncio.sleep(0.05)
+        assert not start.done()
+    finally:
+        release.set()
+    await held
+    assert (await start).seq == 1
+    rows = await store.engine.fetchall("SELECT id, key, active FROM sessions")
+    assert [tuple(r) for r in rows] == [(session.id, "chat-1", 1)]
+    assert await conversations.history(session.id, 10, 10_000) == [
+        {"role": "user", "content": "hi"}]
+
+
+async def test_a_new_session_whose_row_is_refused_is_forgotten(store, caplog):
+    """The session's row fails to commit: its run fails with it (never a run without its
+    session), it is logged, and the chat's next message gets a session that exists."""
+    engine = store.engine
+    await engine.write(("CREATE TRIGGER refuse BEFORE INSERT ON sessions BEGIN"
+                        " SELECT RAISE(ABORT, 'the disk is full'); END", ()))
+    session = await store.conversations.session("chat-1", "a")
+    with pytest.raises(sqlite3.IntegrityError):
+        await store.conversations.start_run("r1", session.id, "a", "hi", RunStart(
+            run_id="r1", session_id=session.id, agent="a"))
+    assert "a new session for chat-1 was not saved: the disk is full" in caplog.text
+    await engine.write(("DROP TRIGGER refuse", ()))
+    again = await store.conversations.session("chat-1", "a")
+    assert again.id != session.id
+    await store.conversations.start_run("r2", again.id, "a", "hi", RunStart(
+        run_id="r2", session_id=again.id, agent="a"))
+    assert [r[0] for r in await engine.fetchall("SELECT id FROM sessions")] == [again.id]

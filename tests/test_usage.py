@@ -179,8 +179,9 @@ async def test_the_ledger_matches_the_model_exactly_across_tools_retries_and_sto
         assert await p.wait_finals(1) == ["It is noon."]
         await p.say("count to a thousand")
         await fake.wait_for_requests(4)
-        while not gw.metrics.runs_active._value.get():
-            await asyncio.sleep(0.01)
+        async with asyncio.timeout(5):  # (bounded: a run that ended unseen fails, never hangs)
+            while not gw.metrics.runs_active._value.get():
+                await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)  # some of it streamed
         await p.say("/stop")
         await p.wait_finals(2)

@@ -222,6 +222,9 @@ async def test_a_tab_closed_mid_answer_finds_the_whole_answer_after_reconnecting
         await tab.ws.close()
         run = await wait_for(lambda: _ended(gw, delta["run_id"]))
         assert run.status == "ok"
+        # and delivered: a tab opened while its last frames go out gets them as frames (the
+        # test above), not in the history
+        await wait_for(lambda: run.id not in gw.providers["web"]._follows)
         back = await Tab.open(http, gw, token=tab.ready["token"])
         assert back.history[-1] == {"role": "assistant", "text": ("a long and careful answer, "
                                                                   * 8), "run_id": run.id,

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import mimetypes
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
@@ -36,6 +35,7 @@ from pluto.gateway.delivery.outbox import Outbox
 from pluto.gateway.delivery.render import render_chunks, split_text
 from pluto.gateway.delivery.streaming import EditThrottle, LivePreview, Typing
 from pluto.gateway.ports import Provider
+from pluto.ids import new_id
 from pluto.types import (PLAIN, Attachment, IncomingMessage, MessageDelta, MessageFinal,
                          OutgoingMessage, RunError, RunEvent, ToolEnd, ToolStart)
 
@@ -94,7 +94,7 @@ class Delivery:
         """A gateway answer (a command's reply, a notice, an error) to ``msg``'s chat: recorded,
         then sent behind the caller. The future settles once it is out."""
         base = reply_to(msg, text, kind=kind)
-        return await self.outbox.deliver(provider, f"answer:{uuid.uuid4().hex}",
+        return await self.outbox.deliver(provider, f"answer:{new_id()}",
                                          self._chunks(provider, base, text, []))
 
     async def run(self, provider: Provider, msg: IncomingMessage,

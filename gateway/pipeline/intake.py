@@ -111,6 +111,9 @@ class IntakeQueue:
         self._replayed = False
         self.shared = shared
         self._sweeper: asyncio.Task[None] | None = None
+        # several instances: tickets of messages being recorded in the inbox, not yet in their
+        # chat's queue — the chat's holder may take the message from the inbox meanwhile
+        self._arriving: dict[str, Ticket] = {}
 
     @property
     def waiting(self) -> int:
@@ -138,20 +141,29 @@ class IntakeQueue:
 
     async def _take(self, msg: IncomingMessage) -> Ticket:
         self._free -= 1
+        ticket = Ticket(msg)
+        # (a redelivery while the first copy is on its way never takes the first one's place)
+        arriving = (self.shared is not None and bool(msg.message_id)
+                    and self._arriving.setdefault(msg.message_id, ticket) is ticket)
         try:
             fresh = not msg.message_id or await self.inbox.accept(
                 msg.provider, msg.message_id, message_to_dict(msg))
         except BaseException:
             self._release()
             raise
+        finally:
+            if arriving and self._arriving.get(msg.message_id) is ticket:
+                del self._arriving[msg.message_id]
         if not fresh:
             self._release()
             log.info("%s: message %s was delivered again; ignored", msg.provider,
                      msg.message_id)
-            ticket = Ticket(msg)
             ticket.settle(Duplicate())
             return ticket
-        return self._enqueue(msg)
+        if ticket.done():  # the chat's holder took it from the inbox and decided already
+            self._release()
+            return ticket
+        return self._enqueue(msg, ticket)
 
     async def replay(self) -> int:
         """Queue the messages a previous process received and never handled (before any new
@@ -186,8 +198,8 @@ class IntakeQueue:
         ticket.settle(Dropped("the gateway is stopping"))
         return ticket
 
-    def _enqueue(self, msg: IncomingMessage) -> Ticket:
-        ticket = Ticket(msg)
+    def _enqueue(self, msg: IncomingMessage, ticket: Ticket | None = None) -> Ticket:
+        ticket = ticket or Ticket(msg)
         key = msg.chat_id
         queue = self._chats.get(key)
         if queue is None:
@@ -281,8 +293,7 @@ class IntakeQueue:
                     await self.inbox.handled(self.name, str(payload.get("message_id")),
                                              {"type": "dropped", "reason": "unreadable"})
                     continue
-                ticket = next((t for t in queue if t.message.message_id == msg.message_id),
-                              None)
+                ticket = self._ticket(queue, msg.message_id)
                 try:
                     outcome = await self.handler(msg if ticket is None or msg.shown
                                                  else ticket.message)
@@ -296,9 +307,7 @@ class IntakeQueue:
                     await self.inbox.handled(self.name, msg.message_id,
                                              outcome_to_dict(outcome))
                 if ticket is not None:
-                    ticket.settle(outcome)
-                    queue.remove(ticket)
-                    self._release()
+                    self._settle(queue, ticket, outcome)
                 if isinstance(outcome, Accepted):  # the next message waits for this run
                     await self._until_finished(key, queue, outcome.run_id)
 
@@ -316,15 +325,24 @@ class IntakeQueue:
                     msg = message_from_dict(payload)
                     if not self.shared.urgent(msg):
                         continue
-                    ticket = next((t for t in queue
-                                   if t.message.message_id == msg.message_id), None)
+                    ticket = self._ticket(queue, msg.message_id)
                     outcome = await self.handler(msg)
                     if ticket is not None:
-                        ticket.settle(outcome)
-                        queue.remove(ticket)
-                        self._release()
+                        self._settle(queue, ticket, outcome)
         finally:
             done.cancel()
+
+    def _ticket(self, queue: deque[Ticket], message_id: str) -> Ticket | None:
+        """The ticket of a message taken from the inbox: in the chat's queue, or still on its
+        way there (its provider hands it over while the inbox records it)."""
+        return next((t for t in queue if t.message.message_id == message_id),
+                    None) or self._arriving.get(message_id)
+
+    def _settle(self, queue: deque[Ticket], ticket: Ticket, outcome: Outcome) -> None:
+        ticket.settle(outcome)
+        if ticket in queue:  # (one on its way is released when it arrives)
+            queue.remove(ticket)
+            self._release()
 
     async def _learn_outcomes(self, queue: deque[Ticket]) -> None:
         for ticket in list(queue):

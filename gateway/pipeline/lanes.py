@@ -24,7 +24,8 @@ J = TypeVar("J")
 class _Lane(Generic[J]):
     queue: deque[J] = field(default_factory=deque)
     worker: asyncio.Task[None] | None = None
-    current: asyncio.Task[None] | None = None
+    running: bool = False  # a job runs (in the worker: no task of its own)
+    stopping: bool = False  # the worker was cancelled to stop its job, not the lane
     slot: asyncio.Future[None] | None = None  # the slot for its next job, or its place in line
 
 
@@ -82,10 +83,6 @@ class SessionLanes(Generic[J]):
                 else:
                     async with self.guard(key):
                         await self._drain(lane)
-        except asyncio.CancelledError:
-            if lane.current is not None:  # the session was lost (or we are stopping)
-                lane.current.cancel()
-            raise
         finally:
             self._give_back(lane)
             if self._lanes.get(key) is lane:
@@ -97,9 +94,19 @@ class SessionLanes(Generic[J]):
             if lane.slot is not None:
                 await lane.slot  # behind the lanes that asked first
             job = lane.queue.popleft()
-            lane.current = asyncio.create_task(self._guarded(job))
-            await asyncio.wait({lane.current})  # a cancelled job does not stop the lane
-            lane.current = None
+            lane.running = True
+            try:
+                await self._guarded(job)
+            except asyncio.CancelledError:
+                if not lane.stopping:  # the lane itself (shutdown): not only its job
+                    raise
+            finally:
+                lane.running = False
+            if lane.stopping:  # the job was stopped (whether or not it let that show):
+                lane.stopping = False  # the cancellation ends here, the lane goes on
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
             self._give_back(lane)  # the next job gets back in line, behind other sessions
 
     def _take(self, lane: _Lane[J]) -> None:
@@ -121,6 +128,14 @@ class SessionLanes(Generic[J]):
         if self._lanes.get(key) is lane:
             del self._lanes[key]
 
+    @staticmethod
+    def _stop_job(lane: _Lane[J]) -> None:
+        """Cancel the running job: the cancellation reaches it in the lane's worker, which goes
+        on with the next job."""
+        assert lane.worker is not None
+        lane.stopping = True
+        lane.worker.cancel()
+
     async def _guarded(self, job: J) -> None:
         try:
             await self.handler(job)
@@ -139,10 +154,9 @@ class SessionLanes(Generic[J]):
         if drop_queued:
             dropped = list(lane.queue)
             lane.queue.clear()
-        running = lane.current is not None and not lane.current.done()
+        running = lane.running and not lane.stopping
         if running:
-            assert lane.current is not None
-            lane.current.cancel()
+            self._stop_job(lane)
         elif dropped:
             self._abandon(key, lane)
         return running, dropped
@@ -162,8 +176,8 @@ class SessionLanes(Generic[J]):
             for key, lane in list(self._lanes.items()):
                 dropped += lane.queue
                 lane.queue.clear()
-                if lane.current:
-                    lane.current.cancel()
+                if lane.running:
+                    self._stop_job(lane)
                 else:
                     self._abandon(key, lane)
             await asyncio.wait(pending, timeout=5)

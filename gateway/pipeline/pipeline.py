@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -40,6 +39,7 @@ from pluto.gateway.pipeline.lanes import SessionLanes
 from pluto.gateway.pipeline.overload import Load
 from pluto.gateway.pipeline.routing import RoutingTable
 from pluto.gateway.ports import Provider
+from pluto.ids import new_id
 from pluto.runtime.memory import Speaker
 from pluto.runtime.runner import INTERNAL_ERROR, Runner, RunRequest
 from pluto.runtime.usage import Attribution
@@ -169,7 +169,7 @@ class Pipeline:
         """Into the session's lane. A message that will wait is recorded as a queued run now;
         one that starts at once is recorded by its start (one commit fewer on the way)."""
         session = await self.conversations.session(route.session_key, route.agent)
-        job = Job(msg, route, uuid.uuid4().hex, time.time(), session.id)
+        job = Job(msg, route, new_id(), time.time(), session.id)
         if self.track_runs:
             self._unfinished[job.run_id] = asyncio.get_running_loop().create_future()
         if self.session_guard is not None:

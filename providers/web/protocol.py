@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import re
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pluto import jsonlimits
 from pluto.errors import PlutoError
+from pluto.ids import new_id
 from pluto.jsonlimits import JsonTooDeep
 from pluto.types import (
     MessageDelta,
@@ -125,7 +125,7 @@ def parse_frame(raw: str, max_chars: int) -> ClientFrame:
                 raise ProtocolError("too_long", f"The message is too long ({len(text):,} "
                                     f"characters; the limit is {max_chars:,}).",
                                     reply_to=client_id)
-            return Message(id=client_id or uuid.uuid4().hex, text=text)
+            return Message(id=client_id or new_id(), text=text)
         case "stop":
             return Stop()
         case _:
@@ -157,7 +157,7 @@ class TokenBucket:
 # server frames ---------------------------------------------------------------------------------
 
 def frame(kind: str, **fields: Any) -> dict[str, Any]:
-    return {"type": kind, "id": fields.pop("id", None) or uuid.uuid4().hex, **fields}
+    return {"type": kind, "id": fields.pop("id", None) or new_id(), **fields}
 
 
 def error(code: str, message: str, *, reply_to: str | None = None,

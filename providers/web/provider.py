@@ -216,8 +216,11 @@ def _client_id(message: OutgoingMessage) -> str | None:
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> bool:
+    if event.is_set():
+        return True
     try:
-        await asyncio.wait_for(event.wait(), timeout)
+        async with asyncio.timeout(timeout):  # (not wait_for: no task of its own)
+            await event.wait()
         return True
     except TimeoutError:
         return False

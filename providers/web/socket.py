@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from pluto.gateway.ports import TranscriptItem
+from pluto.ids import new_id
 from pluto.types import IncomingMessage
 from pluto.providers.web import protocol
 from pluto.providers.web.protocol import Hello, Message, ProtocolError, Stop, TokenBucket
@@ -137,7 +137,7 @@ class Connection:
                 case Message():
                     await self._message(frame)
                 case Stop():
-                    await self._deliver("/stop", uuid.uuid4().hex)
+                    await self._deliver("/stop", new_id())
                 case Hello():
                     self.send(protocol.error("bad_frame", "This connection already said hello."))
 

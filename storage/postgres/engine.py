@@ -180,6 +180,10 @@ class PostgresEngine:
     async def transact(self, change: Callable[[Any], T]) -> T:
         return await self._in_thread(self._run, change)
 
+    def queue(self, change: Callable[[Any], T]) -> asyncio.Future[T]:
+        """(Several connections commit side by side here: no order among changes queued.)"""
+        return asyncio.ensure_future(self.transact(change))
+
     async def write(self, *statements: Statement) -> int:
         # one statement is atomic by itself: no BEGIN and COMMIT around it (two round trips)
         return await self._in_thread(self._run, run_statements(statements),

@@ -11,16 +11,16 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 from collections import OrderedDict, deque
 from dataclasses import replace
 from typing import Any
 
 from pluto.errors import RunTakenOver
 from pluto.events import RunEnd, RunEvent, event_from_dict, event_to_dict
+from pluto.ids import new_id
 from pluto.storage.rows import (MessageRow, RunRow, SessionRow, estimate_tokens,
                                 sanitize_history)
-from pluto.storage.sql import Engine, Statement
+from pluto.storage.sql import Engine, Statement, run_statements
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,9 @@ UNDELIVERED_WINDOW = 86400.0
 _UNDELIVERED = ("(r.status = 'ok' AND r.ended_at > ? AND NOT EXISTS (SELECT 1 FROM outbox o"
                 " WHERE o.reply_id = r.id))")
 SESSION_CACHE = 10_000
+_FIND_SESSION = "SELECT id, key, agent, created_at FROM sessions WHERE key = ? AND active = 1"
+_INSERT_SESSION = ("INSERT INTO sessions (id, key, agent, created_at, updated_at)"
+                   " VALUES (?,?,?,?,?)")
 HISTORY_SESSIONS = 1_000  # sessions whose recent messages are kept in memory
 HISTORY_MESSAGES = 200  # of each, at most this many (a longer window reads the database)
 
@@ -135,6 +138,7 @@ class SqliteConversations:
         self._behind: list[Statement] = []  # preview events numbered, not yet handed over
         self._flusher: asyncio.Task[None] | None = None
         self._sessions: dict[str, SessionRow] = {}  # active session by key (bounded cache)
+        self._unwritten: dict[str, SessionRow] = {}  # new sessions whose row is being written
         # The newest messages of recently used sessions, appended to as they are committed:
         # a run reads its history from memory. Only when this process is the only writer of
         # the database (SQLite serves one gateway), so the copies cannot go stale; a shared
@@ -149,32 +153,64 @@ class SqliteConversations:
     # sessions and messages ----------------------------------------------------------------
 
     async def session(self, key: str, agent: str) -> SessionRow:
-        if self._cache and (cached := self._sessions.get(key)) is not None:
-            return cached
-
-        def find_or_create(conn: Any) -> tuple[SessionRow, bool]:
-            row = conn.execute("SELECT id, key, agent, created_at FROM sessions"
-                               " WHERE key = ? AND active = 1", (key,)).fetchone()
-            if row is not None:
-                return _session(row), False
-            now = time.time()
-            new = SessionRow(uuid.uuid4().hex, key, agent, now)
-            conn.execute("INSERT INTO sessions (id, key, agent, created_at, updated_at)"
-                         " VALUES (?,?,?,?,?)", (new.id, key, agent, now, now))
-            return new, True
-
-        session, created = await self.engine.transact(find_or_create)
         if not self._cache:
-            return session
-        if created:  # its history is empty: its first run need not read it
-            self._keep_recent(session.id, [])
+            return await self._find_or_create(key, agent)
+        if (known := self._known(key)) is not None:
+            return known
+        row = await self.engine.fetchone(_FIND_SESSION, (key,))
+        if (known := self._known(key)) is not None:  # created while we read
+            return known
+        if row is not None:
+            session = _session(row)
+        else:
+            session = SessionRow(new_id(), key, agent, time.time())
+            self._create(session)
+            self._keep_recent(session.id, [])  # empty: its first run need not read it
         if len(self._sessions) >= SESSION_CACHE:
             self._sessions.clear()
         self._sessions[key] = session
         return session
 
+    def _known(self, key: str) -> SessionRow | None:
+        return self._sessions.get(key) or self._unwritten.get(key)
+
+    def _create(self, session: SessionRow) -> None:
+        """(This process the database's only writer.) A new session, its row written without
+        waiting: whatever uses it next (the run's start, a queued run, an upload) is committed
+        after it, in the same commit or a later one — a new chat's first word waits for one
+        commit, not two. Until its row is committed, lookups find it here."""
+        self._unwritten[session.key] = session
+        insert = (_INSERT_SESSION, (session.id, session.key, session.agent, session.created_at,
+                                    session.created_at))
+        written = self.engine.queue(run_statements((insert,)))
+        written.add_done_callback(lambda done: self._written(session, done))
+
+    def _written(self, session: SessionRow, done: asyncio.Future[int]) -> None:
+        if self._unwritten.get(session.key) is session:
+            del self._unwritten[session.key]
+        if done.cancelled() or done.exception() is None:
+            return
+        log.error("storage: a new session for %s was not saved: %s (its run fails with it)",
+                  session.key, done.exception())
+        if self._sessions.get(session.key) is session:
+            del self._sessions[session.key]
+        self._recent.pop(session.id, None)
+
+    async def _find_or_create(self, key: str, agent: str) -> SessionRow:
+        def find_or_create(conn: Any) -> SessionRow:
+            row = conn.execute(_FIND_SESSION, (key,)).fetchone()
+            if row is not None:
+                return _session(row)
+            now = time.time()
+            new = SessionRow(new_id(), key, agent, now)
+            conn.execute(_INSERT_SESSION, (new.id, key, agent, now, now))
+            return new
+
+        return await self.engine.transact(find_or_create)
+
     async def reset_session(self, key: str) -> bool:
         self._sessions.pop(key, None)
+        self._unwritten.pop(key, None)  # (its row is written before this change)
         changed = await self.engine.write((
             "UPDATE sessions SET active = 0, updated_at = ? WHERE key = ? AND active = 1",
             (time.time(), key)))

@@ -1,4 +1,4 @@
-"""The SQLite engine: one connection, one thread, one way to write.
+"""The SQLite engine: one writing connection and thread, one way to write; reads apart.
 
 Every change goes through :meth:`SqliteEngine.transact`: a function that runs in the database
 thread against the connection and makes one atomic change (one or many statements, reads in
@@ -12,8 +12,10 @@ each inside its own savepoint, so
   other changes in the batch commit as if it had never been there;
 - a caller continues only once its own change is durable (committed).
 
-Reads (:meth:`read`) run in the same thread between batches, so they never see a change that
-is not committed. Nothing outside ``storage/`` holds the connection or writes SQL.
+Reads (:meth:`read`) run on a second, read-only connection in a thread of its own, each in
+one read transaction: WAL mode shows them every committed change and never one that is not,
+and they never wait in line behind the commits. Nothing outside ``storage/`` holds a
+connection or writes SQL.
 
 aiosqlite (pinned) runs each call in its thread, in order, from a queue; putting one function
 on that queue (``Connection._tx``, like its own ``_execute`` does) is what lets a whole batch
@@ -41,27 +43,42 @@ __all__ = ["Change", "SqliteEngine", "Statement", "run_statements"]
 
 
 def _apply_batch(conn: sqlite3.Connection, changes: list[Change]) -> list[Any]:
-    """In the database thread: each change in its own savepoint, then one commit for all.
+    """In the database thread: every change, then one commit for all.
 
-    A change that raises is rolled back to its savepoint and its exception is its result. If
-    the commit itself fails, everything is rolled back and the error goes to every caller."""
+    A change that raises is rolled back alone and its exception is its result; the others
+    commit. They are first run together, without a savepoint each (two statements fewer per
+    change: the common case); when one of them fails, all are rolled back and run again, each
+    in its own savepoint. If the commit itself fails, everything is rolled back and the error
+    goes to every caller."""
+    if len(changes) > 1:
+        together = _apply(conn, changes, isolated=False)
+        if together is not None:
+            return together
+    return _apply(conn, changes, isolated=True)  # type: ignore[return-value]
+
+
+def _apply(conn: sqlite3.Connection, changes: list[Change], *,
+           isolated: bool) -> list[Any] | None:
+    """One transaction; None when a change failed and ``isolated`` is False (rolled back)."""
     results: list[Any] = []
+    savepoints = isolated and len(changes) > 1  # (one change alone: its transaction is enough)
     conn.execute("BEGIN IMMEDIATE")
     try:
-        if len(changes) == 1:  # alone in its commit: no savepoint needed
-            try:
-                results.append(changes[0](conn))
-            except Exception as e:  # noqa: BLE001 - handed to its caller
-                conn.execute("ROLLBACK")
-                return [_Failed(e)]
-        else:
-            for change in changes:
+        for change in changes:
+            if savepoints:
                 conn.execute("SAVEPOINT change")
-                try:
-                    results.append(change(conn))
-                except Exception as e:  # noqa: BLE001 - handed to its caller
-                    conn.execute("ROLLBACK TO change")
-                    results.append(_Failed(e))
+            try:
+                results.append(change(conn))
+            except Exception as e:  # noqa: BLE001 - handed to its caller
+                if not isolated:
+                    conn.execute("ROLLBACK")
+                    return None
+                if not savepoints:
+                    conn.execute("ROLLBACK")
+                    return [_Failed(e)]
+                conn.execute("ROLLBACK TO change")
+                results.append(_Failed(e))
+            if savepoints:
                 conn.execute("RELEASE change")
         conn.execute("COMMIT")
     except BaseException:
@@ -81,6 +98,15 @@ async def _ended(db: aiosqlite.Connection) -> None:
         await asyncio.sleep(0.005)
 
 
+def _snapshot(query: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> T:
+    """``query`` in one read transaction: its statements see the database as of one moment."""
+    conn.execute("BEGIN")
+    try:
+        return query(conn)
+    finally:
+        conn.execute("COMMIT")
+
+
 class _Failed:
     __slots__ = ("error",)
 
@@ -96,6 +122,9 @@ class SqliteEngine:
     def __init__(self, path: Path):
         self.path = path
         self._db: aiosqlite.Connection | None = None
+        # reads run on a connection (and a thread) of their own: WAL lets them see every
+        # committed change without waiting in line behind the commits
+        self._reader: aiosqlite.Connection | None = None
         self._pending: list[tuple[Change, asyncio.Future[Any]]] = []
         self._committing = False  # a batch is in the database thread
         self._idle = asyncio.Event()
@@ -124,8 +153,10 @@ class SqliteEngine:
             raise StorageError(f"cannot open the database {self.path}: {e}") from None
         self._db.row_factory = sqlite3.Row
         try:
+            # temp_store=MEMORY: a batch run again change by change (one failed) puts each in a
+            # savepoint, whose journal would otherwise be a temporary file (40 µs; 8 in memory)
             for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON",
-                           "busy_timeout=5000"):
+                           "busy_timeout=5000", "temp_store=MEMORY"):
                 await self._db.execute(f"PRAGMA {pragma}")
             await self._db.execute(
                 "CREATE TABLE IF NOT EXISTS schema_versions (component TEXT PRIMARY KEY,"
@@ -133,13 +164,26 @@ class SqliteEngine:
         except sqlite3.Error as e:
             await self.close()
             raise StorageError(f"cannot use the database {self.path}: {e}") from None
+        connecting = aiosqlite.connect(self.path, isolation_level=None)
+        try:
+            self._reader = await connecting
+            self._reader.row_factory = sqlite3.Row
+            for pragma in ("query_only=ON", "busy_timeout=5000", "temp_store=MEMORY"):
+                await self._reader.execute(f"PRAGMA {pragma}")
+        except (OSError, sqlite3.Error) as e:
+            if self._reader is None:
+                await _ended(connecting)
+            await self.close()
+            raise StorageError(f"cannot open the database {self.path}: {e}") from None
 
     async def close(self) -> None:
         await self._idle.wait()  # every change handed over is committed (or failed)
-        if self._db is not None:
-            db, self._db = self._db, None
-            await db.close()
-            await _ended(db)
+        for attr in ("_reader", "_db"):
+            db = getattr(self, attr)
+            if db is not None:
+                setattr(self, attr, None)
+                await db.close()
+                await _ended(db)
 
     # schema -------------------------------------------------------------------------------
 
@@ -160,7 +204,7 @@ class SqliteEngine:
                     f" version = excluded.version; COMMIT;")
             return len(migrations) - version
 
-        applied = await self.read(step)
+        applied = await self._conn._execute(step, self._conn._conn)  # (it writes)
         if applied:
             log.info("storage: migrated %s to %s schema %d", self.path, component,
                      len(migrations))
@@ -170,12 +214,19 @@ class SqliteEngine:
     async def transact(self, change: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``change`` atomically in the database thread; return its result once committed.
 
-        ``change`` must not commit, roll back or await: it is plain synchronous SQL."""
+        ``change`` must not commit, roll back or await: it is plain synchronous SQL, with no
+        effect outside the database — it may run twice (the first time rolled back) when
+        another change of its batch fails."""
+        return await self.queue(change)
+
+    def queue(self, change: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """``change`` in line now (committed before every change handed over after it); its
+        future settles once it is committed or has failed."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.append((change, fut))
         if not self._committing:
             self._commit_next()
-        return await fut
+        return fut
 
     async def write(self, *statements: Statement) -> int:
         """Statements as one atomic change; returns the row count of the last one."""
@@ -225,8 +276,11 @@ class SqliteEngine:
     # reads --------------------------------------------------------------------------------
 
     async def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``query`` in the database thread (between commits); return its result."""
-        return await self._conn._execute(query, self._conn._conn)
+        """Run ``query`` (reads only) on the reading connection; return its result. It sees
+        every change whose commit was awaited, and never waits for a commit in progress."""
+        if self._reader is None:
+            raise StorageError("storage is not open")
+        return await self._reader._execute(_snapshot, query, self._reader._conn)
 
     async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         return await self.read(lambda conn: conn.execute(sql, params).fetchall())

@@ -170,19 +170,21 @@ class SqlUsage:
                        f" ({self.engine.now_sql}, {', '.join('?' for _ in _COLUMNS)})", values)]
         sums = (call.input_tokens, call.output_tokens, call.cached_tokens, call.cost or 0.0,
                 int(call.cost is None))
-        for scope in SCOPES:
-            for period, start in sorted((periods or {}).items()):  # one lock order
-                statements.append((
-                    "INSERT INTO usage_counters (scope, key, period, start, calls, input_tokens,"
-                    " output_tokens, cached_tokens, cost, unpriced_calls) VALUES"
-                    " (?, ?, ?, ?, 1, ?, ?, ?, ?, ?) ON CONFLICT(scope, key, period, start) DO"
-                    " UPDATE SET calls = usage_counters.calls + 1,"
-                    " input_tokens = usage_counters.input_tokens + excluded.input_tokens,"
-                    " output_tokens = usage_counters.output_tokens + excluded.output_tokens,"
-                    " cached_tokens = usage_counters.cached_tokens + excluded.cached_tokens,"
-                    " cost = usage_counters.cost + excluded.cost,"
-                    " unpriced_calls = usage_counters.unpriced_calls + excluded.unpriced_calls",
-                    (scope, scope_key(scope, call), period, start, *sums)))
+        rows = [(scope, scope_key(scope, call), period, start, *sums) for scope in SCOPES
+                for period, start in sorted((periods or {}).items())]  # one lock order
+        if rows:  # every counter in one statement (each statement is a trip to the engine)
+            statements.append((
+                "INSERT INTO usage_counters (scope, key, period, start, calls, input_tokens,"
+                " output_tokens, cached_tokens, cost, unpriced_calls) VALUES "
+                + ", ".join("(?, ?, ?, ?, 1, ?, ?, ?, ?, ?)" for _ in rows)
+                + " ON CONFLICT(scope, key, period, start) DO"
+                " UPDATE SET calls = usage_counters.calls + 1,"
+                " input_tokens = usage_counters.input_tokens + excluded.input_tokens,"
+                " output_tokens = usage_counters.output_tokens + excluded.output_tokens,"
+                " cached_tokens = usage_counters.cached_tokens + excluded.cached_tokens,"
+                " cost = usage_counters.cost + excluded.cost,"
+                " unpriced_calls = usage_counters.unpriced_calls + excluded.unpriced_calls",
+                tuple(v for row in rows for v in row)))
         await self.engine.write(*statements)
 
     async def calls(self, *, run_id: str | None = None, since: float | None = None,
