@@ -82,6 +82,7 @@ class _RunState:
     tool_calls: int = 0
     partial: str = ""
     ended: bool = False
+    ledger: list[asyncio.Future[Any]] = field(default_factory=list)  # rows riding a commit
 
     @property
     def total_tokens(self) -> int:
@@ -190,6 +191,7 @@ class Runner:
         finally:
             if not state.ended:  # cancelled (/stop, shutdown) or the consumer went away
                 await asyncio.shield(self._finish_cancelled(state))
+            await self._ledger_written(state)
 
     async def _shown_start(self, state: _RunState) -> RunEvent | None:
         """The run's start, committed and observed, the first time it is asked for (then
@@ -287,6 +289,7 @@ class Runner:
                     state.req.run_id, state.req.session.id,
                     MessageFinal(run_id=state.req.run_id, text=turn.text),
                     RunEnd(run_id=state.req.run_id, outcome="ok", usage=usage), usage=usage)
+                await self._ledger_written(state)  # (the same commit, with SQLite)
                 state.partial = ""
                 state.observe(final)
                 state.observe(end)
@@ -380,8 +383,8 @@ class Runner:
                 "prompt_tokens": sum(estimate_tokens(json.dumps(m)) for m in state.messages),
                 "completion_tokens": estimate_tokens(turn.text)})
         if self.usage is not None:
-            await self._record(state, self._usage_call(state, attempt, started, "ok",
-                                                       turn.usage, estimated))
+            await self._record_soon(state, self._usage_call(state, attempt, started, "ok",
+                                                            turn.usage, estimated))
         return turn
 
     async def _meter_unanswered(self, state: _RunState, attempt: int, started: float,
@@ -397,6 +400,28 @@ class Runner:
             await self.usage.record(call, models=(state.req.agent.model,))  # type: ignore[union-attr]
         except Exception:  # the ledger never stops an answer
             log.exception("usage of run %s not recorded", state.req.run_id)
+
+    async def _record_soon(self, state: _RunState, call: UsageCall) -> None:
+        """The ledger row of a finished call, handed over to ride with the run's next commit
+        (the answer, or the tool call's message): it costs no commit of its own. The run
+        waits for it before it shows its answer (:meth:`_ledger_written`)."""
+        assert self.usage is not None
+        with contextlib.suppress(Exception):
+            await self._observed_start(state)  # a call is recorded after its run's start
+        try:
+            call = await self.usage.priced(call, models=(state.req.agent.model,))
+            state.ledger.append(self.usage.record_soon(call))
+        except Exception:  # the ledger never stops an answer
+            log.exception("usage of run %s not recorded", state.req.run_id)
+
+    async def _ledger_written(self, state: _RunState) -> None:
+        """Every ledger row of the run handed over so far, committed (or its failure logged)."""
+        while state.ledger:
+            written = state.ledger.pop(0)
+            try:
+                await asyncio.shield(written)
+            except Exception:
+                log.exception("usage of run %s not recorded", state.req.run_id)
 
     def _account(self, state: _RunState, turn: ModelTurn) -> None:
         usage = turn.usage or {

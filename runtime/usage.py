@@ -209,20 +209,43 @@ class UsageMeter:
     async def record(self, call: UsageCall, models: Iterable[str] = ()) -> UsageCall:
         """Price the call (by its model, then by ``models``: other names of it), write it,
         tell the observers; the row as written."""
+        call = await self.priced(call, models)
+        await self.store.record(call, self._periods())
+        self._observed(call)
+        return call
+
+    async def priced(self, call: UsageCall, models: Iterable[str] = ()) -> UsageCall:
+        """The call with its cost, when the price tables know its model (or ``models``)."""
         if call.cost is None:
             await self.prices.load()
             cost = self.prices.cost([call.model, *models], call.input_tokens,
                                     call.output_tokens, call.cached_tokens)
             if cost is not None:
                 call = replace(call, cost=cost)
+        return call
+
+    def record_soon(self, call: UsageCall) -> asyncio.Future[Any]:
+        """Write a priced call with the next commit (one commit with the answer that follows
+        it); the observers are told once it is committed. Whoever holds the future awaits
+        it (a failure is its to log)."""
+        written = self.store.record_soon(call, self._periods())
+
+        def committed(f: asyncio.Future[Any]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                self._observed(call)
+        written.add_done_callback(committed)
+        return written
+
+    def _periods(self) -> dict[str, float]:
         now = self.clock()
-        await self.store.record(call, {p: period_start(p, now) for p in ("day", "month")})
+        return {p: period_start(p, now) for p in ("day", "month")}
+
+    def _observed(self, call: UsageCall) -> None:
         for observe in self.on_record:
             try:
                 observe(call)
             except Exception:
                 log.exception("a usage observer failed")
-        return call
 
     async def check(self, agent: str, who: Attribution, *, upcoming_tokens: int = 0,
                     models: Iterable[str] = ()) -> None:

@@ -9,6 +9,7 @@ commits or rolls back anyone else's work. A component gets the part it needs (th
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -290,6 +291,12 @@ class UsageStore(Protocol):
 
     async def record(self, call: Any, periods: Mapping[str, float] | None = None) -> None:
         """Add a call to the ledger and to its budgets' counters of ``periods``."""
+        ...
+
+    def record_soon(self, call: Any,
+                    periods: Mapping[str, float] | None = None) -> asyncio.Future[Any]:
+        """:meth:`record` without waiting: it rides with the next commit; the future settles
+        once it is committed."""
         ...
 
     async def calls(self, *, run_id: str | None = None, since: float | None = None,

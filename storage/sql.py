@@ -72,9 +72,10 @@ class Engine(Protocol):
         """Statements as one atomic change; the row count of the last one."""
         ...
 
-    def queue(self, change: Callable[[Any], T]) -> asyncio.Future[T]:
+    def queue(self, change: Callable[[Any], T], *, hold: bool = False) -> asyncio.Future[T]:
         """``change`` handed over now, without waiting: its future settles once committed. A
-        single writer (SQLite) commits it before every change handed over after it."""
+        single writer (SQLite) commits it before every change handed over after it, and with
+        ``hold`` starts no commit for it: it rides with the next change (or goes alone soon)."""
         ...
 
     async def read(self, query: Callable[[Any], T]) -> T:

@@ -285,3 +285,66 @@ async def test_a_new_session_whose_row_is_refused_is_forgotten(store, caplog):
     await store.conversations.start_run("r2", again.id, "a", "hi", RunStart(
         run_id="r2", session_id=again.id, agent="a"))
     assert [r[0] for r in await engine.fetchall("SELECT id FROM sessions")] == [again.id]
+
+
+def counting_batches(store: SqliteStore, monkeypatch) -> list[int]:
+    """The size of every batch the engine commits, as it commits it."""
+    from pluto.storage.sqlite import engine as engine_module
+    sizes: list[int] = []
+    apply = engine_module._apply_batch
+
+    def counted(conn: sqlite3.Connection, changes: list) -> list:
+        sizes.append(len(changes))
+        return apply(conn, changes)
+    monkeypatch.setattr(engine_module, "_apply_batch", counted)
+    return sizes
+
+
+async def test_a_held_change_rides_with_the_next_commit(store, monkeypatch):
+    """A held change (a run's ledger row) starts no commit: it is committed with the next
+    change handed over (the run's answer), in one batch and in order."""
+    from pluto.storage.sqlite import engine as engine_module
+    from pluto.storage.sql import run_statements
+    monkeypatch.setattr(engine_module, "HOLD_SECONDS", 60.0)
+    sizes = counting_batches(store, monkeypatch)
+    engine = store.engine
+    held = engine.queue(run_statements(((SESSION, ("s-held", "k-held", "a", 1.0, 1.0)),)),
+                        hold=True)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not held.done() and sizes == []  # waiting for company
+    assert await engine.write((SESSION, ("s-next", "k-next", "a", 1.0, 1.0))) == 1
+    assert held.done() and held.result() == 1
+    assert sizes == [2]
+    assert [r[0] for r in await engine.fetchall("SELECT id FROM sessions ORDER BY rowid")] == [
+        "s-held", "s-next"]
+
+
+async def test_a_held_change_with_no_company_goes_alone_soon_and_at_close(tmp_path, monkeypatch):
+    from pluto.storage.sqlite import engine as engine_module
+    from pluto.storage.sql import run_statements
+    monkeypatch.setattr(engine_module, "HOLD_SECONDS", 0.01)
+    async with SqliteStore(tmp_path / "pluto.db") as store:
+        held = store.engine.queue(run_statements(((SESSION, ("s-1", "k-1", "a", 1.0, 1.0)),)),
+                                  hold=True)
+        assert await asyncio.wait_for(held, 5) == 1
+        monkeypatch.setattr(engine_module, "HOLD_SECONDS", 60.0)
+        late = store.engine.queue(run_statements(((SESSION, ("s-2", "k-2", "a", 1.0, 1.0)),)),
+                                  hold=True)
+    assert late.done() and late.result() == 1  # closing commits it at once, not in 60 s
+    with other_connection(store) as conn:
+        assert session_ids(conn) == ["s-1", "s-2"]
+
+
+async def test_a_held_change_that_fails_fails_alone(store, monkeypatch):
+    from pluto.storage.sqlite import engine as engine_module
+    from pluto.storage.sql import run_statements
+    monkeypatch.setattr(engine_module, "HOLD_SECONDS", 60.0)
+    await store.engine.write((SESSION, ("s-1", "k-1", "a", 1.0, 1.0)))
+    held = store.engine.queue(run_statements(((SESSION, ("s-1", "k-dup", "a", 1.0, 1.0)),)),
+                              hold=True)
+    assert await store.engine.write((SESSION, ("s-2", "k-2", "a", 1.0, 1.0))) == 1
+    with pytest.raises(sqlite3.IntegrityError):
+        await held
+    assert [r[0] for r in await store.engine.fetchall("SELECT id FROM sessions ORDER BY id")] \
+        == ["s-1", "s-2"]

@@ -344,6 +344,38 @@ async def test_a_model_that_reports_nothing_is_estimated_and_marked_so(tmp_path)
             c.total_tokens for c in calls) > 0  # the run's totals and the ledger agree
 
 
+async def test_an_answers_ledger_row_costs_no_commit_of_its_own(tmp_path, monkeypatch):
+    """The ledger row of the answer's call rides with the answer's commit (one commit, not
+    two, between the model's last word and the answer shown), and is in the ledger, with its
+    observers told, by the time the answer is shown."""
+    from pluto.storage.sqlite import engine as engine_module
+    commits: list[list[str]] = []
+    apply = engine_module._apply_batch
+
+    def counted(conn: Any, changes: list) -> list:
+        commits.append([getattr(c, "__qualname__", "?") for c in changes])
+        return apply(conn, changes)
+
+    async with SqliteStore(tmp_path / "p.db") as store:
+        meter = UsageMeter(store.usage)
+        seen: list[UsageCall] = []
+        meter.on_record.append(seen.append)
+        runner = Runner(store.conversations, models={}, tools=BUILTIN_TOOLS, data_dir=tmp_path,
+                        model_factory=ScriptedModel(Scripted(text="fine", delay=0.01)),
+                        usage=meter)
+        session = await store.conversations.session("k", "a")
+        req = RunRequest(uuid.uuid4().hex, session, spec(tmp_path), "hi",
+                         who=Attribution("test", "u1", "c1", "default"))
+        monkeypatch.setattr(engine_module, "_apply_batch", counted)
+        async for event in runner.run(req):
+            if isinstance(event, MessageFinal):
+                calls = await store.usage.calls(run_id=req.run_id)
+                assert [(c.outcome, c.output_tokens > 0) for c in calls] == [("ok", True)]
+                assert [c.run_id for c in seen] == [req.run_id]
+        assert [n.split(".<")[0] for n in commits[-1]] == [
+            "run_statements", "SqliteConversations.complete_run"], commits  # one commit for both
+
+
 async def test_a_ledger_that_cannot_be_read_never_stops_an_answer(tmp_path, caplog):
     async with SqliteStore(tmp_path / "p.db") as store:
         meter = UsageMeter(store.usage, budgets=lambda: [Budget(per="user", tokens=10)])

@@ -180,8 +180,9 @@ class PostgresEngine:
     async def transact(self, change: Callable[[Any], T]) -> T:
         return await self._in_thread(self._run, change)
 
-    def queue(self, change: Callable[[Any], T]) -> asyncio.Future[T]:
-        """(Several connections commit side by side here: no order among changes queued.)"""
+    def queue(self, change: Callable[[Any], T], *, hold: bool = False) -> asyncio.Future[T]:
+        """(Several connections commit side by side here: no order among changes queued, and
+        nothing to ride with: a held change goes at once.)"""
         return asyncio.ensure_future(self.transact(change))
 
     async def write(self, *statements: Statement) -> int:

@@ -39,6 +39,7 @@ from pluto.storage.sql import Change, Migration, Statement, migration_for, run_s
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+HOLD_SECONDS = 0.05  # a held change waits this long for a commit to ride with
 __all__ = ["Change", "SqliteEngine", "Statement", "run_statements"]
 
 
@@ -127,6 +128,9 @@ class SqliteEngine:
         self._reader: aiosqlite.Connection | None = None
         self._pending: list[tuple[Change, asyncio.Future[Any]]] = []
         self._committing = False  # a batch is in the database thread
+        self._waiting = False  # a change pending is not held: the next commit starts at once
+        self._closing = False  # nothing is held any more
+        self._hold_timer: asyncio.TimerHandle | None = None  # held changes go alone then
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -141,6 +145,7 @@ class SqliteEngine:
         return self._db
 
     async def open(self) -> None:
+        self._closing = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -177,6 +182,9 @@ class SqliteEngine:
             raise StorageError(f"cannot open the database {self.path}: {e}") from None
 
     async def close(self) -> None:
+        self._closing = True  # held changes wait no longer
+        if not self._committing:
+            self._next()
         await self._idle.wait()  # every change handed over is committed (or failed)
         for attr in ("_reader", "_db"):
             db = getattr(self, attr)
@@ -219,14 +227,37 @@ class SqliteEngine:
         another change of its batch fails."""
         return await self.queue(change)
 
-    def queue(self, change: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+    def queue(self, change: Callable[[sqlite3.Connection], T], *,
+              hold: bool = False) -> asyncio.Future[T]:
         """``change`` in line now (committed before every change handed over after it); its
-        future settles once it is committed or has failed."""
+        future settles once it is committed or has failed.
+
+        ``hold``: it starts no commit of its own; it rides with the next change handed over
+        (one commit for both), or goes alone after :data:`HOLD_SECONDS` when none comes."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.append((change, fut))
-        if not self._committing:
-            self._commit_next()
+        self._idle.clear()
+        if not hold:
+            self._waiting = True
+        if not self._committing:  # (else the commit's end hands over what is pending)
+            self._next()
         return fut
+
+    def _next(self) -> None:
+        """With nothing in the database thread: commit what is pending, unless all of it is
+        held (then it waits for company, at most :data:`HOLD_SECONDS`)."""
+        if not self._pending or self._db is None:
+            self._idle.set()
+        elif self._waiting or self._closing:
+            self._commit_next()
+        elif self._hold_timer is None:
+            self._hold_timer = asyncio.get_running_loop().call_later(HOLD_SECONDS,
+                                                                     self._flush_held)
+
+    def _flush_held(self) -> None:
+        self._hold_timer = None
+        if self._pending and not self._committing and self._db is not None:
+            self._commit_next()
 
     async def write(self, *statements: Statement) -> int:
         """Statements as one atomic change; returns the row count of the last one."""
@@ -237,6 +268,10 @@ class SqliteEngine:
         thread schedules on the loop, not a task: a caller cancelled meanwhile never stops it)
         settles each change and hands over whatever arrived in the meantime."""
         batch, self._pending = self._pending, []
+        self._waiting = False
+        if self._hold_timer is not None:  # what was held goes in this batch
+            self._hold_timer.cancel()
+            self._hold_timer = None
         self._committing = True
         self._idle.clear()
         db = self._conn
@@ -268,10 +303,7 @@ class SqliteEngine:
             else:
                 fut.set_result(result)
         self._committing = False
-        if self._pending and self._db is not None:
-            self._commit_next()
-        else:
-            self._idle.set()
+        self._next()
 
     # reads --------------------------------------------------------------------------------
 

@@ -15,11 +15,13 @@ its counters (spending before it no longer counts) and is remembered in ``usage_
 
 from __future__ import annotations
 
+import asyncio
+
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pluto.storage.sql import Engine
+from pluto.storage.sql import Engine, Statement, run_statements
 
 COMPONENT = "usage"
 MIGRATIONS: list[Any] = [
@@ -164,6 +166,18 @@ class SqlUsage:
     async def record(self, call: UsageCall, periods: Mapping[str, float] | None = None) -> None:
         """Add one call to the ledger and to the counters of ``periods`` (``{"day": start,
         "month": start}``), in one transaction (committed when this returns)."""
+        await self.engine.write(*self._statements(call, periods))
+
+    def record_soon(self, call: UsageCall,
+                    periods: Mapping[str, float] | None = None) -> asyncio.Future[int]:
+        """:meth:`record`, handed over without waiting and held to ride with the next commit
+        (a run's answer, most often: one commit for both); the future settles once it is
+        committed."""
+        return self.engine.queue(run_statements(tuple(self._statements(call, periods))),
+                                 hold=True)
+
+    def _statements(self, call: UsageCall,
+                    periods: Mapping[str, float] | None) -> list[Statement]:
         values = tuple(int(v) if isinstance(v, bool) else v
                        for v in (getattr(call, c) for c in _COLUMNS))
         statements = [(f"INSERT INTO usage_calls (ts, {', '.join(_COLUMNS)}) VALUES"
@@ -185,7 +199,7 @@ class SqlUsage:
                 " cost = usage_counters.cost + excluded.cost,"
                 " unpriced_calls = usage_counters.unpriced_calls + excluded.unpriced_calls",
                 tuple(v for row in rows for v in row)))
-        await self.engine.write(*statements)
+        return statements
 
     async def calls(self, *, run_id: str | None = None, since: float | None = None,
                     limit: int = 1000) -> list[UsageCall]:
