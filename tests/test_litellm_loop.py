@@ -59,7 +59,9 @@ async def ask(provider: RecordingProvider, text: str, n: int = 1) -> list[str]:
 
 async def test_streams_the_answer_token_by_token(setup, fake):
     gw, p = setup
-    fake.script(Reply(text="The answer is forty-two.", chunk_size=4))
+    # a token every 50 ms, as a model writes: an answer that comes whole before its first
+    # batch could go out (its run's start still being committed) is shown as the answer alone
+    fake.script(Reply(text="The answer is forty-two.", chunk_size=4, chunk_delay=0.05))
     assert await ask(p, "question?") == ["The answer is forty-two."]
     events = await run_events(gw)
     deltas = [e.text for e in events if isinstance(e, MessageDelta)]

@@ -344,6 +344,27 @@ async def test_a_model_that_reports_nothing_is_estimated_and_marked_so(tmp_path)
             c.total_tokens for c in calls) > 0  # the run's totals and the ledger agree
 
 
+async def test_every_ledger_row_is_written_before_the_answer_is_shown(store, tmp_path):
+    """On either engine: the rows of a tool loop's calls (each handed over to ride with the
+    run's next commit) are in the ledger, in order, when the answer is shown."""
+    meter = UsageMeter(store.usage)
+    model = ScriptedModel(
+        Scripted(tool_calls=[ModelToolCall("c1", "current_time", "{}")],
+                 usage={"prompt_tokens": 30, "completion_tokens": 5}),
+        Scripted(text="it is late", usage={"prompt_tokens": 40, "completion_tokens": 3}))
+    runner = Runner(store.conversations, models={}, tools=BUILTIN_TOOLS, data_dir=tmp_path,
+                    model_factory=model, usage=meter)
+    session = await store.conversations.session("k", "a")
+    req = RunRequest(uuid.uuid4().hex, session, spec(tmp_path), "time?",
+                     who=Attribution("test", "u1", "c1", "default"))
+    shown = None
+    async for event in runner.run(req):
+        if isinstance(event, MessageFinal):
+            shown = [(c.input_tokens, c.output_tokens, c.purpose)
+                     for c in await store.usage.calls(run_id=req.run_id)]
+    assert shown == [(30, 5, "answer"), (40, 3, "tool_loop")]
+
+
 async def test_an_answers_ledger_row_costs_no_commit_of_its_own(tmp_path, monkeypatch):
     """The ledger row of the answer's call rides with the answer's commit (one commit, not
     two, between the model's last word and the answer shown), and is in the ledger, with its
