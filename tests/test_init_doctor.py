@@ -102,9 +102,10 @@ def test_doctor_passes_against_a_working_model(tmp_path: Path, fake) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     assert [ln.split(":")[0] for ln in lines[:-1]] == [
-        "ok    config", "ok    data dir", "ok    storage", "ok    provider web",
-        "ok    provider api", "ok    model default"]
+        "ok    config", "ok    data dir", "ok    open files", "ok    storage",
+        "ok    provider web", "ok    provider api", "ok    model default"]
     assert lines[-1] == "All good. Start with: pluto chat (or pluto serve)."
+    assert "open files" in lines[2] and "answers can stream at once" in lines[2]
     assert fake.requests[-1]["max_tokens"] == 5
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pluto.errors import ConfigError, PlutoError
 from pluto import __version__
-from pluto.gateway import gcpolicy
+from pluto.gateway import fdpolicy, gcpolicy
 from pluto.gateway.app import Gateway
 from pluto.gateway.cli.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from pluto.settings import PlutoConfig, data_dir_for, load_pluto_config
@@ -151,6 +151,7 @@ async def _run(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) ->
 
 async def _serve(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
     bind = (args.host or config.http.host, config.http.port if args.port is None else args.port)
+    fdpolicy.prepare()  # thousands of sockets: the limit raised, the table grown while quiet
     gw = Gateway(args.config, data_dir=data_dir, config=config, serve=True, http_bind=bind)
     stop = asyncio.Event()
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pluto.errors import ConfigError, PlutoError
+from pluto.gateway import fdpolicy
 from pluto.gateway.cli.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 
 if TYPE_CHECKING:  # `pluto --help` builds the parser from here: nothing heavy up front
@@ -58,6 +59,8 @@ def doctor_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path
     checks = [_config(args.config, config)]
     if checks[0].ok:
         checks.append(_data_dir(data_dir))
+        if (files := fdpolicy.describe()) is not None:
+            checks.append(Check("open files", True, files))
         checks.append(asyncio.run(_storage(config, data_dir)))
         checks += asyncio.run(_providers(args, config, data_dir))
         checks += asyncio.run(_models(args, config))
