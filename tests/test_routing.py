@@ -63,6 +63,9 @@ def test_every_rule_kind_matches_and_explains(tmp_path: Path, match: str, takes:
     assert t.route(miss).agent == "default"  # type: ignore[union-attr]
     why = explain(t, miss)
     assert not why.steps[0].matched and reason in why.steps[0].reasons[0]
+    rule = t.spec.routes[0].match  # the quick test and the reasons agree, both ways
+    for m in (msg(**takes), miss):
+        assert rule.matches(m) == (rule.failures(m) == [])
     assert why.decision.label == "default" and "default agent 'default' answers" in why.summary()
 
 

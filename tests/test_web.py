@@ -4,6 +4,7 @@ several tabs, bad input and floods, origins, disconnects, tool details and signe
 from __future__ import annotations
 
 import asyncio
+import json
 import stat
 import struct
 import time
@@ -23,6 +24,7 @@ from pluto.providers.web.protocol import (
     Stop,
     TokenBucket,
     display_details,
+    encode,
     parse_frame,
 )
 from pluto.providers.web.tokens import KEY_FILE, FileLinks, SessionSigner, load_key
@@ -422,6 +424,14 @@ def test_client_frames_are_parsed_strictly():
                 '{"type": "hello", "token": {}}', '{"type": true}', "null", "1e999"):
         with pytest.raises(ProtocolError):
             parse_frame(raw, 10)
+
+
+def test_server_frames_are_encoded_as_json_text_whatever_a_tool_put_in_them():
+    frame = {"type": "tool.end", "id": "r:3", "seq": 3, "text": "naïve ✓ \u2028",
+             "details": {"rows": [[1, 2.5, None, True]]}}
+    assert json.loads(encode(frame)) == frame
+    huge = {"type": "tool.start", "args": {"n": 2 ** 70}}  # past orjson's 64 bits: still sent
+    assert json.loads(encode(huge)) == huge
 
 
 def test_the_rate_limit_refills_evenly():

@@ -126,7 +126,20 @@ class Match(_Strict):
     def matches(self, m: IncomingMessage, deadline: float | None = None) -> bool:
         """Raises :class:`RegexTimeout` when the text_regex ran out of time (by ``deadline``,
         a ``time.monotonic()``; by default :data:`REGEX_BUDGET_SECONDS` from now)."""
-        return next(self._failures(m, deadline), None) is None
+        # (a rule that does not take a message is the common case: no reasons spelled out)
+        for allowed, value in ((self.provider, m.provider), (self.chat, m.chat_id),
+                               (self.user, m.user_id), (self.guild, m.guild_id),
+                               (self.thread, m.thread_id)):
+            if allowed is not None and value not in allowed:
+                return False
+        if (self.direct is not None and m.is_direct != self.direct
+                or self.mention is not None and m.mentions_bot != self.mention
+                or self.text_prefix is not None
+                and not m.text.startswith(tuple(self.text_prefix))):
+            return False
+        return self.text_regex is None or _search(
+            self.text_regex, m.text,
+            time.monotonic() + REGEX_BUDGET_SECONDS if deadline is None else deadline)
 
     def failures(self, m: IncomingMessage) -> list[str]:
         """Why this match does not take the message: one reason per failing condition."""

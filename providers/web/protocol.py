@@ -15,11 +15,14 @@ See the README for the full description.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from pluto import jsonlimits
 from pluto.errors import PlutoError
@@ -42,6 +45,16 @@ AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_TABLE_ROWS, MAX_TABLE_COLUMNS, MAX_CELL_CHARS = 200, 50, 500
 MAX_DETAIL_TEXT = 4000
 MAX_IMAGE_URL = 2048
+
+
+def encode(frame: dict[str, Any]) -> str:
+    """A server frame as the text of a WebSocket message (orjson: a few µs per frame, each
+    streamed delta is one). What orjson refuses (an integer past 64 bits in a tool's
+    arguments) is still sent, by the standard library."""
+    try:
+        return orjson.dumps(frame).decode()
+    except TypeError:
+        return json.dumps(frame, default=str)
 
 
 class ProtocolError(PlutoError):

@@ -12,6 +12,8 @@ from typing import Any
 
 from aiohttp import WSCloseCode, web
 
+from pluto.providers.web.protocol import encode
+
 log = logging.getLogger(__name__)
 
 Frame = dict[str, Any]
@@ -66,7 +68,7 @@ class Client:
     async def _write(self) -> None:
         while not isinstance(item := await self._queue.get(), _Close):
             try:
-                await self.ws.send_json(item)
+                await self.ws.send_str(encode(item))
             except (ConnectionError, RuntimeError) as e:  # closed under us
                 log.debug("web: a tab of chat %s went away: %s", self.chat_id, e)
                 break

@@ -120,7 +120,7 @@ class Connection:
         if self.client is not None:
             self.send(frame)
         elif not self.ws.closed:
-            await self.ws.send_json(frame)
+            await self.ws.send_str(protocol.encode(frame))
 
     async def serve(self) -> None:
         hello = await self._hello()
@@ -164,8 +164,8 @@ class Connection:
         self.agent = hello.agent
         chat_id = self.visitor if not self.agent else f"{self.visitor}:{self.agent}"
         if self.p.rooms.count(chat_id) >= self.p.settings.max_sockets_per_visitor:
-            await self.ws.send_json(protocol.error(
-                "too_many_tabs", "This chat is open in too many tabs; close one and reload."))
+            await self.ws.send_str(protocol.encode(protocol.error(
+                "too_many_tabs", "This chat is open in too many tabs; close one and reload.")))
             await self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"too many tabs")
             return False
         self.client = Client(self.ws, chat_id)
