@@ -5,6 +5,9 @@ The runner commits each event (storage gives it its ``seq``) and then publishes 
 order. :meth:`LocalRunFeed.follow` registers the live subscription *before* it reads storage, so
 no event falls between the two, and skips any live event whose ``seq`` it has already yielded:
 each event comes once, in ``seq`` order, and the stream ends after ``run.end``.
+:meth:`LocalRunFeed.listen` is the same promise without a task: for a run just accepted here,
+each event is handed to a function in the very call that publishes it (the widget shows a
+streamed batch without a wake-up of its own per tab and per batch).
 
 :class:`LocalRunFeed` lives in one process. With several instances on one database,
 :class:`SharedRunFeed` also tells the others, over the database's notifications, that a run
@@ -18,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from pluto.events import RunEnd, RunEvent
@@ -57,6 +60,7 @@ class LocalRunFeed:
     def __init__(self, runs: RunReader):
         self.runs = runs
         self._watchers: dict[str, set[_Watcher]] = defaultdict(set)
+        self._listeners: dict[str, list[Callable[[RunEvent], None]]] = {}
         self._published: OrderedDict[str, None] = OrderedDict()
 
     def publish(self, event: RunEvent) -> None:
@@ -65,17 +69,43 @@ class LocalRunFeed:
             self._published[event.run_id] = None
             if len(self._published) > PUBLISHED_KEPT:
                 self._published.popitem(last=False)
-        watchers = self._watchers.get(event.run_id)
-        if not watchers:
-            return
-        for w in watchers:
+        for w in self._watchers.get(event.run_id, ()):
             if w.queue.qsize() >= MAX_BACKLOG:
                 w.overflowed = True  # it re-reads storage when it catches up
             else:
                 w.queue.put_nowait(event)
+        listeners = self._listeners.get(event.run_id)
+        if listeners:
+            for listener in list(listeners):
+                try:
+                    listener(event)
+                except Exception:  # (a listener's fault never reaches the run publishing)
+                    log.exception("feed: a listener of run %s failed; it is dropped",
+                                  event.run_id)
+                    self._unlisten(event.run_id, listener)
 
     def watched(self, run_id: str) -> bool:
-        return bool(self._watchers.get(run_id))
+        return bool(self._watchers.get(run_id) or self._listeners.get(run_id))
+
+    def listen(self, run_id: str,
+               listener: Callable[[RunEvent], None]) -> Callable[[], None] | None:
+        """Hand each event of ``run_id`` to ``listener`` in the call that publishes it, in
+        ``seq`` order, from the first — for a run accepted in this process and not started
+        yet. None when that cannot be promised (the run has published here already, or it may
+        execute on another instance): :meth:`follow` it then. ``listener`` must return at
+        once and not raise; an event whose ``seq`` it did not expect (a start it missed) is
+        its cue to :meth:`follow` from there. Returns the function that stops listening."""
+        if not self.runs_here or run_id in self._published:
+            return None
+        self._listeners.setdefault(run_id, []).append(listener)
+        return lambda: self._unlisten(run_id, listener)
+
+    def _unlisten(self, run_id: str, listener: Callable[[RunEvent], None]) -> None:
+        listeners = self._listeners.get(run_id)
+        if listeners is not None and listener in listeners:
+            listeners.remove(listener)
+            if not listeners:
+                del self._listeners[run_id]
 
     async def follow(self, run_id: str, after: int = 0, *,
                      fresh: bool = False) -> AsyncIterator[RunEvent]:

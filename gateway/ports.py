@@ -67,6 +67,13 @@ class RunFeed(Protocol):
     def follow(self, run_id: str, after: int = 0, *,
                fresh: bool = False) -> AsyncIterator[RunEvent]: ...
 
+    def listen(self, run_id: str,
+               listener: Callable[[RunEvent], None]) -> Callable[[], None] | None:
+        """Each event of a run accepted here and not started yet, handed to ``listener`` as it
+        is published (no task); returns the function that stops it, or None when every event
+        cannot be promised that way (then :meth:`follow` it)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class TranscriptItem:

@@ -99,3 +99,44 @@ async def test_a_fresh_run_forgotten_by_a_flood_of_others_is_found_in_storage(mo
         feed.publish(RunStart(run_id=f"other{i}", session_id="s", agent="a", seq=1))
     got = await asyncio.wait_for(follow(feed, fresh=True), 5)  # never waits for ever
     assert [e.seq for e in got] == [1, 2, 3, 4] and runs.reads == 1
+
+
+async def test_a_listener_gets_each_event_in_the_call_that_publishes_it():
+    feed = LocalRunFeed(Runs())
+    heard: list[int] = []
+    stop = feed.listen("r", lambda e: heard.append(e.seq))
+    assert stop is not None and feed.watched("r")
+    for e in events()[:2]:
+        feed.publish(e)
+        assert heard[-1] == e.seq  # no task, no queue: already shown when publish returns
+    stop()
+    feed.publish(events()[2])
+    assert heard == [1, 2] and not feed.watched("r")
+
+
+async def test_listening_is_refused_when_every_event_cannot_be_promised():
+    feed = LocalRunFeed(Runs())
+    feed.publish(events()[0])  # the run has published here already: follow it instead
+    assert feed.listen("r", lambda e: None) is None
+
+    class Bus:
+        def subscribe(self, channel, callback) -> None: ...
+        async def publish(self, channel, payloads) -> None: ...
+
+    shared = SharedRunFeed(Runs(), Bus(), "i1")  # it may execute on another instance
+    assert shared.listen("r", lambda e: None) is None
+
+
+async def test_a_listener_that_fails_is_dropped_and_the_run_goes_on(caplog):
+    feed = LocalRunFeed(Runs())
+    heard: list[int] = []
+
+    def broken(event: RunEvent) -> None:
+        raise ValueError("a bug in a watcher")
+
+    feed.listen("r", broken)
+    feed.listen("r", lambda e: heard.append(e.seq))
+    for e in events():
+        feed.publish(e)  # never raises into the run that publishes
+    assert heard == [1, 2, 3, 4]
+    assert "a listener of run r failed" in caplog.text and feed.watched("r")

@@ -460,3 +460,117 @@ async def test_a_run_that_fails_before_it_starts_is_reported_and_not_watched_for
     assert "disk full" not in str(tab.frames)  # the details stay in the log
     await wait_for(lambda: not gw.providers["web"]._follows)
     assert (await tab.ask("and now?"))["text"] == "You said: and now?"
+
+
+# a run's frames reach the tabs in the feed's own call (no task per run) ------------------------
+
+class _StubTab:
+    """What the rooms need of a tab: its chat and where its frames go."""
+
+    def __init__(self, chat_id: str):
+        self.chat_id = chat_id
+        self.frames: list[dict] = []
+
+    def push(self, frame: dict) -> None:
+        self.frames.append(frame)
+
+    async def close(self) -> None:
+        pass
+
+
+class _Stored:
+    def __init__(self, events: list = ()):
+        self.stored = list(events)
+        self.reads = 0
+
+    async def events(self, run_id: str, after: int = 0) -> list:
+        self.reads += 1
+        return [e for e in self.stored if e.run_id == run_id and e.seq > after]
+
+
+def _listening_provider(tmp_path: Path, stored: _Stored):
+    from pluto.gateway.feed import LocalRunFeed
+    from pluto.providers.web.provider import WebProvider
+    from pluto.providers.web.settings import WebSettings
+
+    feed = LocalRunFeed(stored)
+    provider = WebProvider(WebSettings(enabled=True), key=b"k" * 32, data_dir=tmp_path,
+                           feed=feed, chats=None)  # type: ignore[arg-type]
+    tab = _StubTab("c")
+    provider.rooms.join(tab)  # type: ignore[arg-type]
+    return provider, feed, tab
+
+
+def _run_events(run_id: str = "r") -> list:
+    from pluto.events import MessageDelta, MessageFinal, RunEnd, RunStart
+    return [RunStart(run_id=run_id, session_id="s", agent="a", seq=1),
+            MessageDelta(run_id=run_id, text="Hel", seq=2),
+            MessageFinal(run_id=run_id, text="Hello", seq=3),
+            RunEnd(run_id=run_id, outcome="ok", seq=4)]
+
+
+async def test_a_fresh_run_is_shown_as_it_is_published_and_ends_after_its_reply(tmp_path):
+    from pluto.types import OutgoingMessage
+    stored = _Stored()
+    provider, feed, tab = _listening_provider(tmp_path, stored)
+    provider._follow("c", "r", "m1", fresh=True)
+    assert provider._follows == {"r": None}  # listened to: no task of its own
+    start, delta, final, end = _run_events()
+    feed.publish(start)
+    assert tab.frames[-1]["type"] == "run.start" and tab.frames[-1]["message_id"] == "m1"
+    feed.publish(delta)
+    assert tab.frames[-1] == {"type": "message.delta", "id": "r:2", "run_id": "r", "seq": 2,
+                              "text": "Hel"}
+    feed.publish(final)
+    feed.publish(end)  # its end waits for the reply, which delivery brings
+    assert [f["type"] for f in tab.frames] == ["run.start", "message.delta"]
+    await provider.send(OutgoingMessage(chat_id="c", text="Hello", run_id="r", seq=3))
+    assert [f["type"] for f in tab.frames] == ["run.start", "message.delta", "message.final",
+                                               "run.end"]
+    assert not provider._follows and not feed.watched("r") and stored.reads == 0
+
+
+async def test_a_listened_run_that_missed_its_start_is_read_from_storage(tmp_path):
+    evs = _run_events()
+    stored = _Stored(evs)
+    provider, feed, tab = _listening_provider(tmp_path, stored)
+    provider._follow("c", "r", fresh=True)
+    feed.publish(evs[1])  # seq 2 first: its start went by before it was listened to
+    await wait_for(lambda: stored.reads == 1)
+    await wait_for(lambda: [f["type"] for f in tab.frames] == ["run.start", "message.delta"])
+    feed.publish(evs[2])
+    feed.publish(evs[3])
+    from pluto.types import OutgoingMessage
+    await provider.send(OutgoingMessage(chat_id="c", text="Hello", run_id="r", seq=3))
+    await wait_for(lambda: not provider._follows)
+    assert [f["seq"] for f in tab.frames] == [1, 2, 3, 4]  # each once, in order
+
+
+async def test_a_listened_run_that_stays_silent_is_looked_up_in_storage(tmp_path, monkeypatch):
+    from pluto.providers.web import provider as web_provider
+    monkeypatch.setattr(web_provider, "SILENT_CHECK", 0.05)
+    evs = _run_events()
+    stored = _Stored(evs[:2])  # it ran (and was forgotten by the feed) before anyone listened
+    provider, feed, tab = _listening_provider(tmp_path, stored)
+    provider._follow("c", "r", fresh=True)
+    await wait_for(lambda: [f["seq"] for f in tab.frames] == [1, 2])
+    assert isinstance(provider._follows["r"], asyncio.Task) and not feed._listeners
+    await provider.close()
+
+
+async def test_a_listened_run_whose_frame_fails_is_shown_from_storage(tmp_path, monkeypatch,
+                                                                      caplog):
+    from pluto.providers.web import protocol as web_protocol
+    evs = _run_events()
+    stored = _Stored(evs[:2])
+    provider, feed, tab = _listening_provider(tmp_path, stored)
+    provider._follow("c", "r", fresh=True)
+    real = web_protocol.run_frame
+    monkeypatch.setattr(web_protocol, "run_frame", lambda *a: 1 / 0)  # a bug, once
+    feed.publish(evs[0])  # the run publishing it is never hurt ...
+    monkeypatch.setattr(web_protocol, "run_frame", real)
+    feed.publish(evs[1])
+    # ... and the tabs get the run all the same, from storage
+    await wait_for(lambda: [f["seq"] for f in tab.frames] == [1, 2])
+    assert "showing run r failed" in caplog.text
+    await provider.close()

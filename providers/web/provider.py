@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from contextlib import aclosing
 from pathlib import Path
 
 from aiohttp import WSCloseCode, web
 
 from pluto.errors import ConfigError
-from pluto.events import MessageFinal, RunEnd, RunError, RunStart
+from pluto.events import MessageFinal, RunEnd, RunError, RunEvent, RunStart
 from pluto.gateway.ports import (ChatDirectory, Intake, Provider, ProviderContext, RunFeed,
                                  Ticket)
 from pluto.providers.web import pages, protocol
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 FINISHED_RUNS_KEPT = 2000
 REPLY_WAIT = 30.0  # how long a run's end waits for its reply to come through delivery
+SILENT_CHECK = 2.0  # a run listened to and silent this long is followed from storage instead
 
 
 class _Shown:
@@ -51,6 +53,15 @@ class _Shown:
         self.reply_seq = 0  # the seq of its message.final / run.error, once the feed had it
         self.progress = asyncio.Event()
         self.replied = asyncio.Event()
+        # listened to (no task): how to stop, the timer of a run still silent, and its end
+        # while that waits for the reply
+        self.unlisten: Callable[[], None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.end: RunEnd | None = None
+
+
+class _Missed(Exception):
+    """A listened run's event came out of order: follow it from storage instead."""
 
 
 class WebProvider(Provider):
@@ -71,7 +82,7 @@ class WebProvider(Provider):
         self.sockets: set[web.WebSocketResponse] = set()
         self._intake: Intake | None = None
         self._ready = asyncio.Event()
-        self._follows: dict[str, asyncio.Task[None]] = {}
+        self._follows: dict[str, asyncio.Task[None] | None] = {}  # None: listened to
         self._shown: dict[str, _Shown] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
 
@@ -122,38 +133,115 @@ class WebProvider(Provider):
                 fresh: bool = False) -> None:
         if run_id in self._follows or run_id in self._finished:
             return
-        self._shown[run_id] = _Shown(chat_id, client_id)
+        shown = self._shown[run_id] = _Shown(chat_id, client_id)
         self.rooms.run_started(chat_id, run_id)
+        # A run just accepted here is shown from the feed's own call, each event as it is
+        # published (no task of its own, no wake-up per batch of text); any other is followed.
+        stop = self.feed.listen(run_id, lambda e: self._heard(run_id, e)) if fresh else None
+        if stop is None:
+            self._show_in_task(run_id, fresh=fresh)
+            return
+        shown.unlisten = stop
+        shown.timer = asyncio.get_running_loop().call_later(SILENT_CHECK, self._silent, run_id)
+        self._follows[run_id] = None
+
+    def _show_in_task(self, run_id: str, *, fresh: bool) -> None:
         self._follows[run_id] = asyncio.create_task(self._show_run(run_id, fresh),
                                                     name=f"web:run:{run_id}")
+
+    def _heard(self, run_id: str, event: RunEvent) -> None:
+        """An event of a run listened to, in the call that published it."""
+        shown = self._shown.get(run_id)
+        if shown is None or shown.unlisten is None:
+            return
+        if shown.timer is not None:
+            shown.timer.cancel()
+            shown.timer = None
+        try:
+            if event.seq != shown.seq + 1:
+                raise _Missed  # (a start it missed): storage has it all, in order
+            if isinstance(event, RunEnd) and shown.reply_seq and not shown.replied.is_set():
+                shown.end = event  # shown after the reply (delivery brings it), or later
+                shown.timer = asyncio.get_running_loop().call_later(REPLY_WAIT, self._ended,
+                                                                    run_id)
+                return
+            self._show(run_id, shown, event)
+        except Exception as e:
+            if not isinstance(e, _Missed):
+                log.exception("web: showing run %s failed; reading it from storage", run_id)
+            self._stop_listening(shown)
+            self._show_in_task(run_id, fresh=False)
+            return
+        if isinstance(event, RunEnd):
+            self._done(run_id)
+
+    def _silent(self, run_id: str) -> None:
+        """Nothing heard of a run for a while: follow it from storage (it may have ended
+        before it was listened to — a flood of other runs made the feed forget it)."""
+        shown = self._shown.get(run_id)
+        if shown is not None and shown.unlisten is not None and shown.seq == 0:
+            self._stop_listening(shown)
+            self._show_in_task(run_id, fresh=False)
+
+    def _ended(self, run_id: str) -> None:
+        """A listened run's end, once its reply is shown (or has waited long enough)."""
+        shown = self._shown.get(run_id)
+        if shown is None or shown.end is None:
+            return
+        if shown.timer is not None:
+            shown.timer.cancel()
+            shown.timer = None
+        self._show(run_id, shown, shown.end)
+        self._done(run_id)
+
+    @staticmethod
+    def _stop_listening(shown: _Shown) -> None:
+        if shown.unlisten is not None:
+            shown.unlisten()
+            shown.unlisten = None
+        if shown.timer is not None:
+            shown.timer.cancel()
+            shown.timer = None
+
+    def _show(self, run_id: str, shown: _Shown, event: RunEvent) -> None:
+        """One event to the chat's tabs: a run's reply (its final text or error) comes through
+        delivery instead, after what came before it."""
+        if isinstance(event, MessageFinal | RunError):
+            shown.reply_seq = event.seq  # shown when delivery hands it over
+        else:
+            frame = protocol.run_frame(event.seq, event, self.links.link)
+            if frame is not None:
+                if isinstance(event, RunStart):
+                    frame["message_id"] = shown.message_id
+                self.rooms.run_frame(run_id, frame)
+        shown.seq = event.seq
+        shown.progress.set()
 
     async def _show_run(self, run_id: str, fresh: bool = False) -> None:
         shown = self._shown[run_id]
         try:
-            async with aclosing(self.feed.follow(run_id, fresh=fresh)) as events:
+            async with aclosing(self.feed.follow(run_id, after=shown.seq,
+                                                 fresh=fresh)) as events:
                 async for event in events:
-                    if isinstance(event, MessageFinal | RunError):
-                        shown.reply_seq = event.seq  # shown when delivery hands it over
-                    elif isinstance(event, RunEnd) and shown.reply_seq:
+                    if isinstance(event, RunEnd) and shown.reply_seq:
                         await _wait(shown.replied, REPLY_WAIT)
-                    frame = protocol.run_frame(event.seq, event, self.links.link)
-                    if frame is not None and not isinstance(event, MessageFinal | RunError):
-                        if isinstance(event, RunStart):
-                            frame["message_id"] = shown.message_id
-                        self.rooms.run_frame(run_id, frame)
-                    shown.seq = event.seq
-                    shown.progress.set()
+                    self._show(run_id, shown, event)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("web: showing run %s failed", run_id)
         finally:
-            self.rooms.run_ended(run_id)
-            self._follows.pop(run_id, None)
-            self._shown.pop(run_id, None)
-            self._finished[run_id] = None
-            while len(self._finished) > FINISHED_RUNS_KEPT:
-                self._finished.popitem(last=False)
+            self._done(run_id)
+
+    def _done(self, run_id: str) -> None:
+        shown = self._shown.pop(run_id, None)
+        if shown is not None:
+            self._stop_listening(shown)
+        self.rooms.run_ended(run_id)
+        self._follows.pop(run_id, None)
+        self._finished[run_id] = None
+        while len(self._finished) > FINISHED_RUNS_KEPT:
+            self._finished.popitem(last=False)
 
     async def send(self, message: OutgoingMessage) -> str | None:
         if message.kind == "delta":
@@ -190,6 +278,8 @@ class WebProvider(Provider):
                     break
             self.rooms.run_frame(run_id, frame)
             shown.replied.set()
+            if shown.end is not None:  # its end waited for it (listened to)
+                self._ended(run_id)
         else:  # nobody follows it here (sent again after a restart): show it to the chat
             self.rooms.broadcast(message.chat_id, frame)
         return str(frame["id"])
@@ -201,9 +291,12 @@ class WebProvider(Provider):
             await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
 
     async def close(self) -> None:
-        for task in list(self._follows.values()):
+        tasks = [task for task in self._follows.values() if task is not None]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._follows.values(), return_exceptions=True)
+        for shown in list(self._shown.values()):
+            self._stop_listening(shown)
+        await asyncio.gather(*tasks, return_exceptions=True)
         for client in self.rooms.all():
             await client.close()
 

@@ -139,6 +139,9 @@ class _NoFeed:
         raise AssertionError("this provider was built without a run feed")
         yield  # pragma: no cover
 
+    def listen(self, run_id: str, listener: object) -> None:
+        raise AssertionError("this provider was built without a run feed")
+
 
 def provider_context(config: object, data_dir: Path, http: object = None, *,
                      name: str = "test", feed: object = None) -> ProviderContext:
