@@ -59,6 +59,11 @@ class _Shown:
         self.timer: asyncio.TimerHandle | None = None
         self.end: RunEnd | None = None
 
+    def cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
 
 class _Missed(Exception):
     """A listened run's event came out of order: follow it from storage instead."""
@@ -154,9 +159,7 @@ class WebProvider(Provider):
         shown = self._shown.get(run_id)
         if shown is None or shown.unlisten is None:
             return
-        if shown.timer is not None:
-            shown.timer.cancel()
-            shown.timer = None
+        shown.cancel_timer()
         try:
             if event.seq != shown.seq + 1:
                 raise _Missed  # (a start it missed): storage has it all, in order
@@ -188,9 +191,7 @@ class WebProvider(Provider):
         shown = self._shown.get(run_id)
         if shown is None or shown.end is None:
             return
-        if shown.timer is not None:
-            shown.timer.cancel()
-            shown.timer = None
+        shown.cancel_timer()
         self._show(run_id, shown, shown.end)
         self._done(run_id)
 
@@ -199,9 +200,7 @@ class WebProvider(Provider):
         if shown.unlisten is not None:
             shown.unlisten()
             shown.unlisten = None
-        if shown.timer is not None:
-            shown.timer.cancel()
-            shown.timer = None
+        shown.cancel_timer()
 
     def _show(self, run_id: str, shown: _Shown, event: RunEvent) -> None:
         """One event to the chat's tabs: a run's reply (its final text or error) comes through
