@@ -1,6 +1,6 @@
 """Open files in a gateway that holds thousands of sockets.
 
-Every tab of the widget is a socket, and so is every streamed answer's model connection: 1,000
+Every open chat connection is a socket, and so is every streamed answer's model connection: 1,000
 answers at once hold over 2,000 descriptors, past the soft limit of 1,024 that many systems set.
 And the kernel keeps a process's descriptors in a table that grows by doubling; in a process
 with threads (the database's), each growth waits for an RCU grace period. Measured in

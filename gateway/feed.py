@@ -6,8 +6,8 @@ order. :meth:`LocalRunFeed.follow` registers the live subscription *before* it r
 no event falls between the two, and skips any live event whose ``seq`` it has already yielded:
 each event comes once, in ``seq`` order, and the stream ends after ``run.end``.
 :meth:`LocalRunFeed.listen` is the same promise without a task: for a run just accepted here,
-each event is handed to a function in the very call that publishes it (the widget shows a
-streamed batch without a wake-up of its own per tab and per batch).
+each event is handed to a function in the very call that publishes it (a chat front-end shows
+a streamed batch without a wake-up of its own per batch).
 
 :class:`LocalRunFeed` lives in one process. With several instances on one database,
 :class:`SharedRunFeed` also tells the others, over the database's notifications, that a run
