@@ -65,10 +65,6 @@ class _Shown:
             self.timer = None
 
 
-class _Missed(Exception):
-    """A listened run's event came out of order: follow it from storage instead."""
-
-
 class WebProvider(Provider):
     name = "web"
     # charts and tables reach the tabs with their tool's progress (the run feed): a reply's
@@ -160,20 +156,19 @@ class WebProvider(Provider):
         if shown is None or shown.unlisten is None:
             return
         shown.cancel_timer()
+        if event.seq != shown.seq + 1:  # (a start it missed): storage has it all, in order
+            self._read_instead(run_id, shown)
+            return
         try:
-            if event.seq != shown.seq + 1:
-                raise _Missed  # (a start it missed): storage has it all, in order
             if isinstance(event, RunEnd) and shown.reply_seq and not shown.replied.is_set():
                 shown.end = event  # shown after the reply (delivery brings it), or later
                 shown.timer = asyncio.get_running_loop().call_later(REPLY_WAIT, self._ended,
                                                                     run_id)
                 return
             self._show(run_id, shown, event)
-        except Exception as e:
-            if not isinstance(e, _Missed):
-                log.exception("web: showing run %s failed; reading it from storage", run_id)
-            self._stop_listening(shown)
-            self._show_in_task(run_id, fresh=False)
+        except Exception:
+            log.exception("web: showing run %s failed; reading it from storage", run_id)
+            self._read_instead(run_id, shown)
             return
         if isinstance(event, RunEnd):
             self._done(run_id)
@@ -183,8 +178,12 @@ class WebProvider(Provider):
         before it was listened to — a flood of other runs made the feed forget it)."""
         shown = self._shown.get(run_id)
         if shown is not None and shown.unlisten is not None and shown.seq == 0:
-            self._stop_listening(shown)
-            self._show_in_task(run_id, fresh=False)
+            self._read_instead(run_id, shown)
+
+    def _read_instead(self, run_id: str, shown: _Shown) -> None:
+        """Stop listening to a run: follow it from storage, from where its showing stands."""
+        self._stop_listening(shown)
+        self._show_in_task(run_id, fresh=False)
 
     def _ended(self, run_id: str) -> None:
         """A listened run's end, once its reply is shown (or has waited long enough)."""
