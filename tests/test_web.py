@@ -475,7 +475,7 @@ class _StubTab:
         self.frames.append(frame)
 
     async def close(self) -> None:
-        pass
+        """Nothing to close: a stub has no socket."""
 
 
 class _Stored:
