@@ -33,6 +33,7 @@ from typing import Any
 from pluto.errors import DeliveryRefused, ProviderError, RateLimited
 from pluto.gateway.delivery.flood import FloodControl
 from pluto.gateway.delivery.streaming import EditThrottle
+from pluto.gateway.delivery.watchdog import SendWatchdog
 from pluto.gateway.ports import Provider
 from pluto.storage.ports import OutboxStore
 from pluto.storage.rows import OutboxRow
@@ -68,12 +69,13 @@ class Outbox:
                  retry: RetryPolicy | None = None, throttle: EditThrottle | None = None,
                  keep_seconds: float = 7 * 86400, lease_seconds: float = 300.0,
                  sweep_seconds: float = 30.0, owner: str | None = None,
-                 flood: FloodControl | None = None):
+                 flood: FloodControl | None = None, watchdog: SendWatchdog | None = None):
         self.rows = rows
         self.providers = providers  # the running providers, by name (read at each send)
         self.retry = retry or RetryPolicy()
         self.throttle = throttle or EditThrottle(0.0)
         self.flood = flood or FloodControl()  # one per gateway: previews consult it too
+        self.watchdog = watchdog  # told every platform call's outcome (a wedged send path)
         self.keep_seconds = keep_seconds
         self.lease_seconds = lease_seconds
         self.sweep_seconds = sweep_seconds
@@ -260,6 +262,8 @@ class Outbox:
                 if isinstance(e, DeliveryRefused) and message.edit_of:
                     message = replace(message, edit_of=None)  # the message to edit is gone
                     continue
+                if self.watchdog is not None:
+                    self.watchdog.failed(provider.name, e)
                 await self.rows.note_error(row.id, str(e))
                 if isinstance(e, DeliveryRefused) or attempt == self.retry.attempts - 1:
                     raise
@@ -270,6 +274,8 @@ class Outbox:
                 else:
                     await asyncio.sleep(delay)
                 continue
+            if self.watchdog is not None:
+                self.watchdog.succeeded(provider.name)
             await self.rows.sent(row.id, platform_id, release=release)
             return platform_id
         raise DeliveryRefused("the platform kept refusing the message")
