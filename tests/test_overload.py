@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from pathlib import Path
 
 import aiohttp
@@ -176,20 +175,92 @@ async def test_slots_stay_counted_right_when_waits_are_cancelled():
     assert (load.running, load.waiting) == (0, 0)
 
 
-async def test_a_late_event_loop_gets_the_busy_notice_until_it_is_on_time(config_dir, data_dir):
-    gw, p = await gateway(config_dir, data_dir, ScriptedModel(), busy_lag_seconds=0.2)
+async def test_a_one_off_stall_refuses_nothing_a_persistently_late_loop_with_a_line_does():
+    limits = GatewayLimits(max_running=1, max_waiting=100, busy_lag_seconds=2)
+    load = Load(lambda: limits, clock=lambda: 0.0)  # the lag is driven by hand, no monitor
+    load.woke_late(7.5)  # one stall: a slow import, a GC pause — nothing waits
+    assert load.lag == 7.5 and load.refusal() is None
+    for _ in range(5):
+        load.woke_late(0.0)
+    assert load.refusal() is None
+
+    held, waiting = load.take(), load.take()  # a run holds the only slot, one waits for it
+    assert held.done() and not waiting.done() and load.waiting == 1
+    load.woke_late(9.0)  # a one-off stall while a run waits: still not busy
+    load.woke_late(0.01)
+    assert load.lag == 9.0 and load.refusal() is None
+    for late in (2.5, 3.0):
+        load.woke_late(late)
+        assert load.refusal() is None  # late twice in a row: not yet persistent
+    load.woke_late(2.0)  # the third wake-up in a row at least 2 s late, and a run waits
+    assert load.refusal() == "lag"
+    load.woke_late(0.0)  # on time again
+    assert load.refusal() is None
+
+    for late in (4.0, 4.0, 4.0):
+        load.woke_late(late)
+    assert load.refusal() == "lag"
+    load.give_back(held)  # the waiting run got the slot: nobody waits any more
+    assert waiting.done() and load.waiting == 0 and load.refusal() is None
+    load.give_back(waiting)
+    limits = GatewayLimits(max_running=1, max_waiting=100, busy_lag_seconds=0)
+    held, waiting = load.take(), load.take()
+    assert load.refusal() is None  # 0: the lag never refuses
+    load.give_back(waiting)
+    load.give_back(held)
+
+
+async def test_after_a_stall_a_message_is_answered_and_only_a_full_line_is_refused(
+        config_dir, data_dir):
+    model = GatedModel()
+    gw, p = await gateway(config_dir, data_dir, model, max_running=1, max_waiting=1,
+                          busy_lag_seconds=0.2)
     try:
-        await wait_for(lambda: gw.load.lag < 0.2)
-        time.sleep(0.5)  # something holds the loop
-        await wait_for(lambda: gw.load.lag >= 0.2)
-        _, refused = await send(p, "now?", "a")
+        await gw.load.stop()  # the test drives the lag itself: no real stall, no sleep
+        gw.load.woke_late(3.0)  # the loop was held 3 s once, with nothing waiting
+        assert gw.load.lag >= 0.2
+        _, taken = await send(p, "after the stall", "a")
+        assert isinstance(taken, Accepted)  # the old rule said "very busy" here
+        await wait_for(lambda: model.started == ["after the stall"])
+        _, second = await send(p, "second", "b")  # waits for the slot: the line holds 1
+        assert isinstance(second, Accepted) and gw.load.waiting == 1
+        _, third = await send(p, "third", "c")  # the line is full: truly busy
+        assert third == Dropped("the gateway is overloaded", notice=BUSY_GATEWAY)
+        await wait_for(lambda: sent_to(p, "c"))
+        assert sent_to(p, "c") == [("notice", BUSY_GATEWAY)]
+        m = samples(gw)
+        assert m[("pluto_busy_refusals_total", (("reason", "waiting"),))] == 1
+        assert m.get(("pluto_busy_refusals_total", (("reason", "lag"),)), 0) == 0
+        model.gate.set()
+        assert await p.wait_finals(1, chat="a") == ["re: after the stall"]
+        assert await p.wait_finals(1, chat="b") == ["re: second"]
+    finally:
+        model.gate.set()
+        await gw.stop()
+
+
+async def test_a_loop_late_persistently_with_runs_waiting_gets_the_busy_notice(
+        config_dir, data_dir):
+    model = GatedModel()
+    gw, p = await gateway(config_dir, data_dir, model, max_running=1, max_waiting=100,
+                          busy_lag_seconds=0.2)
+    try:
+        await gw.load.stop()
+        assert isinstance((await send(p, "one", "a"))[1], Accepted)
+        assert isinstance((await send(p, "two", "b"))[1], Accepted)
+        await wait_for(lambda: gw.load.waiting == 1)
+        for _ in range(3):
+            gw.load.woke_late(0.5)  # late on every wake-up, while a run waits for a slot
+        _, refused = await send(p, "three", "c")
         assert refused == Dropped("the gateway is overloaded", notice=BUSY_GATEWAY)
         assert samples(gw)[("pluto_busy_refusals_total", (("reason", "lag"),))] == 1
-        await wait_for(lambda: gw.load.lag < 0.2)  # on time again for about a second
-        _, taken = await send(p, "and now?", "a")
-        assert isinstance(taken, Accepted)
-        assert await p.wait_finals(1, chat="a") == ["echo: and now?"]
+        gw.load.woke_late(0.0)  # on time again
+        assert isinstance((await send(p, "four", "d"))[1], Accepted)
+        model.gate.set()
+        for chat, text in (("a", "one"), ("b", "two"), ("d", "four")):
+            assert await p.wait_finals(1, chat=chat) == [f"re: {text}"]
     finally:
+        model.gate.set()
         await gw.stop()
 
 

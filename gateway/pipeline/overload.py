@@ -3,9 +3,12 @@
 :class:`Load` holds the gateway's run slots (``gateway.max_running`` runs at once; a session
 lane whose next run finds none waits in line for one, in arrival order) and watches how late
 the event loop wakes. :meth:`Load.refusal` says, in O(1), whether a new message should get the
-one-line busy notice instead: the line is full (``max_waiting``), or the loop has lately been
-later than ``busy_lag_seconds``. The pipeline asks it for every message after commands, so
-``/stop`` and ``/help`` are never refused.
+one-line busy notice instead: runs really wait beyond the line (``max_waiting``), or the loop
+has been late by ``busy_lag_seconds`` or more on each of its last ``LATE_IN_A_ROW`` wake-ups
+*and* runs are waiting for a slot. A one-off stall (a slow import, a long GC pause) makes one
+wake-up late and refuses nothing; neither does a late loop with nobody in line (the lag is not
+the runs' doing, and a slot is free for the new message). The pipeline asks it for every
+message after commands, so ``/stop`` and ``/help`` are never refused.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ Reason = Literal["waiting", "lag"]
 
 TICK = 0.1  # seconds between the lag monitor's wake-ups
 WINDOW = 10  # ticks: the lag is the worst of about the last second
+LATE_IN_A_ROW = 3  # wake-ups each at least busy_lag_seconds late: the loop is late persistently
 LOG_EVERY = 10.0  # seconds: refusals are logged at most this often, summed
 WHY = {"waiting": "runs waiting (max_waiting)", "lag": "a late event loop (busy_lag_seconds)"}
 
@@ -39,6 +43,8 @@ class Load:
         self.clock = clock
         self.running = 0  # slots held
         self.lag = 0.0  # seconds: how late the loop woke, at worst, in the last ~1 s
+        self.sustained_lag = 0.0  # seconds: the least late of the last LATE_IN_A_ROW wake-ups
+        self._recent: deque[float] = deque(maxlen=WINDOW)  # how late each recent wake-up was
         self._line: deque[asyncio.Future[None]] = deque()
         self._monitor: asyncio.Task[None] | None = None
         self._refused: dict[str, int] = {}  # since the last warning
@@ -84,8 +90,9 @@ class Load:
         limits = self.limits()
         if self.running >= limits.max_running and len(self._line) >= limits.max_waiting:
             return "waiting"
-        if limits.busy_lag_seconds and self.lag >= limits.busy_lag_seconds:
-            return "lag"
+        if (limits.busy_lag_seconds and self._line
+                and self.sustained_lag >= limits.busy_lag_seconds):
+            return "lag"  # late persistently, and runs already wait for a slot
         return None
 
     def refused(self, reason: Reason) -> None:
@@ -125,10 +132,15 @@ class Load:
 
     async def _watch(self) -> None:
         """Sleep a tick and see how late the loop wakes: the time other work held it."""
-        recent: deque[float] = deque(maxlen=WINDOW)
         while True:
             before = self.clock()
             await asyncio.sleep(TICK)
-            recent.append(max(0.0, self.clock() - before - TICK))
-            self.lag = max(recent)
-            self._warn()  # what was refused since the last warning, once it is due
+            self.woke_late(max(0.0, self.clock() - before - TICK))
+
+    def woke_late(self, seconds: float) -> None:
+        """The monitor woke ``seconds`` late (tests call it to drive the lag)."""
+        self._recent.append(seconds)
+        self.lag = max(self._recent)
+        if len(self._recent) >= LATE_IN_A_ROW:
+            self.sustained_lag = min(list(self._recent)[-LATE_IN_A_ROW:])
+        self._warn()  # what was refused since the last warning, once it is due
