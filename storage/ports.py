@@ -129,11 +129,11 @@ class OutboxStore(Protocol):
         """Unsent chunks for a provider, oldest reply first, each reply's chunks in order."""
         ...
 
-    async def record_claimed(self, rows: list[OutboxRow], owner: str,
-                             lease_seconds: float) -> tuple[list[OutboxRow], bool]:
-        """:meth:`record`, and in the same commit claim the reply for ``owner`` and count a
-        first attempt of its pending chunks (the sender calls the platform next); False when
-        another owner holds it."""
+    async def record_claimed(self, rows: list[OutboxRow], owner: str, lease_seconds: float,
+                             *, count: bool = True) -> tuple[list[OutboxRow], bool]:
+        """:meth:`record`, and in the same commit claim the reply for ``owner`` and (``count``)
+        count a first attempt of its pending chunks (the sender calls the platform next);
+        False when another owner holds it."""
         ...
 
     async def claim(self, reply_id: str, owner: str, lease_seconds: float) -> bool:
@@ -147,9 +147,10 @@ class OutboxStore(Protocol):
         ...
 
     async def sent(self, row_id: int, platform_id: str | None, *,
-                   release: tuple[str, str] | None = None) -> None:
+                   release: tuple[str, str] | None = None, count: int | None = None) -> None:
         """Mark a chunk sent; ``release`` (reply id, owner): give up the claim in the same
-        commit (after the reply's last chunk)."""
+        commit (after the reply's last chunk); ``count``: the id of the chunk sent next, whose
+        call is counted in that commit."""
         ...
 
     async def failed(self, row_ids: list[int], error: str) -> None: ...

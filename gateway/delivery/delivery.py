@@ -15,6 +15,9 @@ While a run is in progress:
   final reply then replaces the preview;
 - a typing indicator is kept on where the platform has one.
 
+Previews and typing go through the chat's one sender in the outbox, like the replies: nothing
+of a chat's next run reaches the platform before the previous reply was accepted by it.
+
 Images and files a tool produced (``ToolResult.details = {"image": path}``, or
 ``{"attachments": [{"path": ..., "kind": "image" | "file"}]}``, under the data dir) go out after
 the text, as images or files where the platform can show them.
@@ -105,12 +108,14 @@ class Delivery:
         live = caps.can_edit and not caps.streams_deltas
         flood = self.outbox.flood  # one flood-control state per chat, for every send
         keep = self.keep_preview
-        state = _Run(LivePreview(provider, reply_to(msg, ""), self.throttle, flood,
+        post = self.outbox.post  # every call to the chat goes through its one sender
+        state = _Run(LivePreview(provider, reply_to(msg, ""), self.throttle, flood, post=post,
                                  shown=msg.shown,
                                  on_shown=(lambda pid: keep(msg, pid))
                                  if keep is not None and msg.message_id else None)
                      if live else None,
-                     Typing(provider, msg.chat_id, msg.thread_id, self.typing_interval, flood))
+                     Typing(provider, msg.chat_id, msg.thread_id, self.typing_interval, flood,
+                            post=post))
         state.typing.start()
         last: RunEvent | None = None
         try:

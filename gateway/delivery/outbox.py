@@ -32,7 +32,7 @@ from typing import Any
 
 from pluto.errors import DeliveryRefused, ProviderError, RateLimited
 from pluto.gateway.delivery.flood import FloodControl
-from pluto.gateway.delivery.streaming import EditThrottle
+from pluto.gateway.delivery.streaming import ChatOp, EditThrottle
 from pluto.gateway.delivery.watchdog import SendWatchdog
 from pluto.gateway.ports import Provider
 from pluto.storage.ports import OutboxStore
@@ -42,6 +42,7 @@ from pluto.types import Attachment, OutgoingMessage
 log = logging.getLogger(__name__)
 
 ChatKey = tuple[str, str]  # (provider name, chat id)
+MAX_HOLDS = 10  # a rate-limited chunk waits out this many times the retries' worth of holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +59,14 @@ class RetryPolicy:
 
 @dataclass(slots=True)
 class _Chat:
-    """One chat's replies waiting to be sent, and the task sending them."""
+    """What one chat waits for, in order — replies (by id) and other calls (previews, typing)
+    — and the task making them."""
 
-    replies: deque[str] = field(default_factory=deque)
+    queue: deque[str | ChatOp] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
+    # a reply ran out of retries: nothing more goes to this chat until the sweep takes it up
+    # again (later replies wait, recorded, behind it; previews and typing are not made)
+    resting: bool = False
 
 
 class Outbox:
@@ -83,6 +88,7 @@ class Outbox:
         self._chats: dict[ChatKey, _Chat] = {}
         self._done: dict[str, asyncio.Future[bool]] = {}  # reply id → settles when it is out
         self._fresh: dict[str, list[OutboxRow]] = {}  # recorded and claimed by deliver()
+        self._counted: set[int] = set()  # chunks whose next call is counted in storage
         self._sweeper: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
@@ -126,23 +132,39 @@ class Outbox:
         if not messages:
             _settle(done, True)
             return done
+        key = (provider.name, messages[0].chat_id)
+        # the first call is counted with the record only when it follows at once: a chunk
+        # counted and then left waiting would be taken, after a crash, for one maybe sent
+        at_once = self._idle(key)
         rows, claimed = await self.rows.record_claimed(
             [_to_row(provider.name, reply_id, i, m) for i, m in enumerate(messages)],
-            self.owner, self.lease_seconds)  # one commit: recorded, ours, first try counted
+            self.owner, self.lease_seconds, count=at_once)  # one commit: recorded and ours
         if claimed:
             self._fresh[reply_id] = rows
+            if at_once:
+                self._counted.update(r.id for r in rows if r.status == "pending" and r.id)
         if all(r.status != "pending" for r in rows):  # recorded and sent before
-            self._done.pop(reply_id, None)
+            self._forget(reply_id)
             _settle(done, all(r.status == "sent" for r in rows))
             return done
-        self._enqueue((provider.name, messages[0].chat_id), reply_id)
+        if not self._enqueue(key, reply_id):  # the chat rests: the sweep sends it, in order
+            self._forget(reply_id)
+            _settle(done, False)
         return done
+
+    def post(self, op: ChatOp) -> bool:
+        """Queue a call that is not a recorded reply (a preview, a typing indicator) behind
+        everything the chat already waits for; False when the chat rests (not made)."""
+        return self._enqueue(op.key, op)
 
     async def flush(self, provider: Provider) -> int:
         """Hand every pending reply of a provider to its chat's sender (at its start, and
         from the sweep); returns how many chunks were pending."""
         pending = await self.rows.pending(provider.name)
-        queued = {r for chat in self._chats.values() for r in chat.replies}
+        for key, chat in self._chats.items():  # the sweep's turn: resting chats go on
+            if key[0] == provider.name:
+                chat.resting = False
+        queued = {r for chat in self._chats.values() for r in chat.queue if isinstance(r, str)}
         fresh = [row for row in pending if row.reply_id not in queued]
         if fresh:
             log.info("outbox: %d unsent chunk(s) for %s from before; sending them", len(fresh),
@@ -151,16 +173,23 @@ class Outbox:
             self._enqueue((row.provider, row.chat_id), row.reply_id)
         return len(fresh)
 
-    def _enqueue(self, key: ChatKey, reply_id: str) -> None:
+    def _idle(self, key: ChatKey) -> bool:
+        chat = self._chats.get(key)
+        return (chat is None or not chat.queue) and not self.flood.remaining(key)
+
+    def _enqueue(self, key: ChatKey, item: str | ChatOp) -> bool:
         chat = self._chats.get(key)
         if chat is None:
             chat = self._chats[key] = _Chat()
-        if reply_id in chat.replies:
-            return
-        chat.replies.append(reply_id)
+        if chat.resting:
+            return False
+        if isinstance(item, str) and item in chat.queue:
+            return True
+        chat.queue.append(item)
         if chat.task is None:
             chat.task = asyncio.create_task(self._send_chat(key, chat),
                                             name=f"outbox:{key[0]}:{key[1]}")
+        return True
 
     @property
     def busy(self) -> bool:
@@ -175,64 +204,107 @@ class Outbox:
 
     async def _send_chat(self, key: ChatKey, chat: _Chat) -> None:
         try:
-            while chat.replies:
-                reply_id = chat.replies[0]
+            while chat.queue:
+                item = chat.queue[0]
+                if not isinstance(item, str):
+                    try:
+                        await item.perform()
+                    finally:
+                        chat.queue.popleft()
+                    continue
                 provider = self.providers.get(key[0])
                 if provider is None:  # not running: it flushes this when it (re)starts
-                    for waiting in chat.replies:
-                        self._fresh.pop(waiting, None)
-                        self._finish(waiting, False)
-                    chat.replies.clear()
+                    self._drop_waiting(chat)
                     return
-                ok = await self._send_reply(provider, reply_id)
-                chat.replies.popleft()
-                self._finish(reply_id, ok is True)
-                if ok is None:  # out of retries: rest; the sweep tries this chat again
-                    for later in chat.replies:
-                        self._fresh.pop(later, None)
-                        self._finish(later, False)
-                    chat.replies.clear()
+                try:
+                    ok = await self._send_reply(provider, item, chat)
+                finally:
+                    chat.queue.popleft()
+                self._finish(item, ok is True)
+                if ok is None:  # out of retries: the chat rests; the sweep tries it again
+                    chat.resting = True
+                    self._drop_waiting(chat)
         finally:
             chat.task = None
-            if not chat.replies and self._chats.get(key) is chat:
+            if not chat.queue and not chat.resting and self._chats.get(key) is chat:
                 del self._chats[key]
+
+    def _drop_waiting(self, chat: _Chat) -> None:
+        """Let go of what waits in a chat that cannot be sent to now: replies stay recorded
+        (sent later, in order), other calls are not made."""
+        for waiting in chat.queue:
+            if isinstance(waiting, str):
+                self._forget(waiting)
+                self._finish(waiting, False)
+        chat.queue.clear()
+
+    def _forget(self, reply_id: str) -> None:
+        for row in self._fresh.pop(reply_id, ()):
+            self._counted.discard(row.id or 0)
 
     def _finish(self, reply_id: str, ok: bool) -> None:
         done = self._done.pop(reply_id, None)
         if done is not None:
             _settle(done, ok)
 
-    async def _send_reply(self, provider: Provider, reply_id: str) -> bool | None:
+    async def _send_reply(self, provider: Provider, reply_id: str,
+                          chat: _Chat) -> bool | None:
         """Send a reply's pending chunks in order: True when all went out, False when the
-        platform refused it for good, None when the retries ran out (still pending)."""
+        platform refused it for good, None when they could not go now (still pending)."""
         fresh = self._fresh.pop(reply_id, None)
-        if fresh is None and not await self.rows.claim(reply_id, self.owner,
-                                                       self.lease_seconds):
-            log.debug("outbox: reply %s is being sent by another sender", reply_id)
-            return True
+        try:
+            if fresh is None and not await self.rows.claim(reply_id, self.owner,
+                                                           self.lease_seconds):
+                log.debug("outbox: reply %s is being sent by another sender", reply_id)
+                return True
+            rows = fresh if fresh is not None else await self.rows.reply(reply_id)
+        except Exception as e:  # noqa: BLE001 - storage is away: nothing was sent; later
+            log.error("outbox: could not read reply %s (%s); will try again later", reply_id, e)
+            return None
+        pending = [r for r in rows if r.status == "pending"]
         released = False
         try:
-            rows = fresh if fresh is not None else await self.rows.reply(reply_id)
-            pending = [r for r in rows if r.status == "pending"]
-            for i, row in enumerate(rows):
-                if row.status != "pending":
-                    continue
-                last = row is pending[-1]
+            for i, row in enumerate(pending):
+                last = i + 1 == len(pending)
+                following = self._next_fresh(chat) if last else pending[i + 1]
                 try:
-                    await self._send_one(provider, row, counted=fresh is not None,
+                    await self._send_one(provider, row, following,
                                          release=(reply_id, self.owner) if last else None)
                 except ProviderError as e:
-                    return await self._failed(provider, row, rows[i:], e)
+                    return await self._failed(provider, row, pending[i:], e)
+                except Exception as e:  # noqa: BLE001 - storage is away before a call
+                    log.error("outbox: storage failed while sending reply %s (%s); will try "
+                              "again later", reply_id, e)
+                    return None
                 released = last
             return True
         finally:
             if not released:
-                await self.rows.release(reply_id, self.owner)
+                await self._release(reply_id)
+
+    def _next_fresh(self, chat: _Chat) -> OutboxRow | None:
+        """The first chunk of the chat's next reply, if its first call is not counted yet
+        (it is counted with this chunk's mark, so a crash between them is told apart)."""
+        later = next((r for r in list(chat.queue)[1:] if isinstance(r, str)), None)
+        rows = self._fresh.get(later) if later is not None else None
+        first = next((r for r in rows if r.status == "pending"), None) if rows else None
+        if first is None or first.id in self._counted:
+            return None
+        return first
+
+    async def _release(self, reply_id: str) -> None:
+        try:
+            await self.rows.release(reply_id, self.owner)
+        except Exception as e:  # noqa: BLE001 - the claim runs out by itself
+            log.warning("outbox: could not release reply %s: %s", reply_id, e)
 
     async def _failed(self, provider: Provider, row: OutboxRow, rest: list[OutboxRow],
                       e: ProviderError) -> bool | None:
         if isinstance(e, DeliveryRefused):
-            await self.rows.failed([r.id for r in rest if r.status == "pending" and r.id], str(e))
+            try:
+                await self.rows.failed([r.id for r in rest if r.id], str(e))
+            except Exception as stored:  # noqa: BLE001 - recorded as pending: tried again
+                log.warning("outbox: could not record a refused reply: %s", stored)
             log.error("%s: could not deliver to chat %s (%s); gave up on this reply",
                       provider.name, row.chat_id, e)
             return False
@@ -240,45 +312,90 @@ class Outbox:
                   row.chat_id, e)
         return None
 
-    async def _send_one(self, provider: Provider, row: OutboxRow, *, counted: bool = False,
-                        release: tuple[str, str] | None = None) -> str | None:
-        """Send one chunk, retrying by the platform's rules. ``counted``: its first attempt was
-        counted when it was recorded; ``release``: the reply's claim goes with the last one."""
+    async def _send_one(self, provider: Provider, row: OutboxRow, following: OutboxRow | None,
+                        *, release: tuple[str, str] | None = None) -> str | None:
+        """Send one chunk, retrying by the platform's rules; its mark also counts the first
+        call of ``following`` and, with ``release``, gives up the reply's claim."""
         assert row.id is not None
-        if row.attempts and row.error is None and not counted:
+        message = _to_message(row)
+        counted = row.id in self._counted
+        if row.attempts and not counted and not message.edit_of:  # (an edit is idempotent)
             log.warning("%s: chunk %d of reply %s may have been delivered before a crash; "
                         "sending it again", provider.name, row.chunk, row.reply_id)
-        message = _to_message(row)
         key = (provider.name, row.chat_id)
-        for attempt in range(self.retry.attempts):
+        failures = 0
+        while True:
             if message.edit_of:
                 await self.throttle.turn(key)  # edits of one chat keep their pace
             await self.flood.wait(key)
-            if attempt or not counted:
+            if not counted:
                 await self.rows.attempted(row.id)
+            counted = False
+            self._counted.discard(row.id)
             try:
                 platform_id = await _call(provider, message)
             except ProviderError as e:
-                if isinstance(e, DeliveryRefused) and message.edit_of:
-                    message = replace(message, edit_of=None)  # the message to edit is gone
-                    continue
-                if self.watchdog is not None:
-                    self.watchdog.failed(provider.name, e)
-                await self.rows.note_error(row.id, str(e))
-                if isinstance(e, DeliveryRefused) or attempt == self.retry.attempts - 1:
-                    raise
-                delay = self.retry.delay(e, attempt)
-                log.warning("%s: sending failed (%s); retrying in %.1fs", provider.name, e, delay)
-                if isinstance(e, RateLimited):  # every send to this chat waits (kept)
-                    await self.flood.hold(key, delay)
-                else:
-                    await asyncio.sleep(delay)
+                message, failures = await self._retry(provider, row, message, e, failures)
                 continue
-            if self.watchdog is not None:
-                self.watchdog.succeeded(provider.name)
-            await self.rows.sent(row.id, platform_id, release=release)
+            self._observed(provider, None)
+            count = following.id if following is not None and following.id and \
+                not self.flood.remaining(key) else None
+            await self._mark_sent(row, platform_id, release, count)
+            if count is not None:
+                self._counted.add(count)
             return platform_id
-        raise DeliveryRefused("the platform kept refusing the message")
+
+    async def _retry(self, provider: Provider, row: OutboxRow, message: OutgoingMessage,
+                     e: ProviderError, failures: int) -> tuple[OutgoingMessage, int]:
+        """After a failed call: what to send next and the failures so far; raises when it is
+        time to stop. A rate limit delays the chat (kept for every send to it) without using
+        up the retries, up to a bound."""
+        assert row.id is not None
+        if isinstance(e, DeliveryRefused) and message.edit_of:
+            return replace(message, edit_of=None), failures  # the message to edit is gone
+        self._observed(provider, e)
+        try:
+            await self.rows.note_error(row.id, str(e))
+        except Exception as stored:  # noqa: BLE001 - only a note
+            log.debug("outbox: could not note an error: %s", stored)
+        limited = isinstance(e, RateLimited)
+        failures += 1
+        if isinstance(e, DeliveryRefused) or failures >= self.retry.attempts * (
+                MAX_HOLDS if limited else 1):
+            raise e
+        delay = self.retry.delay(e, failures - 1)
+        log.warning("%s: sending failed (%s); retrying in %.1fs", provider.name, e, delay)
+        if limited:  # every send to this chat waits (kept)
+            await self.flood.hold((provider.name, row.chat_id), delay)
+        else:
+            await asyncio.sleep(delay)
+        return message, failures
+
+    async def _mark_sent(self, row: OutboxRow, platform_id: str | None,
+                         release: tuple[str, str] | None, count: int | None) -> None:
+        """The platform took the chunk: record it, however long storage takes to come back —
+        a chunk sent is never sent again because its mark failed (the chat waits meanwhile)."""
+        assert row.id is not None
+        delay = 0.5
+        while True:
+            try:
+                await self.rows.sent(row.id, platform_id, release=release, count=count)
+                return
+            except Exception as e:  # noqa: BLE001 - retried: the chunk is out
+                if delay == 0.5:
+                    log.error("outbox: chunk %d of reply %s was sent but could not be recorded "
+                              "(%s); retrying until storage takes it", row.chunk, row.reply_id,
+                              e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    def _observed(self, provider: Provider, error: ProviderError | None) -> None:
+        if self.watchdog is None:
+            return
+        if error is None:
+            self.watchdog.succeeded(provider.name)
+        elif not isinstance(error, DeliveryRefused):  # the platform answered: not wedged
+            self.watchdog.failed(provider.name, error)
 
     async def _sweep(self) -> None:
         while True:

@@ -1,10 +1,19 @@
-"""Showing a reply while it is written, on platforms that can edit a sent message.
+"""Showing a reply while it is written, and the typing indicator — both through the chat's sender.
+
+Nothing reaches a chat except through its one sender in the outbox
+(:meth:`~pluto.gateway.delivery.outbox.Outbox.post`): previews, edits, typing indicators and
+finals of one chat go out in the order they were asked for, so the next run's preview or typing
+never overtakes the previous run's reply, and a platform's flood hold delays the chat without
+reordering it.
 
 :class:`LivePreview` sends a first message as soon as the model starts writing and edits it as
 deltas arrive, at most once per ``interval`` per chat (:class:`EditThrottle`, shared by every
-run in the gateway, so two runs in one chat do not double the rate). The final, fully rendered
-reply then replaces the preview through the outbox. :class:`Typing` keeps the platform's
-"typing…" indicator on while a run is in progress.
+run in the gateway, so two runs in one chat do not double the rate). It is a :class:`ChatOp`:
+queued once, it shows the latest text when its turn comes and queues itself again if more came
+meanwhile. The final, fully rendered reply then replaces the preview through the outbox.
+:class:`Typing` asks for the platform's "typing…" indicator every few seconds while a run is in
+progress; a call in flight is never cancelled (cancelling an HTTP request in flight can leak a
+pooled connection), a stopped indicator simply asks no more.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import Protocol
 
 from pluto.errors import DeliveryRefused, ProviderError
 
@@ -24,6 +34,20 @@ from pluto.types import OutgoingMessage
 log = logging.getLogger(__name__)
 
 ChatKey = tuple[str, str]  # (provider name, chat id)
+
+
+class ChatOp(Protocol):
+    """A platform call that is not a recorded reply (a preview, a typing indicator), made by
+    the chat's sender when its turn comes."""
+
+    key: ChatKey
+
+    async def perform(self) -> None:
+        """Make the call (or nothing, if it is no longer wanted); never raises."""
+        ...
+
+
+Post = Callable[[ChatOp], bool]  # queue an op behind what the chat already has; False: refused
 
 
 class EditThrottle:
@@ -38,14 +62,26 @@ class EditThrottle:
     def interval(self) -> float:
         return self._interval() if callable(self._interval) else self._interval
 
-    async def turn(self, key: ChatKey) -> None:
+    async def turn(self, key: ChatKey, give_up: asyncio.Event | None = None) -> bool:
+        """Wait for the chat's next turn and take it; False (no turn taken) when ``give_up``
+        is set first."""
         now = asyncio.get_running_loop().time()
-        slot = max(now, self._next.get(key, 0.0))
-        self._next[key] = slot + self.interval  # reserved before sleeping: turns queue up
+        slot = self._next.get(key, 0.0)
+        if slot > now:
+            if give_up is None:
+                await asyncio.sleep(slot - now)
+            else:
+                try:
+                    async with asyncio.timeout(slot - now):
+                        await give_up.wait()
+                    return False
+                except TimeoutError:
+                    pass
+            now = asyncio.get_running_loop().time()
+        self._next[key] = max(now, self._next.get(key, 0.0)) + self.interval
         if len(self._next) > 1000:
             self._next = {k: t for k, t in self._next.items() if t > now}
-        if slot > now:
-            await asyncio.sleep(slot - now)
+        return True
 
     def hold(self, key: ChatKey, seconds: float) -> None:
         later = asyncio.get_running_loop().time() + seconds
@@ -53,90 +89,91 @@ class EditThrottle:
 
 
 class LivePreview:
-    """One reply shown while it grows: sent once, then edited (throttled) with the latest text."""
+    """One reply shown while it grows: sent once, then edited (throttled) with the latest text,
+    each call made by the chat's sender in its turn."""
 
     def __init__(self, provider: Provider, target: OutgoingMessage, throttle: EditThrottle,
-                 flood: FloodControl | None = None, *, shown: str | None = None,
+                 flood: FloodControl | None = None, *, post: Post,
+                 shown: str | None = None,
                  on_shown: Callable[[str], Awaitable[None]] | None = None):
         self.provider = provider
         self.flood = flood or FloodControl()
         self.target = replace(target, kind="delta", markup=provider.capabilities.markup.name)
         self.throttle = throttle
+        self.post = post
         self.key: ChatKey = (provider.name, target.chat_id)
         self.text = ""
         # a preview an interrupted run of the same message left: edited, not sent again
         self.message_id: str | None = shown
         self.on_shown = on_shown  # told the id of a new preview (kept for such a rerun)
         self._shown = ""
-        self._changed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._busy = False
-        self._closed = False
+        self._queued = False  # waiting in the chat's sender
+        self._calling: asyncio.Future[None] | None = None  # a platform call in flight
+        self._closed = asyncio.Event()
 
     def add(self, delta: str) -> None:
-        if self._closed:
+        if self._closed.is_set():
             return
         self.text += delta
-        self._changed.set()
-        if self._task is None:
-            self._task = asyncio.create_task(self._pump(), name=f"preview:{self.key[1]}")
+        self._want()
 
     def new_turn(self) -> None:
         """The model called a tool: the text of its next turn replaces what is shown."""
         self.text = ""
 
     async def finish(self) -> str | None:
-        """Stop editing (letting a call in flight complete); the preview's message id, if any."""
-        self._closed = True
-        task = self._task
-        if task is not None and not task.done():
-            if self._busy:
-                await asyncio.wait({task})
-            else:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        """Stop showing (a call in flight completes first); the preview's message id, if any."""
+        self._closed.set()
+        if self._calling is not None:
+            await asyncio.shield(self._calling)
         return self.message_id
 
     def cancel(self) -> None:
-        self._closed = True
-        if self._task is not None:
-            self._task.cancel()
+        self._closed.set()
 
-    async def _pump(self) -> None:
+    def _want(self) -> None:
+        if not self._queued and self._calling is None:
+            self._queued = self.post(self)
+
+    async def perform(self) -> None:
+        self._queued = False
+        if self._closed.is_set():
+            return
+        if not await self.throttle.turn(self.key, self._closed):
+            return
+        await self.flood.wait(self.key)
         caps = self.provider.capabilities
-        while not self._closed:
-            await self._changed.wait()
-            await self.throttle.turn(self.key)
-            await self.flood.wait(self.key)
-            if self._closed:
-                return
-            self._changed.clear()
-            text = render_preview(self.text, caps.markup, caps.max_message_length)
-            if not text.strip() or text == self._shown:
-                continue
-            self._busy = True
-            try:
-                if not await self._show(text):
-                    return
-            except ProviderError as e:
-                if e.retry_after is not None:  # the final and every other send wait too
-                    await self.flood.hold(self.key, e.retry_after)
-                    self._changed.set()
-                elif isinstance(e, DeliveryRefused):
-                    log.info("%s: live preview stopped: %s", self.provider.name, e)
-                    return
-                else:
-                    log.debug("%s: preview update failed: %s", self.provider.name, e)
-            finally:
-                self._busy = False
+        text = render_preview(self.text, caps.markup, caps.max_message_length)
+        if self._closed.is_set() or not text.strip() or text == self._shown:
+            return
+        self._calling = asyncio.get_running_loop().create_future()
+        try:
+            await self._show(text)
+        except ProviderError as e:
+            if e.retry_after is not None:  # the final and every other send wait too
+                await self.flood.hold(self.key, e.retry_after)
+            elif isinstance(e, DeliveryRefused):
+                log.info("%s: live preview stopped: %s", self.provider.name, e)
+                self._closed.set()
+            else:
+                log.debug("%s: preview update failed: %s", self.provider.name, e)
+        except Exception:  # a provider bug: the final still goes out
+            log.exception("%s: live preview failed", self.provider.name)
+            self._closed.set()
+        finally:
+            self._calling.set_result(None)
+            self._calling = None
+        if not self._closed.is_set() and self._shown != render_preview(
+                self.text, caps.markup, caps.max_message_length):
+            self._want()  # more came meanwhile: behind what the chat has now
 
-    async def _show(self, text: str) -> bool:
-        """Send or edit; False when the platform gave no id to edit later."""
+    async def _show(self, text: str) -> None:
         message = replace(self.target, text=text)
         if self.message_id is None:
             self.message_id = await self.provider.send(message)
-            if self.message_id is None:
-                return False
+            if self.message_id is None:  # no id to edit later: show nothing more
+                self._closed.set()
+                return
             if self.on_shown is not None:
                 try:
                     await self.on_shown(self.message_id)
@@ -145,36 +182,48 @@ class LivePreview:
         else:
             await self.provider.edit(replace(message, edit_of=self.message_id))
         self._shown = text
-        return True
 
 
 class Typing:
-    """Repeats the platform's typing indicator every ``interval`` seconds until stopped."""
+    """Asks for the platform's typing indicator every ``interval`` seconds until stopped; each
+    call is made by the chat's sender (never cancelled in flight)."""
 
     def __init__(self, provider: Provider, chat_id: str, thread_id: str | None,
-                 interval: float = 4.0, flood: FloodControl | None = None):
+                 interval: float = 4.0, flood: FloodControl | None = None, *,
+                 post: Post):
         self.provider = provider
         self.flood = flood
         self.chat_id = chat_id
         self.thread_id = thread_id
         self.interval = interval
-        self._task: asyncio.Task[None] | None = None
+        self.post = post
+        self.key: ChatKey = (provider.name, chat_id)
+        self._timer: asyncio.TimerHandle | None = None
+        self._queued = False
+        self._stopped = False
 
     def start(self) -> None:
-        if self._task is None and self.provider.capabilities.has_typing:
-            self._task = asyncio.create_task(self._loop(), name=f"typing:{self.chat_id}")
+        if self.provider.capabilities.has_typing and not self._stopped and self._timer is None:
+            self._tick()
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
-    async def _loop(self) -> None:
-        while True:
-            try:
-                if self.flood is None or not self.flood.remaining((self.provider.name,
-                                                                    self.chat_id)):
-                    await self.provider.typing(self.chat_id, self.thread_id)
-            except Exception as e:  # a lost typing indicator is not worth a failed reply
-                log.debug("%s: typing indicator failed: %s", self.provider.name, e)
-            await asyncio.sleep(self.interval)
+    def _tick(self) -> None:
+        if self._stopped:
+            return
+        if not self._queued:
+            self._queued = self.post(self)
+        self._timer = asyncio.get_running_loop().call_later(self.interval, self._tick)
+
+    async def perform(self) -> None:
+        self._queued = False
+        if self._stopped or (self.flood is not None and self.flood.remaining(self.key)):
+            return
+        try:
+            await self.provider.typing(self.chat_id, self.thread_id)
+        except Exception as e:  # a lost typing indicator is not worth a failed reply
+            log.debug("%s: typing indicator failed: %s", self.provider.name, e)

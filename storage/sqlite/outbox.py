@@ -111,8 +111,8 @@ class SqliteOutbox:
 
         return await self.engine.transact(record)
 
-    async def record_claimed(self, rows: list[OutboxRow], owner: str,
-                             lease_seconds: float) -> tuple[list[OutboxRow], bool]:
+    async def record_claimed(self, rows: list[OutboxRow], owner: str, lease_seconds: float,
+                             *, count: bool = True) -> tuple[list[OutboxRow], bool]:
         if not rows:
             return [], False
         now = time.time()
@@ -124,13 +124,14 @@ class SqliteOutbox:
         def record(conn: Any) -> tuple[list[OutboxRow], bool]:
             claimed = conn.execute(self._claim, (reply_id, owner, now + lease_seconds,
                                             now)).rowcount > 0
-            tries = 1 if claimed else 0  # the sender's first call, counted with the record
+            # the sender's first call, counted with the record when it follows at once
+            tries = 1 if claimed and count else 0
             ids = [conn.execute(insert, (*(_value(r, c) for c in _COLUMNS), tries, now,
                                          now)).fetchone() for r in rows]
             if all(found is not None for found in ids):  # all new: no need to read them back
                 return [replace(r, id=found[0], attempts=tries)
                         for r, found in zip(rows, ids)], claimed
-            if claimed:  # recorded before: count the attempt on what is still pending
+            if claimed and count:  # recorded before: count the call on what is pending
                 conn.execute("UPDATE outbox SET attempts = attempts + 1, error = NULL,"
                              " updated_at = ? WHERE reply_id = ? AND status = 'pending'",
                              (now, reply_id))
@@ -163,14 +164,18 @@ class SqliteOutbox:
         await self._update(row_id, "attempts = attempts + 1, error = NULL")
 
     async def sent(self, row_id: int, platform_id: str | None, *,
-                   release: tuple[str, str] | None = None) -> None:
-        mark = ("UPDATE outbox SET status = 'sent', platform_id = ?, error = NULL,"
-                " updated_at = ? WHERE id = ?", (platform_id, time.time(), row_id))
-        if release is None:
-            await self.engine.write(mark)
-        else:
-            await self.engine.write(mark, ("DELETE FROM outbox_claims WHERE reply_id = ? AND"
-                                           " owner = ?", release))
+                   release: tuple[str, str] | None = None, count: int | None = None) -> None:
+        now = time.time()
+        changes: list[tuple[str, tuple[Any, ...]]] = [(
+            "UPDATE outbox SET status = 'sent', platform_id = ?, error = NULL,"
+            " updated_at = ? WHERE id = ?", (platform_id, now, row_id))]
+        if release is not None:
+            changes.append(("DELETE FROM outbox_claims WHERE reply_id = ? AND owner = ?",
+                            release))
+        if count is not None:  # the next chunk's call, counted before it is made
+            changes.append(("UPDATE outbox SET attempts = attempts + 1, error = NULL,"
+                            " updated_at = ? WHERE id = ?", (now, count)))
+        await self.engine.write(*changes)
 
     async def failed(self, row_ids: list[int], error: str) -> None:
         now = time.time()
