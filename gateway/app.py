@@ -355,8 +355,9 @@ class Gateway:
         intake = self.intake(provider)
 
         async def run() -> None:
-            await intake.replay()  # what a dead process had received and not handled
-            await self.outbox.flush(provider)  # and what it had not sent
+            # what a dead process had not sent, queued in each chat before anything of the
+            await self.outbox.flush(provider)  # runs of what it had received and not handled
+            await intake.replay()
             if self.shared and provider.single_owner():  # one instance at a time holds it
                 await self.cluster.exclusive(f"provider:{provider.name}",
                                              lambda: provider.run(intake))
