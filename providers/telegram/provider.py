@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dtm
+import functools
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
@@ -28,6 +29,7 @@ from pluto import jsonlimits
 from pluto.errors import ProviderError, ProviderUnusable
 
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext, Ticket
+from pluto.providers.handover import HandOver, NotRecorded
 from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
 from pluto.providers.telegram.errors import provider_error, redact_token_in_logs, retry_seconds
 from pluto.providers.telegram.inbound import Downloads, command_target, to_incoming
@@ -38,7 +40,7 @@ from pluto.providers.telegram.settings import TelegramSettings, load_settings
 log = logging.getLogger(__name__)
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
-HandOver = Callable[[IncomingMessage], Awaitable[Ticket | None]]
+HandOverTo = Callable[[IncomingMessage], Awaitable[Ticket | None]]  # intake.submit / offer
 UPDATES = ["message"]
 COMMANDS = [BotCommand("help", "what I can do"), BotCommand("new", "start a fresh conversation"),
             BotCommand("stop", "stop the answer in progress")]
@@ -142,8 +144,12 @@ class TelegramProvider(Provider):
                 await asyncio.sleep(delay)
                 continue
             for update in updates:  # each is recorded by intake before it is confirmed
-                await self._dispatch(update, intake.submit)
+                if not await self._dispatch(update, intake.submit):
+                    break  # not recorded: neither it nor a later one is confirmed
                 offset = update.update_id + 1  # confirmed with the next getUpdates
+            else:
+                continue
+            await self.handover.pause()  # storage fails: the same updates come again, later
 
     async def close(self) -> None:
         try:
@@ -165,25 +171,35 @@ class TelegramProvider(Provider):
             update = Update.de_json(await request.json(loads=jsonlimits.loads), self.bot)
         except Exception:
             return web.Response(status=400, text="not a Telegram update")
-        if not await self._dispatch(update, intake.offer):
-            return web.Response(status=503, text="busy")  # full: Telegram delivers it again
+        if not await self._dispatch(update, intake.offer):  # Telegram delivers it again
+            return web.Response(status=503, text="busy" if not self.handover.failing
+                                else "not recorded; try again")
         return web.Response(text="ok")
 
-    async def _dispatch(self, update: Update, hand_over: HandOver) -> bool:
-        """Hand one update to the gateway; False when intake had no room (a webhook asks
-        Telegram to come back). A failure is logged, never fatal to receiving."""
+    @functools.cached_property
+    def handover(self) -> HandOver:
+        """The hand-overs to intake, and the state of a storage outage."""
+        return HandOver(self.name)
+
+    async def _dispatch(self, update: Update, hand_over: HandOverTo) -> bool:
+        """Hand one update to the gateway; True once it may be confirmed (recorded, or not
+        for the gateway). False when it was not recorded — intake had no room, or its storage
+        failed — so Telegram must deliver it again. Failing to read an update is logged and
+        skipped (reading it again cannot help), never fatal to receiving."""
         message = update.message
         if message is None or message.from_user is None or message.from_user.is_bot:
             return True
         try:
             return await self._receive(message, hand_over)
+        except NotRecorded:
+            return False
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("telegram: handling update %d failed", update.update_id)
             return True
 
-    async def _receive(self, message: Message, hand_over: HandOver) -> bool:
+    async def _receive(self, message: Message, hand_over: HandOverTo) -> bool:
         bot_id, username = self.bot.id, self.bot.username
         target = command_target(message)
         if target and target.lower() != username.lower():
@@ -198,7 +214,7 @@ class TelegramProvider(Provider):
         if attachments:
             incoming = to_incoming(message, bot_id, username, attachments)
         if incoming.text or incoming.attachments:
-            return await hand_over(incoming) is not None
+            return await self.handover(hand_over, incoming) is not None
         return True
 
     async def _quiet_notice(self, chat_id: str, text: str, thread_id: str | None) -> None:

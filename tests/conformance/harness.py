@@ -137,6 +137,11 @@ class Harness(abc.ABC):
     def shown(self, chat: str | None = None) -> list[Shown]:
         """The bot's messages in ``chat`` as they are now, oldest first."""
 
+    def confirmed(self, message: UserMessage) -> bool | None:
+        """Whether the platform counts ``message`` as taken by the bot (an offset past it, a
+        2xx, an ack); None where the platform has no such thing (it never delivers again)."""
+        raise NotImplementedError(f"{self.name} cannot tell what it confirmed")
+
     def rate_limit_sends(self, chat: str, *, after: int, retry_after: int) -> None:
         """Once the bot has ``after`` messages in ``chat``, its next send there is refused
         with a retry-after (once)."""

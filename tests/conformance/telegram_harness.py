@@ -103,6 +103,10 @@ class TelegramHarness(Harness):
     async def redeliver(self, message: UserMessage) -> None:
         self.fake.redeliver(message.ref)
 
+    def confirmed(self, message: UserMessage) -> bool | None:
+        """Confirmed: Telegram no longer keeps the update (a later offset, or a webhook 2xx)."""
+        return all(u["update_id"] != message.ref for u in self.fake.pending_updates)
+
     def shown(self, chat: str | None = None) -> list[Shown]:
         chat_id = int(chat or self.direct_chat)
         records: dict[int, list[Any]] = {}
