@@ -39,6 +39,16 @@ class StorageError(PlutoError):
     """The database could not be opened or written."""
 
 
+class StorageUnavailable(StorageError):
+    """Storage could not save a change for a while (the disk is full, the database cannot be
+    written or reached) and the change was given up: trying again later may work. ``reason``
+    is the short cause ("the disk is full"); no path, no driver text."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(f"Nothing can be saved right now: {reason}.")
+
+
 class RunTakenOver(StorageError):
     """Several instances: another instance took this run over (it found this one's lease run
     out), so this one must not answer it too."""

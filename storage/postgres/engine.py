@@ -8,6 +8,14 @@ database). Statements are written with ``?`` placeholders, which this module tur
 psycopg's ``%s`` once per statement text; rows can be read by name or by position, as SQLite's
 are.
 
+A statement that fails because the connection was lost (a server restart, a terminated
+backend, a pooled connection gone stale) is tried again at once on a fresh pooled connection
+(the pool checks its idle ones first), then with backoff for :attr:`PostgresEngine.retry_seconds`
+while the server is out of reach or out of disk; a change whose commit may have gone through
+(the connection broke during COMMIT) is never run twice. Past that the caller gets
+:class:`~pluto.errors.StorageUnavailable`; :attr:`PostgresEngine.health` says what is wrong
+meanwhile. A constraint violation is never retried.
+
 Migrations run under a transaction-scoped advisory lock, so instances starting together bring
 the schema up once, in order.
 """
@@ -15,6 +23,7 @@ the schema up once, in order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -24,7 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any, TypeVar
 
-from pluto.errors import StorageError
+from pluto.errors import StorageError, StorageUnavailable
+from pluto.storage.health import StorageHealth
 from pluto.storage.sql import Migration, Statement, migration_for, run_statements
 
 log = logging.getLogger(__name__)
@@ -32,6 +42,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 MIGRATION_LOCK = zlib.crc32(b"pluto-migrations")  # held while one instance migrates
 RETRIES = 5  # a change that meets a serialization failure or deadlock is run again
+RETRY_SECONDS = 2.0  # a change that meets a lost connection or a full disk: tried this long
+# (short: several instances' leases and fencing judge an instance that cannot write)
+RETRY_DELAYS = (0.0, 0.1, 0.25, 0.5, 1.0)  # the first again at once, on a fresh connection
+UNREACHABLE = "the database cannot be reached"
+DISK_FULL = "the database server's disk is full"
 
 
 @lru_cache(maxsize=1024)
@@ -107,6 +122,8 @@ class PostgresEngine:
         self._open_calls = 0  # changes handed to a thread and not yet settled
         self._idle = asyncio.Event()
         self._idle.set()
+        self.retry_seconds = RETRY_SECONDS
+        self.health = StorageHealth("PostgreSQL")
 
     @property
     def is_open(self) -> bool:
@@ -227,21 +244,50 @@ class PostgresEngine:
         pool = self._pool
         if pool is None:
             raise StorageError("storage is not open")
-        for attempt in range(RETRIES):
+        conflicts = tries = 0
+        deadline = time.monotonic() + self.retry_seconds
+        while True:
+            ran = [False]  # the change ran whole: a failure now is in COMMIT (maybe done)
             try:
-                with pool.connection() as conn:
-                    if not atomic:
-                        return change(_Conn(conn))
-                    with conn.transaction():
-                        return change(_Conn(conn))
+                result = self._once(pool, change, atomic, ran)
             except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
-                if attempt == RETRIES - 1:
+                conflicts += 1
+                if conflicts == RETRIES:
                     raise
-                time.sleep(0.01 * (attempt + 1))
+                time.sleep(0.01 * conflicts)
+                continue
             except psycopg.OperationalError as e:
-                raise StorageError(f"the PostgreSQL database is unreachable: {_reason(e)}") \
-                    from None
-        raise AssertionError("unreachable")
+                problem = DISK_FULL if isinstance(e, psycopg.errors.DiskFull) else UNREACHABLE
+                self.health.failing(problem, _reason(e))
+                if (ran[0] and atomic) or time.monotonic() >= deadline:
+                    self.health.gave_up()
+                    raise StorageUnavailable(problem) from None
+                time.sleep(RETRY_DELAYS[min(tries, len(RETRY_DELAYS) - 1)])
+                tries += 1
+                if tries == 1:  # idle connections the server dropped go, not only this one
+                    with contextlib.suppress(Exception):
+                        pool.check()
+                continue
+            self.health.working()
+            return result
+
+    @staticmethod
+    def _once(pool: Any, change: Callable[[Any], T], atomic: bool, ran: list[bool]) -> T:
+        with pool.connection() as conn:
+            if not atomic:
+                return change(_Conn(conn))
+            with conn.transaction():
+                result = change(_Conn(conn))
+                ran[0] = True
+                return result
+
+    async def probe(self) -> bool:
+        """A cheap round trip: whether the database answers now."""
+        try:
+            await self.read(lambda conn: conn.execute("SELECT 1").fetchone())
+        except StorageError:
+            return False
+        return True
 
 
 def _reason(e: BaseException) -> str:

@@ -17,6 +17,14 @@ one read transaction: WAL mode shows them every committed change and never one t
 and they never wait in line behind the commits. Nothing outside ``storage/`` holds a
 connection or writes SQL.
 
+A batch that fails for a reason that passes (the disk is full, an I/O error, the database
+locked by another process) is not failed: it goes back in line, first, and is tried again with
+backoff (on a fresh connection after an I/O error), with whatever arrived meanwhile; each
+change is given up only after :attr:`SqliteEngine.retry_seconds` (then its caller gets
+:class:`~pluto.errors.StorageUnavailable`). A constraint violation is never retried. Meanwhile
+:attr:`SqliteEngine.health` says what is wrong (readiness reports it); the next commit that
+works ends the outage, and :meth:`SqliteEngine.probe` is a cheap commit to find out.
+
 aiosqlite (pinned) runs each call in its thread, in order, from a queue; putting one function
 on that queue (``Connection._tx``, like its own ``_execute`` does) is what lets a whole batch
 cost one hop. These private parts are used here and nowhere else.
@@ -27,20 +35,48 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiosqlite
 
-from pluto.errors import StorageError
+from pluto.errors import StorageError, StorageUnavailable
+from pluto.storage.health import StorageHealth
 from pluto.storage.sql import Change, Migration, Statement, migration_for, run_statements
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 HOLD_SECONDS = 0.05  # a held change waits this long for a commit to ride with
+RETRY_SECONDS = 30.0  # a change that cannot be committed is tried again this long
+RETRY_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)  # between tries (then the last, again and again)
+
+# SQLite's primary result codes worth retrying, and what readiness says about each
+_PASSING = {13: "the disk is full", 10: "the database cannot be written (a disk I/O error)",
+            5: "the database is locked by another process",
+            6: "the database is locked by another process",
+            8: "the database cannot be written (it is read-only)",
+            14: "the database file cannot be opened"}
+_IOERR = 10
 __all__ = ["Change", "SqliteEngine", "Statement", "run_statements"]
+
+
+def _passing(error: BaseException) -> str | None:
+    """What is wrong, when ``error`` is one that may pass (worth retrying); else None."""
+    if isinstance(error, sqlite3.Error) and not isinstance(error, sqlite3.IntegrityError):
+        code = getattr(error, "sqlite_errorcode", None)
+        if code is not None:
+            return _PASSING.get(code & 0xFF)
+        text = str(error).lower()  # (no code: the driver's own words)
+        if "disk is full" in text:
+            return _PASSING[13]
+        if "disk i/o error" in text:
+            return _PASSING[10]
+        if "database is locked" in text:
+            return _PASSING[5]
+    return None
 
 
 def _apply_batch(conn: sqlite3.Connection, changes: list[Change]) -> list[Any]:
@@ -71,6 +107,8 @@ def _apply(conn: sqlite3.Connection, changes: list[Change], *,
             try:
                 results.append(change(conn))
             except Exception as e:  # noqa: BLE001 - handed to its caller
+                if _passing(e) is not None:  # the whole batch is tried again
+                    raise
                 if not isolated:
                     conn.execute("ROLLBACK")
                     return None
@@ -97,6 +135,11 @@ async def _ended(db: aiosqlite.Connection) -> None:
         if thread is None or not thread.is_alive():
             return
         await asyncio.sleep(0.005)
+
+
+def _probe(conn: sqlite3.Connection) -> None:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    conn.execute(f"PRAGMA user_version = {int(version)}")  # (a write of page 1, unchanged)
 
 
 def _snapshot(query: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> T:
@@ -133,6 +176,11 @@ class SqliteEngine:
         self._hold_timer: asyncio.TimerHandle | None = None  # held changes go alone then
         self._idle = asyncio.Event()
         self._idle.set()
+        self.retry_seconds = RETRY_SECONDS
+        self.health = StorageHealth("SQLite")
+        self._deadlines: dict[asyncio.Future[Any], float] = {}  # changes being retried
+        self._tries = 0  # failed tries of the batch in line
+        self._retry: asyncio.TimerHandle | asyncio.Task[None] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -150,19 +198,8 @@ class SqliteEngine:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StorageError(f"cannot open the database {self.path}: {e}") from None
-        connecting = aiosqlite.connect(self.path, isolation_level=None)
+        self._db = await self._writer()
         try:
-            self._db = await connecting
-        except (OSError, sqlite3.Error) as e:
-            await _ended(connecting)  # its worker was told to stop: gone before we say so
-            raise StorageError(f"cannot open the database {self.path}: {e}") from None
-        self._db.row_factory = sqlite3.Row
-        try:
-            # temp_store=MEMORY: a batch run again change by change (one failed) puts each in a
-            # savepoint, whose journal would otherwise be a temporary file (40 µs; 8 in memory)
-            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON",
-                           "busy_timeout=5000", "temp_store=MEMORY"):
-                await self._db.execute(f"PRAGMA {pragma}")
             await self._db.execute(
                 "CREATE TABLE IF NOT EXISTS schema_versions (component TEXT PRIMARY KEY,"
                 " version INTEGER NOT NULL)")
@@ -180,6 +217,27 @@ class SqliteEngine:
                 await _ended(connecting)
             await self.close()
             raise StorageError(f"cannot open the database {self.path}: {e}") from None
+
+    async def _writer(self) -> aiosqlite.Connection:
+        """A new writing connection (at open, and after a disk I/O error)."""
+        connecting = aiosqlite.connect(self.path, isolation_level=None)
+        try:
+            db = await connecting
+        except (OSError, sqlite3.Error) as e:
+            await _ended(connecting)  # its worker was told to stop: gone before we say so
+            raise StorageError(f"cannot open the database {self.path}: {e}") from None
+        db.row_factory = sqlite3.Row
+        try:
+            # temp_store=MEMORY: a batch run again change by change (one failed) puts each in a
+            # savepoint, whose journal would otherwise be a temporary file (40 µs; 8 in memory)
+            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON",
+                           "busy_timeout=5000", "temp_store=MEMORY"):
+                await db.execute(f"PRAGMA {pragma}")
+        except sqlite3.Error as e:
+            await db.close()
+            await _ended(db)
+            raise StorageError(f"cannot use the database {self.path}: {e}") from None
+        return db
 
     async def close(self) -> None:
         self._closing = True  # held changes wait no longer
@@ -292,9 +350,19 @@ class SqliteEngine:
     def _committed(self, batch: list[tuple[Change, asyncio.Future[Any]]],
                    results: list[Any] | BaseException) -> None:
         if isinstance(results, BaseException):
+            problem = _passing(results)
+            if problem is not None:
+                self._again(batch, problem, results)
+                return
             log.error("storage: a commit of %d change(s) failed: %s", len(batch), results)
             results = [_Failed(results if isinstance(results, Exception) else StorageError(
                 "the commit was interrupted"))] * len(batch)
+        else:
+            self._tries = 0
+            self.health.working()
+        if self._deadlines:
+            for _, fut in batch:
+                self._deadlines.pop(fut, None)
         for (_, fut), result in zip(batch, results):
             if fut.done():
                 continue
@@ -304,6 +372,64 @@ class SqliteEngine:
                 fut.set_result(result)
         self._committing = False
         self._next()
+
+    # when a commit fails for a reason that may pass ------------------------------------------
+
+    def _again(self, batch: list[tuple[Change, asyncio.Future[Any]]], problem: str,
+               error: BaseException) -> None:
+        """The batch back in line, first, to be tried again after a pause; a change that has
+        waited :attr:`retry_seconds` is given up (its caller gets StorageUnavailable)."""
+        self.health.failing(problem, str(error))
+        now = time.monotonic()
+        keep = []
+        for change, fut in batch:
+            if now < self._deadlines.setdefault(fut, now + self.retry_seconds):
+                keep.append((change, fut))
+                continue
+            del self._deadlines[fut]
+            self.health.gave_up()
+            if not fut.done():
+                fut.set_exception(StorageUnavailable(problem))
+        self._pending[:0] = keep
+        self._waiting = True  # (no waiting for held company: they have waited)
+        delay = RETRY_DELAYS[min(self._tries, len(RETRY_DELAYS) - 1)]
+        self._tries += 1
+        if getattr(error, "sqlite_errorcode", 0) & 0xFF == _IOERR or "i/o" in str(error).lower():
+            self._retry = asyncio.get_running_loop().create_task(self._reconnect(delay))
+        else:
+            self._retry = asyncio.get_running_loop().call_later(delay, self._resume)
+
+    def _resume(self) -> None:
+        self._retry = None
+        self._committing = False
+        self._next()
+
+    async def _reconnect(self, delay: float) -> None:
+        """After a disk I/O error: the next try on a fresh writing connection."""
+        try:
+            await asyncio.sleep(delay)
+            old = self._db
+            try:
+                self._db = await self._writer()
+            except StorageError as e:
+                log.debug("storage: reconnecting failed: %s", e)
+            else:
+                if old is not None:
+                    try:
+                        await old.close()
+                    except Exception as e:  # noqa: BLE001 - it is being replaced
+                        log.debug("storage: closing the failed connection: %s", e)
+        finally:
+            self._resume()
+
+    async def probe(self) -> bool:
+        """A cheap commit (it writes the file's header): whether storage can commit now. It
+        waits behind the changes in line, and is retried like them."""
+        try:
+            await self.transact(_probe)
+        except StorageError:
+            return False
+        return True
 
     # reads --------------------------------------------------------------------------------
 
