@@ -50,7 +50,7 @@ def provider_error(exc: TelegramError) -> ProviderError:
         case BadRequest():
             return DeliveryRefused(f"Telegram rejected the request: {_reason(exc)}")
         case TimedOut():
-            return ProviderError("Telegram did not answer in time")
+            return ProviderError(timed_out(exc))
         case Conflict():
             return ProviderError(f"Telegram reported a conflict: {_reason(exc)}")
         case NetworkError():
@@ -58,11 +58,36 @@ def provider_error(exc: TelegramError) -> ProviderError:
     return ProviderError(f"Telegram error: {_reason(exc)}")
 
 
+def timed_out(exc: TimedOut) -> str:
+    """What timed out, in the library's words: a pool timeout means the request never left
+    (every connection was busy — or lost, see ``request.py``); otherwise the httpx timeout that
+    fired (connect, write, read)."""
+    text = _reason(exc)
+    if text.lower().startswith("pool timeout"):
+        detail = text.split(":", 1)[1].strip() if ":" in text else ""
+        detail = detail.split(". ")[0].rstrip(".")
+        detail = detail[:1].lower() + detail[1:]
+        return f"Telegram request not sent: pool timeout ({detail or 'no free connection'})"
+    cause = type(exc.__cause__).__name__ if exc.__cause__ is not None else None
+    if cause == "ConnectTimeout":
+        return "could not connect to Telegram in time (httpx.ConnectTimeout)"
+    if cause == "WriteTimeout":
+        return "Telegram did not take the request in time (httpx.WriteTimeout)"
+    return f"Telegram did not answer in time ({f'httpx.{cause}' if cause else text})"
+
+
 def _reason(exc: TelegramError) -> str:
-    text = exc.message.strip().rstrip(".")
+    text = _scrub(exc.message.strip().rstrip("."))
     for prefix in ("Forbidden: ", "Bad Request: "):
         text = text.removeprefix(prefix)
     return text or type(exc).__name__
+
+
+def _scrub(text: str) -> str:
+    """A library's text with the bot token masked (URLs in httpx errors carry it)."""
+    for secret in _MASK.secrets:
+        text = text.replace(secret, _MASK.placeholder)
+    return text
 
 
 _MASK = MaskSecrets(placeholder="<token>")
