@@ -4,9 +4,11 @@ the gateway's aiohttp server) or by Socket Mode.
 Bolt checks each HTTP request's signature (``v0=`` HMAC-SHA256 of ``v0:<ts>:<body>`` with the
 signing secret) and refuses requests older than five minutes (401; so is a post without a
 numeric timestamp, before the SDK could fail on it); it answers
-``url_verification``; and it acknowledges an event before the listener runs
-(``process_before_response=False``), so Slack gets its 200 (or its Socket Mode ack) at once and
-the work happens after. The signature is checked before anything else is read, so a forged or
+``url_verification``; and it acknowledges an event only after the listener ran
+(``process_before_response=True``): Slack's 200 (or its Socket Mode ack) confirms the event, so
+it is given once intake recorded the message. When it could not be recorded (storage failed:
+:class:`~pluto.providers.handover.NotRecorded`), an HTTP post is answered 503 and a Socket Mode
+envelope is not acknowledged, and Slack delivers the event again. The signature is checked before anything else is read, so a forged or
 malformed request learns nothing (401, then 400 for a signed body that is not an event, or
 whose JSON nests deeper than :data:`pluto.jsonlimits.MAX_DEPTH`).
 """
@@ -24,11 +26,13 @@ from slack_bolt.async_app import AsyncApp
 from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.logger.messages import warning_client_prioritized_and_token_skipped
 from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_bolt.response import BoltResponse
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
 from pluto import jsonlimits
 from pluto.jsonlimits import JsonTooDeep
+from pluto.providers.handover import NotRecorded
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,7 @@ def build_app(*, api_base: str, signing_secret: str | None, authorize: Authorize
         signing_secret=signing_secret or "",
         request_verification_enabled=signing_secret is not None,
         authorize=_authorizer(authorize), logger=BOLT_LOG,
-        process_before_response=False, name="pluto")
+        process_before_response=True, name="pluto")
 
     async def on_message(body: dict[str, Any], request: AsyncBoltRequest) -> None:
         retry = request.headers.get("x-slack-retry-num")  # HTTP only: bolt drops Socket Mode's
@@ -66,8 +70,12 @@ def build_app(*, api_base: str, signing_secret: str | None, authorize: Authorize
     async def ignore(body: dict[str, Any]) -> None:
         return None  # another event the app is subscribed to: nothing to do
 
-    async def on_error(error: Exception, body: dict[str, Any]) -> None:
+    async def on_error(error: Exception, body: dict[str, Any],
+                       response: BoltResponse | None) -> BoltResponse | None:
+        if isinstance(error, NotRecorded):  # logged once per outage by the hand-over
+            return BoltResponse(status=503, body="not recorded; try again")  # Slack retries
         log.warning("slack: event %s not handled: %s", _event_id(body), _sentence(error))
+        return None
 
     app.event("message")(on_message)
     app.event("app_mention")(on_message)

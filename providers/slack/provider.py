@@ -1,8 +1,9 @@
 """The Slack provider: a bot in one workspace, through slack-bolt (async) and the Web API.
 
 Receiving, chosen by ``mode``: the Events API over HTTP, mounted on the gateway's aiohttp
-server (``events.py``), or Socket Mode with the app-level token. Either way each event is
-acknowledged at once and handled after; copies of a message (``app_mention`` + ``message``, a
+server (``events.py``), or Socket Mode with the app-level token. Either way an event is
+acknowledged once intake recorded its message (a storage error: 503 / no ack, and Slack
+delivers it again); copies of a message (``app_mention`` + ``message``, a
 redelivery) start one run (``inbound.py``; the gateway's dedupe keeps that across restarts).
 Direct messages are always for the bot; in channels, mentions and threads it takes part in.
 Sending (``outbound.py``): mrkdwn into the message's thread, edits for streamed replies, files
@@ -30,6 +31,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from pluto.errors import ProviderError, ProviderUnusable
 
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
+from pluto.providers.handover import HandOver, NotRecorded
 from pluto.types import Attachment, Capabilities, OutgoingMessage
 from pluto.providers.slack.errors import provider_error, redact_secrets_in_logs
 from pluto.providers.slack.events import HttpEvents, build_app
@@ -84,6 +86,8 @@ class SlackProvider(Provider):
         self._identity_lock = asyncio.Lock()
         self._who: Identity | None = None
         self._handling: set[asyncio.Task[Any]] = set()
+        self._recording: dict[str, asyncio.Future[bool]] = {}  # key → recorded (being handed)
+        self.handover = HandOver(self.name)
         if http_app is not None and settings.mode == "http" and secrets.signing_secret:
             endpoint = HttpEvents(self.app, secrets.signing_secret, lambda: self._intake is not None)
             http_app.router.add_post(settings.events_path, endpoint.handle)
@@ -148,28 +152,43 @@ class SlackProvider(Provider):
                                bot_id=who.bot_id)
 
     async def _on_event(self, body: dict[str, Any], retry: str | None) -> None:
-        """One event, after it was acknowledged; a failure is logged, never fatal."""
+        """One event, before Slack is answered (its 2xx or ack confirms the event).
+        :class:`NotRecorded` propagates: the message is not in the inbox, so Slack must deliver
+        it again (503, no ack). Any other failure is logged, never fatal."""
         event = body.get("event")
         if not isinstance(event, dict) or not is_from_people(event):
             return
         key = message_key(str(event["channel"]), str(event["ts"]))
         if not self.recent.claim(key):
-            log.debug("slack: message %s arrived again (%s); ignored", key,
-                      f"retry {retry}" if retry else event.get("type"))
+            await self._copy_of(key, retry, event)
             return
+        recorded = self._recording[key] = asyncio.get_running_loop().create_future()
         task = asyncio.current_task()
         if task is not None:
             self._handling.add(task)
         try:
             await self._receive(event, body)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
+        except BaseException as e:
             self.recent.release(key)  # let a redelivery try again
+            recorded.set_result(False)
+            if isinstance(e, NotRecorded | asyncio.CancelledError):
+                raise
             log.exception("slack: handling message %s failed", key)
         finally:
+            if not recorded.done():
+                recorded.set_result(True)
+            self._recording.pop(key, None)
             if task is not None:
                 self._handling.discard(task)
+
+    async def _copy_of(self, key: str, retry: str | None, event: dict[str, Any]) -> None:
+        """Another copy of a message (a retry, the ``app_mention`` of a ``message``): it is
+        confirmed as the first one is — once that one was recorded, never before."""
+        first = self._recording.get(key)
+        if first is not None and not await asyncio.shield(first):
+            raise NotRecorded("the message could not be recorded")
+        log.debug("slack: message %s arrived again (%s); ignored", key,
+                  f"retry {retry}" if retry else event.get("type"))
 
     async def _receive(self, event: dict[str, Any], body: dict[str, Any]) -> None:
         intake = self._intake
@@ -188,7 +207,7 @@ class SlackProvider(Provider):
         incoming = to_incoming(event, who, addressed, team_id=body.get("team_id"),
                                attachments=attachments)
         if incoming.text or incoming.attachments:
-            await intake.submit(incoming)
+            await self.handover(intake.submit, incoming)  # NotRecorded: not confirmed
 
     async def _addressed(self, event: dict[str, Any], who: Identity) -> Addressed | None:
         """Whether the bot should see the message, and where an answer goes."""

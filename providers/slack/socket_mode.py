@@ -4,7 +4,8 @@ The first websocket URL is asked for here (``apps.connections.open``), so a reje
 or an unreachable Slack fails the provider's start with one clear sentence instead of the SDK's
 endless "retrying" loop; from then on the SDK's client keeps the connection: it reconnects when
 Slack asks (``disconnect`` messages, refreshes) or the connection drops. Envelopes are
-acknowledged once bolt has acknowledged the event, before the work is done.
+acknowledged once bolt has acknowledged the event: after intake recorded its message (an
+envelope whose message could not be recorded is not acknowledged, so Slack sends it again).
 """
 
 from __future__ import annotations

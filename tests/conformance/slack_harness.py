@@ -129,6 +129,11 @@ class SlackHarness(Harness):
         for delivery in message.ref.deliveries:  # the same event_id again
             await self.fake.send_event(copy.deepcopy(delivery.payload))
 
+    def confirmed(self, message: UserMessage) -> bool | None:
+        """Confirmed: an attempt of each of the message's events got a 2xx (HTTP) or an ack."""
+        deliveries = message.ref.deliveries
+        return bool(deliveries) and all(any(a.acked for a in d.attempts) for d in deliveries)
+
     def bot_messages(self, chat: str) -> list[dict[str, Any]]:
         """The bot's messages in a conversation, threads included, oldest first."""
         found: list[dict[str, Any]] = []
