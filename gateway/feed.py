@@ -4,7 +4,10 @@ follows it the same way — "events of run R after seq N, then live".
 The runner commits each event (storage gives it its ``seq``) and then publishes it here, in
 order. :meth:`LocalRunFeed.follow` registers the live subscription *before* it reads storage, so
 no event falls between the two, and skips any live event whose ``seq`` it has already yielded:
-each event comes once, in ``seq`` order, and the stream ends after ``run.end``.
+each event comes once, in ``seq`` order, and the stream ends after ``run.end``. A watcher
+that brings a seq at or past the end of an ended run (a reconnect after the end, a number of a
+preview lost in a crash: numbers are skipped then, never reused) gets that ``run.end`` at once
+and its stream ends.
 :meth:`LocalRunFeed.listen` is the same promise without a task: for a run just accepted here,
 each event is handed to a function in the very call that publishes it (a chat front-end shows
 a streamed batch without a wake-up of its own per batch).
@@ -137,6 +140,9 @@ class LocalRunFeed:
                     if event is WAKE:
                         break  # committed by another instance: storage has it
                     if event.seq <= last:
+                        if isinstance(event, RunEnd):
+                            yield event  # it ended before where the watcher is: say so
+                            return
                         continue  # storage already gave it
                     if event.seq > last + 1:
                         break  # a gap (published before we subscribed, or cut off): re-read

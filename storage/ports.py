@@ -24,7 +24,9 @@ class RunReader(Protocol):
     async def run(self, run_id: str) -> RunRow | None: ...
 
     async def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
-        """The run's committed events with ``seq`` greater than ``after``, in order."""
+        """The run's committed events with ``seq`` greater than ``after``, in order. When
+        none is and the run has ended, its ``run.end`` all the same (a watcher at or past the
+        end learns that the run ended)."""
         ...
 
 

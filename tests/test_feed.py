@@ -4,10 +4,19 @@ this process is followed without reading storage unless it has to."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing
+from pathlib import Path
 
-from pluto.events import MessageDelta, RunEnd, RunEvent, RunStart
+import pytest
+
+from pluto.events import MessageDelta, MessageFinal, RunEnd, RunEvent, RunStart
 from pluto.gateway.feed import LocalRunFeed, SharedRunFeed
+from pluto.storage.postgres import PostgresStore
+from pluto.storage.sqlite import SqliteStore, SqlStore
+from pluto.storage.sqlite.conversations import PREVIEWS_AHEAD
+from tests.helpers.pg import fresh_schema
 
 
 class Runs:
@@ -140,3 +149,123 @@ async def test_a_listener_that_fails_is_dropped_and_the_run_goes_on(caplog):
         feed.publish(e)  # never raises into the run that publishes
     assert heard == [1, 2, 3, 4]
     assert "a listener of run r failed" in caplog.text and feed.watched("r")
+
+
+# a seq is never reused; the end of an ended run is found from anywhere (issue 29, item 9) ---
+
+class NeverCommits:
+    """An engine whose writes never finish (the process dies before its commit): each call is
+    recorded with its statements."""
+
+    def __init__(self, engine: object) -> None:
+        self._engine = engine
+        self.calls: list[tuple[object, ...]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._engine, name)
+
+    async def write(self, *statements: object) -> int:
+        self.calls.append(statements)
+        await asyncio.Event().wait()  # the crash comes first
+        return 0
+
+
+@contextlib.asynccontextmanager
+async def opened(engine: str, where: str) -> AsyncIterator[SqlStore]:
+    store = SqliteStore(Path(where) / "pluto.db") if engine == "sqlite" else PostgresStore(where)
+    async with store:
+        yield store
+
+
+@contextlib.contextmanager
+def database(engine: str, tmp_path: Path) -> Iterator[str]:
+    if engine == "sqlite":
+        yield str(tmp_path)
+    else:
+        with fresh_schema() as url:
+            yield url
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+async def test_previews_shown_then_lost_in_a_crash_never_lend_their_seqs(engine, tmp_path):
+    with database(engine, tmp_path) as where:
+        async with opened(engine, where) as first:  # the process that crashes
+            conv = first.conversations
+            session = await conv.session("k", "a")
+            start = await conv.start_run("r", session.id, "a", "hi",
+                                         RunStart(run_id="r", session_id=session.id, agent="a"))
+            blocked = NeverCommits(conv.engine)
+            conv.engine = blocked  # from here nothing of this run reaches the disk
+            feed = LocalRunFeed(conv)
+            seen: list[RunEvent] = []
+            feed.listen("r", seen.append)
+            feed.publish(start)
+            for i in range(PREVIEWS_AHEAD):  # shown at once, committed behind the run
+                feed.publish(await conv.append_event(MessageDelta(run_id="r", text=f"{i} "),
+                                                     durable=False))
+            shown = max(e.seq for e in seen)
+            assert shown == 1 + PREVIEWS_AHEAD and not await first.conversations.events(
+                "r", after=1)  # (read through the real engine: nothing of them committed)
+            # one more would be a window ahead of the last commit: it waits for its own
+            beyond = asyncio.ensure_future(conv.append_event(
+                MessageDelta(run_id="r", text="more"), durable=False))
+            await wait_until(lambda: any(len(c) > 1 for c in blocked.calls))
+            assert not beyond.done()
+            beyond.cancel()
+            for task in asyncio.all_tasks():  # the process dies: its writes die with it
+                if task.get_coro().__qualname__.startswith("SqliteConversations"):
+                    task.cancel()
+            conv.engine = blocked._engine
+
+        async with opened(engine, where) as restarted:  # the next process
+            ended = await restarted.conversations.recover_interrupted()
+            assert [e.run_id for e in ended] == ["r"]
+            end = ended[0]
+            assert end.seq > shown  # a fresh number: nobody who saw a preview misses it
+            stored = await restarted.conversations.events("r")
+            assert [e.seq for e in stored] == [1, end.seq] and isinstance(stored[-1], RunEnd)
+            feed = LocalRunFeed(restarted.conversations)
+            for after in (0, 1, shown - 1, shown, end.seq, end.seq + 1, 10**15):
+                got = await asyncio.wait_for(follow(feed, after=after), 5)
+                assert got[-1] == end and all(e.seq > after for e in got[:-1]), after
+                assert [e.seq for e in got] == ([1, end.seq] if after == 0 else [end.seq])
+
+
+async def test_following_an_ended_run_from_anywhere_ends_with_its_end_at_once(tmp_path):
+    async with SqliteStore(tmp_path / "pluto.db") as store:
+        conv = store.conversations
+        session = await conv.session("k", "a")
+        start = await conv.start_run("r", session.id, "a", "hi",
+                                     RunStart(run_id="r", session_id=session.id, agent="a"))
+        delta = await conv.append_event(MessageDelta(run_id="r", text="he"))
+        final, end = await conv.complete_run("r", session.id,
+                                             MessageFinal(run_id="r", text="hello"),
+                                             RunEnd(run_id="r", outcome="ok"), usage={})
+        feed = LocalRunFeed(conv)
+        everything = [start, delta, final, end]
+        for after in range(0, 9):
+            got = await asyncio.wait_for(follow(feed, after=after), 5)
+            assert got == (everything[after:] if after < 4 else [end]), after
+
+
+async def test_a_watcher_past_the_end_of_a_running_run_gets_its_end_when_it_comes(tmp_path):
+    async with SqliteStore(tmp_path / "pluto.db") as store:
+        conv = store.conversations
+        session = await conv.session("k", "a")
+        feed = LocalRunFeed(conv)
+        feed.publish(await conv.start_run("r", session.id, "a", "hi",
+                                          RunStart(run_id="r", session_id=session.id, agent="a")))
+        watching = asyncio.ensure_future(follow(feed, after=500))  # a client's odd id
+        await wait_until(lambda: feed.watched("r"))
+        feed.publish(await conv.append_event(MessageDelta(run_id="r", text="he")))
+        assert not watching.done()
+        _, end = await conv.complete_run("r", session.id, MessageFinal(run_id="r", text="he"),
+                                         RunEnd(run_id="r", outcome="ok"), usage={})
+        feed.publish(end)
+        assert await asyncio.wait_for(watching, 5) == [end]
+
+
+async def wait_until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(10):
+        while not condition():
+            await asyncio.sleep(0)

@@ -142,13 +142,21 @@ def _paths() -> dict[str, Any]:
             "description": "Each event is `id: <seq>`, `event: <type>` and `data: <JSON>` "
                            "(run.start, message.delta, tool.start, tool.end, message.final, "
                            "run.error, run.end). The stream ends after run.end. Send "
-                           "`Last-Event-ID` or `after` to resume after a seq.",
+                           "`Last-Event-ID` or `after` to resume after a seq: the events after "
+                           "it, ending with run.end; at or past the end of an ended run, just "
+                           "its run.end, at once. Seqs only grow (a crash may skip some, never "
+                           "reuses one). `Last-Event-ID` wins over `after`.",
             "parameters": [_param("run_id", "path", {"type": "string",
                                                      "pattern": "^[0-9a-f]{32}$"},
                                   "The run's id (a step's run_id)."),
                            _param("after", "query", {"type": "integer", "minimum": 0,
                                                      "maximum": 10_000_000},
-                                  "Only events after this seq.")],
+                                  "Only events after this seq."),
+                           _param("Last-Event-ID", "header",
+                                  {"type": "string", "pattern": "^[ ]*[0-9]{0,18}[ ]*$"},
+                                  "The last seq the client saw (an EventSource sends it on "
+                                  "reconnect). Empty: from the start; not a whole number of at"
+                                  " most 18 digits: 400.")],
             "responses": {"200": {"description": "The event stream.",
                                   "content": {"text/event-stream": {"schema":
                                                                     {"type": "string"}}}},

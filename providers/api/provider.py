@@ -218,10 +218,8 @@ class ApiProvider(Provider):
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         run_id = request.match_info["run_id"]
-        last = request.headers.get("Last-Event-ID")
         after = views.int_query(request, "after", 0, 0, 10_000_000)
-        if last is not None:
-            after = int(last) if last.isdigit() and len(last) < 9 else after
+        after = views.last_event_id(request, after)
         if request[IS_ADMIN]:
             known = await self.runs.run(run_id) is not None or await self.tasks.has_run(run_id)
         else:  # only the runs of the caller's own tasks

@@ -22,6 +22,7 @@ from pluto.storage.rows import StepRow, TaskRow
 AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_ADDITIONAL_BYTES = 16 * 1024
 MAX_PAGE_SIZE = 100
+LAST_EVENT_ID = re.compile(r"[0-9]{1,18}")
 
 
 BLANK = " \t\n\r\f\v"  # what the OpenAPI document's pattern treats as blank
@@ -139,6 +140,20 @@ def int_query(request: web.Request, name: str, default: int, low: int, high: int
     if not low <= value <= high:
         raise bad(f"'{name}' must be a whole number from {low} to {high}.")
     return value
+
+
+def last_event_id(request: web.Request, default: int) -> int:
+    """The seq in ``Last-Event-ID`` (an EventSource's reconnect sends the last ``id`` it saw):
+    any whole number, even past the run's end (the stream then holds just ``run.end``); absent
+    or empty: ``default``; anything else: 400 (a stream replayed from the start would show a
+    client the run's text twice)."""
+    raw = request.headers.get("Last-Event-ID", "").strip()
+    if not raw:
+        return default
+    if not LAST_EVENT_ID.fullmatch(raw):
+        raise bad("'Last-Event-ID' must be the id of an event of this stream (a whole number "
+                  "of at most 18 digits).")
+    return int(raw)
 
 
 def page(request: web.Request) -> tuple[int, int]:

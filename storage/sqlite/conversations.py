@@ -1,7 +1,11 @@
 """Sessions, messages, runs and run events in SQLite.
 
 A run's events are numbered 1, 2, 3, … (``seq``) as they are committed; the number is handed
-back with the event. A run is recorded as ``queued`` when the gateway accepts its message, and
+back with the event. A preview (streamed text) is numbered and shown before it is committed, but
+never more than ``PREVIEWS_AHEAD`` numbers beyond what is committed of its run: whoever ends a
+run that another process was writing (after a crash, or a take-over) numbers its end past that
+window, so a number once shown is never given to another event — a crash skips numbers, never
+reuses them. A run is recorded as ``queued`` when the gateway accepts its message, and
 ``running`` once it starts, with the user's message and its ``run.start`` in the same commit.
 """
 
@@ -84,6 +88,7 @@ UNDELIVERED_WINDOW = 86400.0
 _UNDELIVERED = ("(r.status = 'ok' AND r.ended_at > ? AND NOT EXISTS (SELECT 1 FROM outbox o"
                 " WHERE o.reply_id = r.id))")
 SESSION_CACHE = 10_000
+PREVIEWS_AHEAD = 64  # previews of a run numbered (and shown) beyond its last committed event
 _FIND_SESSION = "SELECT id, key, agent, created_at FROM sessions WHERE key = ? AND active = 1"
 _INSERT_SESSION = ("INSERT INTO sessions (id, key, agent, created_at, updated_at)"
                    " VALUES (?,?,?,?,?)")
@@ -106,8 +111,11 @@ def _message_stmt(session_id: str, m: MessageRow) -> Statement:
              m.tokens, m.created_at))
 
 
+_INSERT_EVENT = "INSERT INTO run_events (run_id, seq, type, data) VALUES (?,?,?,?)"
+
+
 def _event_stmt(event: RunEvent) -> Statement:
-    return ("INSERT INTO run_events (run_id, seq, type, data) VALUES (?,?,?,?)",
+    return (_INSERT_EVENT,
             (event.run_id, event.seq, event.type, json.dumps(event_to_dict(event), default=str)))
 
 
@@ -127,6 +135,13 @@ def _claim_source(conn: Any, source: tuple[str, str] | None, run_id: str) -> Non
         raise RunTakenOver(f"message {source[1]} of {source[0]} is answered elsewhere")
 
 
+def _next_seq_elsewhere(committed: int) -> int:
+    """The next seq of a run that another process was writing (it crashed, or lost the run):
+    past every preview it may have shown but not committed. A run with nothing committed
+    showed nothing (its start is committed before any preview)."""
+    return committed + PREVIEWS_AHEAD + 1 if committed else 1
+
+
 def _session(row: Any) -> SessionRow:
     return SessionRow(row["id"], row["key"], row["agent"], row["created_at"])
 
@@ -135,6 +150,7 @@ class SqliteConversations:
     def __init__(self, engine: Engine):
         self.engine = engine
         self._seq: dict[str, int] = {}  # the last seq of each run this process is writing
+        self._kept: dict[str, int] = {}  # ... and the last of them known committed
         self._behind: list[Statement] = []  # preview events numbered, not yet handed over
         self._flusher: asyncio.Task[None] | None = None
         self._sessions: dict[str, SessionRow] = {}  # active session by key (bounded cache)
@@ -226,7 +242,9 @@ class SqliteConversations:
         if event is not None:
             event = self._numbered(event)
             stmts.append(_event_stmt(event))
-        await self.engine.write(*self._take_behind(), *stmts)
+        stmts = [*self._take_behind(), *stmts]
+        await self.engine.write(*stmts)
+        self._committed(stmts)
         self._remember(session_id, message)
         return event
 
@@ -279,6 +297,17 @@ class SqliteConversations:
         self._seq[event.run_id] = seq
         return replace(event, seq=seq)
 
+    def _committed(self, stmts: list[Statement]) -> None:
+        """The events among ``stmts`` are committed: previews may be numbered that far on."""
+        for sql, params in stmts:
+            if sql is _INSERT_EVENT and params[0] in self._seq:
+                self._kept[params[0]] = max(self._kept.get(params[0], 0), params[1])
+
+    def _forget(self, run_id: str) -> None:
+        """The run is no longer written by this process (it ended, or was taken over)."""
+        self._seq.pop(run_id, None)
+        self._kept.pop(run_id, None)
+
     async def queue_run(self, run_id: str, session_id: str, agent: str, input_text: str, *,
                         source: tuple[str, str] | None = None) -> None:
         def queue(conn: Any) -> None:
@@ -320,15 +349,20 @@ class SqliteConversations:
         try:
             await self.engine.transact(start)
         except RunTakenOver:
-            self._seq.pop(run_id, None)
+            self._forget(run_id)
             raise
+        self._kept[run_id] = event.seq
         self._remember(session_id, message)
         return event
 
     async def append_event(self, event: RunEvent, *, durable: bool = True) -> RunEvent:
         event = self._numbered(event)
-        if durable:
-            await self.engine.write(*self._take_behind(), _event_stmt(event))
+        if durable or event.seq > self._kept.get(event.run_id, 0) + PREVIEWS_AHEAD:
+            # (a preview that far ahead of its run's commits waits for its own: storage is
+            # behind by a whole window, and a number shown must survive a crash)
+            stmts = [*self._take_behind(), _event_stmt(event)]
+            await self.engine.write(*stmts)
+            self._committed(stmts)
             return event
         # A preview (a batch of streamed text): numbered now, committed behind the caller with
         # the next write — at the latest with the run's next durable event, in its commit
@@ -352,6 +386,8 @@ class SqliteConversations:
                 except Exception as e:  # noqa: BLE001 - previews only: the answer is durable
                     log.warning("storage: %d streamed preview event(s) were not kept: %s",
                                 len(stmts), e)
+                else:
+                    self._committed(stmts)
         finally:
             self._flusher = None
 
@@ -359,7 +395,7 @@ class SqliteConversations:
                       usage: dict[str, int] | None = None,
                       event: RunEvent | None = None) -> RunEvent | None:
         if event is not None and run_id not in self._seq:  # e.g. a queued run that never ran
-            self._seq[run_id] = await self._last_seq(run_id)
+            self._seq[run_id] = _next_seq_elsewhere(await self._last_seq(run_id)) - 1
         stmts: list[Statement] = []
         if event is not None:
             event = self._numbered(event)
@@ -381,13 +417,14 @@ class SqliteConversations:
         try:
             ended = await self.engine.transact(end)
         finally:
-            self._seq.pop(run_id, None)
+            self._forget(run_id)
         return event if ended else None
 
     async def cancel_run(self, run_id: str, session_id: str, agent: str, input_text: str,
                          event: RunEvent, *, error: str,
                          source: tuple[str, str] | None = None) -> RunEvent | None:
         behind = self._take_behind()
+        written = self._seq.get(run_id)  # numbered here: previews lost on the way count
 
         def cancel(conn: Any) -> RunEvent | None:
             for stmt in behind:
@@ -402,7 +439,8 @@ class SqliteConversations:
                              (run_id, session_id, agent, input_text, now))
             seq = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE run_id = ?",
                                (run_id,)).fetchone()[0]
-            end = replace(event, seq=seq + 1)
+            end = replace(event, seq=max(seq, written) + 1 if written is not None
+                          else _next_seq_elsewhere(seq))
             conn.execute(*_event_stmt(end))
             conn.execute("UPDATE runs SET status = 'cancelled', error = ?, ended_at = ?"
                          " WHERE id = ?", (error, now, run_id))
@@ -413,7 +451,7 @@ class SqliteConversations:
         try:
             return await self.engine.transact(cancel)
         finally:
-            self._seq.pop(run_id, None)
+            self._forget(run_id)
 
     async def complete_run(self, run_id: str, session_id: str, final: RunEvent, end: RunEvent,
                            *, usage: dict[str, int]) -> tuple[RunEvent, RunEvent]:
@@ -437,7 +475,7 @@ class SqliteConversations:
         try:
             await self.engine.transact(complete)
         finally:
-            self._seq.pop(run_id, None)
+            self._forget(run_id)
         self._remember(session_id, message)
         return final, end
 
@@ -455,8 +493,13 @@ class SqliteConversations:
 
     async def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
         rows = await self.engine.fetchall(
-            "SELECT seq, data FROM run_events WHERE run_id = ? AND seq > ? ORDER BY seq",
+            "SELECT seq, type, data FROM run_events WHERE run_id = ? AND seq > ? ORDER BY seq",
             (run_id, after))
+        if not rows and after > 0:  # past the end of an ended run: its end all the same
+            last = await self.engine.fetchone(
+                "SELECT seq, type, data FROM run_events WHERE run_id = ? ORDER BY seq DESC"
+                " LIMIT 1", (run_id,))
+            rows = [last] if last is not None and last["type"] == "run.end" else []
         return [replace(event_from_dict(json.loads(r["data"])), seq=r["seq"]) for r in rows]
 
     async def recover_interrupted(self, *, requeue: bool = True) -> list[RunEvent]:
@@ -532,7 +575,8 @@ class SqliteConversations:
                           if r[1] == "queued" else "the gateway stopped during this run")
                 seq = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE"
                                    " run_id = ?", (r[0],)).fetchone()[0]
-                end = RunEnd(run_id=r[0], outcome="interrupted", seq=seq + 1)
+                end = RunEnd(run_id=r[0], outcome="interrupted",
+                             seq=_next_seq_elsewhere(seq))
                 conn.execute(*_event_stmt(end))
                 conn.execute("UPDATE runs SET status = 'interrupted', error = ?, ended_at = ?"
                              " WHERE id = ?", (reason, now, r[0]))
@@ -545,7 +589,7 @@ class SqliteConversations:
 
         ended = await self.engine.transact(take)
         for end in ended:
-            self._seq.pop(end.run_id, None)
+            self._forget(end.run_id)
         return ended
 
     async def recent_runs(self, *, limit: int = 50, agent: str | None = None,
