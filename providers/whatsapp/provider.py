@@ -26,6 +26,7 @@ from aiohttp import web
 from pluto.errors import DeliveryRefused, PlutoError, ProviderError
 from pluto import jsonlimits
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
+from pluto.providers.handover import HandOver, NotRecorded
 from pluto.providers.whatsapp.api import GraphApi, TooLarge
 from pluto.providers.whatsapp.errors import (OUTSIDE_WINDOW, GraphError, Waits, provider_error,
                                              redact_secrets_in_logs)
@@ -64,6 +65,7 @@ class WhatsAppProvider(Provider):
         self._typing: dict[str, tuple[str, float]] = {}  # wa_id → (wamid, when shown)
         self._told_admin: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.handover = HandOver(self.name)
         if http is not None:
             http.router.add_get(settings.webhook_path, self._on_verify)
             http.router.add_post(settings.webhook_path, self._on_webhook)
@@ -131,11 +133,13 @@ class WhatsAppProvider(Provider):
             for message in messages:
                 if not await self._receive(message, intake):
                     return web.Response(status=503, text="busy")  # Meta delivers it again
-        except PlutoError as e:  # not recorded (the database): Meta delivers it again
+        except NotRecorded:  # the storage failed (logged once per outage): delivered again
+            return web.Response(status=503, text="not recorded; try again")
+        except PlutoError as e:  # (a platform call while reading it): delivered again
             log.warning("whatsapp: a message could not be taken (%s); WhatsApp will deliver "
                         "it again", e)
             return web.Response(status=503, text="try again")
-        return web.Response(text="ok")
+        return web.Response(text="ok")  # every message in it recorded: confirmed
 
     async def _receive(self, inbound: Inbound, intake: Intake) -> bool:
         """Hand one message to the gateway; False when intake had no room."""
@@ -159,7 +163,7 @@ class WhatsAppProvider(Provider):
         if not incoming.text and not incoming.attachments:
             self._remember(inbound.id)
             return True
-        if await intake.offer(incoming) is None:
+        if await self.handover(intake.offer, incoming) is None:
             return False
         self._remember(inbound.id)
         return True

@@ -153,6 +153,12 @@ class WhatsAppHarness(Harness):
     async def redeliver(self, message: UserMessage) -> None:
         await self.fake.redeliver(message.ref)
 
+    def confirmed(self, message: UserMessage) -> bool | None:
+        """Confirmed: a post of the webhook that carried the message was answered 200."""
+        deliveries = [message.ref.delivery] + [
+            d for d in self.fake.deliveries if d.payload == message.ref.delivery.payload]
+        return any(200 in d.statuses for d in deliveries)
+
     def shown(self, chat: str | None = None) -> list[Shown]:
         out = []
         for sent in self.fake.messages_to(chat or self.direct_chat):
