@@ -30,6 +30,7 @@ from mautrix.types import RoomID
 
 from pluto.errors import ProviderError, ProviderUnusable, RateLimited
 from pluto.gateway.ports import Intake, Provider, ProviderContext
+from pluto.providers.handover import HandOver, NotRecorded
 from pluto.providers.matrix.errors import (FAILURES, HomeserverApi, provider_error,
                                           redact_secrets_in_logs)
 from pluto.providers.matrix.inbound import (TEXT_TYPES, Event, mentions, to_incoming,
@@ -71,6 +72,7 @@ class MatrixProvider(Provider):
         self._mine: OrderedDict[str, bool] = OrderedDict()  # event → sent by the bot?
         self._threads: OrderedDict[str, None] = OrderedDict()  # threads the bot is part of
         self._seen: OrderedDict[str, None] = OrderedDict()
+        self.handover = HandOver(self.name)
         self.outbound = Outbound(self.client, self._sent)
 
     @classmethod
@@ -140,7 +142,11 @@ class MatrixProvider(Provider):
                 log.warning("matrix: sync failed (%s); retrying in %.0fs", error, delay)
                 await asyncio.sleep(delay)
                 continue
-            await self._handle_sync(data, intake, since=since)
+            try:
+                await self._handle_sync(data, intake, since=since)
+            except NotRecorded:  # storage failed: the token stays, the same batch comes again
+                await self.handover.pause()
+                continue
             token = data.get("next_batch")
             if isinstance(token, str) and token:
                 since = token
@@ -218,7 +224,8 @@ class MatrixProvider(Provider):
 
     async def _dispatch(self, event: Event, intake: Intake) -> None:
         """Hand one message to the gateway. Reading it may fail (logged, never fatal to
-        receiving); intake failing (the database) fails the sync, so the batch comes again."""
+        receiving); intake failing to record it (the database) raises :class:`NotRecorded`:
+        the sync token is not advanced, so the batch comes again."""
         if not event.id or event.id in self._seen:
             return
         try:
@@ -229,7 +236,7 @@ class MatrixProvider(Provider):
             log.exception("matrix: handling event %s in %s failed", event.id, event.room_id)
             incoming = None
         if incoming is not None:
-            await intake.submit(incoming)
+            await self.handover(intake.submit, incoming)
         self._seen[event.id] = None
         while len(self._seen) > REMEMBERED:
             self._seen.popitem(last=False)

@@ -112,6 +112,13 @@ class MatrixHarness(Harness):
     async def redeliver(self, message: UserMessage) -> None:
         self.fake.replay(message.ref)
 
+    def confirmed(self, message: UserMessage) -> bool | None:
+        """Confirmed: the provider synced with a token past the event (it never asks for it
+        again)."""
+        [pos] = [p for p, _, e in self.fake.stream if e.get("event_id") == message.ref]
+        return any(int(c.query["since"].removeprefix("s")) >= pos for c in self.fake.calls
+                   if c.path.endswith("sync") and c.query.get("since"))
+
     def shown(self, chat: str | None = None) -> list[Shown]:
         out = []
         for event in self.fake.bot_messages(chat or self.direct_chat):
