@@ -12,7 +12,7 @@ import time
 
 from bench.common import Report
 
-SECTIONS = ("startup", "roundtrip", "streaming", "memory", "data", "cluster")
+SECTIONS = ("startup", "roundtrip", "streaming", "statements", "memory", "data", "cluster")
 
 
 def main() -> int:
@@ -34,6 +34,9 @@ def main() -> int:
             case "streaming":
                 from bench import streaming
                 streaming.run(report, quick=args.quick)
+            case "statements":
+                from bench import statements
+                statements.run(report, quick=args.quick)
             case "memory":
                 from bench import memory
                 memory.run(report, quick=args.quick)
