@@ -44,6 +44,7 @@ from pluto.gateway.pipeline.pipeline import Pipeline
 from pluto.gateway.pipeline.routing import RoutingTable
 from pluto.gateway.ports import HttpMount, Provider, ProviderContext
 from pluto.gateway.provider_registry import build_provider, enabled
+from pluto.gateway.recovery import Recovery
 from pluto.gateway.reload import ConfigWatcher, load_routes
 from pluto.gateway.supervisor import TaskHealth, supervise
 from pluto.runtime.tracing import Tracing
@@ -116,6 +117,11 @@ class Gateway:
         self.health_reports: dict[str, Callable[[], object]] = {"mcp": self.mcp.health,
                                                                 "load": self.load.report}
         self.pipeline = self._pipeline()
+        # readiness (storage, the data dir's disk) and the sweep of runs storage cut short
+        self.recovery = Recovery(self.store, self.data_dir, live=lambda: self.pipeline.live,
+                                 intakes=self.intakes, publish=self.feed.publish,
+                                 sweep=serve and not self.shared)
+        self.pipeline.on_stranded = self.recovery.soon
         self.health_reports["cluster"] = self._cluster_report
         self._control_tasks: set[asyncio.Task[object]] = set()
         self.directory = Directory(lambda: self.routes, self.registry, self.store.conversations)
@@ -190,6 +196,8 @@ class Gateway:
             await self._open_storage(stack)
             self.load.start()  # the lag monitor
             stack.push_async_callback(self.load.stop)
+            self.recovery.start()
+            stack.push_async_callback(self.recovery.stop)
             await self.tracing.start()  # (configured: the SDK is imported in a thread)
             await self.usage.prices.load()  # litellm's price list, read in a thread (~20 ms)
             stack.push_async_callback(self.tracing.shutdown)  # the last spans leave, last
@@ -408,7 +416,19 @@ class Gateway:
     @property
     def ready(self) -> bool:
         return self.store.is_open and not self._stopping and all(
-            h.state in ("running", "done") for h in self.health.values())
+            h.state in ("running", "done") for h in self.health.values()) and not self.problems()
+
+    def problems(self) -> dict[str, dict[str, str]]:
+        """What keeps the gateway from being ready although it runs: storage that cannot
+        commit, a full disk, a provider whose sends all fail (its watchdog says so). Each:
+        {"state": a word, "reason": one sentence} — public callers of /readyz see the word."""
+        found = self.recovery.problems()
+        watchdog = getattr(self, "watchdog", None)  # (the outbox's SendWatchdog)
+        wedged = watchdog.wedged() if watchdog is not None else {}
+        for provider, reason in wedged.items():
+            found[f"sends:{provider}"] = {"state": "wedged",
+                                          "reason": f"{provider} sends fail: {reason}"}
+        return found
 
     # for the HTTP server and the admin API --------------------------------------------------
 

@@ -31,7 +31,7 @@ from pluto.runtime.batching import batched
 from pluto.runtime.memory import MemoryBook, Speaker
 from pluto.runtime.memory.compaction import Summarizer, model_summarizer
 from pluto.runtime.memory.context import NO_MEMORY, RunMemory, prepare
-from pluto.errors import RunTakenOver
+from pluto.errors import RunTakenOver, StorageError
 from pluto.runtime.errors import BudgetExceeded, ModelError
 from pluto.runtime.model import Model, ModelSettings, ModelTurn, ToolCall
 from pluto.runtime.openai_compat import model_for
@@ -45,6 +45,9 @@ from pluto.storage.rows import SessionRow, estimate_tokens
 log = logging.getLogger(__name__)
 
 INTERNAL_ERROR = "Something went wrong on our side while answering; the error has been logged."
+# storage could not save the answer (or an event of the run) even after retrying
+STORAGE_FAILED = ("I couldn't save this answer, so I can't send it; please try again in a "
+                  "moment.")
 
 Observer = Callable[[RunEvent], None]
 
@@ -179,6 +182,14 @@ class Runner:
         except RunTakenOver:
             state.ended = True  # another instance answers it: nothing more is said here
             raise
+        except StorageError as e:  # a commit failed for good (retried by the engine first)
+            if _failed(starting):  # it never started: the caller ends it
+                state.ended = True
+                raise
+            log.error("run %s (agent %s): its answer or an event could not be saved (%s); "
+                      "ending it with an error", req.run_id, agent.name, e)
+            async for event in self._end_with(state, STORAGE_FAILED):
+                yield event
         except Exception:
             if _failed(starting):  # it never started: the caller ends it (as it always did)
                 state.ended = True
@@ -192,6 +203,16 @@ class Runner:
             if not state.ended:  # cancelled (/stop, shutdown) or the consumer went away
                 await asyncio.shield(self._finish_cancelled(state))
             await self._ledger_written(state)
+
+    async def _end_with(self, state: _RunState, message: str) -> AsyncIterator[RunEvent]:
+        """The run's start if not shown yet, then ``message`` as its error and its end (a
+        failure to record these too goes to the caller, which ends the run again or leaves it
+        to the recovery sweep)."""
+        state.ended = True
+        if start := await self._shown_start(state):
+            yield start
+        yield await self._fail(state, message, "error")
+        yield await self._end(state, "error", error=message)
 
     async def _shown_start(self, state: _RunState) -> RunEvent | None:
         """The run's start, committed and observed, the first time it is asked for (then

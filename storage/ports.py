@@ -96,6 +96,15 @@ class ConversationStore(RunReader, Protocol):
         ``run.end``, in one commit; returns both with their ``seq``."""
         ...
 
+    async def unfinished_runs(self, started_before: float) -> list[str]:
+        """Ids of runs queued or running that started before ``started_before``."""
+        ...
+
+    async def recover_runs(self, run_ids: list[str]) -> list[RunEvent]:
+        """One process per database: these runs (no task of this process runs them) are
+        ended interrupted and their messages go back to the inbox."""
+        ...
+
     async def recover_interrupted(self, *, requeue: bool = True) -> list[RunEvent]:
         """Runs a dead process left queued or running (one process per database): marked
         interrupted, each with a ``run.end`` (returned, so that watchers can be told); with
@@ -215,8 +224,11 @@ class InboundStore(Protocol):
         :meth:`ConversationStore.queue_run`, in the same commit)."""
         ...
 
-    async def unhandled(self, provider: str) -> list[dict[str, Any]]:
-        """Payloads of messages received and never handled (the process died), oldest first."""
+    async def unhandled(self, provider: str, *, older_than: float = 0.0
+                        ) -> list[dict[str, Any]]:
+        """Payloads of messages received and never handled (the process died, or storage
+        failed while they were handled), oldest first; ``older_than``: received at least that
+        many seconds ago."""
         ...
 
     async def prune(self) -> int: ...

@@ -9,12 +9,21 @@ import asyncio
 import logging
 import sqlite3
 import uuid
+from pathlib import Path
 
+import aiohttp
 import pytest
 
 from pluto.errors import StorageUnavailable
+from pluto.gateway import recovery
+from pluto.gateway.app import Gateway
+from pluto.runtime.runner import STORAGE_FAILED
+from pluto.runtime.testing import Scripted, ScriptedModel
+from pluto.settings import PlutoConfig
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.sqlite import SqliteStore
+from pluto.storage.sqlite import engine as sqlite_engine
+from tests.helpers.gateway import RecordingProvider
 from tests.helpers.pg import fresh_schema
 
 
@@ -145,3 +154,127 @@ async def test_postgres_gives_up_when_the_server_is_away(tmp_path):
                 assert engine.health.problem == "the database cannot be reached"
             finally:
                 engine._pool = None  # (closed already)
+
+
+# a gateway whose storage fails ------------------------------------------------------------
+
+async def served(config_dir: Path, data_dir: Path, model: ScriptedModel) -> Gateway:
+    gw = Gateway(config_dir, config=PlutoConfig(data_dir=data_dir,
+                                                gateway={"reload_interval_seconds": 0}),
+                 serve=True, http_bind=("127.0.0.1", 0), model_factory=model)
+    await gw.start()
+    return gw
+
+
+async def until(condition, timeout: float = 20.0) -> None:
+    async def wait() -> None:
+        while not condition():
+            await asyncio.sleep(0.02)
+    await asyncio.wait_for(wait(), timeout)
+
+
+async def readyz(gw: Gateway) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{gw.http.url}/readyz") as r:  # type: ignore[union-attr]
+            return r.status, await r.json()
+
+
+async def test_an_answer_that_cannot_be_saved_ends_the_run_with_an_error_the_user_sees(
+        config_dir, data_dir, monkeypatch, caplog):
+    gw = await served(config_dir, data_dir, ScriptedModel())
+    provider = RecordingProvider()
+    conversations = gw.store.conversations
+    complete = conversations.complete_run
+    calls: list[str] = []
+
+    async def failing_complete(run_id, *args, **kw):
+        calls.append(run_id)
+        if len(calls) == 1:
+            raise StorageUnavailable("the disk is full")
+        return await complete(run_id, *args, **kw)
+
+    monkeypatch.setattr(conversations, "complete_run", failing_complete)
+    try:
+        gw.add_provider(provider)
+        await provider.say("first")
+        assert await provider.wait_finals(1) == [STORAGE_FAILED]
+        await gw.settled()
+        run = await conversations.run(calls[0])
+        assert run is not None and run.status == "error" and run.error == STORAGE_FAILED
+        await provider.say("second")  # the chat goes on
+        assert await provider.wait_finals(2) == [STORAGE_FAILED, "echo: second"]
+    finally:
+        await gw.stop()
+    assert not [r for r in caplog.records if r.exc_info]  # a log line, no traceback
+
+
+@pytest.mark.parametrize("when", ["model", "answer"])
+async def test_a_run_storage_could_not_even_end_is_answered_once_storage_works(
+        config_dir, data_dir, monkeypatch, when):
+    """The disk fails while the model answers (``model``: the run's start may not be saved;
+    ``answer``: its start is, its answer is not): the answer, the error, the fallback's error
+    all fail to commit (each after its retries). /readyz says so; when storage works again,
+    by itself, the probe notices, the sweep finds the run nobody runs or the message nobody
+    handles, and the message is answered — once."""
+    monkeypatch.setattr(recovery, "SETTLE_SECONDS", 0.2)
+    broken = [False]
+    apply_batch = sqlite_engine._apply_batch
+
+    def apply(conn, changes):
+        if broken[0]:
+            raise sqlite3.OperationalError("database or disk is full")
+        return apply_batch(conn, changes)
+
+    monkeypatch.setattr(sqlite_engine, "_apply_batch", apply)
+    answers = [0]
+
+    def answer(messages):
+        answers[0] += 1
+        if answers[0] == 1 and when == "model":
+            broken[0] = True  # the disk fills up while the model writes the first answer
+        return Scripted(text=f"echo: {messages[-1]['content']}")
+
+    gw = await served(config_dir, data_dir, ScriptedModel(fallback=answer))
+    gw.store.engine.retry_seconds = 0.3
+    complete = gw.store.conversations.complete_run
+
+    async def complete_run(*args, **kw):
+        if when == "answer" and answers[0] == 1:
+            broken[0] = True  # the disk fills up as the answer is saved
+        return await complete(*args, **kw)
+
+    monkeypatch.setattr(gw.store.conversations, "complete_run", complete_run)
+    provider = RecordingProvider()
+    try:
+        gw.add_provider(provider)
+        await provider.running.wait()
+        assert provider.intake is not None
+        await provider.intake.submit(provider.msg("are you there?"))
+        await until(lambda: broken[0] and not gw.pipeline.live)  # it gave up on the run
+        status, body = await readyz(gw)
+        assert status == 503 and body["problems"] == {"storage": {"state": "failing"}}
+        assert provider.finals() == []
+        broken[0] = False  # space again: nothing else happens, no message arrives
+        assert await provider.wait_finals(1) == ["echo: are you there?"]
+        await until(lambda: gw.store.engine.health.problem is None)
+        status, body = await readyz(gw)
+        assert status == 200 and body["problems"] == {}
+        await gw.settled()
+        assert provider.finals() == ["echo: are you there?"]
+        assert answers[0] == 2
+    finally:
+        await gw.stop()
+
+
+async def test_readyz_is_503_while_the_data_dirs_disk_is_full(config_dir, data_dir,
+                                                               monkeypatch):
+    gw = await served(config_dir, data_dir, ScriptedModel())
+    try:
+        assert (await readyz(gw))[0] == 200
+        monkeypatch.setattr(recovery, "_free_bytes", lambda path: 1024)
+        gw.recovery.disk.checked = 0.0  # (the cached figure is stale)
+        status, body = await readyz(gw)
+        assert status == 503 and body["problems"] == {"disk": {"state": "full"}}
+        assert body["checks"]["disk"] == {"free_mb": 0.0}
+    finally:
+        await gw.stop()

@@ -58,19 +58,26 @@ class HttpServer:
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def _readyz(self, request: web.Request) -> web.Response:
+        """200 when the gateway can take and answer messages; else 503 with what is wrong
+        (``problems``: storage that cannot commit, a full disk, a provider's wedged sends)."""
         gw = request.app[GATEWAY_KEY]
+        await gw.recovery.refresh()  # the disk's free space (off the loop, cached)
+        problems = gw.problems()
+        free = gw.recovery.disk.free
         checks = {
             "config": True,
             "storage": gw.store.is_open,
+            "disk": {"free_mb": round(free / 1e6, 1) if free is not None else None},
             "providers": {name: h.state for name, h in gw.health.items()},
             "intake": {name: q.waiting for name, q in gw.intakes.items()},  # not yet handled
         }
         checks.update({name: report() for name, report in gw.health_reports.items()})
+        body = {"checks": checks, "problems": problems}
         if not _admin(request, gw):  # public: states and counts, never paths, hosts or errors
-            checks = _public(checks)
+            body = _public(body)
         ready = gw.ready
         return web.json_response({"status": "ready" if ready else "not ready",
-                                  "instance": gw.instance, "checks": checks},
+                                  "instance": gw.instance, **body},
                                  status=200 if ready else 503)
 
 

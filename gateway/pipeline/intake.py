@@ -31,7 +31,7 @@ import asyncio
 import dataclasses
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +191,26 @@ class IntakeQueue:
             log.warning("%s: %d message(s) received before the last shutdown were not handled; "
                         "handling them now", self.name, len(found))
         return len(found)
+
+    def requeue(self, payloads: list[dict[str, Any]], busy: Collection[str]) -> int:
+        """One process per database (the recovery sweep): messages the inbox holds unhandled
+        that are neither waiting here nor in ``busy`` (message ids of runs going on) — their
+        handling met a storage error — queued again; returns how many."""
+        if self.shared is not None or self._closed:
+            return 0
+        here = {t.message.message_id for q in self._chats.values() for t in q}
+        queued = 0
+        for payload in payloads:
+            try:
+                msg = message_from_dict(payload)
+            except (TypeError, ValueError, KeyError):
+                continue  # (replay at the next start says so)
+            if msg.message_id in here or msg.message_id in busy:
+                continue
+            self._free -= 1  # (taken before: they must not wait for room)
+            self._enqueue(msg)
+            queued += 1
+        return queued
 
     @staticmethod
     def _refused(msg: IncomingMessage) -> Ticket:

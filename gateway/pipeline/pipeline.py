@@ -28,7 +28,7 @@ from typing import Any
 from dataclasses import dataclass
 
 from pluto.agents.registry import AgentRegistry
-from pluto.errors import PlutoError, ProviderError, RunTakenOver
+from pluto.errors import PlutoError, ProviderError, RunTakenOver, StorageError
 from pluto.events import RunEnd, RunError, RunEvent
 from pluto.gateway.delivery.delivery import Delivery
 from pluto.gateway.metrics import Metrics
@@ -41,7 +41,7 @@ from pluto.gateway.pipeline.routing import RoutingTable
 from pluto.gateway.ports import Provider
 from pluto.ids import new_id
 from pluto.runtime.memory import Speaker
-from pluto.runtime.runner import INTERNAL_ERROR, Runner, RunRequest
+from pluto.runtime.runner import INTERNAL_ERROR, STORAGE_FAILED, Runner, RunRequest
 from pluto.runtime.usage import Attribution
 from pluto.storage.ports import ConversationStore, InboundStore
 from pluto.types import (Accepted, Answered, Dropped, IncomingMessage, Outcome, Refused, Route,
@@ -105,6 +105,10 @@ class Pipeline:
         # several instances: tell the others to stop a session (True: one of them was running)
         self.stop_elsewhere: Callable[[str], Awaitable[bool]] | None = None
         self._unfinished: dict[str, asyncio.Future[None]] = {}
+        # run id -> message id of every run accepted here and not yet over (the recovery
+        # sweep leaves these alone); told when a run could not even be ended (storage failed)
+        self.live: dict[str, str | None] = {}
+        self.on_stranded: Callable[[], None] = lambda: None
         self.commands = Commands(registry, conversations, self.stop)
         data.register(self.commands)
         access.is_command = self.commands.knows
@@ -170,6 +174,7 @@ class Pipeline:
         one that starts at once is recorded by its start (one commit fewer on the way)."""
         session = await self.conversations.session(route.session_key, route.agent)
         job = Job(msg, route, new_id(), time.time(), session.id)
+        self.live[job.run_id] = msg.message_id
         if self.track_runs:
             self._unfinished[job.run_id] = asyncio.get_running_loop().create_future()
         if self.session_guard is not None:
@@ -209,6 +214,7 @@ class Pipeline:
         """A run that will never start (or was stopped before it did): record it cancelled,
         so its watchers are not left waiting."""
         self._settled(job.run_id)
+        self.live.pop(job.run_id, None)
         try:
             end = await self.conversations.cancel_run(
                 job.run_id, job.session_id, job.route.agent, job.msg.text,
@@ -229,6 +235,7 @@ class Pipeline:
             raise
         finally:
             self._settled(job.run_id)
+            self.live.pop(job.run_id, None)
 
     async def _process(self, job: Job) -> None:
         msg, route = job.msg, job.route
@@ -271,15 +278,33 @@ class Pipeline:
         except ProviderError:
             self.metrics.error("delivery")  # already logged by delivery; the run is recorded
             return
+        except StorageError as e:  # (retried by storage first): logged once, no traceback
+            self.metrics.error("run")
+            log.error("run %s in %s chat %s: %s", run_id, provider.name, msg.chat_id, e)
+            await self._end_failed(provider, msg, job, STORAGE_FAILED)
+            return
         except Exception:
             self.metrics.error("run")
             log.exception("run %s in %s chat %s failed", run_id, provider.name, msg.chat_id)
             last = None
         if isinstance(last, RunEnd):
             return
-        try:  # it failed before it could end: end it, say so, and release its watchers
+        await self._end_failed(provider, msg, job, INTERNAL_ERROR)
+
+    async def _end_failed(self, provider: Provider, msg: IncomingMessage, job: Job,
+                          message: str) -> None:
+        """A run that failed before it could end (or whose reply could not be recorded):
+        end it, say so, and release its watchers. When storage cannot record even that, the
+        run is left to the recovery sweep, which answers its message again once storage
+        works."""
+        run_id = job.run_id
+        try:
             await self.delivery.run(provider, msg, self._without_run(
-                job, "error", INTERNAL_ERROR, self._observer(provider.name)))
+                job, "error", message, self._observer(provider.name)))
+        except StorageError as e:
+            log.warning("run %s could not be ended either (%s); its message is answered again "
+                        "once storage works", run_id, e)
+            self.on_stranded()
         except Exception:
             log.exception("recording the failure of run %s failed too", run_id)
 

@@ -508,6 +508,23 @@ class SqliteConversations:
         inbox, to be answered again (a run already answered is never run twice)."""
         return await self._take_over("status IN ('queued', 'running')", (), requeue=requeue)
 
+    async def unfinished_runs(self, started_before: float) -> list[str]:
+        """Runs queued or running that started before ``started_before`` (wall clock)."""
+        rows = await self.engine.fetchall(
+            "SELECT id FROM runs WHERE status IN ('queued', 'running') AND started_at < ?"
+            " ORDER BY started_at", (started_before,))
+        return [r[0] for r in rows]
+
+    async def recover_runs(self, run_ids: list[str]) -> list[RunEvent]:
+        """One process per database: runs that this process no longer runs (storage failed
+        while they ran, so they could not even be ended) are recorded interrupted and their
+        messages go back to the inbox, like a dead process's at start."""
+        if not run_ids:
+            return []
+        marks = ",".join("?" * len(run_ids))
+        return await self._take_over(f"status IN ('queued', 'running') AND id IN ({marks})",
+                                      tuple(run_ids))
+
     async def take_over_chat(self, provider: str, chat_id: str) -> list[RunEvent]:
         """Several instances: this instance now holds the chat, so a run of the chat that has
         not ended and belongs to another instance was left by one that died (or lost the

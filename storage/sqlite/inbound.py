@@ -121,10 +121,13 @@ class SqliteInbound:
             " AND seen_at < ?", (provider, time.time() - older_than))
         return [r[0] for r in rows if r[0] is not None]
 
-    async def unhandled(self, provider: str) -> list[dict[str, Any]]:
+    async def unhandled(self, provider: str, *, older_than: float = 0.0
+                        ) -> list[dict[str, Any]]:
+        """The provider's messages not yet handled, in arrival order (``older_than``: only
+        those received at least that many seconds ago)."""
         rows = await self.engine.fetchall(
             "SELECT payload, preview FROM inbound_seen WHERE provider = ? AND handled = 0"
-            " ORDER BY rowid", (provider,))
+            " AND seen_at <= ? ORDER BY rowid", (provider, time.time() - older_than))
         return [_with_preview(r[0], r[1]) for r in rows if r[0]]
 
     async def prune(self) -> int:
