@@ -259,7 +259,8 @@ def _breakdown(w: Window, engine: str) -> list[tuple[float, str]]:
 
 def _print_breakdown(w: Window, engine: str, name: str) -> None:
     print(f"  {name}, {w.label}: {w.messages} messages, the {TOP} most frequent statements "
-          "per message (normalized SQL; SQLite: which connection):", flush=True)
+          "per message (normalized SQL" + ("; which connection" if engine == "sqlite" else "")
+          + "):", flush=True)
     for per, text in _breakdown(w, engine):
         print(f"    {per:6.2f}  {text[:150]}", flush=True)
     prefix = "sqlite|commit of|" if engine == "sqlite" else "pg|transaction of|"
