@@ -35,6 +35,7 @@ from pluto.providers.telegram.errors import provider_error, redact_token_in_logs
 from pluto.providers.telegram.inbound import Downloads, command_target, to_incoming
 from pluto.providers.telegram.markup import TELEGRAM_HTML
 from pluto.providers.telegram.outbound import Outbound
+from pluto.providers.telegram.request import SendRequest
 from pluto.providers.telegram.settings import TelegramSettings, load_settings
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 HandOverTo = Callable[[IncomingMessage], Awaitable[Ticket | None]]  # intake.submit / offer
 UPDATES = ["message"]
+SEND_POOL = 8  # connections for sends, edits and typing
 COMMANDS = [BotCommand("help", "what I can do"), BotCommand("new", "start a fresh conversation"),
             BotCommand("stop", "stop the answer in progress")]
 
@@ -53,12 +55,16 @@ class TelegramProvider(Provider):
 
     def __init__(self, settings: TelegramSettings, token: str, *, data_dir: Path,
                  webhook_secret: str | None = None,
-                 http_app: HttpMount | web.Application | None = None):
+                 http_app: HttpMount | web.Application | None = None,
+                 send_pool: int = SEND_POOL):
         redact_token_in_logs(token)
         self.settings = settings
-        self.bot = Bot(token, base_url=settings.api_url, base_file_url=settings.file_url,
-                       request=HTTPXRequest(connection_pool_size=8),
-                       get_updates_request=HTTPXRequest(connection_pool_size=1))
+        self._token = token
+        self._send_pool = send_pool
+        # one long poll at a time: nothing ever queues behind it, so cancelling it (a restart)
+        # cannot strand a pool slot; kept across reset()
+        self._updates_request = HTTPXRequest(connection_pool_size=1)
+        self.bot = self._new_bot()
         self.outbound = Outbound(self.bot)
         self.downloads = Downloads(data_dir, settings.max_download_mb)
         self.secret = webhook_secret or ""
@@ -75,6 +81,28 @@ class TelegramProvider(Provider):
                    http_app=ctx.http)
 
     # lifecycle ---------------------------------------------------------------------------
+
+    def _new_bot(self) -> Bot:
+        """A Bot whose sends go through :class:`SendRequest` (a cancelled call never wedges
+        the pool: encode/httpcore#1093)."""
+        return Bot(self._token, base_url=self.settings.api_url,
+                   base_file_url=self.settings.file_url,
+                   request=SendRequest(self._send_pool),
+                   get_updates_request=self._updates_request)
+
+    async def reset(self) -> None:
+        """Rebuild the send client (the watchdog found every send failing): a new Bot and
+        connection pool, connected (getMe) before it replaces the old one, which is shut down."""
+        fresh = self._new_bot()
+        try:
+            await fresh.initialize()
+        except TelegramError as e:
+            await _shut_send_side(fresh)
+            raise provider_error(e) from None
+        old, self.bot = self.bot, fresh
+        self.outbound.bot = fresh
+        self._connected = True
+        await _shut_send_side(old)
 
     async def _ready(self) -> None:
         """Connect once (getMe: the bot's id and username, needed to see mentions)."""
@@ -243,3 +271,11 @@ class TelegramProvider(Provider):
             return await coro
         except TelegramError as e:
             raise provider_error(e) from None
+
+
+async def _shut_send_side(bot: Bot) -> None:
+    """Close a Bot's send pool only (the long-poll request is shared with its successor)."""
+    try:
+        await bot.request.shutdown()
+    except Exception as e:  # noqa: BLE001 - a pool being thrown away
+        log.debug("telegram: closing the old send pool: %s", e)

@@ -120,6 +120,7 @@ class FakeTelegram(Controls):
             return web.json_response(exc.body(), status=exc.code)
         call = Call(name, params, files)
         self.calls.append(call)
+        self._notify()  # received (wait_for_calls(answered=False) sees a slow call in flight)
         try:
             delay = self._latency.get(name.lower(), self._latency.get("*", 0.0))
             if delay:
