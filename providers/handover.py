@@ -81,16 +81,17 @@ class HandOver:
         return _Guarded(intake, self)
 
     async def persist(self, hand: Callable[[IncomingMessage], Awaitable[T]],
-                      msg: IncomingMessage, *, give_up_after: float = GIVE_UP_AFTER) -> T:
+                      msg: IncomingMessage, *, give_up_after: float | None = None) -> T:
         """For a platform that never delivers a message again: keep trying (with backoff)
         while the outage is younger than ``give_up_after`` seconds; past that, each message
         is tried once, and :class:`NotRecorded` means: tell the person to send it again."""
+        limit = GIVE_UP_AFTER if give_up_after is None else give_up_after
         while True:
             try:
                 return await self(hand, msg)
             except NotRecorded:
                 since = self.failing_since
-                if since is None or time.monotonic() - since >= give_up_after:
+                if since is None or time.monotonic() - since >= limit:
                     raise
             await self.pause()
 

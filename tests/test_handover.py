@@ -16,9 +16,17 @@ from pluto.providers.telegram import TelegramProvider, TelegramSettings
 from pluto.providers.telegram.provider import SECRET_HEADER
 from pluto.types import IncomingMessage
 from tests.helpers.gateway import RecordingIntake
+from tests.fakes.discord_server import FakeDiscord
+from tests.test_discord import restore_redirect  # noqa: F401 - a fixture (autouse)
 from tests.test_telegram import DM, fake, http_server, make, serve  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*retry_after.*:DeprecationWarning")
+
+
+@pytest.fixture
+async def discord_fake():  # type: ignore[no-untyped-def]
+    async with FakeDiscord(heartbeat_interval=1.0) as server:
+        yield server
 
 
 class FailingIntake(RecordingIntake):
@@ -148,3 +156,29 @@ async def test_persist_retries_then_gives_up_once_the_outage_is_old(monkeypatch)
     with pytest.raises(NotRecorded):  # the outage is old now: one try, then the person is told
         await handover.persist(broken, msg, give_up_after=0.1)
     assert handover.failures == tries + 1
+
+
+async def test_discord_keeps_a_message_then_asks_for_it_again_after_a_long_outage(
+        discord_fake, monkeypatch, data_dir):
+    from tests.test_discord import Running
+    from tests.test_discord import make as make_discord
+
+    monkeypatch.setattr("pluto.providers.handover.GIVE_UP_AFTER", 0.5)
+    monkeypatch.setattr("pluto.providers.handover.FIRST_PAUSE", 0.05)
+    dm = int(discord_fake.add_dm(discord_fake.default_user)["id"])
+    provider = make_discord(discord_fake, data_dir)
+    running = Running(provider, discord_fake)
+    running.intake = intake = FailingIntake("kept", "lost")
+    running.got = intake.got
+    async with running:
+        discord_fake.inject_message(dm, "kept")
+        await discord_fake.wait_until(lambda: len(intake.refused) >= 3, what="tries")
+        intake.refuse.discard("kept")  # storage back within the window: recorded, no notice
+        await running.wait(1)
+        discord_fake.inject_message(dm, "lost")  # an outage past the window: the person is told
+        notice = await discord_fake.wait_until(
+            lambda: [m for m in discord_fake.messages(dm) if "send it again" in m.content],
+            what="the notice")
+    assert [m.text for m in intake.got] == ["kept"]
+    assert intake.refused.count("lost") >= 2  # tried again before giving up
+    assert len(notice) == 1 and "Traceback" not in notice[0].content

@@ -28,6 +28,7 @@ import discord
 from pluto.errors import ProviderError, ProviderUnusable
 
 from pluto.gateway.ports import Intake, Provider, ProviderContext
+from pluto.providers.handover import NOT_TAKEN, HandOver, NotRecorded
 from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
 from pluto.providers.discord import outbound
 from pluto.providers.discord.errors import LIBRARY_WAIT, provider_error, redact_token_in_logs
@@ -95,6 +96,7 @@ class DiscordProvider(Provider):
         self._lock = asyncio.Lock()
         self._recent: OrderedDict[int, None] = OrderedDict()
         self._closed = False
+        self.handover = HandOver(self.name)
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> DiscordProvider:
@@ -168,7 +170,11 @@ class DiscordProvider(Provider):
     # receiving ---------------------------------------------------------------------------
 
     async def _consume(self, client: _Client, intake: Intake) -> None:
-        """Hand queued messages to the gateway in order; a failure is logged, never fatal."""
+        """Hand queued messages to the gateway in order; a failure is logged, never fatal.
+        Discord never delivers a message again: one intake could not record (its storage
+        failed) is kept here and tried again with backoff, the later ones waiting behind it;
+        after :data:`~pluto.providers.handover.GIVE_UP_AFTER` seconds of outage the person is
+        asked to send it again."""
         while True:
             message = await self._queue.get()
             try:
@@ -202,7 +208,11 @@ class DiscordProvider(Provider):
         if attachments:
             incoming = replace(incoming, attachments=attachments)
         if incoming.text or incoming.attachments:
-            await intake.submit(incoming)
+            try:
+                await self.handover.persist(intake.submit, incoming)
+            except NotRecorded:  # (logged once per outage by the hand-over)
+                self._recent.pop(message.id, None)
+                await self._quiet_notice(incoming, NOT_TAKEN)
 
     async def _quiet_notice(self, to: IncomingMessage, text: str) -> None:
         try:

@@ -147,6 +147,9 @@ class DiscordHarness(Harness):
     async def redeliver(self, message: UserMessage) -> None:
         self.fake.redeliver(int(message.chat), message.ref)
 
+    def confirmed(self, message: UserMessage) -> bool | None:
+        return None  # Discord's gateway never delivers a message again: nothing to confirm
+
     def shown(self, chat: str | None = None) -> list[Shown]:
         channel = int(chat or self.direct_chat)
         return [_shown(s) for s in self.fake.messages(channel, include_deleted=False)]
