@@ -29,6 +29,7 @@ from pluto.gateway.delivery.delivery import Delivery
 from pluto.gateway.delivery.flood import FloodControl
 from pluto.gateway.delivery.outbox import Outbox
 from pluto.gateway.delivery.streaming import EditThrottle
+from pluto.gateway.delivery.watchdog import SendWatchdog
 from pluto.gateway.directory import Directory
 from pluto.gateway.feed import LocalRunFeed, SharedRunFeed
 from pluto.gateway.http.admin import mount_admin
@@ -102,8 +103,12 @@ class Gateway:
         self.intakes: dict[str, IntakeQueue] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         throttle = EditThrottle(lambda: self.config.gateway.stream_edit_interval_seconds)
+        # a provider whose sends all fail for a while is named by /readyz and its client rebuilt
+        self.watchdog = SendWatchdog(window=lambda: self.config.gateway.send_wedged_seconds,
+                                     on_reset=self.metrics.provider_reset)
         self.outbox = Outbox(self.store.outbox, self.providers, throttle=throttle,
                              owner=self.instance, flood=FloodControl(self.store.flood),
+                             watchdog=self.watchdog,
                              # several instances: a dead one's replies go out soon after
                              sweep_seconds=min(30.0, self.config.storage.lease_seconds)
                              if self.shared else 30.0)
@@ -214,6 +219,9 @@ class Gateway:
                     await self._listen(stack)
             stack.push_async_callback(self.outbox.close)
             self.outbox.start()
+            watchdog = asyncio.create_task(self.watchdog.run(self.providers),
+                                           name="send-watchdog")
+            stack.push_async_callback(_cancel, watchdog)
             stack.push_async_callback(self._drain)
             for provider in configured:
                 self.add_provider(provider)

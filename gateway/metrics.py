@@ -71,6 +71,9 @@ class Metrics:
                                      "notice, by reason (waiting: too many runs wait for a "
                                      "slot; lag: the event loop runs late).", ["reason"],
                                      registry=r)
+        self.provider_resets = Counter("pluto_provider_resets", "Clients rebuilt by the send "
+                                       "watchdog (every send failed for a while), per provider.",
+                                       ["provider"], registry=r)
         self._started: dict[str, float] = {}
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}  # (metric, labels) -> child
 
@@ -92,6 +95,10 @@ class Metrics:
               registry=r).set_function(lambda: load.waiting)
         Gauge("pluto_event_loop_lag_seconds", "How late the event loop woke, at worst, in "
               "about the last second.", registry=r).set_function(lambda: load.lag)
+
+    def provider_reset(self, provider: str) -> None:
+        """The send watchdog rebuilt a provider's client (its sends all failed for a while)."""
+        self._of(self.provider_resets, provider).inc()
 
     def busy_refusal(self, reason: str) -> None:
         self._of(self.busy_refusals, reason).inc()

@@ -76,6 +76,9 @@ class GatewayLimits(Strict):
     max_running: int = Field(default=1000, ge=1)
     max_waiting: int = Field(default=1000, ge=0)
     busy_lag_seconds: float = Field(default=2.0, ge=0)
+    # a provider whose every send failed for this long is wedged: /readyz says so and its
+    # client is rebuilt, again after each such window while it lasts (0: never)
+    send_wedged_seconds: float = Field(default=60.0, ge=0)
 
 
 class AccessConfig(Strict):
