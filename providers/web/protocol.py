@@ -9,7 +9,9 @@ Client → server (the first frame must be ``hello``)::
 Server → client: ``ready``, ``history``, ``ack``, ``message.user`` (sent from another tab),
 ``run.start``, ``message.delta``, ``tool.start``, ``tool.progress``, ``tool.end``,
 ``message.final``, ``run.end``, ``notice``, ``error``. Every frame has an ``id``; frames of a
-run carry ``run_id`` and ``seq``.
+run carry ``run_id`` and ``seq``. A message is acknowledged (``ack``) once it is recorded; one
+that could not be (storage failed) gets ``error`` with code ``not_received``, its ``reply_to``
+and a ``retry_after`` in seconds: the tab keeps it and sends it again (same id) after that.
 See the README for the full description.
 """
 

@@ -28,6 +28,7 @@ from pluto.errors import ConfigError
 from pluto.events import MessageFinal, RunEnd, RunError, RunEvent, RunStart
 from pluto.gateway.ports import (ChatDirectory, Intake, Provider, ProviderContext, RunFeed,
                                  Ticket)
+from pluto.providers.handover import HandOver
 from pluto.providers.web import pages, protocol
 from pluto.providers.web.rooms import Rooms
 from pluto.providers.web.settings import WebSettings, load_settings
@@ -81,6 +82,7 @@ class WebProvider(Provider):
         self.chats = chats
         self.rooms = Rooms()
         self.sockets: set[web.WebSocketResponse] = set()
+        self.handover = HandOver(self.name)
         self._intake: Intake | None = None
         self._ready = asyncio.Event()
         self._follows: dict[str, asyncio.Task[None] | None] = {}  # None: listened to
@@ -115,10 +117,11 @@ class WebProvider(Provider):
 
     async def deliver(self, msg: IncomingMessage) -> Ticket:
         """Hand a visitor's message to intake (waiting while the provider (re)starts); the run
-        it starts is shown to every tab of the chat."""
+        it starts is shown to every tab of the chat. :class:`NotRecorded` when intake could
+        not record it (the tab is told, and sends it again)."""
         await self._ready.wait()
         assert self._intake is not None
-        ticket = await self._intake.submit(msg)
+        ticket = await self.handover(self._intake.submit, msg)
         ticket.when_decided(lambda outcome: self._show_outcome(msg, outcome))
         return ticket
 

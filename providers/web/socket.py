@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from pluto.gateway.ports import TranscriptItem
+from pluto.providers.handover import NotRecorded
 from pluto.ids import new_id
 from pluto.types import IncomingMessage
 from pluto.providers.web import protocol
@@ -217,19 +218,29 @@ class Connection:
             self.send(protocol.error("no_agent", "This chat is not connected to an agent.",
                                      reply_to=frame.id))
             return
-        self.send(protocol.frame("ack", reply_to=frame.id))
+        if not await self._deliver(frame.text, frame.id):
+            return
+        self.send(protocol.frame("ack", reply_to=frame.id))  # recorded: the tab may forget it
         self.p.rooms.broadcast(self.client.chat_id, protocol.frame(
             "message.user", id=frame.id, text=frame.text), skip=self.client)
-        await self._deliver(frame.text, frame.id)
 
-    async def _deliver(self, text: str, client_id: str) -> None:
+    async def _deliver(self, text: str, client_id: str) -> bool:
+        """Hand the message over; False (and the tab told why) when it was not recorded."""
         assert self.client is not None
         try:
             await self.p.deliver(self._incoming(text, f"{self.client.chat_id}:{client_id}"))
+        except NotRecorded:  # storage failed (logged once per outage): the tab sends it again
+            self.send(protocol.error(
+                "not_received", "Your message was not received (a problem on our side); it "
+                "will be sent again in a moment.", reply_to=client_id,
+                retry_after=round(max(0.5, self.p.handover.backoff()), 1)))
+            return False
         except Exception:
             log.exception("web: handling a message of chat %s failed", self.client.chat_id)
             self.send(protocol.error("internal", "Something went wrong on our side; "
                                      "please try again.", reply_to=client_id))
+            return False
+        return True
 
     async def cleanup(self) -> None:
         if self.client is not None:

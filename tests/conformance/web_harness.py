@@ -165,6 +165,9 @@ class Tab:
         self.finals: dict[str, int] = {}  # run → how many message.final frames
         self.ended: set[str] = set()
         self.acks: list[str] = []
+        self.pending: dict[str, str] = {}  # sent, not acknowledged: client id → text
+        self.resend: asyncio.TimerHandle | None = None  # after a "not received"
+        self._resending: asyncio.Task[None] | None = None
         self.frames: list[dict[str, Any]] = []
         self.history = asyncio.Event()
         self.reader: asyncio.Task[None] | None = None
@@ -181,6 +184,8 @@ class Tab:
             raise AssertionError(f"web: no history frame after hello: {self.frames}") from None
 
     async def close(self) -> None:
+        if self.resend is not None:
+            self.resend.cancel()
         if self.ws is not None and not self.ws.closed:
             await self.ws.close()
         if self.reader is not None:
@@ -189,7 +194,26 @@ class Tab:
 
     async def say(self, client_id: str, text: str) -> None:
         assert self.ws is not None
+        self.pending[client_id] = text
         await self.ws.send_json({"type": "message", "id": client_id, "text": text})
+
+    def _not_received(self, f: dict[str, Any]) -> None:
+        """The gateway could not record a message: like the widget, keep what is pending (a
+        status, not a line) and send it again, same ids, after ``retry_after``."""
+        if self.resend is None:
+            wait = min(15.0, max(0.5, float(f.get("retry_after") or 1)))
+            self.resend = asyncio.get_running_loop().call_later(wait, self._resend_soon)
+
+    def _resend_soon(self) -> None:
+        self.resend = None
+        task = asyncio.get_running_loop().create_task(self._resend())
+        self._resending = task  # (kept until done)
+
+    async def _resend(self) -> None:
+        assert self.ws is not None
+        for client_id, text in list(self.pending.items()):
+            if not self.ws.closed:
+                await self.ws.send_json({"type": "message", "id": client_id, "text": text})
 
     async def _read(self) -> None:
         assert self.ws is not None
@@ -244,6 +268,12 @@ class Tab:
             self.history.set()
         elif kind == "ack":
             self.acks.append(str(f.get("reply_to")))
+            self.pending.pop(str(f.get("reply_to")), None)
+            if self.resend is not None:  # recorded again: what waits goes now
+                self.resend.cancel()
+                self._resend_soon()
+        elif kind == "error" and f.get("code") == "not_received":
+            self._not_received(f)
         elif kind == "message.final" and f.get("run_id") is None:  # a command's answer
             self.items.append(_Bubble(None, f["id"], text=f["text"], final=True))
         elif kind in RUN_FRAMES:
@@ -271,6 +301,7 @@ class Tab:
                 bubble = self._bubble(run)
                 bubble.final, bubble.error = True, f["message"]
         elif kind == "error":
+            self.pending.pop(str(f.get("reply_to")), None)
             self.items.append(("error", f["message"]))
         elif kind == "notice":
             self.items.append(("notice", f["text"]))
@@ -368,6 +399,10 @@ class WebHarness(ServedHarness):
         client_id, text = message.ref
         await self.reconnect()
         await self.tab.say(client_id, text)
+
+    def confirmed(self, message: UserMessage) -> bool | None:
+        """Confirmed: the tab got the message's ``ack`` (and may forget it)."""
+        return self.tab is not None and message.ref[0] in self.tab.acks
 
     def shown(self, chat: str | None = None) -> list[Shown]:
         assert chat in (None, self.direct_chat), f"web: one chat per visitor, not {chat}"

@@ -369,12 +369,14 @@
         pending.forEach(function (p) { sendFrame({ type: "message", id: p.id, text: p.text }); });
         break;
       case "ack":
+        if (notSent) { notSent = false; setStatus("Online", "ok"); }
+        if (resendTimer) { clearTimeout(resendTimer); resendTimer = null; resendPending(); }
         pending = pending.filter(function (p) { return p.id !== f.reply_to; });
         var mine = log.querySelector('[data-id="' + String(f.reply_to).replace(/[^\w.:-]/g, "") + '"]');
         if (mine) { mine.classList.remove("pluto-pending"); }
         break;
-      case "message.user":
-        userBubble(f.text, f.id);
+      case "message.user":  // (sent again after a "not received": drawn once)
+        if (!log.querySelector('[data-id="' + String(f.id).replace(/[^\w.:-]/g, "") + '"]')) { userBubble(f.text, f.id); }
         break;
       case "run.start":
         active[f.run_id] = true; setBusy();
@@ -412,11 +414,28 @@
         systemLine(f.text);
         break;
       case "error":
+        if (f.code === "not_received") { notReceived(f); break; }
         if (f.code === "rate_limited" || !f.run_id) { systemLine(f.message, "pluto-error"); }
         else { run = botBubble(f.run_id); run.final = true; draw(run); run.node.appendChild(el("div", "pluto-run-error", f.message)); }
         if (f.reply_to) { pending = pending.filter(function (p) { return p.id !== f.reply_to; }); }
         break;
     }
+  }
+
+  // the gateway could not record a message (its storage failed): keep it, say so in the status
+  // bar and send what is pending again (same ids) after the wait it asks for
+  var resendTimer = null, notSent = false;
+  function resendPending() {
+    pending.forEach(function (p) { sendFrame({ type: "message", id: p.id, text: p.text }); });
+  }
+  function notReceived(f) {
+    var mine = log.querySelector('[data-id="' + String(f.reply_to).replace(/[^\w.:-]/g, "") + '"]');
+    if (mine) { mine.classList.add("pluto-pending"); }
+    notSent = true;
+    setStatus("Not sent yet — trying again…", "wait");
+    if (resendTimer) { return; }
+    var wait = Math.min(15, Math.max(0.5, Number(f.retry_after) || 1));
+    resendTimer = setTimeout(function () { resendTimer = null; resendPending(); }, wait * 1000);
   }
 
   // ---- the connection ------------------------------------------------------------------------
