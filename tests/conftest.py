@@ -71,6 +71,11 @@ socket.socket.connect_ex = _connect_ex  # type: ignore[method-assign]
 socket.getaddrinfo = _getaddrinfo  # type: ignore[assignment]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: a long scenario (tens of seconds); "
+                            "deselect with -m 'not slow'")
+
+
 @pytest.fixture
 def config_dir(tmp_path: Path) -> Path:
     """A copy of the example configuration, to edit freely."""
