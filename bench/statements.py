@@ -10,8 +10,10 @@ Each conversation says one message first (not counted: a new chat's rows), then 
 are read, the messages flow (each waits for its answer), a second passes for what follows an
 answer (the run's end, the outbox marked sent), and the counters are read again; the
 difference ÷ the messages is printed with the statements that make it up (the most frequent,
-normalized: literals as ``?``). The model is the instant ``echo`` (no deltas): the figures are
-the gateway's own. The counting server is a process of its own, so the timed sections are not
+normalized: literals as ``?``), and what each commit (transaction) held. The model is the
+instant ``echo`` (no deltas): the figures are the gateway's own; two more windows send the
+widget's messages to the streaming fake model of bench/streaming.py (100 tokens over 2 s), for
+what a streamed answer's previews add. The counting server is a process of its own, so the timed sections are not
 slowed by the counting; an idle window (nothing sent) shows what the instance does by itself.
 """
 
@@ -42,12 +44,14 @@ TELEGRAM_TOKEN = "123456789:AAFakeTokenForPlutoBench_0123456789ab"
 SETTLE = 1.0  # seconds after the last answer before the counters are read again
 IDLE = 5.0  # seconds of the idle window
 TOP = 15
+ECHO = "{model: echo}"  # answers at once with the user's words: the gateway's cost only
+STREAMED = '{{model: openai/fake, api_base: "{url}", timeout: 60, retries: 0}}'
 
 CONFIG = """\
 data_dir: {data}
 http: {{host: 127.0.0.1, port: {port}}}
 models:
-  default: {{model: echo}}        # answers at once with the user's words: gateway cost only
+  default: {model}
 providers:
   web:
     enabled: true
@@ -70,12 +74,13 @@ log_level: WARNING
 class CountedServer(Server):
     """``pluto serve`` with the driver counters installed; :meth:`counts` reads them."""
 
-    def __init__(self, telegram_url: str, database_url: str | None):
+    def __init__(self, telegram_url: str, database_url: str | None, model: str = ECHO):
         env = {"BENCH_API_KEYS": API_KEY, "BENCH_TELEGRAM_TOKEN": TELEGRAM_TOKEN}
         if database_url:
             env["DATABASE_URL"] = database_url
         super().__init__("pluto-counted", env)
         self.telegram_url = telegram_url
+        self.model = model
         self.out = Path(self._tmp.name) / "counts.json"
         self._seq = 0
 
@@ -85,7 +90,8 @@ class CountedServer(Server):
         shutil.copytree(ROOT / "config" / "agents", config / "agents")
         shutil.copy(ROOT / "config" / "routes.yaml", config / "routes.yaml")
         (config / "pluto.yaml").write_text(CONFIG.format(data=tmp / "data", port=self.port,
-                                                         telegram=self.telegram_url))
+                                                         telegram=self.telegram_url,
+                                                         model=self.model))
         return [sys.executable, "-m", "bench.drivercount", str(self.out), "serve", "--config",
                 str(config)]
 
@@ -159,7 +165,7 @@ async def _window(server: CountedServer, label: str, conversations: int, per: in
 
 # the three doors --------------------------------------------------------------------------------
 
-async def widget(server: CountedServer, chats: int, per: int) -> Window:
+async def widget(server: CountedServer, chats: int, per: int, what: str = "") -> Window:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         clients = await connect_many(session, server, chats)
         for c in clients:
@@ -170,7 +176,8 @@ async def widget(server: CountedServer, chats: int, per: int) -> Window:
             return True
 
         try:
-            return await _window(server, f"widget, {chats} chat(s)", chats, per, say)
+            label = f"widget{', ' + what if what else ''}, {chats} chat(s)"
+            return await _window(server, label, chats, per, say)
         finally:
             await asyncio.gather(*(c.close() for c in clients))
 
@@ -218,16 +225,24 @@ async def telegram(server: CountedServer, fake: Any, chats: int, per: int,
 
 # one engine -------------------------------------------------------------------------------------
 
-async def _engine(database_url: str | None, quick: bool) -> tuple[list[Window], Window]:
+async def _engine(database_url: str | None, quick: bool,
+                  model_url: str | None = None) -> tuple[list[Window], Window | None]:
+    """The six windows and the idle one; with ``model_url`` (the streaming fake model of
+    bench/streaming.py: 100 tokens over 2 s), the widget's two windows only."""
     from tests.fakes.telegram_server import FakeTelegram
 
     fake = FakeTelegram(TELEGRAM_TOKEN)
     await fake.start()
-    server = CountedServer(fake.url, database_url)
+    model = STREAMED.format(url=model_url) if model_url else ECHO
+    server = CountedServer(fake.url, database_url, model)
     try:
         await asyncio.to_thread(server.__enter__)
         await fake.wait_for_calls("getUpdates", 1, timeout=30, answered=False)
         one, many = (30, 3) if quick else (100, 10)
+        if model_url:
+            windows = [await widget(server, 1, 1 if quick else 3, "streamed answers"),
+                       await widget(server, 20, 1 if quick else 2, "streamed answers")]
+            return windows, None
         windows = [await widget(server, 1, one), await widget(server, 20, many),
                    await api(server, 1, one // 2), await api(server, 10, many),
                    await telegram(server, fake, 1, one // 2, 7000),
@@ -294,9 +309,11 @@ def _report_pg(report: Report, windows: list[Window], idle: Window,
                sqlite: list[Window]) -> None:
     for w, base in zip(windows, sqlite):
         per = w.per("pg|statement")
+        plain = "streamed" not in w.label  # (the target is for a plain message)
         report.add(Figure(
             "statements", f"PostgreSQL statements per message, {w.label}", per, "stmt",
-            "SQLite", _statements(base, "sqlite"), target="<= 8", met=per <= 8,
+            "SQLite", _statements(base, "sqlite"), target="<= 8" if plain else None,
+            met=per <= 8 if plain else None,
             note=f"round trips {w.per('pg|round trip'):.1f}, commits "
             f"{w.per('pg|commit'):.1f}, BEGINs {w.per('pg|begin'):.1f}, prepares "
             f"{w.per('pg|prepare'):.1f}, pipeline syncs {w.per('pg|pipeline sync'):.1f}; "
@@ -311,18 +328,25 @@ def _report_pg(report: Report, windows: list[Window], idle: Window,
 
 def run(report: Report, quick: bool = False) -> None:
     from bench.cluster import PG_URL, schema
+    from bench.streaming import Process
 
-    sqlite, idle = asyncio.run(_engine(None, quick))
-    _report_sqlite(report, sqlite, idle)
-    for w in sqlite:
-        _print_breakdown(w, "sqlite", "SQLite")
-    _print_idle(idle, "sqlite", "SQLite")
-    try:
-        with schema() as url:
-            pg, pg_idle = asyncio.run(_engine(url, quick))
-    except Exception as e:  # noqa: BLE001 - the SQLite figures stand without it
-        print(f"  PostgreSQL at {PG_URL} could not be measured: {e!r}"[:400], flush=True)
-        return
+    with Process("model") as model:
+        sqlite, idle = asyncio.run(_engine(None, quick))
+        assert idle is not None
+        sqlite += asyncio.run(_engine(None, quick, f"{model.url}/v1"))[0]
+        _report_sqlite(report, sqlite, idle)
+        for w in sqlite:
+            _print_breakdown(w, "sqlite", "SQLite")
+        _print_idle(idle, "sqlite", "SQLite")
+        try:
+            with schema() as url:
+                pg, pg_idle = asyncio.run(_engine(url, quick))
+            assert pg_idle is not None
+            with schema() as url:
+                pg += asyncio.run(_engine(url, quick, f"{model.url}/v1"))[0]
+        except Exception as e:  # noqa: BLE001 - the SQLite figures stand without it
+            print(f"  PostgreSQL at {PG_URL} could not be measured: {e!r}"[:400], flush=True)
+            return
     _report_pg(report, pg, pg_idle, sqlite)
     for w in pg:
         _print_breakdown(w, "pg", "PostgreSQL")
