@@ -253,7 +253,8 @@ class Gateway:
             ctx = ProviderContext(name=name, config=self.config.providers[name],
                                   data_dir=self.data_dir, feed=self.feed, http=mount,
                                   chats=self.directory, runs=self.store.conversations,
-                                  tasks=self.store.tasks)
+                                  tasks=self.store.tasks,
+                                  idempotency=self.store.idempotency)
             built.append(build_provider(name, ctx))
         return built
 

@@ -28,7 +28,7 @@ from pluto.types import Capabilities, IncomingMessage, OutgoingMessage, Outcome,
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from pluto.storage.ports import RunReader, TaskStore
+    from pluto.storage.ports import IdempotencyStore, RunReader, TaskStore
 
 
 # what a provider gets ---------------------------------------------------------------------------
@@ -129,6 +129,7 @@ class ProviderContext:
     chats: ChatDirectory | None = None
     runs: RunReader | None = None
     tasks: TaskStore | None = None
+    idempotency: IdempotencyStore | None = None  # the HTTP API's Idempotency-Key records
 
     def secret(self, field_name: str, default_env: str) -> str | None:
         """The secret named by ``<field_name>`` in the provider's config (an env var name)."""

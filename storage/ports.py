@@ -363,6 +363,29 @@ class NotesStore(Protocol):
     async def owners(self) -> list[str]: ...
 
 
+class IdempotencyStore(Protocol):
+    """``Idempotency-Key`` records of the HTTP API, per caller, kept 24 h (in the database, so
+    every instance sees them); see :mod:`pluto.storage.sqlite.idempotency`."""
+
+    async def begin(self, scope: str, key: str, fingerprint: str, token: str, *,
+                    lock: float) -> Any | None:
+        """Claim the key for the attempt ``token`` (None), or the key's record as it is."""
+        ...
+
+    async def made(self, scope: str, key: str, token: str, resource: str) -> None: ...
+
+    async def answered(self, scope: str, key: str, token: str, status: int,
+                       response: str) -> bool: ...
+
+    async def adopt(self, scope: str, key: str, token: str, *, lock: float) -> bool:
+        """Take over a key whose attempt died after making its resource."""
+        ...
+
+    async def release(self, scope: str, key: str, token: str) -> None: ...
+
+    async def prune(self) -> int: ...
+
+
 class Bus(Protocol):
     """Notifications between instances sharing the database (PostgreSQL's LISTEN/NOTIFY)."""
 
@@ -387,6 +410,7 @@ class Store(Protocol):
     usage: UsageStore
     history: HistoryStore
     notes: NotesStore
+    idempotency: IdempotencyStore
     bus: Bus | None  # None: one process per database, nothing to tell
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from pluto import __version__
+from pluto.providers.api.idempotency import PATTERN as IDEMPOTENCY_KEY_PATTERN
 
 NON_BLANK = "[^ \\t\\n\\r\\f\\v]"  # the same rule the handlers apply: not only spaces
 AGENT = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -36,7 +37,12 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 def _errors(*codes: int) -> dict[str, Any]:
     text = {400: "The request is malformed (the error says how).",
             401: "No valid API key.", 403: "routes.yaml does not send this to an agent.",
-            404: "Not found (the task, step, run or agent).", 413: "The request body is too large.",
+            404: "Not found (the task, step, run or agent).",
+            409: "A request with this Idempotency-Key is still being answered (send it again "
+                 "once it is done).",
+            413: "The request body is too large.",
+            422: "This Idempotency-Key was used with another request (a different body or "
+                 "path): a new request needs a new key.",
             503: "The API is starting."}
     return {str(c): _json(_ref("Error"), text[c]) for c in codes}
 
@@ -91,6 +97,17 @@ TASK_ID = _param("task_id", "path", {"type": "string", "pattern": "^[0-9a-f]{32}
                  "The task's id.")
 WAIT = _param("wait", "query", {"type": "integer", "minimum": 0, "maximum": 60},
               "Seconds to wait for the step to finish before answering (default 0).")
+IDEMPOTENCY_KEY = _param(
+    "Idempotency-Key", "header", {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN},
+    "Makes the request safe to send again (IETF httpapi Idempotency-Key draft): a string "
+    "(\"...\", or a bare token) of 1-255 visible ASCII characters, unique per request. The "
+    "same key with the same request (path and body) within 24 h gets the first answer again "
+    "(status and body, header `Idempotent-Replayed: true`) and makes nothing new; with another "
+    "request, 422; while the first is still being answered, 409. Keys are per API key. A "
+    "request refused with 400/403/404 keeps no key.")
+REPLAYED = {"Idempotent-Replayed": {
+    "description": "`true` when this is the stored answer to an earlier request with the "
+                   "same Idempotency-Key.", "schema": {"type": "string", "enum": ["true"]}}}
 PAGE = [_param("page", "query", {"type": "integer", "minimum": 1, "maximum": 1_000_000},
                "Page number (from 1)."),
         _param("page_size", "query", {"type": "integer", "minimum": 1, "maximum": 100},
@@ -109,9 +126,10 @@ def _paths() -> dict[str, Any]:
         "/api/v1/agent/tasks": {
             "post": {"operationId": "createAgentTask",
                      "summary": "Start a conversation: a task, and its first step (a run).",
-                     "parameters": [WAIT], "requestBody": _body("TaskRequest"),
-                     "responses": {"201": _json(_ref("Task"), "The task, with its first step."),
-                                   **_errors(400, 401, 403, 404, 413, 503)}},
+                     "parameters": [WAIT, IDEMPOTENCY_KEY], "requestBody": _body("TaskRequest"),
+                     "responses": {"201": {**_json(_ref("Task"), "The task, with its first "
+                                                   "step."), "headers": REPLAYED},
+                                   **_errors(400, 401, 403, 404, 409, 413, 422, 503)}},
             "get": {"operationId": "listAgentTasks", "summary": "Tasks, newest first.",
                     "parameters": PAGE,
                     "responses": {"200": _json(_ref("TaskList"), "A page of tasks."),
@@ -123,9 +141,11 @@ def _paths() -> dict[str, Any]:
         "/api/v1/agent/tasks/{task_id}/steps": {
             "post": {"operationId": "executeAgentTaskStep",
                      "summary": "Send the next message of the conversation.",
-                     "parameters": [TASK_ID, WAIT], "requestBody": _body("StepRequest"),
-                     "responses": {"201": _json(_ref("Step"), "The new step."),
-                                   **_errors(400, 401, 403, 404, 413, 503)}},
+                     "parameters": [TASK_ID, WAIT, IDEMPOTENCY_KEY],
+                     "requestBody": _body("StepRequest"),
+                     "responses": {"201": {**_json(_ref("Step"), "The new step."),
+                                           "headers": REPLAYED},
+                                   **_errors(400, 401, 403, 404, 409, 413, 422, 503)}},
             "get": {"operationId": "listAgentTaskSteps", "summary": "The task's steps, in order.",
                     "parameters": [TASK_ID, *PAGE],
                     "responses": {"200": _json(_ref("StepList"), "A page of steps."),

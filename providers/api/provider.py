@@ -11,6 +11,7 @@ from the environment variable(s) named by ``providers.api.keys_env``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from aiohttp import web
@@ -21,11 +22,13 @@ from pluto.gateway.ports import (ChatDirectory, HttpMount, Intake, Provider, Pro
 from pluto.providers.api import views
 from pluto.providers.api.auth import (CALLER, IS_ADMIN, ApiKey, ApiSettings, Guard, load_keys,
                                       load_settings)
+from pluto.providers.api.idempotency import Idempotency, Made
 from pluto.providers.api.openapi import openapi_document
 from pluto.providers.api.sse import EventStreams
 from pluto.providers.api.steps import Steps
 from pluto.providers.api.views import ApiError
-from pluto.storage.ports import RunReader, TaskStore
+from pluto.providers.handover import HandOver, NotRecorded
+from pluto.storage.ports import IdempotencyStore, RunReader, TaskStore
 from pluto.storage.rows import StepRow, TaskRow
 from pluto.types import MARKDOWN, Capabilities, IncomingMessage, OutgoingMessage
 
@@ -42,14 +45,17 @@ class ApiProvider(Provider):
                                 streams_deltas=True)
 
     def __init__(self, settings: ApiSettings, keys: list[ApiKey], *, chats: ChatDirectory,
-                 runs: RunReader, tasks: TaskStore, feed: RunFeed):
+                 runs: RunReader, tasks: TaskStore, feed: RunFeed,
+                 idempotency: IdempotencyStore | None = None):
         self.settings = settings
         self.chats = chats
         self.runs = runs
         self.tasks = tasks
         self.streams = EventStreams(feed)
         self.steps = Steps(tasks, feed)
+        self.idempotency = Idempotency(idempotency)  # retried POSTs make their step once
         self._intake: Intake | None = None
+        self.handover = HandOver(self.name)
         self._ready = asyncio.Event()
         self._guard = Guard(keys, self._ready, settings.admin_keys)
 
@@ -63,7 +69,7 @@ class ApiProvider(Provider):
         if not keys:
             log.warning("api: no keys in $%s; every API call will get 401", settings.keys_env)
         provider = cls(settings, keys, chats=ctx.chats, runs=ctx.runs, tasks=ctx.tasks,
-                       feed=ctx.feed)
+                       feed=ctx.feed, idempotency=ctx.idempotency)
         provider.mount(ctx.http)
         return provider
 
@@ -89,7 +95,7 @@ class ApiProvider(Provider):
         self._intake = intake
         self._ready.set()
         try:
-            await asyncio.Event().wait()  # messages arrive through HTTP requests
+            await self.idempotency.keep_pruned()  # messages arrive through HTTP requests
         finally:
             self._ready.clear()
 
@@ -103,9 +109,16 @@ class ApiProvider(Provider):
                      step: StepRow) -> None:
         assert self._intake is not None
         caller = request[CALLER] or "api"  # per key: rate limits count per client
-        await self.steps.enter(self._intake, IncomingMessage(
-            provider=self.name, chat_id=task_id, user_id=caller, user_name=caller,
-            text=step.input, message_id=step.id, guild_id=agent, is_direct=True), step)
+        try:
+            await self.steps.enter(self.handover.guard(self._intake), IncomingMessage(
+                provider=self.name, chat_id=task_id, user_id=caller, user_name=caller,
+                text=step.input, message_id=step.id, guild_id=agent, is_direct=True), step)
+        except NotRecorded:  # storage failed (logged once per outage): the client retries
+            with contextlib.suppress(Exception):  # (storage may refuse this too)
+                await self.tasks.answered(step.id, error="This message could not be recorded "
+                                          "and was not handled; it was answered 503.")
+            raise ApiError(503, "not_recorded", "The message could not be recorded just now "
+                           "(a problem on our side); send it again in a moment.") from None
 
     # HTTP ---------------------------------------------------------------------------------
 
@@ -152,12 +165,25 @@ class ApiProvider(Provider):
         extra = views.additional_input(data)
         requested = views.agent_name(data)
         agent = await self._check_route(requested, text)
-        task = await self.tasks.create_task(agent, text, extra, requested,
-                                            owner=request[CALLER])
-        step = await self.tasks.add_step(task.id, text, extra)
-        await self._enter(request, task.id, requested, step)
-        step = await self.steps.wait(step, wait) if wait else (
-            await self.tasks.step(task.id, step.id) or step)
+
+        async def make(made: Made) -> web.Response:
+            task = await self.tasks.create_task(agent, text, extra, requested,
+                                                owner=request[CALLER])
+            step = await self.tasks.add_step(task.id, text, extra)
+            await self._enter(request, task.id, requested, step)
+            await made(f"{task.id}/{step.id}")
+            step = await self.steps.wait(step, wait) if wait else (
+                await self.tasks.step(task.id, step.id) or step)
+            return web.json_response(await views.task_view(self.runs, task, step), status=201)
+
+        return await self.idempotency.once(request, data, make, self._made_task)
+
+    async def _made_task(self, resource: str) -> web.Response:
+        """The answer for a task made by an attempt that died before it answered."""
+        task_id, _, step_id = resource.partition("/")
+        task, step = await self.tasks.task(task_id), await self.tasks.step(task_id, step_id)
+        if task is None:
+            raise ApiError(404, "not_found", "There is no task with that id.")
         return web.json_response(await views.task_view(self.runs, task, step), status=201)
 
     async def _create_step(self, request: web.Request) -> web.Response:
@@ -167,10 +193,23 @@ class ApiProvider(Provider):
         text = views.text_input(data, self.settings.max_input_chars)
         extra = views.additional_input(data)
         await self._check_route(task.requested_agent, text)
-        step = await self.tasks.add_step(task.id, text, extra)
-        await self._enter(request, task.id, task.requested_agent, step)
-        step = await self.steps.wait(step, wait) if wait else (
-            await self.tasks.step(task.id, step.id) or step)
+
+        async def make(made: Made) -> web.Response:
+            step = await self.tasks.add_step(task.id, text, extra)
+            await self._enter(request, task.id, task.requested_agent, step)
+            await made(f"{task.id}/{step.id}")
+            step = await self.steps.wait(step, wait) if wait else (
+                await self.tasks.step(task.id, step.id) or step)
+            return web.json_response(await views.step_view(self.runs, step), status=201)
+
+        return await self.idempotency.once(request, data, make, self._made_step)
+
+    async def _made_step(self, resource: str) -> web.Response:
+        """The answer for a step made by an attempt that died before it answered."""
+        task_id, _, step_id = resource.partition("/")
+        step = await self.tasks.step(task_id, step_id)
+        if step is None:
+            raise ApiError(404, "not_found", "That task has no step with that id.")
         return web.json_response(await views.step_view(self.runs, step), status=201)
 
     async def _task(self, request: web.Request) -> TaskRow:

@@ -16,6 +16,7 @@ from typing import Any
 from pluto.storage.sqlite.conversations import SqliteConversations
 from pluto.storage.sqlite.engine import SqliteEngine
 from pluto.storage.sqlite.flood import SqlFlood
+from pluto.storage.sqlite.idempotency import SqlIdempotency
 from pluto.storage.sqlite.inbound import SqliteInbound
 from pluto.storage.sqlite.leases import SqlLeases
 from pluto.storage.sqlite.memory import SqlHistory, SqlNotes
@@ -47,6 +48,7 @@ class SqlStore:
         self.history = SqlHistory(self.engine)  # compactions and search (after messages)
         self.notes = SqlNotes(self.engine)  # long-term memory, when instances share it
         self.usage = SqlUsage(self.engine)
+        self.idempotency = SqlIdempotency(self.engine)  # the HTTP API's Idempotency-Key
 
     @property
     def is_open(self) -> bool:
@@ -57,7 +59,7 @@ class SqlStore:
         try:
             for part in (self.conversations, self.outbox, self.inbound, self.tasks,
                          self.pairing, self.leases, self.rates, self.flood, self.usage,
-                         self.history):
+                         self.history, self.idempotency):
                 await part.migrate()
         except BaseException:
             await self.engine.close()
