@@ -35,6 +35,17 @@ KEYS_ENV = "PLUTO_CONFORMANCE_API_KEYS"
 API_KEY = "conformance-api-key-0123456789"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 POLL_SECONDS = 0.02
+RETRY_SECONDS = 0.2  # an integrator's pause before it posts a message answered 503 again
+
+
+@dataclass
+class Posted:
+    """A message the integrator sends: each POST's status; its step once one was made."""
+
+    chat: str
+    text: str
+    statuses: list[int] = field(default_factory=list)
+    step_id: str | None = None
 
 
 @dataclass
@@ -52,6 +63,8 @@ class ApiHarness(ServedHarness):
     events: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # run id → SSE
     _followers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _poller: asyncio.Task[None] | None = None
+    _backlog: list[Posted] = field(default_factory=list)  # answered 503: posted again, in order
+    _retrier: asyncio.Task[None] | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def providers_config(self) -> dict[str, Any]:
@@ -71,7 +84,8 @@ class ApiHarness(ServedHarness):
         for steps in self.steps.values():
             for step in steps:
                 self._check(step)
-        tasks = [t for t in (self._poller, *self._followers.values()) if t is not None]
+        tasks = [t for t in (self._poller, self._retrier, *self._followers.values())
+                 if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -89,19 +103,46 @@ class ApiHarness(ServedHarness):
     async def user_says(self, text: str, *, chat: str | None = None, mention: bool = False,
                         reply_to: Shown | None = None,
                         document: tuple[str, bytes] | None = None) -> UserMessage:
+        """POST the message (a task, or a step of the chat's task). A 503 is retried after a
+        pause, as an integrator would, in the background and in order: the chat's later
+        messages wait behind it (they need its task)."""
         assert document is None, "the API takes text only"
-        chat = chat or self.direct_chat
-        task = self.tasks.get(chat)
+        posted = Posted(chat or self.direct_chat, text)
+        if self._backlog:
+            self._backlog.append(posted)
+        elif not await self._post(posted):
+            self._backlog.append(posted)
+            self._retrier = asyncio.create_task(self._retry(), name="api-harness:retry")
+        return UserMessage(posted.chat, posted)
+
+    async def _post(self, posted: Posted) -> bool:
+        """One POST of a message; False when the gateway answered 503 (try again)."""
+        task = self.tasks.get(posted.chat)
         if task is None:
-            status, body = await self.call("POST", "/api/v1/agent/tasks", {"input": text})
-            assert status == 201, f"api: creating a task answered {status}: {body}"
-            self.tasks[chat] = body["task_id"]
-            step = body["last_step"]
+            status, body = await self.call("POST", "/api/v1/agent/tasks", {"input": posted.text})
         else:
-            status, step = await self.call("POST", f"/api/v1/agent/tasks/{task}/steps",
-                                           {"input": text})
-            assert status == 201, f"api: adding a step answered {status}: {step}"
-        return UserMessage(chat, step["step_id"])
+            status, body = await self.call("POST", f"/api/v1/agent/tasks/{task}/steps",
+                                           {"input": posted.text})
+        posted.statuses.append(status)
+        if status == 503:
+            assert set(body) == {"error", "code"} and "Traceback" not in body["error"], body
+            return False
+        assert status == 201, f"api: posting a message answered {status}: {body}"
+        if task is None:
+            self.tasks[posted.chat] = body["task_id"]
+            body = body["last_step"]
+        posted.step_id = body["step_id"]
+        return True
+
+    async def _retry(self) -> None:
+        while self._backlog:
+            await asyncio.sleep(RETRY_SECONDS)
+            if await self._post(self._backlog[0]):
+                self._backlog.pop(0)
+
+    def confirmed(self, message: UserMessage) -> bool | None:
+        """Confirmed: a POST of the message was answered 201 (503s before it)."""
+        return message.ref.step_id is not None
 
     async def _read_steps(self, task: str) -> list[dict[str, Any]]:
         steps: list[dict[str, Any]] = []
