@@ -8,6 +8,7 @@ reply would show. The scenarios every provider shares are in tests/conformance.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -306,25 +307,34 @@ async def test_errors_become_provider_errors(fake, world, data_dir):
     await provider.close()
 
 
-async def test_rate_limits_short_waits_in_discord_py_long_ones_in_the_outbox(fake, world,
-                                                                            data_dir):
+async def test_a_429_on_a_send_is_raised_for_flood_control_elsewhere_discord_py_waits(
+        fake, world, data_dir):
     provider = make(fake, data_dir)
+    fake.rate_limit_next("me", 0.2)                          # logging in: discord.py waits
+    await provider.probe()
+    assert [c.status for c in fake.calls_to("me")] == [429, 200]
     general = OutgoingMessage(chat_id=str(world["general"]), text="hi")
-    fake.rate_limit_next("send_message", 0.2)                # per route: discord.py waits
-    fake.rate_limit_next("typing", 0.2, global_=True)        # global: discord.py waits
     fake.fail_next("send_message", 500)                      # discord.py retries a 500
-    await provider.send(general)
-    await provider.typing(str(world["general"]))
-    assert [c.status for c in fake.calls_to("send_message")] == [429, 500, 200]
-    fake.rate_limit_next("send_message", 120)                # too long: the outbox waits
-    with pytest.raises(ProviderError, match="slow down for 120s") as info:
-        await provider.send(general)
-    assert info.value.retry_after == 120 and not permanent(info.value)
+    first = await provider.send(general)
+    assert [c.status for c in fake.calls_to("send_message")] == [500, 200]
+    calls = {"send_message": lambda: provider.send(general),  # sends: the outbox holds the chat
+             "edit_message": lambda: provider.edit(replace(general, edit_of=first)),
+             "typing": lambda: provider.typing(str(world["general"]))}
+    for route, call in calls.items():
+        fake.rate_limit_next(route, 0.2)
+        with pytest.raises(ProviderError, match="slow down for 0.2s") as info:
+            await call()
+        assert info.value.retry_after == 0.2 and not permanent(info.value)
+        await call()  # the next call goes out: nothing waited in discord.py
     fake.rate_limit_next("send_message", 7, via=False)      # Cloudflare, not Discord
     with pytest.raises(ProviderError, match="retry in 7s") as info:
         await provider.send(general)
     assert info.value.retry_after == 7 and not permanent(info.value)
-    assert len(fake.messages(world["general"])) == 1
+    fake.rate_limit_next("typing", 5, global_=True)  # global, met while sending: held too
+    with pytest.raises(ProviderError, match="slow down for 5s") as info:
+        await provider.typing(str(world["general"]))
+    assert info.value.retry_after == 5
+    assert len(fake.messages(world["general"])) == 2
     await provider.close()
 
 

@@ -1,10 +1,10 @@
 """Discord's errors as :class:`ProviderError`s, and a bot token that never reaches a log line.
 
-Rate limits: discord.py waits out a 429 by itself (per route and global, from the body's
-``retry_after``) when the wait is at most :data:`LIBRARY_WAIT` seconds, and pre-emptively when a
-bucket is exhausted; a longer per-route wait raises :class:`discord.RateLimited`, which becomes
-``ProviderError(retry_after=…)`` so that the outbox (which keeps the message across restarts)
-waits instead of a request held open in memory.
+Rate limits: a 429 on a send (message create, edit, typing) raises :class:`discord.RateLimited`
+at once (``holds.py``), which becomes :class:`RateLimited` with its ``retry_after``, so that the
+outbox holds the chat in the shared, persisted flood state instead of a request held open in
+memory. Elsewhere discord.py waits out 429s of at most :data:`LIBRARY_WAIT` seconds by itself;
+it also paces pre-emptively when a bucket's ``X-RateLimit-Remaining`` reaches 0.
 
 discord.py sends the token only in headers and the IDENTIFY/RESUME frames, which it does not log;
 :func:`redact_token_in_logs` masks it in its loggers anyway, in case an error ever quotes it.
@@ -95,6 +95,8 @@ def _header_seconds(exc: discord.HTTPException, name: str) -> float | None:
 
 
 RECONNECTING = "Attempting a reconnect in %.2fs"  # discord.Client.connect's log line
+RATE_LIMITED_RAISED = ("We are being rate limited. %s %s responded with 429. Timeout of %.2f "
+                       "was too long, erroring instead.")  # discord.http's
 
 
 class _MaskToken(MaskSecrets):
@@ -107,6 +109,8 @@ class _MaskToken(MaskSecrets):
     def filter(self, record: logging.LogRecord) -> bool:
         if "voice will NOT be supported" in record.getMessage():
             return False
+        if record.msg == RATE_LIMITED_RAISED:  # a send's 429, raised for the outbox on purpose
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"  # (which logs it)
         if record.msg == RECONNECTING and record.exc_info and record.exc_info[1] is not None:
             # discord.py logs each failed reconnect with a traceback; one line says it all
             record.msg = (f"discord: the gateway connection failed "

@@ -22,6 +22,7 @@ from pluto.gateway.delivery.render import render
 from pluto.gateway.delivery.render.dialects import escape_markdown
 from pluto.types import MARKDOWN, Attachment, OutgoingMessage
 from pluto.providers.discord.errors import provider_error
+from pluto.providers.discord.holds import sending
 from pluto.providers.discord.markup import DISCORD
 
 # replies ping the person asked; a model's text never pings @everyone, roles or users
@@ -71,7 +72,8 @@ async def send(client: discord.Client, message: OutgoingMessage) -> str:
     if files:
         kwargs["files"] = files
     try:
-        sent = await channel.send(discord_text(message) or None, **kwargs)
+        with sending():  # a 429 is the outbox's (flood control), not a wait in this call
+            sent = await channel.send(discord_text(message) or None, **kwargs)
     except FAILURES as e:
         raise provider_error(e) from None
     return str(sent.id)
@@ -83,15 +85,17 @@ async def edit(client: discord.Client, message: OutgoingMessage) -> None:
         raise DeliveryRefused(f"{message.edit_of!r} is not a Discord message id")
     channel = client.get_partial_messageable(channel_id(message.chat_id, message.thread_id))
     try:
-        await channel.get_partial_message(int(message.edit_of)).edit(
-            content=discord_text(message), allowed_mentions=MENTIONS)
+        with sending():
+            await channel.get_partial_message(int(message.edit_of)).edit(
+                content=discord_text(message), allowed_mentions=MENTIONS)
     except FAILURES as e:
         raise provider_error(e) from None
 
 
 async def typing(client: discord.Client, chat_id: str, thread_id: str | None = None) -> None:
     try:
-        await client.http.send_typing(channel_id(chat_id, thread_id))
+        with sending():
+            await client.http.send_typing(channel_id(chat_id, thread_id))
     except FAILURES as e:
         raise provider_error(e) from None
 

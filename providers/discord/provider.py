@@ -10,8 +10,9 @@ Direct messages are for the bot; in servers, messages that mention it or reply t
 ``inbound.py``), or every message with ``guild_messages: all``.
 
 Sending: Discord markdown (the gateway renders it, 2000 characters a message), edits for
-streamed replies, files and images, the typing indicator (``outbound.py``). Rate limits are
-discord.py's up to 30 s, then the outbox's (``errors.py``). The token never appears in a log.
+streamed replies, files and images, the typing indicator (``outbound.py``). A 429 on a send is
+raised at once, for the outbox's per-chat flood control (``holds.py``); discord.py still paces
+by its ``X-RateLimit-*`` buckets and waits out 429s elsewhere. The token never appears in a log.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pluto.errors import ProviderError, ProviderUnusable
 from pluto.gateway.ports import Intake, Provider, ProviderContext
 from pluto.providers.handover import NOT_TAKEN, HandOver, NotRecorded
 from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
-from pluto.providers.discord import outbound
+from pluto.providers.discord import holds, outbound
 from pluto.providers.discord.errors import LIBRARY_WAIT, provider_error, redact_token_in_logs
 from pluto.providers.discord.inbound import USER_MESSAGES, Downloads, to_incoming
 from pluto.providers.discord.markup import DISCORD
@@ -112,9 +113,11 @@ class DiscordProvider(Provider):
         intents = discord.Intents.none()
         intents.guilds = intents.guild_messages = intents.dm_messages = True
         intents.message_content = self.settings.message_content_intent
-        return _Client(self._queue, intents=intents, max_ratelimit_timeout=LIBRARY_WAIT,
-                       guild_ready_timeout=self.settings.guild_ready_timeout,
-                       max_messages=None, chunk_guilds_at_startup=False)
+        client = _Client(self._queue, intents=intents, max_ratelimit_timeout=LIBRARY_WAIT,
+                         guild_ready_timeout=self.settings.guild_ready_timeout,
+                         max_messages=None, chunk_guilds_at_startup=False)
+        holds.adopt(client)  # 429s on sends go to the outbox's flood control (holds.py)
+        return client
 
     async def _logged_in(self) -> _Client:
         """The client, logged in (REST works; the gateway connects in :meth:`run`)."""

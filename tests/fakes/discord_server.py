@@ -637,6 +637,11 @@ class FakeDiscord(Controls):
             if left > 0:
                 call.status, call.rate_limited = 429, True
                 return self._too_many(route, round(left, 3), global_=True, via=True, scope="global")
+            left = self._windows.get((route, channel_id or 0), 0.0) - time.monotonic()
+            if left > 0:
+                call.status, call.rate_limited = 429, True
+                return self._too_many(route, round(left, 3), global_=False, via=True,
+                                      scope="user")
             failure = self._take_failure(route, channel_id)
             if failure is not None:
                 if failure.kind == "drop":

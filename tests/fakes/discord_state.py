@@ -318,6 +318,7 @@ class Controls:
         self._forbidden: dict[int, int] = {}        # channel_id -> JSON error code for sends
         self._latency: dict[str, float] = {}
         self._global_until = 0.0
+        self._windows: dict[tuple[str, int], float] = {}  # (route, channel) → 429s until
         self._last_snowflake = 0
         self._seq = itertools.count(1)
         self._cdn_key = hashlib.sha256(token.encode()).digest()
@@ -728,6 +729,16 @@ class Controls:
         self._failures.append(Failure(normalize_route(route), times, channel_id, "ratelimit",
                                       retry_after=retry_after, global_=global_, via=via,
                                       scope=scope or ("global" if global_ else "user")))
+
+    def rate_limit_window(self, channel_id: int, seconds: float,
+                          routes: tuple[str, ...] = ("send_message", "edit_message", "typing")
+                          ) -> None:
+        """For the next ``seconds``, every request to these routes in this channel answers a
+        per-route 429 whose ``retry_after`` is the time left (like a channel's exhausted
+        bucket); other channels are not affected."""
+        until = time.monotonic() + seconds
+        for route in routes:
+            self._windows[(normalize_route(route), int(channel_id))] = until
 
     def global_rate_limit(self, seconds: float) -> None:
         """Every request for the next ``seconds`` answers a global 429 (retry_after = time left)."""
