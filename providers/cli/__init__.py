@@ -22,6 +22,7 @@ from typing import TextIO
 from pluto.events import MessageDelta, MessageFinal, RunError, ToolStart
 from pluto.providers.cli.screen import Screen, wants_markdown
 from pluto.gateway.ports import Intake, Provider, ProviderContext, RunFeed
+from pluto.providers.handover import HandOver, NotRecorded
 from pluto.types import (MARKDOWN, Accepted, Capabilities, Dropped, Duplicate, IncomingMessage,
                          OutgoingMessage, Refused)
 
@@ -54,7 +55,9 @@ class CliProvider(Provider):
         self._shown: dict[str, int] = {}  # runs being followed → the last seq printed
         self._progress = asyncio.Event()  # set whenever a followed run prints an event
         self.errors = 0
+        self.unsent = 0  # messages the person was asked to send again (not recorded)
         self.interrupted = False
+        self.handover = HandOver(self.name)
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> CliProvider:
@@ -98,7 +101,15 @@ class CliProvider(Provider):
         except (NotImplementedError, RuntimeError):
             installed = False
         try:
-            outcome = await (await intake.submit(msg)).outcome()
+            try:
+                ticket = await self.handover(intake.submit, msg)
+            except NotRecorded:  # storage failed (logged once per outage): say so, plainly
+                self._say("! not sent: your message could not be recorded just now (a problem "
+                          "on our side); please send it again.")
+                self.errors += 1
+                self.unsent += 1
+                return
+            outcome = await ticket.outcome()
             match outcome:
                 case Accepted(run_id=run_id):
                     await self._show(run_id, replied)

@@ -23,6 +23,17 @@ _FENCE = re.compile(r"^```[^\n]*\n(.*?)\n```", re.S | re.M)
 _INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 
 
+RETYPE_SECONDS = 0.2  # a person told "not sent" types the message again
+
+
+@dataclass
+class Typed:
+    """A line the person typed (``message``: its first sending); ``taken`` once recorded."""
+
+    message: IncomingMessage
+    taken: bool = False
+
+
 class TerminalUnderTest(CliProvider):
     """The terminal provider with the keyboard replaced by the test."""
 
@@ -34,17 +45,34 @@ class TerminalUnderTest(CliProvider):
         self.display: list[tuple[str | None, str, Path | None]] = []
         self.changed = asyncio.Event()
         self.asking: set[asyncio.Task[None]] = set()
+        self.problems: list[str] = []  # what the person was shown wrongly
 
     async def run(self, intake: Intake) -> None:
         self.intake = intake
         self.ready.set()
         await asyncio.Event().wait()
 
-    def type(self, message: IncomingMessage) -> None:
+    def type(self, message: IncomingMessage, typed: Typed | None = None) -> None:
         assert self.intake is not None
-        task = asyncio.create_task(self.ask(self.intake, message))
+        task = asyncio.create_task(self._typing(message, typed))
         self.asking.add(task)
         task.add_done_callback(self.asking.discard)
+
+    async def _typing(self, message: IncomingMessage, typed: Typed | None) -> None:
+        """Ask; a person told the message was not sent types it again, a moment later."""
+        assert self.intake is not None
+        while True:
+            unsent = self.unsent
+            await self.ask(self.intake, message)
+            if self.unsent == unsent:
+                if typed is not None:
+                    typed.taken = True
+                return
+            told = self.err.getvalue()  # type: ignore[attr-defined]
+            if "please send it again" not in told or "Traceback" in told:
+                self.problems.append(f"not told plainly to send it again: {told!r}")
+            await asyncio.sleep(RETYPE_SECONDS)
+            message = self.message(message.text)
 
     def _delta(self, run_id: str, text: str) -> None:
         super()._delta(run_id, text)
@@ -92,16 +120,21 @@ class CliHarness(Harness):
                         reply_to: Shown | None = None,
                         document: tuple[str, bytes] | None = None) -> UserMessage:
         assert self.terminal is not None
-        message = self.terminal.message(text)
-        self.terminal.type(message)
-        return UserMessage(self.direct_chat, message)
+        typed = Typed(self.terminal.message(text))
+        self.terminal.type(typed.message, typed)
+        return UserMessage(self.direct_chat, typed)
 
     async def redeliver(self, message: UserMessage) -> None:
         assert self.terminal is not None
-        self.terminal.type(message.ref)
+        self.terminal.type(message.ref.message)
+
+    def confirmed(self, message: UserMessage) -> bool | None:
+        """Taken: the terminal did not tell the person to send it again."""
+        return message.ref.taken
 
     def shown(self, chat: str | None = None) -> list[Shown]:
         assert self.terminal is not None
+        assert not self.terminal.problems, self.terminal.problems
         printed = self.terminal.out.getvalue()  # type: ignore[attr-defined]
         out = []
         for i, (_, text, path) in enumerate(self.terminal.display):
