@@ -208,6 +208,8 @@ def _pg_count(sql: Any, kind: str, pipelined: bool, conn: Any = None) -> None:
                 t.events["pg|transaction of|" + _held(held)] += 1
         elif id(conn) in _pg_held:
             _pg_held[id(conn)].append(short(text))
+        else:
+            t.events["pg|autocommit"] += 1  # a transaction of its own (the pool's autocommit)
     t.events[f"pg|{kind}"] += 1
     if kind != "prepare":  # (a prepare is a round trip of its own, not a statement run)
         t.statements[f"pg|sent|{normalize(text)}"] += 1

@@ -314,8 +314,9 @@ def _report_pg(report: Report, windows: list[Window], idle: Window,
             "statements", f"PostgreSQL statements per message, {w.label}", per, "stmt",
             "SQLite", _statements(base, "sqlite"), target="<= 8" if plain else None,
             met=per <= 8 if plain else None,
-            note=f"round trips {w.per('pg|round trip'):.1f}, commits "
-            f"{w.per('pg|commit'):.1f}, BEGINs {w.per('pg|begin'):.1f}, prepares "
+            note=f"round trips {w.per('pg|round trip'):.1f}; transactions "
+            f"{w.per('pg|commit') + w.per('pg|autocommit'):.1f} ({w.per('pg|commit'):.1f} "
+            f"BEGIN…COMMIT, {w.per('pg|autocommit'):.1f} single statements); prepares "
             f"{w.per('pg|prepare'):.1f}, pipeline syncs {w.per('pg|pipeline sync'):.1f}; "
             f"errors {w.errors}",
             extra={"statements": dict(w.statements), "events": dict(w.events),
