@@ -13,8 +13,10 @@ difference ÷ the messages is printed with the statements that make it up (the m
 normalized: literals as ``?``), and what each commit (transaction) held. The model is the
 instant ``echo`` (no deltas): the figures are the gateway's own; two more windows send the
 widget's messages to the streaming fake model of bench/streaming.py (100 tokens over 2 s), for
-what a streamed answer's previews add. The counting server is a process of its own, so the timed sections are not
-slowed by the counting; an idle window (nothing sent) shows what the instance does by itself.
+what a streamed answer's previews add. The counting server is a process of its own, so the
+timed sections are not slowed by the counting; an idle window (nothing sent) shows what the
+instance does by itself. On PostgreSQL a transaction is a BEGIN…COMMIT block or a statement
+run alone (the pool's connections autocommit).
 """
 
 from __future__ import annotations
