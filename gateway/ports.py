@@ -172,13 +172,13 @@ class Provider(ABC):
     async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
         """Show that a reply is being written, where the platform can."""
 
-    def single_owner(self) -> bool:
     async def reset(self) -> None:
         """Rebuild the client that talks to the platform (new connections, new session): the
         gateway's send watchdog calls it when every send has failed for a while, in case the
         old client is stuck (a leaked connection pool). Sending works during and after it.
         Where a client cannot get stuck that way, there is nothing to do."""
 
+    def single_owner(self) -> bool:
         """Whether only one process at a time may hold this provider's connection (a long
         poll, a gateway session, a socket). With several instances on one database, one of
         them holds it through a lease and another takes over when it dies; the others still
