@@ -138,7 +138,7 @@ class Connection:
                 case Message():
                     await self._message(frame)
                 case Stop():
-                    await self._deliver("/stop", new_id())
+                    await self._deliver("/stop", new_id(), stop=True)
                 case Hello():
                     self.send(protocol.error("bad_frame", "This connection already said hello."))
 
@@ -224,12 +224,16 @@ class Connection:
         self.p.rooms.broadcast(self.client.chat_id, protocol.frame(
             "message.user", id=frame.id, text=frame.text), skip=self.client)
 
-    async def _deliver(self, text: str, client_id: str) -> bool:
+    async def _deliver(self, text: str, client_id: str, *, stop: bool = False) -> bool:
         """Hand the message over; False (and the tab told why) when it was not recorded."""
         assert self.client is not None
         try:
             await self.p.deliver(self._incoming(text, f"{self.client.chat_id}:{client_id}"))
         except NotRecorded:  # storage failed (logged once per outage): the tab sends it again
+            if stop:  # (the tab keeps no stop to send again)
+                self.send(protocol.error("internal", "The answer could not be stopped just "
+                                         "now (a problem on our side); please try again."))
+                return False
             self.send(protocol.error(
                 "not_received", "Your message was not received (a problem on our side); it "
                 "will be sent again in a moment.", reply_to=client_id,

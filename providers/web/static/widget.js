@@ -429,6 +429,7 @@
     pending.forEach(function (p) { sendFrame({ type: "message", id: p.id, text: p.text }); });
   }
   function notReceived(f) {
+    if (!pending.some(function (p) { return p.id === f.reply_to; })) { return; }  // (sent since)
     var mine = log.querySelector('[data-id="' + String(f.reply_to).replace(/[^\w.:-]/g, "") + '"]');
     if (mine) { mine.classList.add("pluto-pending"); }
     notSent = true;
