@@ -108,7 +108,7 @@ class Gateway:
                                      on_reset=self.metrics.provider_reset)
         self.outbox = Outbox(self.store.outbox, self.providers, throttle=throttle,
                              owner=self.instance, flood=FloodControl(self.store.flood),
-                             watchdog=self.watchdog,
+                             watchdog=self.watchdog, may_send=self.cluster.fresh,
                              # several instances: a dead one's replies go out soon after
                              sweep_seconds=min(30.0, self.config.storage.lease_seconds)
                              if self.shared else 30.0)
@@ -150,7 +150,9 @@ class Gateway:
             metrics=self.metrics, load=self.load, publish=self.feed.publish,
             max_queued=self.config.gateway.max_queued_per_session,
             session_guard=(lambda key: self.cluster.holding(f"session:{key}"))
-            if self.shared else None, track_runs=self.shared)
+            if self.shared else None, track_runs=self.shared,
+            # a run's previews and typing stop once its chat may be another instance's
+            fence=lambda msg: self.cluster.fence(f"chat:{msg.provider}:{msg.chat_id}"))
         MemoryCommands(self.registry, self.runner.services["memory"],  # /memory, /history
                        self.store.history).register(pipeline.commands)
         return pipeline

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -33,6 +34,11 @@ from pluto.storage.ports import LeaseStore
 log = logging.getLogger(__name__)
 
 LEASE_SECONDS = 10.0
+FENCE_MARGIN = 0.25  # of a lease: acting stops this long before a lease can run out
+
+
+def _always() -> bool:
+    return True
 
 
 def new_instance_id() -> str:
@@ -54,6 +60,11 @@ class Cluster:
         self._held: dict[str, int] = {}  # lease name → token
         self._holders: dict[str, asyncio.Task[Any]] = {}  # tasks cancelled when one is lost
         self._heartbeat: asyncio.Task[None] | None = None
+        # when the last renewal that succeeded was asked for (this process's monotonic clock):
+        # every lease held is good until then + ttl on the database, so this instance acts
+        # only until then + ttl - margin (a pause or an outage silences it before anyone else
+        # may take over)
+        self._renewed_at: float | None = None
 
     @property
     def enabled(self) -> bool:
@@ -62,11 +73,36 @@ class Cluster:
     def held(self) -> list[str]:
         return sorted(self._held)
 
+    @property
+    def margin(self) -> float:
+        return self.ttl * FENCE_MARGIN
+
+    def fresh(self) -> bool:
+        """Whether this instance may act now: its leases were renewed recently enough that
+        nobody else can have taken any of them over (always, with one process)."""
+        if self.leases is None:
+            return True
+        return self._renewed_at is not None and \
+            time.monotonic() < self._renewed_at + self.ttl - self.margin
+
+    def fence(self, name: str) -> Callable[[], bool]:
+        """A check for the side effects of work done under lease ``name`` as held now: true
+        while this instance is :meth:`fresh` and still holds it with the same token (never
+        again once it was lost, even if taken back). Not holding it now: freshness alone."""
+        if self.leases is None:
+            return _always
+        token = self._held.get(name)
+        if token is None:
+            return self.fresh
+        return lambda: self._held.get(name) == token and self.fresh()
+
     async def start(self) -> None:
         if self.leases is None:
             return
+        asked = time.monotonic()
         if await self.acquire(f"instance:{self.id}") is None:
             raise RuntimeError(f"another live instance uses the id {self.id!r}")
+        self._renewed_at = asked
         self._heartbeat = asyncio.create_task(self._beat(), name="cluster:heartbeat")
         log.info("cluster: instance %s joined (leases of %gs)", self.id, self.ttl)
 
@@ -178,10 +214,12 @@ class Cluster:
         while True:
             await asyncio.sleep(self.ttl / 3)
             tokens = dict(self._held)
+            asked = time.monotonic()
             try:
                 lost = await self.leases.renew_all(self.id, tokens, self.ttl)
             except Exception as e:  # noqa: BLE001 - the database is away: try again soon
-                log.warning("cluster: could not renew leases (%s)", e)
+                log.warning("cluster: could not renew leases (%s)%s", e,
+                            "" if self.fresh() else "; silent until they are")
                 continue
             for name in lost:
                 if self._held.get(name) != tokens[name]:
@@ -191,3 +229,21 @@ class Cluster:
                 holder = self._holders.pop(name, None)
                 if holder is not None and not holder.done():
                     holder.cancel()
+            await self._renewed(asked, lost)
+
+    async def _renewed(self, asked: float, lost: set[str]) -> None:
+        """After a renewal: fresh again, unless this instance's own lease was lost (the others
+        took it for dead and its work over): then it joins again as a newcomer."""
+        me = f"instance:{self.id}"
+        if me not in lost:
+            self._renewed_at = asked
+            return
+        asked = time.monotonic()
+        try:
+            joined = await self.acquire(me) is not None
+        except Exception as e:  # noqa: BLE001 - the next beat tries again
+            log.warning("cluster: could not join again (%s)", e)
+            return
+        if joined:
+            log.warning("cluster: this instance was taken for dead; it joined again")
+            self._renewed_at = asked

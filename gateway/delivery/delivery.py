@@ -101,21 +101,25 @@ class Delivery:
                                          self._chunks(provider, base, text, []))
 
     async def run(self, provider: Provider, msg: IncomingMessage,
-                  events: AsyncIterator[RunEvent]) -> RunEvent | None:
+                  events: AsyncIterator[RunEvent], *,
+                  fence: Callable[[], bool] | None = None) -> RunEvent | None:
         """Consume a run's events (this drives the run) and deliver its reply to the chat it
-        came from; returns the last event."""
+        came from; returns the last event. ``fence``: whether the run may still act (several
+        instances: false once another may have taken it over); its previews and typing stop
+        then (its answer is fenced in storage)."""
         caps = provider.capabilities
         live = caps.can_edit and not caps.streams_deltas
         flood = self.outbox.flood  # one flood-control state per chat, for every send
         keep = self.keep_preview
         post = self.outbox.post  # every call to the chat goes through its one sender
+        may_send = fence or self.outbox.may_send
         state = _Run(LivePreview(provider, reply_to(msg, ""), self.throttle, flood, post=post,
-                                 shown=msg.shown,
+                                 may_send=may_send, shown=msg.shown,
                                  on_shown=(lambda pid: keep(msg, pid))
                                  if keep is not None and msg.message_id else None)
                      if live else None,
                      Typing(provider, msg.chat_id, msg.thread_id, self.typing_interval, flood,
-                            post=post))
+                            post=post, may_send=may_send))
         state.typing.start()
         last: RunEvent | None = None
         try:

@@ -25,12 +25,12 @@ import asyncio
 import logging
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pluto.errors import DeliveryRefused, ProviderError, RateLimited
+from pluto.errors import DeliveryRefused, PlutoError, ProviderError, RateLimited
 from pluto.gateway.delivery.flood import FloodControl
 from pluto.gateway.delivery.streaming import ChatOp, EditThrottle
 from pluto.gateway.delivery.watchdog import SendWatchdog
@@ -74,13 +74,17 @@ class Outbox:
                  retry: RetryPolicy | None = None, throttle: EditThrottle | None = None,
                  keep_seconds: float = 7 * 86400, lease_seconds: float = 300.0,
                  sweep_seconds: float = 30.0, owner: str | None = None,
-                 flood: FloodControl | None = None, watchdog: SendWatchdog | None = None):
+                 flood: FloodControl | None = None, watchdog: SendWatchdog | None = None,
+                 may_send: Callable[[], bool] | None = None):
         self.rows = rows
         self.providers = providers  # the running providers, by name (read at each send)
         self.retry = retry or RetryPolicy()
         self.throttle = throttle or EditThrottle(0.0)
         self.flood = flood or FloodControl()  # one per gateway: previews consult it too
         self.watchdog = watchdog  # told every platform call's outcome (a wedged send path)
+        # several instances: false while this one may not act (a pause, leases not renewed)
+        self.may_send: Callable[[], bool] = may_send or (lambda: True)
+        self._silenced = False  # logged once per silence
         self.keep_seconds = keep_seconds
         self.lease_seconds = lease_seconds
         self.sweep_seconds = sweep_seconds
@@ -272,6 +276,8 @@ class Outbox:
                                          release=(reply_id, self.owner) if last else None)
                 except ProviderError as e:
                     return await self._failed(provider, row, pending[i:], e)
+                except Silenced:
+                    return None  # nothing was sent: the sweep (here or elsewhere) sends it
                 except Exception as e:  # noqa: BLE001 - storage is away before a call
                     log.error("outbox: storage failed while sending reply %s (%s); will try "
                               "again later", reply_id, e)
@@ -332,6 +338,7 @@ class Outbox:
                 await self.rows.attempted(row.id)
             counted = False
             self._counted.discard(row.id)
+            self._check_fence()
             try:
                 platform_id = await _call(provider, message)
             except ProviderError as e:
@@ -389,6 +396,18 @@ class Outbox:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
 
+    def _check_fence(self) -> None:
+        if self.may_send():
+            if self._silenced:
+                log.info("outbox: sending again")
+                self._silenced = False
+            return
+        if not self._silenced:
+            log.warning("outbox: silent: this instance could not renew its leases in time "
+                        "(paused, or the database is away); replies wait")
+            self._silenced = True
+        raise Silenced("this instance may not send now")
+
     def _observed(self, provider: Provider, error: ProviderError | None) -> None:
         if self.watchdog is None:
             return
@@ -420,6 +439,10 @@ async def _call(provider: Provider, message: OutgoingMessage) -> str | None:
     except Exception as e:
         log.exception("%s failed to send a message", provider.name)
         raise DeliveryRefused(f"the provider failed: {type(e).__name__}") from e
+
+
+class Silenced(PlutoError):
+    """This instance may not make platform calls now (see :meth:`Cluster.fresh`)."""
 
 
 def _settle(future: asyncio.Future[bool], ok: bool) -> None:

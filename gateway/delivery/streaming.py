@@ -94,13 +94,14 @@ class LivePreview:
 
     def __init__(self, provider: Provider, target: OutgoingMessage, throttle: EditThrottle,
                  flood: FloodControl | None = None, *, post: Post,
-                 shown: str | None = None,
+                 may_send: Callable[[], bool] = lambda: True, shown: str | None = None,
                  on_shown: Callable[[str], Awaitable[None]] | None = None):
         self.provider = provider
         self.flood = flood or FloodControl()
         self.target = replace(target, kind="delta", markup=provider.capabilities.markup.name)
         self.throttle = throttle
         self.post = post
+        self.may_send = may_send  # the run's fence: false once it may no longer act
         self.key: ChatKey = (provider.name, target.chat_id)
         self.text = ""
         # a preview an interrupted run of the same message left: edited, not sent again
@@ -146,6 +147,9 @@ class LivePreview:
         text = render_preview(self.text, caps.markup, caps.max_message_length)
         if self._closed.is_set() or not text.strip() or text == self._shown:
             return
+        if not self.may_send():  # another instance may have this run now: show no more
+            self._closed.set()
+            return
         self._calling = asyncio.get_running_loop().create_future()
         try:
             await self._show(text)
@@ -190,13 +194,14 @@ class Typing:
 
     def __init__(self, provider: Provider, chat_id: str, thread_id: str | None,
                  interval: float = 4.0, flood: FloodControl | None = None, *,
-                 post: Post):
+                 post: Post, may_send: Callable[[], bool] = lambda: True):
         self.provider = provider
         self.flood = flood
         self.chat_id = chat_id
         self.thread_id = thread_id
         self.interval = interval
         self.post = post
+        self.may_send = may_send
         self.key: ChatKey = (provider.name, chat_id)
         self._timer: asyncio.TimerHandle | None = None
         self._queued = False
@@ -221,7 +226,8 @@ class Typing:
 
     async def perform(self) -> None:
         self._queued = False
-        if self._stopped or (self.flood is not None and self.flood.remaining(self.key)):
+        if self._stopped or (self.flood is not None and self.flood.remaining(self.key)) or \
+                not self.may_send():
             return
         try:
             await self.provider.typing(self.chat_id, self.thread_id)

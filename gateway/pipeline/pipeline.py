@@ -78,7 +78,8 @@ class Pipeline:
                  providers: Mapping[str, Provider], metrics: Metrics, load: Load,
                  publish: Callable[[RunEvent], None], max_queued: int = 50,
                  session_guard: Callable[[str], AbstractAsyncContextManager[Any]] | None = None,
-                 track_runs: bool = False):
+                 track_runs: bool = False,
+                 fence: Callable[[IncomingMessage], Callable[[], bool]] | None = None):
         self.conversations = conversations
         self.inbox = inbox
         self.access = access
@@ -102,6 +103,8 @@ class Pipeline:
         # Several instances: a chat's intake waits for each run to end before it takes the
         # chat's next message (see intake), so the runs it started are followed here.
         self.track_runs = track_runs
+        # several instances: whether a message's run may still act (its chat still ours)
+        self.fence = fence
         # several instances: tell the others to stop a session (True: one of them was running)
         self.stop_elsewhere: Callable[[str], Awaitable[bool]] | None = None
         self._unfinished: dict[str, asyncio.Future[None]] = {}
@@ -271,7 +274,8 @@ class Pipeline:
                        events: AsyncIterator[RunEvent]) -> None:
         run_id = job.run_id
         try:
-            last = await self.delivery.run(provider, msg, events)
+            last = await self.delivery.run(
+                provider, msg, events, fence=self.fence(msg) if self.fence else None)
         except RunTakenOver as e:  # another instance answers it: say nothing more here
             log.warning("%s", e)
             return
