@@ -182,3 +182,33 @@ async def test_discord_keeps_a_message_then_asks_for_it_again_after_a_long_outag
     assert [m.text for m in intake.got] == ["kept"]
     assert intake.refused.count("lost") >= 2  # tried again before giving up
     assert len(notice) == 1 and "Traceback" not in notice[0].content
+
+
+async def test_slack_answers_503_until_recorded_for_both_copies_of_a_message(
+        config_dir, data_dir):
+    """The Events API: each refused post is answered 503 (never a 2xx, no X-Slack-No-Retry),
+    and the app_mention + message pair of one channel message is confirmed only once the
+    message is recorded, then answered once."""
+    from tests.conformance.slack_harness import SlackHttpHarness
+    from tests.conformance.test_store_failure import FailingInbox
+
+    h = SlackHttpHarness(config_dir=config_dir, data_dir=data_dir)
+    await h.open()
+    try:
+        gateway = await h.start()
+        store = FailingInbox(gateway.store.inbound)
+        said = await h.user_says("hello bot", chat=h.group_chat, mention=True)
+        deliveries = said.ref.deliveries
+        assert {d.event["type"] for d in deliveries} == {"app_mention", "message"}
+        await h.fake.wait_until(lambda: all(len(d.attempts) >= 2 for d in deliveries),
+                                what="every event posted again")
+        statuses = {a.status for d in deliveries for a in d.attempts if a.status}
+        assert statuses == {503}
+        store.heal()
+        await h.wait_texts(["echo: hello bot"], chat=h.group_chat)
+        await h.fake.wait_until(lambda: all(d.acked for d in deliveries), what="both acked")
+        await asyncio.sleep(0.3)
+        assert [s.text for s in h.shown(h.group_chat)] == ["echo: hello bot"]
+        assert len(h.model.calls) == 1 and len(store.accepted) == 1
+    finally:
+        await h.close()
