@@ -46,6 +46,8 @@ from pluto.gateway.pipeline.routing import RoutingTable
 from pluto.gateway.ports import HttpMount, Provider, ProviderContext
 from pluto.gateway.provider_registry import build_provider, enabled
 from pluto.gateway.recovery import Recovery
+from pluto.events import RunEvent
+from pluto.types import IncomingMessage
 from pluto.gateway.reload import ConfigWatcher, load_routes
 from pluto.gateway.supervisor import TaskHealth, supervise
 from pluto.runtime.tracing import Tracing
@@ -125,8 +127,8 @@ class Gateway:
         # readiness (storage, the data dir's disk) and the sweep of runs storage cut short
         self.recovery = Recovery(self.store, self.data_dir, live=lambda: self.pipeline.live,
                                  intakes=self.intakes, publish=self.feed.publish,
-                                 sweep=serve and not self.shared)
-        self.pipeline.on_stranded = self.recovery.soon
+                                 resend=self._resend, sweep=serve and not self.shared)
+        self.pipeline.on_stranded = self.recovery.strand
         self.health_reports["cluster"] = self._cluster_report
         self._control_tasks: set[asyncio.Task[object]] = set()
         self.directory = Directory(lambda: self.routes, self.registry, self.store.conversations)
@@ -314,6 +316,10 @@ class Gateway:
         if taken:
             log.warning("cluster: took over %d run(s) of %s chat %s from an instance that "
                         "stopped; answering again", len(taken), provider, chat)
+
+    async def _resend(self, provider: str, msg: IncomingMessage, answer: RunEvent) -> None:
+        if (target := self.providers.get(provider)) is not None:
+            await self.delivery.resend_final(target, msg, answer)
 
     async def _stop_elsewhere(self, session_key: str) -> bool:
         assert self.store.bus is not None

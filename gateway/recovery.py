@@ -8,7 +8,8 @@
   task of this process runs any more (their commits failed for good, so they could not even be
   ended) are recorded interrupted and their messages answered again; messages the inbox holds
   unhandled that nothing here is handling (a hand-over whose handling met a storage error) are
-  handled again. It runs every :data:`SWEEP_SECONDS`, and soon after an outage ends. At start the
+  handled again; answers that were saved but whose reply could not be recorded are sent. It
+  runs every :data:`SWEEP_SECONDS`, and soon after an outage ends. At start the
   gateway recovers what a dead process left (``recover_interrupted``); this is the same for a
   process that lives on. Several instances (PostgreSQL) have the cluster's own take-over.
 """
@@ -20,12 +21,13 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from pluto.events import RunEvent
+from pluto.types import IncomingMessage
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,9 @@ DISK_CACHE_SECONDS = 3.0
 PROBE_SECONDS = 2.0
 SWEEP_SECONDS = 180.0
 SETTLE_SECONDS = 5.0  # a run or a message younger than this is left alone by the sweep
+
+
+Resend = Callable[[str, IncomingMessage, RunEvent], Awaitable[object]]
 
 
 class Requeue(Protocol):
@@ -51,12 +56,15 @@ class Disk:
 class Recovery:
     def __init__(self, store: Any, data_dir: Path, *, live: Callable[[], Mapping[str, Any]],
                  intakes: Mapping[str, Requeue], publish: Callable[[RunEvent], None],
-                 sweep: bool = True):
+                 resend: Resend | None = None, sweep: bool = True):
         self.store = store
         self.data_dir = data_dir
         self.live = live  # run id -> message id (or None) of each run this process holds
         self.intakes = intakes
         self.publish = publish
+        self.resend = resend  # (provider, message, answer): a saved answer, to the outbox
+        # runs whose end or reply storage could not record: run id -> (provider, message)
+        self.stranded: dict[str, tuple[str, IncomingMessage]] = {}
         self.sweeps = sweep  # False with several instances: the cluster takes over
         self.disk = Disk()
         self._task: asyncio.Task[None] | None = None
@@ -105,7 +113,12 @@ class Recovery:
         self._task = self._probing = None
 
     def soon(self) -> None:
-        """Sweep at the next tick (a run could not be ended: storage failed)."""
+        """Sweep at the next tick."""
+        self._wake.set()
+
+    def strand(self, run_id: str, provider: str, msg: IncomingMessage) -> None:
+        """A run whose end or reply storage could not record: seen to at the next sweep."""
+        self.stranded[run_id] = (provider, msg)
         self._wake.set()
 
     async def _run(self) -> None:
@@ -154,6 +167,7 @@ class Recovery:
                 self.publish(end)
             log.warning("recovery: %d run(s) could not be finished (storage failed); their "
                         "messages are answered again", len(stuck))
+        await self._send_saved(live)
         busy = {m for m in live.values() if m}
         queued = 0
         for name, intake in self.intakes.items():
@@ -163,6 +177,19 @@ class Recovery:
             log.warning("recovery: %d message(s) whose handling storage had cut short are "
                         "handled again", queued)
         return queued
+
+    async def _send_saved(self, live: Mapping[str, Any]) -> None:
+        """Answers that were saved but whose reply could not be recorded: sent now (under the
+        run's id, so once)."""
+        for run_id, (provider, msg) in list(self.stranded.items()):
+            if run_id in live:
+                continue
+            answer = await self.store.conversations.undelivered_answer(run_id)
+            if answer is not None and self.resend is not None:
+                log.warning("recovery: sending the saved answer of run %s, whose reply storage "
+                            "could not record", run_id)
+                await self.resend(provider, msg, answer)
+            del self.stranded[run_id]
 
 
 def _free_bytes(path: Path) -> int:

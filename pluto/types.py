@@ -129,6 +129,9 @@ class Capabilities:
     # the provider shows a run's progress itself, from the run feed (terminal, web, API); the
     # others get a live preview by edits (``can_edit``) or nothing until the final reply
     streams_deltas: bool = False
+    # a run's reply (its final text or error) is shown from the run feed too, its run events
+    # being the durable record (the web widget, the API): delivery records no outbox row for it
+    answers_from_feed: bool = False
     can_edit: bool = False  # the provider can edit a sent message (streaming by edits)
     can_send_images: bool = False
     can_send_files: bool = False

@@ -100,6 +100,11 @@ class ConversationStore(RunReader, Protocol):
         """Ids of runs queued or running that started before ``started_before``."""
         ...
 
+    async def undelivered_answer(self, run_id: str) -> RunEvent | None:
+        """The run's ``message.final`` when it ended answered and none of its reply is in the
+        outbox (storage failed between the two)."""
+        ...
+
     async def recover_runs(self, run_ids: list[str]) -> list[RunEvent]:
         """One process per database: these runs (no task of this process runs them) are
         ended interrupted and their messages go back to the inbox."""

@@ -278,3 +278,34 @@ async def test_readyz_is_503_while_the_data_dirs_disk_is_full(config_dir, data_d
         assert body["checks"]["disk"] == {"free_mb": 0.0}
     finally:
         await gw.stop()
+
+
+async def test_a_saved_answer_whose_reply_could_not_be_recorded_is_sent_once_storage_works(
+        config_dir, data_dir, monkeypatch):
+    monkeypatch.setattr(recovery, "SETTLE_SECONDS", 0.2)
+    gw = await served(config_dir, data_dir, ScriptedModel())
+    rows = gw.outbox.rows
+    record = rows.record_claimed
+    failures: list[str] = []
+
+    async def record_claimed(recorded, *args, **kw):
+        if not failures and recorded[0].kind == "reply":  # the answer's reply, once
+            failures.append(recorded[0].reply_id)
+            gw.store.engine.health.failing("the disk is full", "(the test)")
+            raise StorageUnavailable("the disk is full")
+        return await record(recorded, *args, **kw)
+
+    monkeypatch.setattr(rows, "record_claimed", record_claimed)
+    provider = RecordingProvider()
+    try:
+        gw.add_provider(provider)
+        await provider.say("hello")
+        assert await provider.wait_finals(1) == ["echo: hello"]  # sent after the probe
+        await gw.settled()
+        assert provider.finals() == ["echo: hello"] and len(failures) == 1
+        run = await gw.store.conversations.run(failures[0])
+        assert run is not None and run.status == "ok"  # (no error appended to it)
+        assert [e.type for e in await gw.store.conversations.events(failures[0])][-1] == \
+            "run.end"
+    finally:
+        await gw.stop()

@@ -9,7 +9,11 @@ While a run is in progress:
 
 - a provider that shows progress itself (``streams_deltas``: the terminal, the web widget, the
   API) follows the run feed; delivery only hands it the final reply, which carries the run id
-  and the ``seq`` of the event it shows;
+  and the ``seq`` of the event it shows — or nothing of the run, when it takes the reply from
+  the feed too (``answers_from_feed``: the web widget, the API; the run's committed events are
+  the durable record a reconnecting watcher replays, so a second record in the outbox would
+  only cost commits). Its answers without a run (a command's reply, a notice) have no run
+  events to replay: they still go through the outbox, in order behind the pipeline;
 - a provider that can edit (``can_edit``) gets a live preview sent early and edited as the
   model writes (:class:`~pluto.gateway.delivery.streaming.LivePreview`); the first chunk of the
   final reply then replaces the preview;
@@ -150,6 +154,8 @@ class Delivery:
     async def _final(self, provider: Provider, msg: IncomingMessage, state: _Run,
                      event: RunEvent, text: str, kind: Kind) -> None:
         state.typing.stop()
+        if provider.capabilities.answers_from_feed:
+            return  # shown from the run feed; its run events are the durable record
         preview_id = await state.preview.finish() if state.preview is not None else None
         base = reply_to(msg, text, kind=kind, run_id=event.run_id, seq=event.seq)
         messages = self._chunks(provider, base, text, state.images if kind == "reply" else [])
@@ -161,7 +167,10 @@ class Delivery:
     async def resend_final(self, provider: Provider, msg: IncomingMessage,
                            event: RunEvent) -> None:
         """Deliver a run's committed answer that never reached the outbox (its instance died
-        in between): as its own reply, under the run's id, so it goes out once."""
+        in between): as its own reply, under the run's id, so it goes out once. A provider
+        that takes answers from the run feed has it there already."""
+        if provider.capabilities.answers_from_feed:
+            return
         text = getattr(event, "text", "") or ""
         base = reply_to(msg, text, kind="reply", run_id=event.run_id, seq=event.seq)
         messages = self._chunks(provider, base, text, [])

@@ -111,7 +111,7 @@ class Pipeline:
         # run id -> message id of every run accepted here and not yet over (the recovery
         # sweep leaves these alone); told when a run could not even be ended (storage failed)
         self.live: dict[str, str | None] = {}
-        self.on_stranded: Callable[[], None] = lambda: None
+        self.on_stranded: Callable[[str, str, IncomingMessage], None] = lambda *a: None
         self.commands = Commands(registry, conversations, self.stop)
         data.register(self.commands)
         access.is_command = self.commands.knows
@@ -300,15 +300,23 @@ class Pipeline:
         """A run that failed before it could end (or whose reply could not be recorded):
         end it, say so, and release its watchers. When storage cannot record even that, the
         run is left to the recovery sweep, which answers its message again once storage
-        works."""
+        works (or, if the answer itself was saved, its reply is sent then)."""
         run_id = job.run_id
+        if message == STORAGE_FAILED:
+            with contextlib.suppress(Exception):  # (reads work on a full disk)
+                row = await self.conversations.run(run_id)
+                if row is not None and row.status == "ok":  # saved; only its reply was not
+                    log.warning("run %s: its answer is saved, its reply could not be; it is "
+                                "sent once storage works", run_id)
+                    self.on_stranded(run_id, provider.name, msg)
+                    return
         try:
             await self.delivery.run(provider, msg, self._without_run(
                 job, "error", message, self._observer(provider.name)))
         except StorageError as e:
             log.warning("run %s could not be ended either (%s); its message is answered again "
                         "once storage works", run_id, e)
-            self.on_stranded()
+            self.on_stranded(run_id, provider.name, msg)
         except Exception:
             log.exception("recording the failure of run %s failed too", run_id)
 

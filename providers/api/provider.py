@@ -40,9 +40,10 @@ MAX_WAIT_SECONDS = 60
 
 class ApiProvider(Provider):
     name = "api"
-    # clients watch a run's progress over SSE (the run feed); a step's output is its run's
+    # clients watch a run's progress over SSE (the run feed); a step's output is read from its
+    # run's events (no outbox row for it); only answers without a run come through send()
     capabilities = Capabilities(max_message_length=1_000_000, markup=MARKDOWN,
-                                streams_deltas=True)
+                                streams_deltas=True, answers_from_feed=True)
 
     def __init__(self, settings: ApiSettings, keys: list[ApiKey], *, chats: ChatDirectory,
                  runs: RunReader, tasks: TaskStore, feed: RunFeed,

@@ -6,11 +6,14 @@ A visitor's chat id comes from their verified session token only.
 
 What a chat's tabs are shown, in order, each frame to every tab:
 
-- a run's progress (start, text as it is written, tools with their tables and charts) from the
-  run feed, each frame carrying the event's ``seq``;
-- the run's reply (its final text or error) and every other answer (commands, notices) through
-  delivery, like on any platform (:meth:`WebProvider.send`): a run's reply is shown after all of
-  its progress and before its ``run.end``.
+- a run, whole, from the run feed: its start, its text as it is written, its tools with their
+  tables and charts, its reply (``message.final`` or ``error``) and its ``run.end``, each frame
+  carrying the event's ``seq``. The run's committed events are its durable record: delivery
+  records no outbox row for its reply (``answers_from_feed``). A tab that joins mid-answer gets
+  the run's frames from its start, then the rest live; one that joins after the end finds the
+  answer in the history (storage) — each answer once;
+- the gateway's answers without a run (a command's reply, a notice) through delivery and the
+  outbox, like on any platform (:meth:`WebProvider.send`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 from aiohttp import WSCloseCode, web
 
 from pluto.errors import ConfigError
-from pluto.events import MessageFinal, RunEnd, RunError, RunEvent, RunStart
+from pluto.events import RunEnd, RunEvent, RunStart
 from pluto.gateway.ports import (ChatDirectory, Intake, Provider, ProviderContext, RunFeed,
                                  Ticket)
 from pluto.providers.handover import HandOver
@@ -40,25 +43,19 @@ from pluto.types import (MARKDOWN, Accepted, Capabilities, IncomingMessage, Outg
 log = logging.getLogger(__name__)
 
 FINISHED_RUNS_KEPT = 2000
-REPLY_WAIT = 30.0  # how long a run's end waits for its reply to come through delivery
 SILENT_CHECK = 2.0  # a run listened to and silent this long is followed from storage instead
 
 
 class _Shown:
-    """Where the showing of one run stands: the last seq shown, and its reply."""
+    """Where the showing of one run stands: the last seq shown."""
 
     def __init__(self, chat_id: str, message_id: str | None):
         self.chat_id = chat_id
         self.message_id = message_id
         self.seq = 0
-        self.reply_seq = 0  # the seq of its message.final / run.error, once the feed had it
-        self.progress = asyncio.Event()
-        self.replied = asyncio.Event()
-        # listened to (no task): how to stop, the timer of a run still silent, and its end
-        # while that waits for the reply
+        # listened to (no task): how to stop, and the timer of a run still silent
         self.unlisten: Callable[[], None] | None = None
         self.timer: asyncio.TimerHandle | None = None
-        self.end: RunEnd | None = None
 
     def cancel_timer(self) -> None:
         if self.timer is not None:
@@ -71,7 +68,8 @@ class WebProvider(Provider):
     # charts and tables reach the tabs with their tool's progress (the run feed): a reply's
     # images need no message of their own
     capabilities = Capabilities(max_message_length=100_000, markup=MARKDOWN,
-                                streams_deltas=True, can_send_images=True)
+                                streams_deltas=True, answers_from_feed=True,
+                                can_send_images=True)
 
     def __init__(self, settings: WebSettings, *, key: bytes, data_dir: Path, feed: RunFeed,
                  chats: ChatDirectory):
@@ -163,11 +161,6 @@ class WebProvider(Provider):
             self._read_instead(run_id, shown)
             return
         try:
-            if isinstance(event, RunEnd) and shown.reply_seq and not shown.replied.is_set():
-                shown.end = event  # shown after the reply (delivery brings it), or later
-                shown.timer = asyncio.get_running_loop().call_later(REPLY_WAIT, self._ended,
-                                                                    run_id)
-                return
             self._show(run_id, shown, event)
         except Exception:
             log.exception("web: showing run %s failed; reading it from storage", run_id)
@@ -188,15 +181,6 @@ class WebProvider(Provider):
         self._stop_listening(shown)
         self._show_in_task(run_id, fresh=False)
 
-    def _ended(self, run_id: str) -> None:
-        """A listened run's end, once its reply is shown (or has waited long enough)."""
-        shown = self._shown.get(run_id)
-        if shown is None or shown.end is None:
-            return
-        shown.cancel_timer()
-        self._show(run_id, shown, shown.end)
-        self._done(run_id)
-
     @staticmethod
     def _stop_listening(shown: _Shown) -> None:
         if shown.unlisten is not None:
@@ -205,18 +189,13 @@ class WebProvider(Provider):
         shown.cancel_timer()
 
     def _show(self, run_id: str, shown: _Shown, event: RunEvent) -> None:
-        """One event to the chat's tabs: a run's reply (its final text or error) comes through
-        delivery instead, after what came before it."""
-        if isinstance(event, MessageFinal | RunError):
-            shown.reply_seq = event.seq  # shown when delivery hands it over
-        else:
-            frame = protocol.run_frame(event.seq, event, self.links.link)
-            if frame is not None:
-                if isinstance(event, RunStart):
-                    frame["message_id"] = shown.message_id
-                self.rooms.run_frame(run_id, frame)
+        """One event of a run (its reply too) to the chat's tabs."""
+        frame = protocol.run_frame(event.seq, event, self.links.link)
+        if frame is not None:
+            if isinstance(event, RunStart):
+                frame["message_id"] = shown.message_id
+            self.rooms.run_frame(run_id, frame)
         shown.seq = event.seq
-        shown.progress.set()
 
     async def _show_run(self, run_id: str, fresh: bool = False) -> None:
         shown = self._shown[run_id]
@@ -224,8 +203,6 @@ class WebProvider(Provider):
             async with aclosing(self.feed.follow(run_id, after=shown.seq,
                                                  fresh=fresh)) as events:
                 async for event in events:
-                    if isinstance(event, RunEnd) and shown.reply_seq:
-                        await _wait(shown.replied, REPLY_WAIT)
                     self._show(run_id, shown, event)
         except asyncio.CancelledError:
             raise
@@ -245,44 +222,25 @@ class WebProvider(Provider):
             self._finished.popitem(last=False)
 
     async def send(self, message: OutgoingMessage) -> str | None:
+        """The gateway's answers without a run (a command's reply, a notice). A run's reply
+        comes from the run feed; one handed over here all the same (an outbox row recorded
+        before replies were taken from the feed) is shown to the chat as it was then."""
         if message.kind == "delta":
             return None  # progress comes from the run feed
-        if message.run_id is not None:
-            return await self._reply(message)
+        run = {"id": f"{message.run_id}:{message.seq}", "run_id": message.run_id,
+               "seq": message.seq} if message.run_id is not None else {}
         match message.kind:
             case "reply":
-                frame = protocol.frame("message.final", run_id=None, text=message.text,
-                                       reply_to=_client_id(message))
+                frame = protocol.frame("message.final", text=message.text,
+                                       **(run or {"run_id": None,
+                                                  "reply_to": _client_id(message)}))
             case "notice":
                 frame = protocol.frame("notice", text=message.text)
+            case _ if run:
+                frame = protocol.error("run_error", message.text, **run)
             case _:
                 frame = protocol.error("gateway", message.text, reply_to=_client_id(message))
         self.rooms.broadcast(message.chat_id, frame)
-        return str(frame["id"])
-
-    async def _reply(self, message: OutgoingMessage) -> str:
-        """A run's final text or error: after everything before it, before its run.end."""
-        run_id = message.run_id or ""
-        base = {"id": f"{run_id}:{message.seq}", "run_id": run_id, "seq": message.seq}
-        if message.kind == "error":
-            frame = protocol.frame("error", code="run_error", message=message.text,
-                                   reply_to=None, **base)
-        else:
-            frame = protocol.frame("message.final", text=message.text, **base)
-        shown = self._shown.get(run_id)
-        if run_id in self._finished or (shown is not None and shown.replied.is_set()):
-            return str(frame["id"])  # a later chunk (a chart: the tabs have it from its tool)
-        if shown is not None:
-            while shown.seq < message.seq - 1 and run_id in self._shown:
-                shown.progress.clear()
-                if not await _wait(shown.progress, 5.0):
-                    break
-            self.rooms.run_frame(run_id, frame)
-            shown.replied.set()
-            if shown.end is not None:  # its end waited for it (listened to)
-                self._ended(run_id)
-        else:  # nobody follows it here (sent again after a restart): show it to the chat
-            self.rooms.broadcast(message.chat_id, frame)
         return str(frame["id"])
 
     # shutting down ------------------------------------------------------------------------
@@ -308,13 +266,3 @@ def _client_id(message: OutgoingMessage) -> str | None:
         return None
     return message.answers.removeprefix(f"{message.chat_id}:")
 
-
-async def _wait(event: asyncio.Event, timeout: float) -> bool:
-    if event.is_set():
-        return True
-    try:
-        async with asyncio.timeout(timeout):  # (not wait_for: no task of its own)
-            await event.wait()
-        return True
-    except TimeoutError:
-        return False

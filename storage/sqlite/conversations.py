@@ -553,6 +553,20 @@ class SqliteConversations:
             (time.time() - UNDELIVERED_WINDOW,))
         return [(r[0], r[1]) for r in rows if r[2] not in alive and r[1] is not None]
 
+    async def undelivered_answer(self, run_id: str) -> RunEvent | None:
+        """The answer of run ``run_id`` when it ended answered and no reply of it is in the
+        outbox (storage failed between the two); else None."""
+        def find(conn: Any) -> RunEvent | None:
+            row = conn.execute(
+                "SELECT e.seq, e.data FROM runs r JOIN run_events e ON e.run_id = r.id WHERE"
+                " r.id = ? AND r.status = 'ok' AND e.type = 'message.final' AND NOT EXISTS"
+                " (SELECT 1 FROM outbox o WHERE o.reply_id = r.id) ORDER BY e.seq DESC LIMIT 1",
+                (run_id,)).fetchone()
+            return None if row is None else replace(event_from_dict(json.loads(row[1])),
+                                                     seq=row[0])
+
+        return await self.engine.read(find)
+
     async def undelivered_in_chat(self, provider: str, chat_id: str
                                   ) -> list[tuple[dict[str, Any], RunEvent]]:
         """Several instances: runs of this chat that another instance answered but whose reply

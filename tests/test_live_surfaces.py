@@ -1,0 +1,128 @@
+"""The web widget and the HTTP API take a run's answer from the run feed: its committed events
+are the durable record (no outbox row, no second commit), a reconnecting tab finds each answer
+exactly once, and one given while the tab was closed is there when it comes back. The gateway's
+answers without a run (a command's reply) still go through the outbox."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+
+from pluto.runtime.testing import Scripted, ScriptedModel
+from tests.helpers.served import API_KEY, Tab, served, url, wait_for
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+SLOW = "one two three four five six seven eight nine ten eleven twelve"
+
+
+@pytest.fixture(autouse=True)
+def keys(monkeypatch) -> None:
+    monkeypatch.setenv("PLUTO_WEB_SECRET", "s" * 40)
+    monkeypatch.setenv("PLUTO_TEST_API_KEYS", API_KEY)
+
+
+@pytest.fixture
+async def http():
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def _outbox(gw: Any, provider: str) -> list[tuple[Any, ...]]:
+    rows = await gw.store.engine.fetchall(
+        "SELECT run_id, kind, text FROM outbox WHERE provider = ? ORDER BY id", (provider,))
+    return [tuple(r) for r in rows]
+
+
+async def _settled(gw: Any) -> None:
+    """Every run's delivery has returned (whatever it records, it has recorded)."""
+    await wait_for(lambda: not gw.pipeline.live)
+
+
+async def _post(http: aiohttp.ClientSession, gw: Any, text: str) -> dict[str, Any]:
+    async with http.post(url(gw, "/api/v1/agent/tasks?wait=10"), json={"input": text},
+                         headers=AUTH) as resp:
+        assert resp.status == 201, await resp.text()
+        return (await resp.json())["last_step"]
+
+
+async def test_widget_and_api_runs_leave_no_outbox_row_and_commands_still_do(
+        config_dir, data_dir, http):
+    model = ScriptedModel(fallback=lambda m: Scripted(text=f"You said: {m[-1]['content']}",
+                                                      chunk=4))
+    async with served(config_dir, data_dir, model) as gw:
+        tab = await Tab.open(http, gw)
+        final = await tab.ask("hello there")
+        assert final["text"] == "You said: hello there" and final["run_id"]
+        assert (await tab.until("run.end"))["run_id"] == final["run_id"]
+        step = await _post(http, gw, "a question")
+        assert step["output"] == "You said: a question" and step["outcome"] == "ok"
+        await _settled(gw)
+        assert await _outbox(gw, "web") == [] and await _outbox(gw, "api") == []
+        assert await gw.store.engine.fetchall("SELECT * FROM outbox_claims") == []
+        # an answer without a run has no run events to replay: it is recorded in the outbox
+        helped = await tab.ask("/help")
+        assert helped["run_id"] is None and "/new" in helped["text"]
+        command = await _post(http, gw, "/help")
+        assert command["run_id"] is None and "/new" in command["output"]
+        assert [(r[0], r[1]) for r in await _outbox(gw, "web")] == [(None, "reply")]
+        assert [(r[0], r[1]) for r in await _outbox(gw, "api")] == [(None, "reply")]
+
+
+def _run_frames(tab: Tab, run_id: str) -> list[dict[str, Any]]:
+    return [f for f in tab.frames if f.get("run_id") == run_id]
+
+
+async def test_a_tab_that_reconnects_mid_answer_or_after_it_sees_the_answer_once(
+        config_dir, data_dir, http):
+    slow = ScriptedModel(Scripted(text=SLOW, chunk=3, delay=0.05))
+    async with served(config_dir, data_dir, slow) as gw:
+        tab = await Tab.open(http, gw)
+        await tab.send(type="message", id="m1", text="count slowly")
+        delta = await tab.until("message.delta")
+        run_id = delta["run_id"]
+        await tab.ws.close()
+        back = await Tab.open(http, gw, token=tab.ready["token"])  # mid-answer
+        end = await back.until("run.end")
+        assert end["outcome"] == "ok"
+        assert [m["role"] for m in back.history] == ["user"]  # the answer comes as frames
+        frames = _run_frames(back, run_id)
+        assert [f["seq"] for f in frames] == list(range(1, len(frames) + 1))  # from the start
+        finals = [f for f in frames if f["type"] == "message.final"]
+        assert [f["text"] for f in finals] == [SLOW]
+        assert "".join(f["text"] for f in frames if f["type"] == "message.delta") == SLOW
+        await _settled(gw)
+        after = await Tab.open(http, gw, token=tab.ready["token"])  # after the end
+        assert [(m["role"], m["text"]) for m in after.history] == [("user", "count slowly"),
+                                                                   ("assistant", SLOW)]
+        # the next answer's frames are the first after the history: nothing of the old run
+        fresh = await after.ask("and again?")
+        assert fresh["run_id"] != run_id and not _run_frames(after, run_id)
+        await after.until("run.end")
+        # and the tab that came back mid-answer got nothing more of it (no second reply)
+        await back.until("run.end", lambda f: f["run_id"] == fresh["run_id"])
+        assert [f["type"] for f in _run_frames(back, run_id)].count("message.final") == 1
+        assert await _outbox(gw, "web") == []
+
+
+async def test_an_answer_given_while_the_tab_was_closed_is_shown_on_reconnect(
+        config_dir, data_dir, http):
+    slow = ScriptedModel(Scripted(text=SLOW, chunk=3, delay=0.03))
+    async with served(config_dir, data_dir, slow) as gw:
+        tab = await Tab.open(http, gw)
+        await tab.send(type="message", id="m1", text="answer while I am away")
+        await tab.until("ack")
+        await tab.ws.close()  # nobody is watching when the answer comes
+        runs = await wait_for(lambda: gw.store.engine.fetchall(
+            "SELECT id FROM runs WHERE status = 'ok'"))
+        run_id = runs[0][0]
+        await _settled(gw)
+        await wait_for(lambda: not gw.providers["web"]._follows)
+        back = await Tab.open(http, gw, token=tab.ready["token"])
+        assert [(m["role"], m["text"], m["run_id"]) for m in back.history] == [
+            ("user", "answer while I am away", run_id), ("assistant", SLOW, run_id)]
+        fresh = await back.ask("thanks")
+        await back.until("run.end", lambda f: f["run_id"] == fresh["run_id"])
+        assert not _run_frames(back, run_id)  # shown once: in the history, not as frames too
+        assert await _outbox(gw, "web") == []
