@@ -306,3 +306,49 @@ async def test_on_postgresql_a_retry_to_another_instance_gets_the_first_answer(
             assert status == 422 and error["code"] == "idempotency_key_reused"
             assert await steps_of(b, task["task_id"]) == ["x", "y"]
             assert model.asked == ["x", "y"]
+
+
+async def test_the_api_prunes_keys_past_24_hours_while_it_runs(config_dir, data_dir, keys,
+                                                               monkeypatch):
+    from pluto.providers.api import idempotency
+    monkeypatch.setattr(idempotency, "PRUNE_EVERY", 0.01)
+    async with served(config_dir, data_dir, GatedModel()) as gw, \
+            aiohttp.ClientSession() as http:
+        for key in ("old", "new"):
+            assert (await post(http, gw, "/api/v1/agent/tasks", {"input": key}, key))[0] == 201
+        await gw.store.engine.write(("UPDATE idempotency_keys SET created_at = created_at - ?"
+                                     " WHERE key = 'old'", (DAY + 1,)))
+        await wait_for(lambda: _only_new(gw.store))
+
+
+async def _only_new(store: SqlStore) -> bool:
+    return [r[1] for r in await keys_of(store)] == ["new"]
+
+
+async def test_an_answer_that_cannot_be_kept_is_given_all_the_same(config_dir, data_dir, keys,
+                                                                   caplog):
+    async with served(config_dir, data_dir, GatedModel()) as gw, \
+            aiohttp.ClientSession() as http:
+        store = gw.store.idempotency
+
+        async def broken(*args: Any) -> bool:
+            raise OSError("disk full")
+
+        store.answered = broken  # type: ignore[method-assign]
+        status, task, _ = await post(http, gw, "/api/v1/agent/tasks?wait=10", {"input": "x"},
+                                     "k")
+        assert status == 201 and task["last_step"]["output"] == "re: x"
+        assert "could not be kept for its retries: disk full" in caplog.text
+        status, error, _ = await post(http, gw, "/api/v1/agent/tasks", {"input": "x"}, "k")
+        assert status == 409  # held until its hold runs out: never made twice
+        await gw.store.engine.write(("UPDATE idempotency_keys SET locked_until = 0", ()))
+        del store.answered
+        status, again, headers = await post(http, gw, "/api/v1/agent/tasks", {"input": "x"},
+                                            "k")
+        assert status == 201 and again["task_id"] == task["task_id"]  # the task it made
+        assert "Idempotent-Replayed" not in headers
+        status, tasks = await _get(http, gw, "/api/v1/agent/tasks")
+        assert tasks["pagination"]["total_items"] == 1
+        status, replay, headers = await post(http, gw, "/api/v1/agent/tasks", {"input": "x"},
+                                             "k")
+        assert (status, replay, headers["Idempotent-Replayed"]) == (201, again, "true")

@@ -121,9 +121,18 @@ class Idempotency:
                        "still being answered; send it again once that is done.")
 
     async def _keep(self, scope: str, key: str, token: str, response: web.Response) -> None:
+        """Keep the answer for retries. The work is done whatever happens here: a storage
+        error is logged and the answer given all the same (a retry then finds the key held,
+        409, until its hold runs out and it is answered with the step made)."""
         assert self.store is not None
-        if not await self.store.answered(scope, key, token, response.status,
-                                         response.text or ""):
+        try:
+            kept = await self.store.answered(scope, key, token, response.status,
+                                             response.text or "")
+        except Exception as e:  # noqa: BLE001 - the client still gets what was made
+            log.warning("api: the answer to an %s request could not be kept for its retries: "
+                        "%s", HEADER, e)
+            return
+        if not kept:
             log.warning("api: the answer to an %s request was not kept (its key was taken "
                         "over meanwhile)", HEADER)
 
