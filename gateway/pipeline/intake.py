@@ -196,8 +196,8 @@ class IntakeQueue:
         """One process per database (the recovery sweep): messages the inbox holds unhandled
         that are neither waiting here nor in ``busy`` (message ids of runs going on) — their
         handling met a storage error — queued again; returns how many."""
-        if self.shared is not None or self._closed:
-            return 0
+        if self.shared is not None or self._closed or not self._replayed:
+            return 0  # (before the replay at start: it queues them)
         here = {t.message.message_id for q in self._chats.values() for t in q}
         queued = 0
         for payload in payloads:
