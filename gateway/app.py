@@ -318,7 +318,8 @@ class Gateway:
                         "stopped; answering again", len(taken), provider, chat)
 
     async def _resend(self, provider: str, msg: IncomingMessage, answer: RunEvent) -> None:
-        if (target := self.providers.get(provider)) is not None:
+        target = self.providers.get(provider)
+        if target is not None and not target.capabilities.answers_from_feed:  # (else: there)
             await self.delivery.resend_final(target, msg, answer)
 
     async def _stop_elsewhere(self, session_key: str) -> bool:
@@ -440,9 +441,7 @@ class Gateway:
         commit, a full disk, a provider whose sends all fail (its watchdog says so). Each:
         {"state": a word, "reason": one sentence} — public callers of /readyz see the word."""
         found = self.recovery.problems()
-        watchdog = getattr(self, "watchdog", None)  # (the outbox's SendWatchdog)
-        wedged = watchdog.wedged() if watchdog is not None else {}
-        for provider, reason in wedged.items():
+        for provider, reason in self.watchdog.wedged().items():
             found[f"sends:{provider}"] = {"state": "wedged",
                                           "reason": f"{provider} sends fail: {reason}"}
         return found

@@ -77,7 +77,7 @@ class Recovery:
         """What keeps the gateway from being ready: name -> {"state": a word, "reason": one
         sentence} (public callers see the state only)."""
         found: dict[str, dict[str, str]] = {}
-        health = getattr(self.store.engine, "health", None)
+        health = getattr(getattr(self.store, "engine", None), "health", None)
         if health is not None and health.problem is not None:
             found["storage"] = {"state": "failing", "reason": f"storage cannot commit: "
                                                               f"{health.problem}"}
@@ -145,7 +145,7 @@ class Recovery:
 
     def _probe(self) -> bool:
         """Whether storage reports a problem; if so, a probe is on its way (one at a time)."""
-        engine = self.store.engine
+        engine = getattr(self.store, "engine", None)
         health = getattr(engine, "health", None)
         if health is None or health.problem is None:
             return False

@@ -309,3 +309,26 @@ async def test_a_saved_answer_whose_reply_could_not_be_recorded_is_sent_once_sto
             "run.end"
     finally:
         await gw.stop()
+
+
+async def test_readyz_names_a_wedged_send_path_publicly_by_state_and_to_the_admin_by_reason(
+        config_dir, data_dir, monkeypatch):
+    monkeypatch.setenv("PLUTO_ADMIN_KEY", "k" * 24)
+    gw = Gateway(config_dir, config=PlutoConfig(
+        data_dir=data_dir, admin={"api_key_env": "PLUTO_ADMIN_KEY"},
+        gateway={"reload_interval_seconds": 0}), serve=True, http_bind=("127.0.0.1", 0),
+        model_factory=ScriptedModel())
+    await gw.start()
+    try:
+        monkeypatch.setattr(gw.watchdog, "wedged", lambda: {
+            "telegram": "Pool timeout: all connections in the pool are occupied"})
+        status, public = await readyz(gw)
+        assert status == 503 and public["problems"] == {"sends:telegram": {"state": "wedged"}}
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{gw.http.url}/readyz",  # type: ignore[union-attr]
+                                headers={"Authorization": "Bearer " + "k" * 24}) as r:
+                full = await r.json()
+        assert full["problems"]["sends:telegram"]["reason"] == (
+            "telegram sends fail: Pool timeout: all connections in the pool are occupied")
+    finally:
+        await gw.stop()
