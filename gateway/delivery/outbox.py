@@ -178,8 +178,11 @@ class Outbox:
         return len(fresh)
 
     def _idle(self, key: ChatKey) -> bool:
+        """Whether a reply recorded now is sent at once: no reply waits ahead of it in the
+        chat (a preview or typing call ahead is at most one call) and no flood hold."""
         chat = self._chats.get(key)
-        return (chat is None or not chat.queue) and not self.flood.remaining(key)
+        waiting = chat is not None and any(isinstance(i, str) for i in chat.queue)
+        return not waiting and not self.flood.remaining(key)
 
     def _enqueue(self, key: ChatKey, item: str | ChatOp) -> bool:
         chat = self._chats.get(key)
