@@ -294,7 +294,10 @@ class Gateway:
             await asyncio.sleep(every)
             try:
                 alive = await self.cluster.alive()
-                for provider, chat in await self.store.conversations.orphaned_chats(alive):
+                in_feed = tuple(name for name, p in self.providers.items()
+                                if p.capabilities.answers_from_feed)
+                for provider, chat in await self.store.conversations.orphaned_chats(
+                        alive, answered_in_feed=in_feed):
                     if (intake := self.intakes.get(provider)) is not None:
                         intake.kick(chat)
             except Exception as e:  # noqa: BLE001 - the database is away: next time
@@ -304,12 +307,11 @@ class Gateway:
         taken = await self.store.conversations.take_over_chat(provider, chat)
         for end in taken:
             self.feed.publish(end)
-        # answered by an instance that died before its reply reached the outbox
+        # answered by an instance that died before its reply reached the outbox (a provider
+        # that reads answers from the run feed has them there, with no outbox row)
         target = self.providers.get(provider)
-        for payload, final in await self.store.conversations.undelivered_in_chat(
-                provider, chat):
-            if target is None:
-                break
+        for payload, final in [] if target is None or target.capabilities.answers_from_feed \
+                else await self.store.conversations.undelivered_in_chat(provider, chat):
             log.warning("cluster: delivering the answer of run %s in %s chat %s, which its "
                         "instance could not", final.run_id, provider, chat)
             await self.delivery.resend_final(target, message_from_dict(payload), final)

@@ -121,8 +121,10 @@ class ConversationStore(RunReader, Protocol):
         ended (interrupted) and their messages go back to the inbox, ahead of later ones."""
         ...
 
-    async def orphaned_chats(self, alive: set[str]) -> list[tuple[str, str]]:
-        """(provider, chat) of unfinished runs whose instance is not among ``alive``."""
+    async def orphaned_chats(self, alive: set[str], *, answered_in_feed: tuple[str, ...] = ()
+                             ) -> list[tuple[str, str]]:
+        """(provider, chat) of unfinished runs whose instance is not among ``alive`` (or
+        answered with no reply in the outbox, but for the providers ``answered_in_feed``)."""
         ...
 
     async def recent_runs(self, *, limit: int = 50, agent: str | None = None,
@@ -391,6 +393,36 @@ class IdempotencyStore(Protocol):
     async def prune(self) -> int: ...
 
 
+class BlobStore(Protocol):
+    """Files every instance can read (charts, results, files users sent, datasets), keyed by
+    their path under the data dir (:func:`pluto.storage.blobs.check_key`). SQLite (one
+    instance): nothing is kept, the data dir is the only copy (``shared`` False). PostgreSQL:
+    a table, within size caps (:mod:`pluto.storage.postgres.blobs`)."""
+
+    shared: bool
+
+    async def migrate(self) -> None: ...
+
+    async def put(self, key: str, path: Any, *, meta: str = "", max_bytes: int,
+                  max_total: int) -> str:
+        """Keep the file at ``path`` as ``key`` (replacing it); its SHA-256 (``""`` when
+        nothing is kept). ``BlobTooLarge`` past either cap, ``BlobNameRefused`` for a bad key."""
+        ...
+
+    async def fetch(self, key: str, dest: Any) -> bool:
+        """Write the blob to ``dest`` (whole or not at all); False when there is none."""
+        ...
+
+    async def delete(self, key: str) -> bool: ...
+
+    async def listing(self, prefix: str) -> list[tuple[str, int, str, str]]:
+        """(key, size, sha256, meta) of the blobs whose key starts with ``prefix``."""
+        ...
+
+    async def prune(self, prefixes: tuple[str, ...], older_than: float, max_total: int) -> int:
+        ...
+
+
 class Bus(Protocol):
     """Notifications between instances sharing the database (PostgreSQL's LISTEN/NOTIFY)."""
 
@@ -416,6 +448,7 @@ class Store(Protocol):
     history: HistoryStore
     notes: NotesStore
     idempotency: IdempotencyStore
+    blobs: BlobStore  # files every instance can read
     bus: Bus | None  # None: one process per database, nothing to tell
 
     @property

@@ -10,7 +10,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from pluto.events import MessageFinal, RunEnd, RunStart
 from pluto.runtime.testing import Scripted, ScriptedModel
+from pluto.storage.postgres import PostgresStore
+from pluto.storage.sqlite import SqliteStore
+from tests.helpers.pg import fresh_schema
 from tests.helpers.served import API_KEY, Tab, served, url, wait_for
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -126,3 +130,37 @@ async def test_an_answer_given_while_the_tab_was_closed_is_shown_on_reconnect(
         await back.until("run.end", lambda f: f["run_id"] == fresh["run_id"])
         assert not _run_frames(back, run_id)  # shown once: in the history, not as frames too
         assert await _outbox(gw, "web") == []
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+async def test_a_dead_instances_feed_answers_are_not_taken_for_undelivered(engine, tmp_path):
+    """Several instances: an answered run with no outbox row is one whose instance died before
+    its reply was recorded — except where answers come from the feed (never in the outbox)."""
+    async def answered(store: Any, provider: str, chat: str, run_id: str) -> None:
+        assert await store.inbound.accept(provider, f"m-{run_id}", {"chat_id": chat})
+        session = await store.conversations.session(f"k-{run_id}", "agent")
+        await store.conversations.start_run(
+            run_id, session.id, "agent", "hi", RunStart(run_id=run_id, session_id=session.id,
+                                                        agent="agent"),
+            source=(provider, f"m-{run_id}"))
+        await store.conversations.complete_run(run_id, session.id,
+                                               MessageFinal(run_id=run_id, text="hello"),
+                                               RunEnd(run_id=run_id, outcome="ok"), usage={})
+
+    async def check(store: Any) -> None:
+        store.conversations.owner = "dead"
+        await answered(store, "telegram", "t1", "r1")
+        await answered(store, "web", "w1", "r2")
+        await answered(store, "api", "a1", "r3")
+        found = await store.conversations.orphaned_chats(alive={"me"})
+        assert sorted(found) == [("api", "a1"), ("telegram", "t1"), ("web", "w1")]
+        assert await store.conversations.orphaned_chats(
+            alive={"me"}, answered_in_feed=("web", "api")) == [("telegram", "t1")]
+
+    if engine == "sqlite":
+        async with SqliteStore(tmp_path / "pluto.db") as store:
+            await check(store)
+    else:
+        with fresh_schema() as pg:
+            async with PostgresStore(pg) as store:
+                await check(store)
