@@ -5,13 +5,18 @@ answers without a run (a command's reply) still go through the outbox."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from pluto.events import MessageFinal, RunEnd, RunStart
+from pluto.gateway.app import Gateway
 from pluto.runtime.testing import Scripted, ScriptedModel
+from pluto.settings import PlutoConfig
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.sqlite import SqliteStore
 from tests.helpers.pg import fresh_schema
@@ -164,3 +169,47 @@ async def test_a_dead_instances_feed_answers_are_not_taken_for_undelivered(engin
         with fresh_schema() as pg:
             async with PostgresStore(pg) as store:
                 await check(store)
+
+
+@asynccontextmanager
+async def _two_instances(config_dir: Path, tmp_path: Path,
+                         model: ScriptedModel) -> AsyncIterator[list[Gateway]]:
+    """Two ``pluto serve`` on one PostgreSQL database, each with its web chat (one signing
+    key: a visitor's token is good on both, as behind a load balancer)."""
+    with fresh_schema() as pg:
+        async with AsyncExitStack() as stack:
+            gateways = []
+            for i in range(2):
+                cfg = PlutoConfig(data_dir=tmp_path / f"data{i}",
+                                  providers={"web": {"enabled": True}})
+                gw = Gateway(config_dir, config=cfg, model_factory=model, serve=True,
+                             http_bind=("127.0.0.1", 0), store=PostgresStore(pg))
+                await stack.enter_async_context(gw)
+                await wait_for(lambda g=gw: g.health["web"].state == "running")
+                gateways.append(gw)
+            yield gateways
+
+
+async def test_a_tab_that_reconnects_to_another_instance_mid_answer_sees_it_once(
+        config_dir, tmp_path, http):
+    slow = ScriptedModel(Scripted(text=SLOW, chunk=3, delay=0.08))
+    async with _two_instances(config_dir, tmp_path, slow) as (a, b):
+        tab = await Tab.open(http, a)
+        await tab.send(type="message", id="m1", text="count slowly")
+        delta = await tab.until("message.delta")
+        run_id = delta["run_id"]
+        await tab.ws.close()  # the load balancer sends the reconnect to the other instance
+        back = await Tab.open(http, b, token=tab.ready["token"])
+        assert [m["role"] for m in back.history] == ["user"]
+        end = await back.until("run.end", lambda f: f["run_id"] == run_id)
+        assert end["outcome"] == "ok"
+        frames = _run_frames(back, run_id)  # from storage, from its start, then live
+        assert [f["seq"] for f in frames] == list(range(1, len(frames) + 1))
+        assert [f["text"] for f in frames if f["type"] == "message.final"] == [SLOW]
+        assert "".join(f["text"] for f in frames if f["type"] == "message.delta") == SLOW
+        later = await Tab.open(http, b, token=tab.ready["token"])  # and once it is over
+        assert [(m["role"], m["text"]) for m in later.history] == [("user", "count slowly"),
+                                                                   ("assistant", SLOW)]
+        fresh = await later.ask("and again?")
+        await later.until("run.end", lambda f: f["run_id"] == fresh["run_id"])
+        assert not _run_frames(later, run_id)

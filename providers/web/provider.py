@@ -10,8 +10,9 @@ What a chat's tabs are shown, in order, each frame to every tab:
   tables and charts, its reply (``message.final`` or ``error``) and its ``run.end``, each frame
   carrying the event's ``seq``. The run's committed events are its durable record: delivery
   records no outbox row for its reply (``answers_from_feed``). A tab that joins mid-answer gets
-  the run's frames from its start, then the rest live; one that joins after the end finds the
-  answer in the history (storage) — each answer once;
+  the run's frames from its start, then the rest live (a run going on in another instance is
+  followed from storage for it: :meth:`WebProvider.resume`); one that joins after the end finds
+  the answer in the history (storage) — each answer once;
 - the gateway's answers without a run (a command's reply, a notice) through delivery and the
   outbox, like on any platform (:meth:`WebProvider.send`).
 """
@@ -37,6 +38,7 @@ from pluto.providers.web.rooms import Rooms
 from pluto.providers.web.settings import WebSettings, load_settings
 from pluto.providers.web.socket import serve_socket
 from pluto.providers.web.tokens import FileLinks, SessionSigner, load_key
+from pluto.storage.ports import RunReader
 from pluto.types import (MARKDOWN, Accepted, Capabilities, IncomingMessage, OutgoingMessage,
                          Outcome, Route)
 
@@ -70,6 +72,7 @@ class WebProvider(Provider):
     capabilities = Capabilities(max_message_length=100_000, markup=MARKDOWN,
                                 streams_deltas=True, answers_from_feed=True,
                                 can_send_images=True)
+    runs: RunReader | None = None  # (from the context) a run going on elsewhere, looked up
 
     def __init__(self, settings: WebSettings, *, key: bytes, data_dir: Path, feed: RunFeed,
                  chats: ChatDirectory):
@@ -95,6 +98,7 @@ class WebProvider(Provider):
                                 "the web chat needs the HTTP server: run 'pluto serve'")])
         provider = cls(settings, key=load_key(ctx.data_dir, settings.session_secret_env),
                        data_dir=ctx.data_dir, feed=ctx.feed, chats=ctx.chats)
+        provider.runs = ctx.runs
         ctx.http.router.add_get("/ws", provider._socket)
         pages.mount(ctx.http.router, provider)
         ctx.http.on_shutdown.append(provider._on_shutdown)
@@ -130,6 +134,24 @@ class WebProvider(Provider):
 
     def route(self, probe: IncomingMessage) -> Route | None:
         return self.chats.route(probe)
+
+    async def resume(self, chat_id: str, run_id: str | None) -> set[str]:
+        """A tab joins a chat whose last run (``run_id``) is still going and nothing here
+        shows it (it runs on another instance): it is followed from storage, from its first
+        event, its frames reaching the tabs after the history. The runs the history must
+        leave out (they come as frames)."""
+        if run_id is None or self.runs is None or run_id in self._follows or \
+                run_id in self._finished:
+            return set()  # shown here: its frames are held for the tab, or it is over
+        try:
+            run = await self.runs.run(run_id)
+        except Exception as e:  # noqa: BLE001 - the history is shown without it
+            log.warning("web: could not look up run %s of chat %s: %s", run_id, chat_id, e)
+            return set()
+        if run is None or run.status not in ("queued", "running"):
+            return set()  # ended: its answer is in the history
+        self._follow(chat_id, run_id)
+        return {run_id}
 
     def _follow(self, chat_id: str, run_id: str, client_id: str | None = None, *,
                 fresh: bool = False) -> None:

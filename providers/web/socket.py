@@ -191,7 +191,10 @@ class Connection:
             log.exception("web: reading the history of chat %s failed", probe.chat_id)
             items = []
         assert self.client is not None
-        live = self.client.held_runs()  # these come as frames after the history: not twice
+        # the chat's last run, when it goes on elsewhere, is followed from storage
+        resumed = await self.p.resume(probe.chat_id, next(
+            (i.run_id for i in reversed(items) if i.role == "user"), None))
+        live = self.client.held_runs() | resumed  # these come as frames after the history
         return protocol.frame("history", messages=[
             d for item in items if not (item.role != "user" and item.run_id in live)
             if (d := self._shown(item)) is not None])
