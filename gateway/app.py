@@ -36,7 +36,7 @@ from pluto.gateway.http.admin import mount_admin
 from pluto.gateway.http.server import HttpServer
 from pluto.gateway.metrics import Metrics
 from pluto.gateway.pipeline.access import Access
-from pluto.gateway.pipeline.data_commands import DataCommands, data_service
+from pluto.gateway.pipeline.data_commands import DataCommands, data_service, shared_files
 from pluto.gateway.pipeline.memory_commands import MemoryCommands
 from pluto.gateway.pipeline.intake import IntakeQueue, Shared, message_from_dict
 from pluto.gateway.pipeline.overload import Load
@@ -162,7 +162,9 @@ class Gateway:
     def _runtime(self, model_factory: Callable[[ModelSettings], Model]) -> Runner:
         """What runs the agents: the services their tools use (data, MCP servers, memory,
         history), the usage ledger and tracing, and the Runner over them."""
-        self.data = DataCommands(data_service(self.config, self.config_dir, self.data_dir),
+        self.files = shared_files(self.config, self.data_dir, getattr(self.store, "blobs", None))
+        self.data = DataCommands(data_service(self.config, self.config_dir, self.data_dir,
+                                              files=self.files),
                                  self.registry, self.store.conversations)
         self.mcp = McpHub(max_servers=self.config.agents.mcp_max_servers,  # agents' MCP servers
                           idle_seconds=self.config.agents.mcp_idle_seconds,
@@ -258,7 +260,7 @@ class Gateway:
                                   data_dir=self.data_dir, feed=self.feed, http=mount,
                                   chats=self.directory, runs=self.store.conversations,
                                   tasks=self.store.tasks,
-                                  idempotency=self.store.idempotency)
+                                  idempotency=self.store.idempotency, files=self.files)
             built.append(build_provider(name, ctx))
         return built
 

@@ -117,6 +117,22 @@ class HttpMount:
     on_shutdown: list[Callable[[web.Application], Awaitable[None]]]
 
 
+class SharedFileReader(Protocol):
+    """Files of the data dir (charts, results) any instance may have made: a provider that
+    serves them finds them here, fetched from the shared file store when missing."""
+
+    @property
+    def shared(self) -> bool: ...
+
+    def key(self, path: str | Path) -> str | None:
+        """The file's path relative to the data dir, or None when it is no shareable file."""
+        ...
+
+    async def local(self, path: str | Path) -> Path | None:
+        """The file in this data dir (fetched when missing); None when it is nowhere."""
+        ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProviderContext:
     """What a provider gets when the gateway builds it from ``pluto.yaml``."""
@@ -130,6 +146,7 @@ class ProviderContext:
     runs: RunReader | None = None
     tasks: TaskStore | None = None
     idempotency: IdempotencyStore | None = None  # the HTTP API's Idempotency-Key records
+    files: SharedFileReader | None = None  # the data dir's files, fetched when another made them
 
     def secret(self, field_name: str, default_env: str) -> str | None:
         """The secret named by ``<field_name>`` in the provider's config (an env var name)."""

@@ -159,6 +159,9 @@ class StorageConfig(Strict):
 
     url_env: str = Field(default="DATABASE_URL", pattern=ENV_NAME)
     lease_seconds: float = Field(default=10.0, ge=2, le=300)  # several instances: takeover time
+    # several instances: charts, results, files sent and datasets kept in the database too
+    files_max_mb: float = Field(default=256.0, gt=0, le=4096)  # one file
+    files_max_total_mb: float = Field(default=4096.0, gt=0)  # every file together
 
     def url(self) -> str | None:
         return os.environ.get(self.url_env, "").strip() or None

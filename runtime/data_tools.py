@@ -120,6 +120,7 @@ async def run_sql(ctx: ToolContext, sql: str) -> ToolResult:
         with contextlib.suppress(OSError):
             csv_path.parent.rmdir()  # only when empty: no half-made artifacts
         return _failed(e, "The query")
+    await service.publish(csv_path)  # so that every instance serves it (logged if it cannot)
     return ToolResult(format_table(result, MODEL_BYTES), details={
         "table": table_details(result), "csv": str(csv_path), "sql": sql,
         "row_count": result.total_rows})
@@ -153,6 +154,7 @@ async def make_chart(ctx: ToolContext, sql: str,
                                           service.data_dir / "cache" / "matplotlib")
     except DataError as e:
         return _failed(e, "The chart")
+    await service.publish(path)  # so that every instance serves it (logged if it cannot)
     cut = f" Only the first {CHART_ROWS:,} rows were drawn." if result.truncated else ""
     return ToolResult(
         f"Drew a {summary}.{cut} The image is sent to the user with your answer: describe "

@@ -23,7 +23,8 @@ from pluto.types import Attachment, IncomingMessage, Route
 from pluto.runtime.data.ingest_limits import IngestLimits
 from pluto.runtime.data.service import (DataService, DatasetSource, QueryLimits, Retention,
                                         is_data_file)
-from pluto.storage.ports import ConversationStore
+from pluto.runtime.files import SharedFiles
+from pluto.storage.ports import BlobStore, ConversationStore
 
 if TYPE_CHECKING:
     from pluto.runtime.data import DatasetInfo, Scope
@@ -35,12 +36,19 @@ SQL_ROWS = 25  # rows a /sql reply shows
 EXAMPLE = "SELECT region, sum(amount) FROM sales GROUP BY 1"
 
 
-def data_service(config: PlutoConfig, config_dir: Path, data_dir: Path) -> DataService:
+def shared_files(config: PlutoConfig, data_dir: Path, blobs: BlobStore | None) -> SharedFiles:
+    """The data dir's files as every instance reads them (``storage.files_max_*``)."""
+    return SharedFiles(data_dir, blobs, max_bytes=int(config.storage.files_max_mb * 2**20),
+                       max_total=int(config.storage.files_max_total_mb * 2**20))
+
+
+def data_service(config: PlutoConfig, config_dir: Path, data_dir: Path, *,
+                 files: SharedFiles | None = None) -> DataService:
     """The gateway's data, from ``data:`` in pluto.yaml (paths relative to the config dir)."""
     data = config.data
     sources = [DatasetSource(f.name, f.path if f.path.is_absolute() else config_dir / f.path)
                for f in data.datasets]
-    return DataService(data_dir, sources, demo=data.demo,
+    return DataService(data_dir, sources, demo=data.demo, files=files,
                        max_upload_bytes=int(data.max_upload_mb * 2**20),
                        limits=QueryLimits(timeout=data.query_timeout_seconds,
                                           memory_limit=f"{data.query_memory_mb}MB"),
@@ -147,6 +155,8 @@ class DataCommands:
         except DataError as e:
             return Failed(f"The query failed: {one_line(str(e))}")
         saved = csv_path.relative_to(self.service.data_dir) if result.truncated else None
+        if saved is not None:
+            await self.service.publish(csv_path)  # every instance's data dir can have it
         return result_markdown(result, max_rows=SQL_ROWS,
                                saved=f"{saved} in the data dir" if saved else None)
 

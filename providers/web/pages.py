@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import logging
 import mimetypes
 import re
 from pathlib import Path
@@ -10,9 +11,12 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from pluto.errors import StorageError
+
 if TYPE_CHECKING:
     from pluto.providers.web.provider import WebProvider
 
+log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 ASSETS = {
     "/widget.js": ("widget.js", "application/javascript; charset=utf-8"),
@@ -49,7 +53,13 @@ def mount(router: web.UrlDispatcher, provider: WebProvider) -> None:
             "Referrer-Policy": "no-referrer"})
 
     async def file(request: web.Request) -> web.StreamResponse:
-        path = provider.links.open(request.match_info["sig"], request.match_info["path"])
+        try:  # made on another instance: fetched from the shared file store
+            path = await provider.links.fetch(request.match_info["sig"],
+                                              request.match_info["path"])
+        except StorageError as e:
+            log.warning("web: a file link could not be served: %s", e)
+            return web.json_response({"error": "The file cannot be read right now; try again "
+                                      "shortly."}, status=503, headers={"Retry-After": "5"})
         ctype = mimetypes.guess_type(path.name)[0] if path else None
         if path is None or ctype not in IMAGE_TYPES + DOWNLOADS:
             return web.json_response({"error": "No such file."}, status=404)

@@ -31,7 +31,7 @@ from aiohttp import WSCloseCode, web
 from pluto.errors import ConfigError
 from pluto.events import RunEnd, RunEvent, RunStart
 from pluto.gateway.ports import (ChatDirectory, Intake, Provider, ProviderContext, RunFeed,
-                                 Ticket)
+                                 SharedFileReader, Ticket)
 from pluto.providers.handover import HandOver
 from pluto.providers.web import pages, protocol
 from pluto.providers.web.rooms import Rooms
@@ -75,10 +75,10 @@ class WebProvider(Provider):
     runs: RunReader | None = None  # (from the context) a run going on elsewhere, looked up
 
     def __init__(self, settings: WebSettings, *, key: bytes, data_dir: Path, feed: RunFeed,
-                 chats: ChatDirectory):
+                 chats: ChatDirectory, files: SharedFileReader | None = None):
         self.settings = settings
         self.signer = SessionSigner(key, max_age=settings.session_days * 86400)
-        self.links = FileLinks(key, data_dir)
+        self.links = FileLinks(key, data_dir, files)
         self.feed = feed
         self.chats = chats
         self.rooms = Rooms()
@@ -97,7 +97,7 @@ class WebProvider(Provider):
             raise ConfigError([("pluto.yaml", None, "providers.web",
                                 "the web chat needs the HTTP server: run 'pluto serve'")])
         provider = cls(settings, key=load_key(ctx.data_dir, settings.session_secret_env),
-                       data_dir=ctx.data_dir, feed=ctx.feed, chats=ctx.chats)
+                       data_dir=ctx.data_dir, feed=ctx.feed, chats=ctx.chats, files=ctx.files)
         provider.runs = ctx.runs
         ctx.http.router.add_get("/ws", provider._socket)
         pages.mount(ctx.http.router, provider)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from pluto.errors import ConfigError
+from pluto.gateway.ports import SharedFileReader
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +107,16 @@ class SessionSigner:
 
 class FileLinks:
     """Links to files under the data dir (charts a tool drew) that only this gateway makes:
-    ``/web/file/<signature>/<relative path>``."""
+    ``/web/file/<signature>/<relative path>``. With ``files`` shared among instances (one
+    signing key, ``session_secret_env``), a link is made for a chart another instance drew,
+    and any instance serves it (fetching the file when it does not have it)."""
 
     PREFIX = "/web/file/"
 
-    def __init__(self, key: bytes, root: Path):
+    def __init__(self, key: bytes, root: Path, files: SharedFileReader | None = None):
         self._key = hashlib.sha256(b"file-links:" + key).digest()
         self.root = root.resolve()
+        self.files = files
 
     def _sign(self, rel: str) -> str:
         return _b64(hmac.new(self._key, rel.encode(), hashlib.sha256).digest())[:32]
@@ -121,10 +125,24 @@ class FileLinks:
         """A link to ``path`` (absolute, or relative to the data dir), or None when it is not
         an existing file under the data dir."""
         target = self.resolve_under_root(Path(path))
-        if target is None:
-            return None
-        rel = target.relative_to(self.root).as_posix()
-        return f"{self.PREFIX}{self._sign(rel)}/{rel}"
+        if target is not None:
+            rel: str | None = target.relative_to(self.root).as_posix()
+        elif self.files is not None and self.files.shared:
+            rel = self.files.key(path)  # made elsewhere: found in the shared file store
+        else:
+            rel = None
+        return None if rel is None else f"{self.PREFIX}{self._sign(rel)}/{rel}"
+
+    def signed(self, signature: str, rel: str) -> bool:
+        return hmac.compare_digest(self._sign(rel), signature)
+
+    async def fetch(self, signature: str, rel: str) -> Path | None:
+        """:meth:`open`, fetching the file from the shared file store when this instance does
+        not have it (storage errors raise)."""
+        found = self.open(signature, rel)
+        if found is not None or self.files is None or not self.signed(signature, rel):
+            return found
+        return await self.files.local(rel)
 
     def open(self, signature: str, rel: str) -> Path | None:
         """The file a link names, when its signature is right and it is still there."""

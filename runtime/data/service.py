@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pluto.runtime.files import SharedFiles
+from pluto.errors import StorageError
+
 from .filetypes import FORMATS, MIME_FORMATS, SPREADSHEETS
 
 if TYPE_CHECKING:  # DuckDB is imported on first use, not with this module
@@ -67,8 +70,11 @@ class DataService:
     def __init__(self, data_dir: Path, sources: Sequence[DatasetSource] = (), *,
                  demo: bool = True, max_upload_bytes: int = 100 * 2**20,
                  limits: QueryLimits = QueryLimits(), retention: Retention = Retention(),
-                 ingest: IngestLimits | None = None) -> None:
+                 ingest: IngestLimits | None = None, files: SharedFiles | None = None) -> None:
         self.data_dir = Path(data_dir).absolute()
+        # several instances: datasets, results and charts in the shared file store too
+        self.files = files if files is not None else SharedFiles(self.data_dir)
+        self._syncing: asyncio.Lock | None = None
         self.root = self.data_dir / "datasets"
         self.artifacts = self.data_dir / "artifacts"
         self.uploads = self.data_dir / "uploads"
@@ -148,18 +154,19 @@ class DataService:
         return Scope(owner, allowed)
 
     async def visible(self, scope: Scope | None) -> list[DatasetInfo]:
-        warehouse = await self.ready()
+        warehouse = await self.synced()
         return await asyncio.to_thread(warehouse.list, scope)
 
     async def get(self, name: str, scope: Scope | None) -> DatasetInfo:
-        warehouse = await self.ready()
+        warehouse = await self.synced()
         return await asyncio.to_thread(warehouse.get, name, scope)
 
     async def query(self, sql: str, scope: Scope | None, *, max_rows: int = 1000,
                     csv_path: Path | None = None) -> QueryResult:
-        warehouse = await self.ready()
+        warehouse = await self.synced()
         if self.sweep_due():
             await asyncio.to_thread(self.sweep)
+            await self._prune_shared()
         limits = self.limits
         return await warehouse.query(sql, scope, timeout=limits.timeout, max_rows=max_rows,
                                      memory_limit=limits.memory_limit, threads=limits.threads,
@@ -171,13 +178,106 @@ class DataService:
         folder.mkdir(parents=True, exist_ok=True)
         return folder / f"{stem}-{uuid.uuid4().hex[:8]}{suffix}"
 
+    async def publish(self, path: Path) -> bool:
+        """Keep an artifact (a result, a chart) in the shared file store, so that a link to it
+        works on every instance; False (logged) when it could not be kept."""
+        try:
+            await self.files.publish(path)
+        except (StorageError, OSError) as e:
+            log.warning("%s is only on this instance: %s", path.name, e)
+            return False
+        return True
+
+    # ---- several instances: datasets in the shared file store ---------------------------
+
+    async def synced(self) -> Warehouse:
+        """The warehouse, with the datasets other instances loaded or removed since the last
+        look brought here (one query; only the changed files are fetched)."""
+        warehouse = await self.ready()
+        if not self.files.shared:
+            return warehouse
+        if self._syncing is None:
+            self._syncing = asyncio.Lock()
+        async with self._syncing:
+            try:
+                listed = await self.files.blobs.listing("datasets/")
+            except StorageError as e:  # the datasets of this instance still answer
+                log.warning("datasets of other instances cannot be listed now: %s", e)
+                return warehouse
+            remote = {key.removeprefix("datasets/").removesuffix(".duckdb"): (sha, meta)
+                      for key, _, sha, meta in listed if key.endswith(".duckdb")}
+            local = {d.name: d for d in await asyncio.to_thread(warehouse.list)}
+            for name, (sha, meta) in remote.items():
+                mine = local.get(name)
+                if mine is not None and (mine.blob == sha or not mine.blob and mine.owner is None):
+                    continue  # up to date; or an admin's dataset of this instance
+                await self._adopt(warehouse, name, sha, meta)
+            for name, mine in local.items():
+                if mine.blob and name not in remote:  # removed on another instance
+                    await asyncio.to_thread(warehouse.forget, name)
+        return warehouse
+
+    async def _adopt(self, warehouse: Warehouse, name: str, sha: str, meta: str) -> None:
+        import json
+
+        tmp = self.root / f".ingest-{uuid.uuid4().hex}.duckdb"
+        try:
+            if await self.files.blobs.fetch(_dataset_key(name), tmp):
+                await asyncio.to_thread(warehouse.adopt, name, json.loads(meta), tmp, sha)
+                log.info("dataset %s fetched from the shared file store", name)
+        except (StorageError, ValueError, KeyError, OSError) as e:
+            log.warning("dataset %s could not be fetched from the shared file store: %s",
+                        name, e)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    async def _share_dataset(self, info: DatasetInfo) -> DatasetInfo:
+        import dataclasses
+        import json
+
+        from .ingest import DatasetError
+        from .warehouse import entry_of
+
+        warehouse = await self.ready()
+        try:
+            sha = await self.files.publish(info.path, meta=json.dumps(entry_of(info)))
+        except StorageError as e:
+            await asyncio.to_thread(warehouse.forget, info.name)
+            raise DatasetError(f"{info.source} could not be kept for every instance: {e}") \
+                from None
+        except BaseException:
+            await asyncio.to_thread(warehouse.forget, info.name)
+            raise
+        await asyncio.to_thread(warehouse.mark_shared, info.name, sha)
+        return dataclasses.replace(info, blob=sha)
+
+    async def _prune_shared(self) -> None:
+        """The retention policy for the shared copies of results, charts and files sent."""
+        if not self.files.shared:
+            return
+        try:
+            gone = await self.files.blobs.prune(
+                ("artifacts/", "uploads/"), time.time() - self.retention.max_age_days * 86400,
+                self.files.max_total)
+        except StorageError as e:
+            log.warning("retention of the shared file store failed: %s", e)
+            return
+        if gone:
+            log.info("retention: deleted %d old file(s) from the shared file store", gone)
+
     # ---- changing ----------------------------------------------------------------------
 
     async def add_upload(self, path: Path, filename: str, mime_type: str,
                          owner: str) -> DatasetInfo:
         """A file sent in a chat, as a dataset of that conversation. Sending a file of the
-        same name again replaces the conversation's own dataset of that name."""
-        return await asyncio.to_thread(self._add_upload, Path(path), filename, mime_type, owner)
+        same name again replaces the conversation's own dataset of that name. Several
+        instances: the dataset is kept in the shared file store too, so that every instance
+        can query it (one over the store's caps is refused, and not kept here either)."""
+        await self.synced()
+        info = await asyncio.to_thread(self._add_upload, Path(path), filename, mime_type, owner)
+        if self.files.shared:
+            info = await self._share_dataset(info)
+        return info
 
     def _add_upload(self, path: Path, filename: str, mime_type: str, owner: str) -> DatasetInfo:
         from .ingest import DatasetError, human_size
@@ -257,8 +357,11 @@ class DataService:
         return deleted
 
     async def remove(self, name: str, scope: Scope | None) -> None:
-        warehouse = await self.ready()
+        warehouse = await self.synced()
+        dataset = await asyncio.to_thread(warehouse.get, name, scope)
         await asyncio.to_thread(warehouse.remove, name, scope)
+        if dataset.blob:
+            await self.files.forget(_dataset_key(name))
 
 
     def _leftovers(self, now: float, settle: float = 86400.0) -> int:
@@ -279,6 +382,10 @@ class DataService:
             except OSError:
                 continue
         return found
+
+
+def _dataset_key(name: str) -> str:
+    return f"datasets/{name}.duckdb"
 
 
 def _remove_empty_dirs(top: Path, settle: float = 3600.0) -> None:

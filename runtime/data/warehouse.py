@@ -71,6 +71,7 @@ class DatasetInfo:
     size_bytes: int = 0
     fingerprint: str = ""  # of the source file(s) when loaded: name, size, modification time
     source_bytes: int = 0  # the size of the file(s) it was loaded from
+    blob: str = ""  # several instances: the SHA-256 of the copy in the shared file store
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +176,40 @@ class Warehouse:
             self._write({**datasets, name: shared})
             return shared
 
+    # ---- several instances: datasets kept in the shared file store ---------------------
+
+    def mark_shared(self, name: str, blob: str) -> None:
+        """Record that the dataset's file is in the shared file store as ``blob``."""
+        with self._locked():
+            datasets = self._read()
+            if name in datasets:
+                self._write({**datasets, name: dataclasses.replace(datasets[name], blob=blob)})
+
+    def adopt(self, name: str, entry: dict[str, Any], file: Path, blob: str) -> DatasetInfo:
+        """A dataset another instance loaded: its file (fetched to ``file``, in this folder)
+        moved into place, and its catalog ``entry`` (:func:`entry_of`) recorded."""
+        check_name(name)
+        info = DatasetInfo(
+            name=name, path=self.root / f"{name}.duckdb", source=str(entry["source"]),
+            owner=entry.get("owner"), rows=int(entry["rows"]),
+            columns=tuple(Column(n, t) for n, t in entry["columns"]),
+            created_at=datetime.fromisoformat(entry["created_at"]),
+            size_bytes=int(entry.get("size_bytes", 0)), fingerprint=entry.get("fingerprint", ""),
+            source_bytes=int(entry.get("source_bytes", 0)), blob=blob)
+        with self._locked():
+            os.replace(file, info.path)
+            self._write({**self._read(), name: info})
+        return info
+
+    def forget(self, name: str) -> None:
+        """Remove a dataset that was removed on another instance (no scope: it is gone)."""
+        with self._locked():
+            datasets = self._read()
+            dataset = datasets.pop(name, None)
+            if dataset is not None:
+                self._write(datasets)
+                dataset.path.unlink(missing_ok=True)
+
     # ---- the catalog -----------------------------------------------------------------
 
     def _claim(self, name: str | None, source: Path, owner: str | None, replace: bool) -> str:
@@ -216,6 +251,7 @@ class Warehouse:
             rows=d["rows"], columns=tuple(Column(n, t) for n, t in d["columns"]),
             created_at=datetime.fromisoformat(d["created_at"]), size_bytes=d.get("size_bytes", 0),
             fingerprint=d.get("fingerprint", ""), source_bytes=d.get("source_bytes", 0),
+            blob=d.get("blob", ""),
         ) for name, d in raw.get("datasets", {}).items()}
         for name, dataset in list(found.items()):
             if dataset.path.is_symlink() or not dataset.path.is_file():
@@ -225,10 +261,7 @@ class Warehouse:
 
     def _write(self, datasets: dict[str, DatasetInfo]) -> None:
         raw = {"version": 1, "datasets": {d.name: {
-            "source": d.source, "owner": d.owner, "rows": d.rows,
-            "columns": [[c.name, c.type] for c in d.columns],
-            "created_at": d.created_at.isoformat(), "size_bytes": d.size_bytes,
-            "fingerprint": d.fingerprint, "source_bytes": d.source_bytes,
+            **entry_of(d), **({"blob": d.blob} if d.blob else {}),
         } for d in sorted(datasets.values(), key=lambda d: d.name)}}
         tmp = self._catalog.with_name(f".catalog.{uuid.uuid4().hex}.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
@@ -236,6 +269,14 @@ class Warehouse:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._catalog)
+
+
+def entry_of(d: DatasetInfo) -> dict[str, Any]:
+    """A dataset's catalog entry (as ``catalog.json`` and the shared file store keep it)."""
+    return {"source": d.source, "owner": d.owner, "rows": d.rows,
+            "columns": [[c.name, c.type] for c in d.columns],
+            "created_at": d.created_at.isoformat(), "size_bytes": d.size_bytes,
+            "fingerprint": d.fingerprint, "source_bytes": d.source_bytes}
 
 
 # ---- names -------------------------------------------------------------------------------

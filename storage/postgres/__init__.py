@@ -9,6 +9,7 @@ cached across calls that another instance could change (``engine.shared``).
 
 from __future__ import annotations
 
+from pluto.storage.postgres.blobs import PgBlobs
 from pluto.storage.postgres.bus import PgBus
 from pluto.storage.postgres.engine import PostgresEngine, redact
 from pluto.storage.sqlite import SqlStore
@@ -22,6 +23,7 @@ class PostgresStore(SqlStore):
         engine = PostgresEngine(url, **pool)
         super().__init__(engine)
         self.bus = PgBus(engine)  # LISTEN/NOTIFY between instances
+        self.blobs = PgBlobs(engine)  # files every instance can read
 
     async def close(self) -> None:
         await self.bus.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pluto.storage.blobs import LocalBlobs
 from pluto.storage.sqlite.conversations import SqliteConversations
 from pluto.storage.sqlite.engine import SqliteEngine
 from pluto.storage.sqlite.flood import SqlFlood
@@ -49,6 +50,7 @@ class SqlStore:
         self.notes = SqlNotes(self.engine)  # long-term memory, when instances share it
         self.usage = SqlUsage(self.engine)
         self.idempotency = SqlIdempotency(self.engine)  # the HTTP API's Idempotency-Key
+        self.blobs: Any = LocalBlobs()  # one instance: files stay in the data dir only
 
     @property
     def is_open(self) -> bool:
@@ -59,7 +61,7 @@ class SqlStore:
         try:
             for part in (self.conversations, self.outbox, self.inbound, self.tasks,
                          self.pairing, self.leases, self.rates, self.flood, self.usage,
-                         self.history, self.idempotency):
+                         self.history, self.idempotency, self.blobs):
                 await part.migrate()
         except BaseException:
             await self.engine.close()
