@@ -39,6 +39,7 @@ from pluto.gateway.pipeline.access import Access
 from pluto.gateway.pipeline.data_commands import DataCommands, data_service, shared_files
 from pluto.gateway.pipeline.memory_commands import MemoryCommands
 from pluto.gateway.pipeline.intake import IntakeQueue, Shared, message_from_dict
+from pluto.gateway.pipeline.shared_uploads import UploadsFirst
 from pluto.gateway.pipeline.overload import Load
 from pluto.gateway.pipeline.ratelimit import SharedRateLimiter
 from pluto.gateway.pipeline.pipeline import Pipeline
@@ -383,6 +384,7 @@ class Gateway:
         self.providers[provider.name] = provider
         health = self.health[provider.name] = TaskHealth(provider.name)
         intake = self.intake(provider)
+        handed = UploadsFirst(intake, self.files) if self.files.shared else intake
 
         async def run() -> None:
             # what a dead process had not sent, queued in each chat before anything of the
@@ -390,9 +392,9 @@ class Gateway:
             await intake.replay()
             if self.shared and provider.single_owner():  # one instance at a time holds it
                 await self.cluster.exclusive(f"provider:{provider.name}",
-                                             lambda: provider.run(intake))
+                                             lambda: provider.run(handed))
             else:
-                await provider.run(intake)
+                await provider.run(handed)
 
         task = asyncio.create_task(supervise(health, run, max_restarts=None if restart else 0),
                                    name=f"provider:{provider.name}")

@@ -23,7 +23,8 @@ from pluto.runtime.testing import Scripted, ScriptedModel
 from pluto.storage.blobs import BlobNameRefused, BlobTooLarge, LocalBlobs, check_key
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.sqlite import SqliteStore
-from pluto.types import IncomingMessage
+from pluto.gateway.pipeline.shared_uploads import UploadsFirst
+from pluto.types import Attachment, IncomingMessage, Route
 from tests.helpers.gateway import write_agent
 from tests.helpers.pg import fresh_schema
 from tests.helpers.served import Tab, served, url, wait_for
@@ -245,6 +246,47 @@ async def test_a_csv_sent_on_a_is_queryable_on_b(two, tmp_path):
                                                  "orders.duckdb").exists()
 
 
+async def test_a_file_a_platform_delivered_to_a_becomes_a_dataset_on_b(two, tmp_path):
+    """A's provider saved the file and recorded the message; B claimed and answers it."""
+    a, b = two
+    sent = tmp_path / "a" / "uploads" / "telegram" / "42" / "Q3 Sales.csv"
+    sent.parent.mkdir(parents=True)
+    sent.write_text("region,amount\nnorth,5\nsouth,7\n")
+    msg = IncomingMessage(provider="telegram", chat_id="42", user_id="7", text="",
+                          attachments=(_attachment(sent),))
+    handed = UploadsFirst(_Recording(), a.files)
+    await handed.submit(msg)
+    assert handed.intake.got == [msg]  # type: ignore[attr-defined]
+    text = sent.read_text()
+    sent.unlink()  # B runs elsewhere: A's disk is not B's
+    notes: list[tuple[str, str]] = []
+
+    async def notify(text: str, kind: str) -> None:
+        notes.append((text, kind))
+
+    route = Route(agent="default", session_key="telegram:42", rule="test")
+    session = await b.store.conversations.session(route.session_key, route.agent)
+    assert await b.data.take_uploads(msg, route, session.id, notify) is None
+    assert notes == [("Added dataset `q3_sales`: 2 rows × 2 columns. Ask me about it, or try "
+                      "`/describe q3_sales`.", "notice")]
+    assert (tmp_path / "b" / "uploads" / "telegram" / "42" / "Q3 Sales.csv").read_text() == text
+    # a file that never reached the store: the user is asked to send it again
+    lost = sent.with_name("lost.csv")  # on A's disk only, never kept in the store
+    notes.clear()
+    lost_msg = IncomingMessage(provider="telegram", chat_id="42", user_id="7", text="",
+                               attachments=(Attachment(filename="lost.csv", path=lost),))
+    assert await b.data.take_uploads(lost_msg, route, session.id, notify) is None
+    assert notes == [("I did not receive lost.csv; please send it again.", "error")]
+
+
+class _Recording:
+    def __init__(self) -> None:
+        self.got: list[IncomingMessage] = []
+
+    async def submit(self, msg: IncomingMessage) -> None:
+        self.got.append(msg)
+
+
 async def test_an_upload_over_the_cap_is_refused_on_every_instance(two, tmp_path):
     a, b = two
     a.files.max_bytes = 2000  # the .duckdb file of any upload is larger
@@ -263,9 +305,7 @@ async def test_an_upload_over_the_cap_is_refused_on_every_instance(two, tmp_path
     assert await b.data.service.visible(b.data.service.scope(owner, ())) == []
 
 
-def _attachment(path: Path):
-    from pluto.types import Attachment
-
+def _attachment(path: Path) -> Attachment:
     return Attachment(filename=path.name, mime_type="text/csv", size=path.stat().st_size,
                       path=path)
 

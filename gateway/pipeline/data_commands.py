@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pluto.agents.registry import AgentRegistry
-from pluto.errors import PlutoError
+from pluto.errors import PlutoError, StorageError
 from pluto.gateway.pipeline.commands import Commands, Failed
 from pluto.settings import PlutoConfig
 from pluto.types import Attachment, IncomingMessage, Route
@@ -194,15 +194,22 @@ class DataCommands:
         from pluto.runtime.data import DataError
 
         try:
-            if attachment.path is None or not Path(attachment.path).is_file():
+            path = attachment.path
+            if path is not None and not Path(path).is_file():  # sent to another instance
+                path = await self.service.files.local(path)
+            if path is None:
                 raise FileNotFoundError(attachment.filename)
-            return await self.service.add_upload(attachment.path, attachment.filename,
+            return await self.service.add_upload(path, attachment.filename,
                                                  attachment.mime_type, owner)
         except DataError as e:
             await notify(one_line(str(e)), "error")
         except FileNotFoundError:
             await notify(f"I did not receive {attachment.filename}; please send it again.",
                          "error")
+        except StorageError as e:  # kept on another instance, which cannot be read now
+            log.warning("%s could not be fetched: %s", attachment.filename, e)
+            await notify(f"Could not read {attachment.filename} right now; please send it "
+                         "again in a minute.", "error")
         except Exception:
             log.exception("adding %s as a dataset failed", attachment.filename)
             await notify(f"Could not add {attachment.filename}: something went wrong on our "
