@@ -3,7 +3,8 @@
 Every reply — a run's final answer or error, a command's answer, a notice — goes the same way
 for every provider: rendered in the provider's markup dialect, split at its length limit, and
 recorded in the :class:`~pluto.gateway.delivery.outbox.Outbox`, which sends it exactly once, in
-order per chat, behind the pipeline (:meth:`Delivery.reply`, the end of :meth:`Delivery.run`).
+order per chat, behind the pipeline (:meth:`Delivery.reply`, the end of :meth:`Delivery.run`) —
+except a run's reply to a provider that takes it from the run feed (``answers_from_feed``).
 
 While a run is in progress:
 
