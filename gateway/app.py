@@ -164,6 +164,7 @@ class Gateway:
         """What runs the agents: the services their tools use (data, MCP servers, memory,
         history), the usage ledger and tracing, and the Runner over them."""
         self.files = shared_files(self.config, self.data_dir, getattr(self.store, "blobs", None))
+        self.outbox.files = self.files if self.files.shared else None  # replies made elsewhere
         self.data = DataCommands(data_service(self.config, self.config_dir, self.data_dir,
                                               files=self.files),
                                  self.registry, self.store.conversations)

@@ -319,3 +319,23 @@ async def test_the_shared_catalog_is_not_read_without_postgresql(config_dir, tmp
             answer = await tab.ask("/sql SELECT count(*) FROM sales")
             assert "2,000" in answer["text"] or "2000" in answer["text"]
     assert "shared file store" not in caplog.text
+
+
+async def test_the_outbox_of_b_sends_a_chart_a_drew(pg_store, tmp_path):
+    """A reply recorded on A and sent from B (A died, B's sweep took it): the chart's file is
+    fetched into B's data dir before the platform call."""
+    from pluto.gateway.delivery.outbox import Outbox
+    from pluto.types import OutgoingMessage
+
+    chart = tmp_path / "a" / "artifacts" / "run9" / "chart-1.png"
+    chart.parent.mkdir(parents=True)
+    chart.write_bytes(b"\x89PNG chart")
+    await SharedFiles(tmp_path / "a", pg_store.blobs).publish(chart)
+    chart.unlink()  # A's disk is not B's
+    outbox = Outbox(pg_store.outbox, {})
+    outbox.files = SharedFiles(tmp_path / "b", pg_store.blobs)
+    message = OutgoingMessage(chat_id="1", text="", attachments=(
+        Attachment(filename="chart-1.png", mime_type="image/png", path=chart, kind="image"),))
+    sent = await outbox._files_here(message)
+    assert sent.attachments[0].path == tmp_path / "b" / "artifacts" / "run9" / "chart-1.png"
+    assert sent.attachments[0].path.read_bytes() == b"\x89PNG chart"

@@ -70,6 +70,8 @@ class _Chat:
 
 
 class Outbox:
+    files: Any = None  # several instances: the shared files (set by the gateway)
+
     def __init__(self, rows: OutboxStore, providers: Mapping[str, Provider], *,
                  retry: RetryPolicy | None = None, throttle: EditThrottle | None = None,
                  keep_seconds: float = 7 * 86400, lease_seconds: float = 300.0,
@@ -326,7 +328,7 @@ class Outbox:
         """Send one chunk, retrying by the platform's rules; its mark also counts the first
         call of ``following`` and, with ``release``, gives up the reply's claim."""
         assert row.id is not None
-        message = _to_message(row)
+        message = await self._files_here(_to_message(row))
         counted = row.id in self._counted
         if row.attempts and not counted and not message.edit_of:  # (an edit is idempotent)
             log.warning("%s: chunk %d of reply %s may have been delivered before a crash; "
@@ -418,6 +420,21 @@ class Outbox:
             self.watchdog.succeeded(provider.name)
         elif not isinstance(error, DeliveryRefused):  # the platform answered: not wedged
             self.watchdog.failed(provider.name, error)
+
+    async def _files_here(self, message: OutgoingMessage) -> OutgoingMessage:
+        """A chart another instance drew (its reply is sent from here): fetched into this data
+        dir from the shared file store first."""
+        if self.files is None or not message.attachments:
+            return message
+        found = []
+        for a in message.attachments:
+            if a.path is not None and not a.path.is_file():
+                try:
+                    a = replace(a, path=await self.files.local(a.path) or a.path)
+                except PlutoError as e:
+                    log.warning("outbox: %s could not be fetched: %s", a.filename, e)
+            found.append(a)
+        return replace(message, attachments=tuple(found))
 
     async def _sweep(self) -> None:
         while True:
