@@ -129,7 +129,7 @@ async def test_a_cancelled_caller_stops_waiting_and_the_request_still_completes(
         await provider.close()
 
 
-async def test_no_free_connection_is_a_clear_error_and_nothing_is_sent(fake, data_dir, caplog):
+async def test_no_free_connection_is_a_clear_error_and_nothing_is_sent(fake, data_dir):
     fake.set_latency(2.0, "sendMessage")
     settings = TelegramSettings(enabled=True, base_url=fake.url, poll_timeout=5)
     provider = TelegramProvider(settings, fake.token, data_dir=data_dir, send_pool=1)
