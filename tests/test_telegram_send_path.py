@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,9 +32,13 @@ MAX_ROUNDS = 600  # the stock class wedged within 1-81 rounds in 8 of 8 runs (~0
 
 
 @pytest.fixture(autouse=True)
-def _quiet_fake_server() -> None:
+def _quiet_fake_server() -> Iterator[None]:
     # the fake logs every request whose client went away (most of them, here)
-    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
+    server_log = logging.getLogger("aiohttp.server")
+    level = server_log.level
+    server_log.setLevel(logging.CRITICAL)
+    yield
+    server_log.setLevel(level)
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from pluto.storage.sqlite import SqliteStore
 from pluto.types import OutgoingMessage
 from tests.fakes.telegram_server import FakeTelegram
 from tests.helpers.gateway import RecordingProvider
-from tests.test_telegram_send_path import CHAT, MAX_ROUNDS, churn
+from tests.test_telegram_send_path import CHAT, MAX_ROUNDS, _quiet_fake_server, churn  # noqa: F401
 
 WINDOW = 60.0
 POOL_DOWN = ProviderError("Telegram request not sent: pool timeout (all connections in the "
@@ -170,8 +170,7 @@ async def test_the_gateway_watches_every_send_with_its_setting(config_dir, data_
 # end to end: a Telegram pool wedged for real ---------------------------------------------------
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeTelegram]:
-    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
+async def fake(_quiet_fake_server: None) -> AsyncIterator[FakeTelegram]:
     async with FakeTelegram() as server:
         server.add_chat(CHAT, first_name="Alice")
         server.set_latency(0.02, "sendChatAction")
