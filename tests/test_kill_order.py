@@ -1,7 +1,8 @@
 """kill -9 five times during steady traffic: ``pluto serve`` (a real process, a streaming model
 over HTTP, the real Telegram provider against the fake Bot API) is killed at random moments
 while messages keep coming to twenty chats; after the last restart every message has one
-complete answer, shown in order — nothing lost, nothing twice, no preview left half-written."""
+complete answer, shown in order — nothing lost, nothing twice. (A preview Telegram took in the
+moment before a kill, whose id was not yet kept, stays half-written: no bot API can find it.)"""
 
 from __future__ import annotations
 
@@ -91,8 +92,13 @@ async def test_five_kills_during_traffic_leave_one_complete_answer_each_in_order
             except TimeoutError:
                 pass  # said below, chat by chat
             await asyncio.sleep(1.0)  # anything sent twice or late would show by now
-            wrong = {c: problems(shown(fake, c), [answer(t) for t in asked[c]]) for c in CHATS}
+            # Telegram has no idempotency key: a preview sent in the moment before the kill,
+            # its id not yet kept, stays as it was (the answer comes complete in a new message)
+            wrong = {c: problems(shown(fake, c), [answer(t) for t in asked[c]],
+                                 partial_ok=True) for c in CHATS}
             assert {c: notes for c, notes in wrong.items() if notes} == {}
+            strays = sum(len(shown(fake, c)) - len(asked[c]) for c in CHATS)
+            print(f"{strays} preview(s) left half-written by the kills")
             assert await serve.stop() == 0
         except BaseException:
             print(serve.tail())
