@@ -323,6 +323,19 @@ class Gateway:
             log.warning("cluster: took over %d run(s) of %s chat %s from an instance that "
                         "stopped; answering again", len(taken), provider, chat)
 
+    async def _send_undelivered(self, provider: Provider) -> None:
+        """Answers the last process saved but died before handing to the outbox: sent now,
+        each replacing the preview its run had shown (a provider that reads answers from the
+        run feed has them there)."""
+        if provider.capabilities.answers_from_feed:
+            return
+        found = await self.store.conversations.undelivered_in_chat(  # type: ignore[attr-defined]
+            provider.name, None)
+        for payload, final in found:
+            log.warning("delivering the answer of run %s, saved before the last shutdown but "
+                        "not yet sent", final.run_id)
+            await self.delivery.resend_final(provider, message_from_dict(payload), final)
+
     async def _resend(self, provider: str, msg: IncomingMessage, answer: RunEvent) -> None:
         target = self.providers.get(provider)
         if target is not None and not target.capabilities.answers_from_feed:  # (else: there)
@@ -390,6 +403,8 @@ class Gateway:
         async def run() -> None:
             # what a dead process had not sent, queued in each chat before anything of the
             await self.outbox.flush(provider)  # runs of what it had received and not handled
+            if self.serve and not self.shared:  # (several instances: the chat's taker does)
+                await self._send_undelivered(provider)
             await intake.replay()
             if self.shared and provider.single_owner():  # one instance at a time holds it
                 await self.cluster.exclusive(f"provider:{provider.name}",

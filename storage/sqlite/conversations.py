@@ -572,18 +572,20 @@ class SqliteConversations:
 
         return await self.engine.read(find)
 
-    async def undelivered_in_chat(self, provider: str, chat_id: str
+    async def undelivered_in_chat(self, provider: str, chat_id: str | None
                                   ) -> list[tuple[dict[str, Any], RunEvent]]:
-        """Several instances: runs of this chat that another instance answered but whose reply
-        it never handed to the outbox (it died in between): (the message, the answer), oldest
-        first, for this instance to deliver."""
+        """Runs of this chat (None: of every chat of the provider) that another instance — or
+        the last process — answered but whose reply it never handed to the outbox (it died in
+        between): (the message, the answer), oldest first, for this instance to deliver."""
         def find(conn: Any) -> list[tuple[dict[str, Any], RunEvent]]:
+            chat = "" if chat_id is None else " AND i.chat_id = ?"
             rows = conn.execute(
                 "SELECT r.id, i.payload, i.preview FROM runs r JOIN inbound_seen i ON"
                 " i.provider ="
-                " r.source_provider AND i.message_id = r.source_id WHERE i.provider = ? AND"
-                f" i.chat_id = ? AND r.owner != ? AND {_UNDELIVERED} ORDER BY r.started_at",
-                (provider, chat_id, self.owner, time.time() - UNDELIVERED_WINDOW)).fetchall()
+                " r.source_provider AND i.message_id = r.source_id WHERE i.provider = ?"
+                f"{chat} AND r.owner != ? AND {_UNDELIVERED} ORDER BY r.started_at",
+                (provider, *(() if chat_id is None else (chat_id,)), self.owner,
+                 time.time() - UNDELIVERED_WINDOW)).fetchall()
             found = []
             for run_id, payload, preview in rows:
                 final = conn.execute("SELECT seq, data FROM run_events WHERE run_id = ? AND"
