@@ -213,3 +213,21 @@ async def test_a_tab_that_reconnects_to_another_instance_mid_answer_sees_it_once
         fresh = await later.ask("and again?")
         await later.until("run.end", lambda f: f["run_id"] == fresh["run_id"])
         assert not _run_frames(later, run_id)
+
+
+async def test_a_run_reply_handed_to_the_web_provider_anyway_is_shown_once_with_its_seq(tmp_path):
+    """An outbox row recorded before run replies were taken from the feed (an upgrade with
+    replies unsent) still reaches the chat, as the frame the feed would have given."""
+    from pluto.types import OutgoingMessage
+    from tests.test_web import _listening_provider, _Stored
+    provider, _, tab = _listening_provider(tmp_path, _Stored())
+    await provider.send(OutgoingMessage(chat_id="c", text="Hello", run_id="r", seq=3))
+    await provider.send(OutgoingMessage(chat_id="c", text="It failed.", run_id="r2", seq=2,
+                                        kind="error"))
+    await provider.send(OutgoingMessage(chat_id="c", text="Commands: /new", answers="c:m9"))
+    assert tab.frames == [
+        {"type": "message.final", "id": "r:3", "run_id": "r", "seq": 3, "text": "Hello"},
+        {"type": "error", "id": "r2:2", "run_id": "r2", "seq": 2, "code": "run_error",
+         "message": "It failed.", "reply_to": None},
+        {"type": "message.final", "id": tab.frames[2]["id"], "run_id": None,
+         "text": "Commands: /new", "reply_to": "m9"}]
