@@ -38,7 +38,7 @@ from pluto.runtime.openai_compat import model_for
 from pluto.runtime.skills import skill_tools
 from pluto.runtime.tools import Progress, Tool, ToolContext, ToolError, ToolResult
 from pluto.runtime.tracing import Tracing
-from pluto.runtime.usage import Attribution, UsageCall, UsageMeter
+from pluto.runtime.usage import Attribution, Reservation, UsageCall, UsageMeter
 from pluto.storage.ports import ConversationStore
 from pluto.storage.rows import SessionRow, estimate_tokens
 
@@ -86,6 +86,7 @@ class _RunState:
     partial: str = ""
     ended: bool = False
     ledger: list[asyncio.Future[Any]] = field(default_factory=list)  # rows riding a commit
+    reservation: Reservation | None = None  # the budgets' share the model call in flight holds
 
     @property
     def total_tokens(self) -> int:
@@ -324,10 +325,22 @@ class Runner:
 
     async def _model_turn(self, state: _RunState,
                           schemas: list[dict[str, Any]]) -> AsyncIterator[str | ModelTurn]:
+        """One model call, its budgets' share reserved first (settled by its ledger row; given
+        back here if no row took it)."""
+        await self._reserve_usage(state)
+        try:
+            async for item in self._model_call(state, schemas):
+                yield item
+        finally:
+            if state.reservation is not None and self.usage is not None:
+                held, state.reservation = state.reservation, None
+                await asyncio.shield(self.usage.release(held))
+
+    async def _model_call(self, state: _RunState,
+                          schemas: list[dict[str, Any]]) -> AsyncIterator[str | ModelTurn]:
         """One model call, retried with backoff while nothing has been shown yet."""
         model = self.model_factory(state.settings)
         attempt = 0
-        await self._check_usage(state)
         while True:
             shown = False
             remaining = state.deadline - time.monotonic()
@@ -368,18 +381,22 @@ class Runner:
                 if (close := getattr(stream, "aclose", None)) is not None:
                     await close()
                 if unmetered:  # failed, or cancelled (/stop): a row too, with what we know
-                    await self._meter_unanswered(state, attempt, started, unmetered)
+                    await self._meter_unanswered(state, attempt, started, unmetered,
+                                                 settle=True)
 
     # the usage ledger and budgets (runtime/usage.py) ----------------------------------------
 
-    async def _check_usage(self, state: _RunState) -> None:
-        """Before a model call: refuse it when a usage budget is spent (or would be by it)."""
+    async def _reserve_usage(self, state: _RunState) -> None:
+        """Before a model call: reserve its estimated maximum from every usage budget that
+        applies, or refuse it when one has no room (runtime/usage.py)."""
         if self.usage is None or not self.usage.budgets():
             return
         req = state.req
-        upcoming = sum(estimate_tokens(m["content"]) for m in state.messages
-                       if isinstance(m.get("content"), str))
-        await self.usage.check(req.agent.name, req.who, upcoming_tokens=upcoming)
+        prompt = sum(estimate_tokens(json.dumps(m)) for m in state.messages)
+        state.reservation = await self.usage.reserve(
+            req.agent.name, req.who, prompt_tokens=prompt,
+            max_output=state.settings.max_output_tokens,
+            models=(state.settings.model, req.agent.model))
 
     def _usage_call(self, state: _RunState, attempt: int, started: float, outcome: str,
                     usage: Mapping[str, int], estimated: bool = False) -> UsageCall:
@@ -409,16 +426,21 @@ class Runner:
         return turn
 
     async def _meter_unanswered(self, state: _RunState, attempt: int, started: float,
-                                outcome: str) -> None:
+                                outcome: str, *, settle: bool = False) -> None:
+        """A call that gave no answer (its row gives its reservation back when ``settle``: it
+        failed or was stopped for good; a retried attempt keeps it for the next)."""
         if self.usage is not None:
             await asyncio.shield(self._record(state, self._usage_call(
-                state, attempt, started, outcome, {})))
+                state, attempt, started, outcome, {}), settle=settle))
 
-    async def _record(self, state: _RunState, call: UsageCall) -> None:
+    async def _record(self, state: _RunState, call: UsageCall, *, settle: bool = False) -> None:
         with contextlib.suppress(Exception):  # (one that never started: recorded all the same)
             await self._observed_start(state)  # a call is recorded after its run's start
+        held, state.reservation = (state.reservation, None) if settle else (None,
+                                                                          state.reservation)
         try:
-            await self.usage.record(call, models=(state.req.agent.model,))  # type: ignore[union-attr]
+            await self.usage.record(call, models=(state.req.agent.model,),  # type: ignore[union-attr]
+                                    release=held)
         except Exception:  # the ledger never stops an answer
             log.exception("usage of run %s not recorded", state.req.run_id)
 
@@ -431,7 +453,8 @@ class Runner:
             await self._observed_start(state)  # a call is recorded after its run's start
         try:
             call = await self.usage.priced(call, models=(state.req.agent.model,))
-            state.ledger.append(self.usage.record_soon(call))
+            held, state.reservation = state.reservation, None  # settled by this row
+            state.ledger.append(self.usage.record_soon(call, release=held))
         except Exception:  # the ledger never stops an answer
             log.exception("usage of run %s not recorded", state.req.run_id)
 

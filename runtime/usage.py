@@ -8,9 +8,15 @@ list (the JSON file litellm ships, read once in a worker thread; litellm itself 
 imported for it), else it is unknown (None), never guessed.
 
 Budgets (``usage.budgets``) limit the tokens or money an agent, route, user or chat spends per
-day or month (UTC). Before each model call :meth:`UsageMeter.check` sums the ledger for each
-budget that applies; a call that would pass one is refused with :class:`BudgetExceeded`, whose
-text is one sentence for the person, and observers are told (log, metrics).
+day or month (UTC). Before each model call :meth:`UsageMeter.reserve` takes the call's
+estimated maximum — its prompt plus the longest answer it may write (``max_output_tokens``, else
+:data:`DEFAULT_MAX_OUTPUT`), and what that would cost — from the running counter of every budget
+that applies, atomically in the database (so it holds across instances); a call whose budget
+has no room left is refused with :class:`BudgetExceeded`, whose text is one sentence for the
+person, and observers are told (log, metrics); when only other calls' reservations (not what
+was spent) leave no room, it first waits a little for them to settle. The call's ledger row settles it: the real usage
+is added and the reservation given back in one transaction (a failed call gives all of it
+back). Parallel calls therefore pass a budget by at most one call's maximum answer.
 """
 
 from __future__ import annotations
@@ -31,11 +37,15 @@ from typing import Any
 from pluto.runtime.errors import BudgetExceeded
 from pluto.settings import Budget, ModelPrice
 from pluto.storage.ports import UsageStore
-from pluto.storage.sqlite.usage import UsageCall
+from pluto.storage.sqlite.usage import Claim, Reservation, UsageCall
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Attribution", "Prices", "UsageCall", "UsageMeter", "parse_since", "period_start"]
+__all__ = ["Attribution", "Prices", "Reservation", "UsageCall", "UsageMeter", "parse_since",
+           "period_start"]
+
+DEFAULT_MAX_OUTPUT = 4096  # tokens reserved for an answer when its model sets no maximum
+RESERVATION_POLL = 0.1  # seconds between tries while the room left is held by calls in flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,12 +215,18 @@ class UsageMeter:
         self.clock = clock
         self.on_record: list[Callable[[UsageCall], None]] = []
         self.on_refusal: list[Callable[[Refusal], None]] = []
+        # how long a call waits for calls in flight to give back what they did not use, when
+        # only their reservations (not what was spent) leave no room for it
+        self.reservation_wait = 10.0
 
-    async def record(self, call: UsageCall, models: Iterable[str] = ()) -> UsageCall:
-        """Price the call (by its model, then by ``models``: other names of it), write it,
-        tell the observers; the row as written."""
+    async def record(self, call: UsageCall, models: Iterable[str] = (),
+                     release: Reservation | None = None) -> UsageCall:
+        """Price the call (by its model, then by ``models``: other names of it), write it and
+        give ``release`` back in the same transaction, tell the observers; the row as
+        written."""
         call = await self.priced(call, models)
-        await self.store.record(call, self._periods())
+        await self.store.record(call, self._periods(),  # type: ignore[call-arg]
+                                release=release)
         self._observed(call)
         return call
 
@@ -224,11 +240,13 @@ class UsageMeter:
                 call = replace(call, cost=cost)
         return call
 
-    def record_soon(self, call: UsageCall) -> asyncio.Future[Any]:
+    def record_soon(self, call: UsageCall,
+                    release: Reservation | None = None) -> asyncio.Future[Any]:
         """Write a priced call with the next commit (one commit with the answer that follows
-        it); the observers are told once it is committed. Whoever holds the future awaits
-        it (a failure is its to log)."""
-        written = self.store.record_soon(call, self._periods())
+        it), giving ``release`` back in it; the observers are told once it is committed.
+        Whoever holds the future awaits it (a failure is its to log)."""
+        written = self.store.record_soon(call, self._periods(),  # type: ignore[call-arg]
+                                         release=release)
 
         def committed(f: asyncio.Future[Any]) -> None:
             if not f.cancelled() and f.exception() is None:
@@ -246,6 +264,69 @@ class UsageMeter:
                 observe(call)
             except Exception:
                 log.exception("a usage observer failed")
+
+    async def reserve(self, agent: str, who: Attribution, *, prompt_tokens: int,
+                      max_output: int | None, models: Iterable[str] = ()) -> Reservation | None:
+        """Take a call's estimated maximum from every budget that applies, or raise
+        :class:`BudgetExceeded` (nothing taken) when one has no room for its prompt; None when
+        no budget applies or the counters cannot be reached (the answer goes on, logged)."""
+        budgets = self.budgets()
+        now = self.clock()
+        claims = {}
+        for budget in budgets:
+            key = scope_key(budget.per, agent, who)
+            if budget.only is not None and budget.only != key:
+                continue
+            claim = Claim(budget.per, key, budget.period, period_start(budget.period, now),
+                          budget.tokens, budget.cost)
+            claims[(claim.scope, claim.key, claim.period)] = (claim, budget)
+        if not claims:
+            return None
+        order = sorted(claims)  # one lock order for every instance: no deadlock
+        tokens = prompt_tokens + (max_output or DEFAULT_MAX_OUTPUT)
+        await self.prices.load()
+        cost = self.prices.cost(list(models), prompt_tokens, tokens - prompt_tokens) or 0.0
+        held = Reservation(tuple(claims[k][0] for k in order), tokens, cost)
+        waited = 0.0
+        while True:
+            try:
+                full = await self.store.reserve(  # type: ignore[attr-defined]
+                    held.claims, tokens, cost, prompt_tokens)
+                if full is None:
+                    return held
+                claim, budget = claims[order[full]]
+                spent = await self.store.spent(claim.scope, claim.key, claim.period,
+                                               claim.start)
+            except Exception:  # the counters cannot be reached: the answer goes on, says so
+                log.exception("usage budgets of %s could not be checked", agent)
+                return None
+            held_back = ((budget.tokens is None
+                          or spent.total_tokens + prompt_tokens <= budget.tokens)
+                         and (budget.cost is None or spent.cost < budget.cost))
+            if not held_back or waited >= self.reservation_wait:
+                self._refuse(budget, claim.key, spent.total_tokens, spent.cost, prompt_tokens)
+            # the room left is held by calls in flight: what they do not use comes back soon
+            await asyncio.sleep(RESERVATION_POLL)
+            waited += RESERVATION_POLL
+
+    async def release(self, reservation: Reservation | None) -> None:
+        """Give back a reservation whose call was never made (logged when it cannot be)."""
+        if reservation is None:
+            return
+        try:
+            await self.store.release(reservation)  # type: ignore[attr-defined]
+        except Exception:
+            log.exception("a usage reservation could not be given back")
+
+    def _refuse(self, budget: Budget, key: str, tokens: int, cost: float,
+                upcoming: int) -> None:
+        refusal = Refusal(budget, key, tokens, cost)
+        log.warning("usage budget reached: %s %s, %s per %s (used %d tokens, $%.4f; "
+                    "the next call's prompt is about %d more)", budget.per, key,
+                    _limits(budget), budget.period, tokens, cost, upcoming)
+        for observe in self.on_refusal:
+            observe(refusal)
+        raise BudgetExceeded(budget_sentence(budget, tokens, cost), "usage")
 
     async def check(self, agent: str, who: Attribution, *, upcoming_tokens: int = 0,
                     models: Iterable[str] = ()) -> None:
@@ -269,15 +350,7 @@ class UsageMeter:
                 spent.total_tokens + upcoming_tokens > budget.tokens)
             over = over or (budget.cost is not None and spent.cost >= budget.cost)
             if over:
-                refusal = Refusal(budget, key, spent.total_tokens, spent.cost)
-                log.warning("usage budget reached: %s %s, %s per %s (used %d tokens, $%.4f; "
-                            "the next call's prompt is about %d more)", budget.per, key,
-                            _limits(budget), budget.period, spent.total_tokens, spent.cost,
-                            upcoming_tokens)
-                for observe in self.on_refusal:
-                    observe(refusal)
-                raise BudgetExceeded(budget_sentence(budget, spent.total_tokens, spent.cost),
-                                     "usage")
+                self._refuse(budget, key, spent.total_tokens, spent.cost, upcoming_tokens)
 
     async def status(self) -> list[dict[str, Any]]:
         """Each budget with what its keys spent this period (the admin's view)."""

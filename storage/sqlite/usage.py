@@ -11,6 +11,13 @@ Budgets read running sums, not the ledger: each row also adds itself, in the sam
 to ``usage_counters`` — one row per agent, route, user and chat per day and month (UTC) — so a
 budget check is one lookup however long the ledger grows. An admin's reset of a budget clears
 its counters (spending before it no longer counts) and is remembered in ``usage_resets``.
+
+Reservations: before a model call the runner takes its estimated maximum (prompt plus the
+longest answer it may write, and that much money) from the counters of every budget that
+applies — one conditional ``UPDATE`` per counter, atomic on SQLite and on PostgreSQL (the row
+is locked and the condition re-read), so parallel calls from one instance or several never all
+see the same room. The call's ledger row gives the reservation back in the same transaction
+that adds the real usage (a failed call adds nothing and gives all of it back).
 """
 
 from __future__ import annotations
@@ -75,6 +82,10 @@ MIGRATIONS: list[Any] = [
     );
     CREATE INDEX usage_counters_start ON usage_counters(start);
     """,
+    """
+    ALTER TABLE usage_counters ADD COLUMN reserved_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE usage_counters ADD COLUMN reserved_cost REAL NOT NULL DEFAULT 0;
+    """,
 ]
 
 # what a ledger can be grouped or budgeted by: the SQL expression of its key (never user input)
@@ -121,6 +132,27 @@ class UsageCall:
 
 
 @dataclass(frozen=True, slots=True)
+class Claim:
+    """One counter a reservation is taken from, with the budget's limits (None: no limit)."""
+
+    scope: str
+    key: str
+    period: str
+    start: float
+    tokens: int | None = None
+    cost: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What a call took from the counters before it ran; given back when it is recorded."""
+
+    claims: tuple[Claim, ...]
+    tokens: int
+    cost: float
+
+
+@dataclass(frozen=True, slots=True)
 class UsageTotal:
     """The sums of one group of ledger rows."""
 
@@ -163,18 +195,50 @@ class SqlUsage:
     async def migrate(self) -> None:
         await self.engine.migrate(COMPONENT, MIGRATIONS)
 
-    async def record(self, call: UsageCall, periods: Mapping[str, float] | None = None) -> None:
+    async def record(self, call: UsageCall, periods: Mapping[str, float] | None = None,
+                     release: Reservation | None = None) -> None:
         """Add one call to the ledger and to the counters of ``periods`` (``{"day": start,
-        "month": start}``), in one transaction (committed when this returns)."""
-        await self.engine.write(*self._statements(call, periods))
+        "month": start}``), giving back ``release``, in one transaction (committed when this
+        returns)."""
+        await self.engine.write(*self._statements(call, periods), *_released(release))
 
-    def record_soon(self, call: UsageCall,
-                    periods: Mapping[str, float] | None = None) -> asyncio.Future[int]:
+    def record_soon(self, call: UsageCall, periods: Mapping[str, float] | None = None,
+                    release: Reservation | None = None) -> asyncio.Future[int]:
         """:meth:`record`, handed over without waiting and held to ride with the next commit
         (a run's answer, most often: one commit for both); the future settles once it is
         committed."""
-        return self.engine.queue(run_statements(tuple(self._statements(call, periods))),
-                                 hold=True)
+        return self.engine.queue(run_statements(
+            (*self._statements(call, periods), *_released(release))), hold=True)
+
+    async def reserve(self, claims: tuple[Claim, ...], tokens: int, cost: float,
+                      prompt: int) -> int | None:
+        """Take ``tokens`` and ``cost`` from every claim's counter, or from none: the index of
+        the first claim whose budget has no room (its spent and reserved tokens plus
+        ``prompt`` over its limit, or its money spent), else None. Each counter is taken by
+        one conditional statement, so concurrent reservations, from any instance, queue on
+        the row and each sees the others'."""
+        def change(conn: Any) -> int | None:
+            taken: list[Claim] = []
+            for i, c in enumerate(claims):
+                conn.execute(
+                    "INSERT INTO usage_counters (scope, key, period, start, calls, input_tokens,"
+                    " output_tokens, cached_tokens, cost, unpriced_calls) VALUES"
+                    " (?, ?, ?, ?, 0, 0, 0, 0, 0, 0)"
+                    " ON CONFLICT(scope, key, period, start) DO NOTHING",
+                    (c.scope, c.key, c.period, c.start))
+                got = conn.execute(*_taken(c, tokens, cost, prompt)).rowcount
+                if got != 1:  # no room: what this change took is given back, in it
+                    for sql, params in _released(Reservation(tuple(taken), tokens, cost)):
+                        conn.execute(sql, params)
+                    return i
+                taken.append(c)
+            return None
+        return await self.engine.transact(change)
+
+    async def release(self, reservation: Reservation) -> None:
+        """Give a reservation back without recording a call (its call was never made)."""
+        if reservation.claims:
+            await self.engine.write(*_released(reservation))
 
     def _statements(self, call: UsageCall,
                     periods: Mapping[str, float] | None) -> list[Statement]:
@@ -282,6 +346,35 @@ def scope_key(scope: str, call: UsageCall) -> str:
             return f"{call.provider}:{call.user_id}"
         case _:
             return f"{call.provider}:{call.chat_id}"
+
+
+def _taken(claim: Claim, tokens: int, cost: float, prompt: int) -> Statement:
+    """The one statement that takes a reservation from a claim's counter if it has room."""
+    sql = ("UPDATE usage_counters SET reserved_tokens = reserved_tokens + ?,"
+           " reserved_cost = reserved_cost + ?"
+           " WHERE scope = ? AND key = ? AND period = ? AND start = ?")
+    params: tuple[Any, ...] = (tokens, cost, claim.scope, claim.key, claim.period, claim.start)
+    if claim.tokens is not None:
+        sql += " AND input_tokens + output_tokens + reserved_tokens + ? <= ?"
+        params += (prompt, claim.tokens)
+    if claim.cost is not None:
+        sql += " AND cost + reserved_cost < ?"
+        params += (claim.cost,)
+    return sql, params
+
+
+def _released(reservation: Reservation | None) -> list[Statement]:
+    """The statements that give a reservation back (never below zero: an admin's reset may
+    have cleared the counter meanwhile)."""
+    if reservation is None:
+        return []
+    t, c = reservation.tokens, reservation.cost
+    return [("UPDATE usage_counters SET"
+             " reserved_tokens = CASE WHEN reserved_tokens > ? THEN reserved_tokens - ? ELSE 0 END,"
+             " reserved_cost = CASE WHEN reserved_cost > ? THEN reserved_cost - ? ELSE 0 END"
+             " WHERE scope = ? AND key = ? AND period = ? AND start = ?",
+             (t, t, c, c, claim.scope, claim.key, claim.period, claim.start))
+            for claim in reservation.claims]
 
 
 def _period(since: float | None, until: float | None) -> tuple[str, tuple[Any, ...]]:
