@@ -1,6 +1,8 @@
 """Data tools' library: the DuckDB warehouse of datasets and the read-only SQL sandbox.
 
-No dependency on the rest of Pluto. The runtime's data tools are built on these names.
+No dependency on the rest of Pluto but the shared files (`pluto.runtime.files`: with
+several instances, datasets and artifacts are kept for all of them). The runtime's data tools
+are built on these names.
 Modules: `warehouse` (datasets, scopes, the catalog), `ingest` (files into DuckDB, through
 `loader`, a locked-down child process; its settings in `ingest_limits`), `sandbox` (a query in
 a locked-down child process), `child` (the gate and that process),
