@@ -187,8 +187,8 @@ async def test_a_chart_made_on_a_downloads_through_b(two, tmp_path):
     a, b = two
     async with aiohttp.ClientSession() as http:
         tab = await Tab.open(http, a, agent="charts")
-        await tab.ask("chart the sales by region")
-        [end] = [f for f in tab.of("tool.end")] or [await tab.until("tool.end")]
+        await _ask(tab, "chart the sales by region")
+        [end] = tab.of("tool.end")
         link = end["details"]["image"]
         assert link.startswith("/web/file/") and "/artifacts/" in link
         made = next((tmp_path / "a" / "artifacts").rglob("chart-*.png")).read_bytes()
@@ -232,16 +232,16 @@ async def test_a_csv_sent_on_a_is_queryable_on_b(two, tmp_path):
         assert await a.data.take_uploads(msg, route, session.id, notify) is None
         assert notes == [("Added dataset `orders`: 3 rows × 2 columns. Ask me about it, or try "
                           "`/describe orders`.", "notice")]
-        answer = await tab_b.ask("/sql SELECT count(*) AS n, sum(amount) AS total FROM orders")
+        answer = await _ask(tab_b, "/sql SELECT count(*) AS n, sum(amount) AS total FROM orders")
         assert answer["text"] == "|   n | total |\n| --: | ----: |\n|   3 |  60.5 |\n\n(1 row)"
         assert (tmp_path / "b" / "datasets" / "orders.duckdb").is_file()
-        listed = await tab_b.ask("/datasets")
+        listed = await _ask(tab_b, "/datasets")
         assert "`orders` — 3 rows × 2 columns (sent in this chat)" in listed["text"]
         # removed on A: gone on B at its next look
         scope = a.data.service.scope(route.session_key, ())
         await a.data.service.remove("orders", scope)
         await tab_b.send(type="message", text="/sql SELECT * FROM orders")
-        gone = await tab_b.until("error")
+        gone = await tab_b.until("error", timeout=60)
         assert "orders" in gone["message"] and not (tmp_path / "b" / "datasets" /
                                                  "orders.duckdb").exists()
 
@@ -279,6 +279,29 @@ async def test_a_file_a_platform_delivered_to_a_becomes_a_dataset_on_b(two, tmp_
     assert notes == [("I did not receive lost.csv; please send it again.", "error")]
 
 
+async def test_b_fetches_only_the_datasets_its_chats_see_and_keeps_other_names_free(two,
+                                                                                  tmp_path):
+    a, b = two
+    sa, sb = a.data.service, b.data.service
+    for chat in ("x", "y"):
+        sent = tmp_path / "a" / "uploads" / "t" / chat / "orders.csv"
+        sent.parent.mkdir(parents=True)
+        sent.write_text(f"chat\n{chat}\n")
+        await sa.add_upload(sent, "orders.csv", "text/csv", f"t:{chat}")
+    assert {d.name: d.owner for d in await sa.visible(None)}["orders_2"] == "t:y"
+    seen = await sb.visible(sb.scope("t:y", ()))
+    assert [(d.name, d.owner) for d in seen] == [("orders_2", "t:y")]
+    assert not (tmp_path / "b" / "datasets" / "orders.duckdb").exists()  # chat x's: not here
+    # a third chat sends orders.csv to B: the name chat x holds on A stays x's
+    sent = tmp_path / "b" / "uploads" / "t" / "z" / "orders.csv"
+    sent.parent.mkdir(parents=True)
+    sent.write_text("chat\nz\n")
+    mine = await sb.add_upload(sent, "orders.csv", "text/csv", "t:z")
+    assert mine.name == "orders_3"
+    result = await sa.query("SELECT chat FROM orders_3", sa.scope("t:z", ()))
+    assert list(result.rows) == [("z",)]
+
+
 class _Recording:
     def __init__(self) -> None:
         self.got: list[IncomingMessage] = []
@@ -305,6 +328,12 @@ async def test_an_upload_over_the_cap_is_refused_on_every_instance(two, tmp_path
     assert await b.data.service.visible(b.data.service.scope(owner, ())) == []
 
 
+async def _ask(tab: Tab, text: str) -> dict:
+    """A message's answer (slow under load: a chart imports matplotlib on first use)."""
+    await tab.send(type="message", text=text)
+    return await tab.until("message.final", timeout=60)
+
+
 def _attachment(path: Path) -> Attachment:
     return Attachment(filename=path.name, mime_type="text/csv", size=path.stat().st_size,
                       path=path)
@@ -316,7 +345,7 @@ async def test_the_shared_catalog_is_not_read_without_postgresql(config_dir, tmp
         assert not gw.files.shared and isinstance(gw.store.blobs, LocalBlobs)
         async with aiohttp.ClientSession() as http:
             tab = await Tab.open(http, gw)
-            answer = await tab.ask("/sql SELECT count(*) FROM sales")
+            answer = await _ask(tab, "/sql SELECT count(*) FROM sales")
             assert "2,000" in answer["text"] or "2000" in answer["text"]
     assert "shared file store" not in caplog.text
 

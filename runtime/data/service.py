@@ -154,16 +154,16 @@ class DataService:
         return Scope(owner, allowed)
 
     async def visible(self, scope: Scope | None) -> list[DatasetInfo]:
-        warehouse = await self.synced()
+        warehouse = await self.synced(scope)
         return await asyncio.to_thread(warehouse.list, scope)
 
     async def get(self, name: str, scope: Scope | None) -> DatasetInfo:
-        warehouse = await self.synced()
+        warehouse = await self.synced(scope)
         return await asyncio.to_thread(warehouse.get, name, scope)
 
     async def query(self, sql: str, scope: Scope | None, *, max_rows: int = 1000,
                     csv_path: Path | None = None) -> QueryResult:
-        warehouse = await self.synced()
+        warehouse = await self.synced(scope)
         if self.sweep_due():
             await asyncio.to_thread(self.sweep)
             await self._prune_shared()
@@ -190,9 +190,10 @@ class DataService:
 
     # ---- several instances: datasets in the shared file store ---------------------------
 
-    async def synced(self) -> Warehouse:
+    async def synced(self, scope: Scope | None = None) -> Warehouse:
         """The warehouse, with the datasets other instances loaded or removed since the last
-        look brought here (one query; only the changed files are fetched)."""
+        look brought here (one query): the changed files ``scope`` can see are fetched (all
+        of them without a scope); the names of the others are known, and kept free."""
         warehouse = await self.ready()
         if not self.files.shared:
             return warehouse
@@ -207,11 +208,13 @@ class DataService:
             remote = {key.removeprefix("datasets/").removesuffix(".duckdb"): (sha, meta)
                       for key, _, sha, meta in listed if key.endswith(".duckdb")}
             local = {d.name: d for d in await asyncio.to_thread(warehouse.list)}
+            warehouse.elsewhere = set(remote) - set(local)
             for name, (sha, meta) in remote.items():
                 mine = local.get(name)
                 if mine is not None and (mine.blob == sha or not mine.blob and mine.owner is None):
                     continue  # up to date; or an admin's dataset of this instance
-                await self._adopt(warehouse, name, sha, meta)
+                if _sees(scope, name, meta):
+                    await self._adopt(warehouse, name, sha, meta)
             for name, mine in local.items():
                 if mine.blob and name not in remote:  # removed on another instance
                     await asyncio.to_thread(warehouse.forget, name)
@@ -273,7 +276,7 @@ class DataService:
         same name again replaces the conversation's own dataset of that name. Several
         instances: the dataset is kept in the shared file store too, so that every instance
         can query it (one over the store's caps is refused, and not kept here either)."""
-        await self.synced()
+        await self.synced(self.scope(owner, ()))  # its own datasets: one may be replaced
         info = await asyncio.to_thread(self._add_upload, Path(path), filename, mime_type, owner)
         if self.files.shared:
             info = await self._share_dataset(info)
@@ -357,7 +360,7 @@ class DataService:
         return deleted
 
     async def remove(self, name: str, scope: Scope | None) -> None:
-        warehouse = await self.synced()
+        warehouse = await self.synced(scope)
         dataset = await asyncio.to_thread(warehouse.get, name, scope)
         await asyncio.to_thread(warehouse.remove, name, scope)
         if dataset.blob:
@@ -386,6 +389,21 @@ class DataService:
 
 def _dataset_key(name: str) -> str:
     return f"datasets/{name}.duckdb"
+
+
+def _sees(scope: Scope | None, name: str, meta: str) -> bool:
+    """Whether ``scope`` sees a dataset kept in the shared file store (its catalog entry)."""
+    import json
+
+    if scope is None:
+        return True
+    try:
+        owner = json.loads(meta).get("owner")
+    except (ValueError, AttributeError):
+        return False
+    if owner is not None:
+        return owner == scope.session_id
+    return scope.allowed == "*" or name in scope.allowed
 
 
 def _remove_empty_dirs(top: Path, settle: float = 3600.0) -> None:

@@ -105,6 +105,7 @@ class Warehouse:
         self._catalog = self.root / "catalog.json"
         self._mutex = threading.Lock()
         self._pending: set[str] = set()
+        self.elsewhere: set[str] = set()  # several instances: names taken by datasets not here
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -214,7 +215,7 @@ class Warehouse:
 
     def _claim(self, name: str | None, source: Path, owner: str | None, replace: bool) -> str:
         with self._locked():
-            taken = set(self._read()) | self._pending
+            taken = set(self._read()) | self._pending | self.elsewhere
             if name is None:
                 base = name = dataset_name(source)
                 counter = 2
