@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from pluto.errors import StorageUnavailable
 from pluto.runtime.data import DataService
 from pluto.runtime.files import SharedFiles
 from pluto.runtime.model import ToolCall
@@ -202,6 +203,18 @@ async def test_a_chart_made_on_a_downloads_through_b(two, tmp_path):
         on_b = await Tab.open(http, b, token=tab.ready["token"], agent="charts")
         [shown] = [m for m in on_b.history if m["role"] == "tool"]
         assert shown["details"]["image"] == link
+        # the database cannot be read: a clear 503 to retry, no stack trace, nothing cached
+        (tmp_path / "b" / rel).unlink()
+
+        async def unreachable(key: str, dest: Path) -> bool:
+            raise StorageUnavailable("the database cannot be reached")
+
+        b.files.blobs.fetch = unreachable  # type: ignore[method-assign]
+        async with http.get(url(b, link)) as resp:
+            assert resp.status == 503 and resp.headers["Retry-After"] == "5"
+            assert await resp.json() == {"error": "The file cannot be read right now; try "
+                                                  "again shortly."}
+        assert not (tmp_path / "b" / rel).exists()
         forged = link.replace(link.split("/")[3], "A" * 32)
         for bad in (forged, link.rsplit("/", 1)[0] + "/../../pluto.db",
                     link.replace("/artifacts/", "/datasets/")):
