@@ -265,11 +265,17 @@ async def test_a_file_a_platform_delivered_to_a_becomes_a_dataset_on_b(two, tmp_
     sent = tmp_path / "a" / "uploads" / "telegram" / "42" / "Q3 Sales.csv"
     sent.parent.mkdir(parents=True)
     sent.write_text("region,amount\nnorth,5\nsouth,7\n")
+    photo = sent.with_name("photo.jpg")
+    photo.write_bytes(b"\xff\xd8 a photo")
     msg = IncomingMessage(provider="telegram", chat_id="42", user_id="7", text="",
-                          attachments=(_attachment(sent),))
+                          attachments=(_attachment(sent), Attachment(
+                              filename="photo.jpg", mime_type="image/jpeg", path=photo)))
     handed = UploadsFirst(_Recording(), a.files)
     await handed.submit(msg)
     assert handed.intake.got == [msg]  # type: ignore[attr-defined]
+    # only what an answer reads is kept for every instance
+    assert [k for k, *_ in await a.store.blobs.listing("uploads/")] == [
+        "uploads/telegram/42/Q3 Sales.csv"]
     text = sent.read_text()
     sent.unlink()  # B runs elsewhere: A's disk is not B's
     notes: list[tuple[str, str]] = []

@@ -1,6 +1,7 @@
-"""Several instances: the files a message carries are kept in the shared file store before
-the message is recorded, because another instance may be the one that answers it (it fetches
-them into its own data dir when it needs them: :meth:`pluto.runtime.files.SharedFiles.local`).
+"""Several instances: the data files a message carries (those that become datasets, the only
+files an answer reads) are kept in the shared file store before the message is recorded,
+because another instance may be the one that answers it (it fetches them into its own data dir
+when it needs them: :meth:`pluto.runtime.files.SharedFiles.local`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 
 from pluto.errors import StorageError
 from pluto.gateway.ports import Intake, Ticket
+from pluto.runtime.data.service import is_data_file
 from pluto.runtime.files import SharedFiles
 from pluto.types import IncomingMessage
 
@@ -32,11 +34,12 @@ class UploadsFirst:
         return await self.intake.offer(msg)
 
     async def keep(self, msg: IncomingMessage) -> None:
-        """Publish each attachment the provider saved in the data dir. One that cannot be
+        """Publish each data file the provider saved in the data dir. One that cannot be
         kept (over a cap, storage down) is logged: the message still goes, and an instance
         without the file tells the user to send it again."""
         for attachment in msg.attachments:
-            if attachment.path is None or self.files.key(attachment.path) is None:
+            if attachment.path is None or self.files.key(attachment.path) is None or \
+                    not is_data_file(attachment.filename, attachment.mime_type):
                 continue
             try:
                 await self.files.publish(attachment.path)
