@@ -66,6 +66,9 @@ class McpServer(BaseModel):
     prefix: str | None = None
     connect_timeout: float = Field(default=15.0, gt=0, le=300)
     call_timeout: float = Field(default=60.0, gt=0, le=3600)
+    # a stdio server runs inside bubblewrap (its own PID namespace: the gateway's /proc is out
+    # of its reach) when bwrap is installed; false runs it as a plain child (docs/security.md)
+    sandbox: bool = True
 
     @field_validator("env", "headers")
     @classmethod
@@ -131,7 +134,7 @@ class McpServerSpec:
         s = self.settings
         return repr((s.command, tuple(s.args), str(self.cwd) if self.cwd else None,
                      tuple(sorted(s.env.items())), s.url, tuple(sorted(s.headers.items())),
-                     s.connect_timeout, s.call_timeout))
+                     s.connect_timeout, s.call_timeout, s.sandbox))
 
 
 @dataclass(frozen=True, slots=True)

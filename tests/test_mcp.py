@@ -33,7 +33,11 @@ KEY = "sk-mcp-test"
 
 
 def demo(*extra: str, **settings: object) -> dict:
-    """A stdio server entry for agent.yaml running tests/mcp_servers/demo.py."""
+    """A stdio server entry for agent.yaml running tests/mcp_servers/demo.py (inside bubblewrap,
+    except when a test kills or watches it by its process id, which bwrap's own PID namespace
+    would hide)."""
+    if "--pid-file" in extra:
+        settings = {"sandbox": False, **settings}
     return {"command": sys.executable, "args": ["-m", "tests.mcp_servers.demo", *extra],
             "cwd": str(ROOT), **settings}
 
@@ -595,7 +599,7 @@ async def test_a_run_stopped_while_its_server_starts_leaves_nothing_behind(tmp_p
     script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); " \
              "time.sleep(120)"
     spec = agent(tmp_path, {"mute": {"command": sys.executable, "args": ["-c", script],
-                                     "connect_timeout": 60}})
+                                     "connect_timeout": 60, "sandbox": False}})  # (by pid)
     async with McpHub() as hub:
         starting = asyncio.create_task(hub.tools_for(spec))
         pid = int(await wait_for_file(pid_file))

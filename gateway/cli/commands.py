@@ -19,6 +19,7 @@ from pluto.gateway.cli.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from pluto.settings import PlutoConfig, data_dir_for, load_pluto_config
 from pluto.types import IncomingMessage
 from pluto.gateway.logs import setup_logging
+from pluto.gateway.secrecy import protect as protect_secrets
 from pluto.gateway.ports import Provider, ProviderContext
 from pluto.gateway.provider_registry import provider_class
 from pluto.settings import ProviderConfig
@@ -43,10 +44,12 @@ def dispatch(args: argparse.Namespace) -> int:
         case "agents":
             return _agents(args, config, data_dir)
         case "chat":
+            protect_secrets(config.secret_names())  # (docs/security.md)
             return _guarded(_chat(args, config, data_dir))
         case "run":
             return _guarded(_run(args, config, data_dir))
         case "serve":
+            protect_secrets(config.secret_names())
             return _guarded(_serve(args, config, data_dir))
         case "routes":
             from pluto.gateway.cli.routes import routes_command

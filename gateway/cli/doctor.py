@@ -62,6 +62,7 @@ def doctor_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path
         if (files := fdpolicy.describe()) is not None:
             checks.append(Check("open files", True, files))
         checks.append(asyncio.run(_storage(config, data_dir)))
+        checks.append(_mcp_sandbox())
         checks += asyncio.run(_providers(args, config, data_dir))
         checks += asyncio.run(_models(args, config))
     for check in checks:
@@ -110,6 +111,16 @@ def _data_dir(data_dir: Path) -> Check:
         return Check("data dir", False, f"{data_dir} has only {free:,} MB free; free some "
                      "space or move data_dir.")
     return Check("data dir", True, f"{data_dir} (writable{f', {free:,} MB free' if free else ''})")
+
+
+def _mcp_sandbox() -> Check:
+    """bubblewrap keeps stdio MCP servers out of the gateway's reach (docs/security.md);
+    without it only prctl does, which root's servers ignore: a failure as root."""
+    from pluto.runtime.mcp.sandbox import MISSING, bwrap_path
+
+    if (bwrap := bwrap_path()) is not None:
+        return Check("mcp sandbox", True, f"{bwrap}: stdio MCP servers run in bubblewrap")
+    return Check("mcp sandbox", os.geteuid() != 0, MISSING + ".")
 
 
 def _free_mb(path: Path) -> int | None:

@@ -34,6 +34,7 @@ from mcp.client.subscriptions import ListenNotSupportedError
 
 import pluto
 from pluto.agents.toolspec import McpServerSpec
+from pluto.runtime.mcp import sandbox
 from pluto.runtime.tools import ToolError
 
 log = logging.getLogger(__name__)
@@ -226,7 +227,12 @@ class McpConnection:
             return Client(streamable_http_client(s.url, http_client=http), **common)
         assert s.command is not None
         env = {name: self._env(var) for name, var in s.env_vars().items()}
-        params = StdioServerParameters(command=s.command, args=list(s.args), env=env or None,
+        command, args = s.command, list(s.args)
+        if s.sandbox and sandbox.bwrap_path() is not None:  # out of the gateway's reach
+            command, args = sandbox.sandboxed(command, args, self.spec.cwd)
+        elif s.sandbox:
+            sandbox.warn_unconfined(self.name)
+        params = StdioServerParameters(command=command, args=args, env=env or None,
                                        cwd=self.spec.cwd)
         return Client(stdio_client(params, errlog=self._errlog(stack)), **common)
 
