@@ -220,8 +220,19 @@ async def test_three_instances_one_killed_every_message_answered_once_in_order(
             missing = {n: ROUNDS - len(complete(n)) for n in chats.names()
                        if len(complete(n)) < ROUNDS}
             assert not missing, f"chats still missing answers: {missing}"
-            leftovers = late = 0
+            leftovers = late = resent = 0
+            flagged = sum(serve.log.read_text(errors="replace").count(
+                "may have been delivered") for i, serve in enumerate(instances) if i != victim)
             for name in chats.names():
+                if fault == "pause" and len(complete(name)) > ROUNDS:
+                    # a send the stopped instance had in flight: the platform took it, the
+                    # instance could not record so, and a survivor sent it again — said in its
+                    # log ("may have been delivered"); no bot API tells which (docs/delivery.md)
+                    once = list(dict.fromkeys(complete(name)))
+                    resent += len(complete(name)) - len(once)
+                    assert once == expected[name] or (name.startswith("sl") and sorted(
+                        once) == sorted(expected[name])), (name, chats.shown(name))
+                    continue
                 if fault == "pause" and name.startswith("sl") and \
                         complete(name) != expected[name]:
                     # a Slack event posted to the stopped instance waits there until Slack
@@ -235,6 +246,7 @@ async def test_three_instances_one_killed_every_message_answered_once_in_order(
                     if text not in expected[name]:  # a preview cut off by the kill
                         assert any(a.startswith(text) for a in expected[name]), (name, text)
                         leftovers += 1
+            assert resent <= flagged, (resent, flagged)
             assert sum(len(v) for v in expected.values()) == 2 * CHATS * ROUNDS == 300
             if telegram_mode == "polling":
                 holder = await lease_holder(db_url, "provider:telegram")
@@ -248,9 +260,10 @@ async def test_three_instances_one_killed_every_message_answered_once_in_order(
                     assert "Traceback" not in log, log[-3000:]
                     for secret in (telegram.token, slack.bot_token, slack.signing_secret):
                         assert secret not in log
-            print(f"cluster ({telegram_mode}, {fault}): 300 answered once, in order but "
-                  f"in {late} Slack chat(s) whose event reached the stopped instance; "
-                  f"{leftovers} partial preview(s) left by the stopped instance")
+            print(f"cluster ({telegram_mode}, {fault}): 300 answered, in order but in {late} "
+                  f"Slack chat(s) whose event reached the stopped instance; {resent} sent "
+                  f"again after an unknown outcome ({flagged} flagged); {leftovers} partial "
+                  f"preview(s) left by the stopped instance")
         except BaseException:
             for i, serve in enumerate(instances):
                 print(f"--- instance {i} ---\n{serve.tail()}")
