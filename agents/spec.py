@@ -60,6 +60,9 @@ class LongTermMemory(_Strict):
     scope: Literal["user", "chat", "agent"] = "user"
     max_chars: int = Field(default=4_000, ge=100, le=200_000)
     groups: bool = False  # scope user: a user's notes also enter group chats they write in
+    # scope agent: who may add notes from a conversation ("provider:user", "*": anyone); the
+    # rest only read them, and admins edit them with `pluto memory` (docs/security.md)
+    writers: list[str] = Field(default_factory=list)
 
 
 class ShortTermMemory(_Strict):

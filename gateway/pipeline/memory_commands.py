@@ -49,8 +49,10 @@ class MemoryCommands:
             if not rest.strip():
                 return Failed("Say what to forget: `/memory forget <words of the note>`, or "
                               "`/memory forget all`.")
+            # shared notes (a chat's, the agent's): each person forgets only what they wrote
+            mine = None if owner.scope == "user" else f"{msg.provider}:{msg.user_id}"
             try:
-                memory = await self.book.edit(owner, lambda m: forget(m, rest), op="forget",
+                memory = await self.book.edit(owner, lambda m: forget(m, rest, mine), op="forget",
                                               by=f"user {msg.provider}:{msg.user_id}",
                                               why="/memory forget in the chat")
             except MemoryRefused as e:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pluto.agents.spec import AgentSpec
-from pluto.runtime.memory import Speaker, owner_for, prompt_block
+from pluto.runtime.memory import Speaker, may_write, owner_for, prompt_block, writer_of
 from pluto.runtime.memory.compaction import SUMMARY_HEAD, Summarizer, context_for
 from pluto.runtime.memory.notes import NoteBook
 from pluto.runtime.memory.tools import MEMORY_TOOLS, memory_tools, search_tool
@@ -51,9 +51,12 @@ async def prepare(agent: AgentSpec, *, session_id: str, session_key: str, run_id
     owner = owner_for(agent, speaker)
     if spec.long_term is not None and owner is not None:
         notes = await book.read(owner)
-        system.append(prompt_block(notes, spec.long_term.max_chars))
-        if not notes.problem:
-            tools.update(memory_tools(book, owner, spec.long_term.max_chars))
+        writer = writer_of(speaker)
+        writable = not notes.problem and may_write(agent, owner, writer)
+        system.append(prompt_block(notes, spec.long_term.max_chars, writable))
+        if writable:  # each note records its writer; shared notes change only by theirs
+            tools.update(memory_tools(book, owner, spec.long_term.max_chars,
+                                      None if owner.scope == "user" else writer, writer))
     messages, usage, notice = None, None, None
     if history is not None:
         tools["search_history"] = search_tool(history, session_key)

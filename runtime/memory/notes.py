@@ -37,7 +37,7 @@ MAX_NOTE_CHARS = 500
 MAX_FILE_BYTES = 256_000  # beyond this a file is not read as memory (reported instead)
 HEADER = ("<!-- Kept by Pluto: one note per line, starting with \"- \". You may edit this file;"
           " every change is kept as a revision (pluto memory diff). -->")
-_NOTE = re.compile(r"^- (.*\S)\s*$")
+_NOTE = re.compile(r"^- (.*?\S)\s*(?:<!-- by (\S+) -->)?\s*$")  # a note, and who wrote it
 
 
 class MemoryRefused(PlutoError):
@@ -98,6 +98,7 @@ class Memory:
     text: str  # the whole file ("" when there is none)
     notes: tuple[str, ...]
     problem: str | None = None  # the file is unreadable: why (text and notes are empty)
+    writers: tuple[str, ...] = ()  # who wrote each note ("provider:user"; "" by hand, admin)
 
     @property
     def chars(self) -> int:
@@ -126,23 +127,72 @@ _INJECTION = [
 ]
 
 
-def check_note(text: str) -> str:
-    """The note as it will be kept (one line), or MemoryRefused with the reason."""
+def check_note(text: str, before: str = "") -> str:
+    """The note as it will be kept (one line), or MemoryRefused with the reason. ``before``:
+    the note it will follow (a secret split across two notes is caught joined)."""
     note = " ".join(str(text).split())
     if not note:
         raise MemoryRefused("a note cannot be empty")
     if len(note) > MAX_NOTE_CHARS:
         raise MemoryRefused(f"a note is at most {MAX_NOTE_CHARS} characters ({len(note)} given);"
                             f" keep only what matters")
-    for pattern, what in _SECRETS:
-        if pattern.search(note):
-            raise MemoryRefused(f"not saved: the note contains {what}, and secrets are never "
-                                f"kept in memory")
-    for pattern in _INJECTION:
-        if pattern.search(note):
-            raise MemoryRefused("not saved: the note reads like instructions to the assistant "
-                                "(a prompt-injection marker); memory keeps facts, not orders")
+    if "<!--" in note or "-->" in note:
+        raise MemoryRefused("not saved: a note cannot hold HTML comments")
+    problem = screen(note) or (screen(before + note) or screen(f"{before} {note}")
+                               if before else None)
+    if problem is not None:
+        raise MemoryRefused(problem)
     return note
+
+
+_ZERO_WIDTH = dict.fromkeys(map(ord, "\u00ad\u200b\u200c\u200d\u200e\u200f\u2060\ufeff"))
+_HOMOGLYPHS = str.maketrans(  # Cyrillic and Greek letters that look Latin
+    "аеорсухіјѕкмтнвАЕОРСХІЈЅКМТНВУαεορκντιυχΑΕΟΡΚΝΤΙΥΧΒΜΗΖ",
+    "aeopcyxijskmthbAEOPCXIJSKMTHBYaeopkvtiuxAEOPKNTIYXBMHZ")
+_B64 = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
+_HEX = re.compile(r"\b(?:[0-9a-fA-F]{2}[ :]?){8,}\b")
+
+
+def _decoded(text: str) -> list[str]:
+    """What base64 and hex runs in ``text`` decode to, when that is text."""
+    import base64
+    import binascii
+    out = []
+    for m in _B64.finditer(text):
+        run = m.group(0)
+        for decode in (base64.b64decode, base64.urlsafe_b64decode):
+            try:
+                out.append(decode(run + "=" * (-len(run) % 4)).decode("utf-8"))
+                break
+            except (binascii.Error, ValueError):
+                continue
+    for m in _HEX.finditer(text):
+        try:
+            out.append(bytes.fromhex(re.sub(r"[ :]", "", m.group(0))).decode("utf-8"))
+        except ValueError:
+            continue
+    return [d for d in out if d.isprintable()]
+
+
+def screen(text: str) -> str | None:
+    """Why ``text`` must not be kept or shown as memory (a secret or an injection, also
+    base64- or hex-encoded, spelled with look-alike letters or zero-width characters, or spaced
+    out), or None when it may."""
+    import unicodedata
+    plain = unicodedata.normalize("NFKC", text).translate(_ZERO_WIDTH).translate(_HOMOGLYPHS)
+    squashed = re.sub(r"[\s.·•|]+", "", plain)
+    variants = [text, plain, *_decoded(plain), *_decoded(squashed)]
+    for variant in variants:
+        for pattern, what in _SECRETS:
+            if pattern.search(variant):
+                return (f"not saved: the note contains {what}, and secrets are never kept in "
+                        f"memory")
+        if any(p.search(variant) for p in _INJECTION):
+            return ("not saved: the note reads like instructions to the assistant (a "
+                    "prompt-injection marker); memory keeps facts, not orders")
+    if any(p.search(squashed) for p, _ in _SECRETS[:7]):  # key-shaped, even when spaced out
+        return "not saved: the note contains what looks like a key, and secrets are never kept"
+    return None
 
 
 # the file ------------------------------------------------------------------------------------
@@ -157,21 +207,27 @@ def parse(owner: Owner, raw: bytes) -> Memory:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         return Memory(owner, "", (), f"the file is not UTF-8 text (byte {e.start})")
-    notes = tuple(m.group(1) for line in text.splitlines() if (m := _NOTE.match(line)))
-    return Memory(owner, text, notes)
+    found = [m for line in text.splitlines() if (m := _NOTE.match(line))]
+    return Memory(owner, text, tuple(m.group(1) for m in found),
+                  writers=tuple(_unquote(m.group(2) or "") for m in found))
 
 
 def _new_file(owner: Owner) -> str:
     return f"# Memory: {owner.label()}\n{HEADER}\n\n"
 
 
-def _find(memory: Memory, match: str) -> int:
-    """The line number of the one note containing ``match`` (case-insensitive)."""
+def _find(memory: Memory, match: str, writer: str | None = None) -> int:
+    """The line number of the one note containing ``match`` (case-insensitive); with
+    ``writer``, only that writer's notes count."""
     needle = " ".join(match.split()).casefold()
     if not needle:
         raise MemoryRefused("say which note: a few words it contains")
     lines = memory.text.splitlines()
-    notes = {i: m.group(1) for i, line in enumerate(lines) if (m := _NOTE.match(line))}
+    notes = {i: m.group(1) for i, line in enumerate(lines) if (m := _NOTE.match(line))
+             and (writer is None or _unquote(m.group(2) or "") == writer)}
+    if writer is not None and not notes:
+        raise MemoryRefused("there is no note of yours (each person changes only the notes "
+                            "they wrote)")
     hits = [i for i, note in notes.items() if needle in note.casefold()]
     exact = [i for i in hits if notes[i].casefold() == needle]
     if len(exact) == 1:
@@ -191,8 +247,14 @@ def _with_lines(text: str, lines: list[str]) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def remember(memory: Memory, note: str, max_chars: int) -> str:
-    note = check_note(note)
+def _line(note: str, writer: str | None) -> str:
+    """A note's line, with its writer when known (an HTML comment: hidden when rendered)."""
+    return f"- {note} <!-- by {quote(writer, safe=':@+_-')} -->" if writer else f"- {note}"
+
+
+def remember(memory: Memory, note: str, max_chars: int, writer: str | None = None) -> str:
+    """The text with ``note`` added, written by ``writer`` (None: an admin, by hand)."""
+    note = check_note(note, memory.notes[-1] if memory.notes else "")
     if note.casefold() in (n.casefold() for n in memory.notes):
         raise MemoryRefused("already remembered: " + note)
     if memory.chars + len(note) > max_chars:
@@ -201,26 +263,35 @@ def remember(memory: Memory, note: str, max_chars: int) -> str:
     text = memory.text or _new_file(memory.owner)
     if not text.endswith("\n"):
         text += "\n"
-    return text + f"- {note}\n"
+    return text + _line(note, writer) + "\n"
 
 
-def replace(memory: Memory, old: str, new: str, max_chars: int) -> str:
-    note = check_note(new)
+def replace(memory: Memory, old: str, new: str, max_chars: int,
+            writer: str | None = None) -> str:
+    """The text with one note changed (with ``writer``: one of theirs only)."""
     lines = memory.text.splitlines()
-    i = _find(memory, old)
+    i = _find(memory, old, writer)
+    earlier = [m.group(1) for ln in lines[:i] if (m := _NOTE.match(ln))]
+    note = check_note(new, earlier[-1] if earlier else "")
     before = _NOTE.match(lines[i]).group(1)  # type: ignore[union-attr]
     if memory.chars - len(before) + len(note) > max_chars:
         raise MemoryRefused(f"memory is full ({memory.chars:,} of {max_chars:,} characters): "
                             f"forget a note first")
-    lines[i] = f"- {note}"
+    lines[i] = _line(note, writer or _unquote(_NOTE.match(lines[i]).group(2) or ""))  # type: ignore[union-attr]
     return _with_lines(memory.text, lines)
 
 
-def forget(memory: Memory, match: str) -> str:
+def forget(memory: Memory, match: str, writer: str | None = None) -> str:
+    """The text without one note, or all (with ``writer``: of their own notes only)."""
     lines = memory.text.splitlines()
     if match.strip().casefold() in ("all", "everything", "*"):
-        return _with_lines(memory.text, [ln for ln in lines if not _NOTE.match(ln)])
-    del lines[_find(memory, match)]
+        kept = [ln for ln in lines if not (m := _NOTE.match(ln)) or (
+            writer is not None and _unquote(m.group(2) or "") != writer)]
+        if writer is not None and len(kept) == len(lines) and memory.notes:
+            raise MemoryRefused("there is no note of yours (each person changes only the "
+                                "notes they wrote)")
+        return _with_lines(memory.text, kept)
+    del lines[_find(memory, match, writer)]
     return _with_lines(memory.text, lines)
 
 

@@ -20,7 +20,10 @@ if TYPE_CHECKING:
 MEMORY_TOOLS = ("memory_remember", "memory_replace", "memory_forget")
 
 
-def memory_tools(book: NoteBook, owner: Owner, max_chars: int) -> dict[str, Tool]:
+def memory_tools(book: NoteBook, owner: Owner, max_chars: int, only: str | None = None,
+                 writer: str | None = None) -> dict[str, Tool]:
+    """The tools, writing as ``writer``; with ``only``, replace and forget touch only the
+    notes that writer wrote (shared notes: a chat's, the agent's)."""
     whose = {"user": "the person you are talking to", "chat": "this chat",
              "agent": "all your conversations"}[owner.scope]
 
@@ -42,7 +45,7 @@ def memory_tools(book: NoteBook, owner: Owner, max_chars: int) -> dict[str, Tool
             note: The fact, in one short sentence (e.g. "Prefers answers in French").
             why: Why it is worth keeping (kept with the revision).
         """
-        return await edit(ctx, "remember", why, lambda m: remember(m, note, max_chars))
+        return await edit(ctx, "remember", why, lambda m: remember(m, note, max_chars, writer))
 
     @tool(name="memory_replace")
     async def memory_replace(ctx: ToolContext, old: str, new: str, why: str = "") -> ToolResult:
@@ -53,7 +56,7 @@ def memory_tools(book: NoteBook, owner: Owner, max_chars: int) -> dict[str, Tool
             new: The note as it should read now.
             why: Why it changed.
         """
-        return await edit(ctx, "replace", why, lambda m: replace(m, old, new, max_chars))
+        return await edit(ctx, "replace", why, lambda m: replace(m, old, new, max_chars, only))
 
     @tool(name="memory_forget")
     async def memory_forget(ctx: ToolContext, note: str, why: str = "") -> ToolResult:
@@ -63,7 +66,7 @@ def memory_tools(book: NoteBook, owner: Owner, max_chars: int) -> dict[str, Tool
             note: Words of the note to remove, enough to name exactly one.
             why: Why it goes.
         """
-        return await edit(ctx, "forget", why, lambda m: forget(m, note))
+        return await edit(ctx, "forget", why, lambda m: forget(m, note, only))
 
     tools = (memory_remember, memory_replace, memory_forget)
     return {t.name: Tool(t.name, t.description.replace("{whose}", whose), t.parameters, t.fn)
