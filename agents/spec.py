@@ -157,7 +157,7 @@ def load_agent(agent_dir: Path, key_envs: Collection[str] = (),
         raise doc.problem(("api_key_env",), f"{spec.api_key_env} is not a variable agents may "
                           f"use (pluto.yaml agents.api_key_envs allows: {allowed})")
     check_tools(doc, spec.tools, known_tools)
-    mcp = check_mcp(doc, agent_dir, spec.mcp, key_envs)
+    mcp = check_mcp(doc, agent_dir, spec.mcp, key_envs, known_tools)
     skills = load_skills(doc, agent_dir, spec.skills)
     instructions = _read_instructions(doc, agent_dir, spec.instructions)
     if skills:

@@ -148,7 +148,10 @@ class Skill:
 
 
 def check_mcp(doc: YamlDoc, agent_dir: Path, servers: dict[str, McpServer],
-              key_envs: Collection[str]) -> tuple[McpServerSpec, ...]:
+              key_envs: Collection[str],
+              known_tools: Collection[str] | None = None) -> tuple[McpServerSpec, ...]:
+    """The servers, checked; an allowlisted tool that would take a built-in tool's name (the
+    ``known_tools``, and :data:`RESERVED_TOOLS`) is an error naming both."""
     out = []
     for name, server in servers.items():
         if not SERVER_NAME_RE.fullmatch(name):
@@ -168,8 +171,24 @@ def check_mcp(doc: YamlDoc, agent_dir: Path, servers: dict[str, McpServer],
             if _find_command(server.command, cwd) is None:
                 raise doc.problem(("mcp", name, "command"),
                                   f"command not found: {server.command}")
-        out.append(McpServerSpec(name, server, cwd))
+        spec = McpServerSpec(name, server, cwd)
+        taken = {*(known_tools or ()), *RESERVED_TOOLS}
+        for tool in server.tools or ():
+            if spec.prefix + tool in taken:
+                raise doc.problem(("mcp", name, "tools"),
+                                  clash_sentence(name, tool, spec.prefix + tool))
+        out.append(spec)
     return tuple(out)
+
+
+# tools the runtime adds itself (memory, history search, skills): never an MCP tool's name
+RESERVED_TOOLS = ("memory_remember", "memory_replace", "memory_forget", "search_history",
+                  "load_skill")
+
+
+def clash_sentence(server: str, tool: str, builtin: str) -> str:
+    return (f"the MCP server {server}'s tool {tool!r} would be called {builtin}, the name of "
+            f"the built-in tool {builtin}: give the server a prefix (prefix: {server}_)")
 
 
 def _find_command(command: str, cwd: Path) -> str | None:

@@ -66,6 +66,7 @@ class McpConnection:
         self.state: State = "idle"
         self.error: str | None = None  # the last failure, in plain words (never a secret)
         self.tools: list[types.Tool] = []  # the last known list, also while the server is down
+        self.clashes: dict[str, str] = {}  # its tools not loaded: named like a built-in (why)
         self.version = 0  # incremented whenever the tool list changes
         self.failures = 0
         self.retry_at = 0.0
@@ -368,6 +369,8 @@ class McpConnection:
                                "calls": self.in_flight}
         if self.error and self.state != "ready":
             out["error"] = self.error
+        if self.clashes:
+            out["tools_not_loaded"] = sorted(self.clashes.values())
         return out
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import mcp_types as types
 
-from pluto.agents.toolspec import McpServerSpec
+from pluto.agents.toolspec import RESERVED_TOOLS, McpServerSpec, clash_sentence
 from pluto.runtime.mcp.connection import McpConnection, McpUnavailable
 from pluto.runtime.tools import Tool, ToolContext, ToolResult
 
@@ -43,6 +43,12 @@ class McpTool(Tool):
         return out if isinstance(out, ToolResult) else ToolResult(str(out))
 
 
+def builtin_clash(name: str) -> str | None:
+    """The built-in tool an MCP tool called ``name`` would replace, if any."""
+    from pluto.runtime.catalog import standard_tools
+    return name if name in standard_tools() or name in RESERVED_TOOLS else None
+
+
 def tools_of(spec: McpServerSpec, conn: McpConnection,
              narrowed: tuple[str, ...] | None) -> dict[str, Tool]:
     """The server's tools this agent may use, by the names the model sees."""
@@ -58,6 +64,11 @@ def tools_of(spec: McpServerSpec, conn: McpConnection,
             log.warning("mcp %s: tool %r skipped: its name %r is too long or taken", spec.name,
                         t.name[:80], name[:80])
             continue
+        if (clash := builtin_clash(name)) is not None:  # never a silent replacement
+            if t.name not in conn.clashes:
+                conn.clashes[t.name] = clash_sentence(spec.name, t.name, clash)
+                log.error("mcp %s: not loaded: %s", spec.name, conn.clashes[t.name])
+            continue
         if narrowed is not None and name not in narrowed and spec.name not in narrowed:
             continue
         out[name] = McpTool(name, _description(spec, t), _parameters(t.input_schema),
@@ -72,6 +83,8 @@ def _unavailable(spec: McpServerSpec, conn: McpConnection, allow: list[str],
     out: dict[str, Tool] = {}
     for tool in allow:
         name = spec.prefix + re.sub(r"[^A-Za-z0-9_-]", "_", tool)
+        if builtin_clash(name) is not None:
+            continue
         if TOOL_NAME_RE.fullmatch(name) and (narrowed is None or name in narrowed
                                               or spec.name in narrowed):
             out[name] = McpTool(name, f"Unavailable right now ({conn.error}); from the "
