@@ -86,7 +86,7 @@ class AgentFile(_Strict):
 
     name: str | None = None
     description: str = ""
-    model: str = "default"
+    model: str = Field(default="default", min_length=1, pattern=r"\S")
     api_base: str | None = None
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -146,6 +146,9 @@ def load_agent(agent_dir: Path, key_envs: Collection[str] = (),
     doc = YamlDoc(path)
     if doc.data is not None and not isinstance(doc.data, dict):
         raise ConfigError([(doc.name, 1, "", "expected a mapping (description, model, ...)")])
+    if not doc.data:  # (a file emptied mid-edit would leave the agent without instructions)
+        raise ConfigError([(doc.name, 1, "", "the file is empty: write at least model: and "
+                            "instructions: (an agent that says nothing is never applied)")])
     try:  # validated as written: no ${NAME} expansion in agent files
         spec = AgentFile.model_validate(doc.data if doc.data is not None else {})
     except ValidationError as e:

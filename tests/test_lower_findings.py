@@ -52,3 +52,28 @@ async def test_a_served_mcp_tool_named_like_a_builtin_is_not_loaded_and_said(tmp
         "tool run_sql: give the server a prefix (prefix: db_)"]
     assert sum("not loaded" in r.getMessage() for r in caplog.records
                if r.levelno == logging.ERROR) == 2
+
+
+# agent files refused on reload --------------------------------------------------------------
+
+@pytest.mark.parametrize("broken", ["", "# nothing but a comment\n", "model: ''\n",
+                                    "model: '   '\ninstructions: [a.md]\n"])
+def test_an_empty_or_model_less_agent_file_is_refused_on_reload_and_the_last_good_kept(
+        tmp_path, broken):
+    from pluto.agents.registry import AgentRegistry
+
+    d = tmp_path / "agents" / "helper"
+    d.mkdir(parents=True)
+    (d / "a.md").write_text("Answer in French.")
+    (d / "agent.yaml").write_text("model: default\ninstructions: [a.md]\n")
+    registry = AgentRegistry(tmp_path / "agents")
+    assert registry.get("helper").instructions == "Answer in French."
+    (d / "agent.yaml").write_text(broken)
+    registry.forget("helper")  # look at the files again now
+    kept = registry.get("helper")
+    assert kept.model == "default" and kept.instructions == "Answer in French."
+    assert "helper" in registry.errors
+    problem = str(registry.errors["helper"])
+    assert "the file is empty" in problem or "model:" in problem
+    with pytest.raises(ConfigError):  # and never loaded fresh
+        registry.load_fresh("helper")
