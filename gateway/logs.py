@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pluto.runtime.tracing import current_trace
+from pluto.redaction import redact_urls
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -50,9 +51,10 @@ def mask_record(record: logging.LogRecord, secrets: Iterable[str], placeholder: 
         record.exc_text = logging.Formatter().formatException(record.exc_info)
     exc = record.exc_text or ""
     found = [s for s in secrets if s in text or s in exc]
-    if found:
-        for secret in sorted(found, key=len, reverse=True):
-            text, exc = text.replace(secret, placeholder), exc.replace(secret, placeholder)
+    for secret in sorted(found, key=len, reverse=True):
+        text, exc = text.replace(secret, placeholder), exc.replace(secret, placeholder)
+    text, exc = redact_urls(text), redact_urls(exc)  # a URL's password, ?password=…
+    if found or text != record.getMessage() or exc != (record.exc_text or ""):
         record.msg, record.args, record.exc_text = text, None, exc or None
 
 
@@ -70,8 +72,7 @@ class MaskSecrets(logging.Filter):
         self.secrets.update(s for s in secrets if s and len(s) >= 6)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.secrets:
-            mask_record(record, self.secrets, self.placeholder)
+        mask_record(record, self.secrets, self.placeholder)
         return True
 
     def attach(self, *prefixes: str) -> None:

@@ -77,3 +77,59 @@ def test_an_empty_or_model_less_agent_file_is_refused_on_reload_and_the_last_goo
     assert "the file is empty" in problem or "model:" in problem
     with pytest.raises(ConfigError):  # and never loaded fresh
         registry.load_fresh("helper")
+
+
+# URLs redacted wherever shown ---------------------------------------------------------------
+
+PW1, PW2 = "userinfo-pw-5c1d", "query-pw-9e7a"
+DB_URL = f"postgresql://pluto:{PW1}@127.0.0.1:1/pluto?connect_timeout=1&password={PW2}"
+
+
+@pytest.mark.parametrize("text, shown", [
+    (DB_URL, "postgresql://pluto:***@127.0.0.1:1/pluto?connect_timeout=1&password=***"),
+    ("redis://:secretpw@cache:6379/0", "redis://:***@cache:6379/0"),
+    ("host=db user=x password=hunter22 dbname=p", "host=db user=x password=*** dbname=p"),
+    ("https://hooks.example/x?sig=abcdef&ok=1", "https://hooks.example/x?sig=***&ok=1"),
+    ("https://example.com/a?b=1 and user@example.com", "https://example.com/a?b=1 and "
+                                                        "user@example.com"),
+])
+def test_credentials_in_urls_are_masked(text, shown):
+    from pluto.redaction import redact_urls
+    assert redact_urls(text) == shown
+
+
+def test_log_lines_never_carry_a_urls_password(caplog):
+    from pluto.gateway.logs import MaskSecrets
+    record = logging.LogRecord("pluto.x", logging.ERROR, __file__, 1,
+                               "cannot open %s", (DB_URL,), None)
+    MaskSecrets().filter(record)  # (setup_logging puts it on every handler)
+    assert PW1 not in record.getMessage() and PW2 not in record.getMessage()
+    assert "postgresql://pluto:***@127.0.0.1:1/pluto" in record.getMessage()
+
+
+async def test_readyz_for_the_admin_shows_urls_without_passwords(config_dir, data_dir,
+                                                                 monkeypatch):
+    import aiohttp
+
+    from tests.helpers.served import served, url
+    monkeypatch.setenv("PLUTO_TEST_ADMIN_KEY", "admin-key-0123456789abcdef")
+    monkeypatch.setenv("PLUTO_TEST_API_KEYS", "k-0123456789abcdef")
+    async with served(config_dir, data_dir,
+                      admin={"api_key_env": "PLUTO_TEST_ADMIN_KEY"}) as gw:
+        gw.health_reports["probe"] = lambda: {"error": f"cannot reach {DB_URL}",
+                                              "urls": [DB_URL]}
+        async with aiohttp.ClientSession() as http, http.get(url(gw, "/readyz"), headers={
+                "Authorization": "Bearer admin-key-0123456789abcdef"}) as resp:
+            text = await resp.text()
+    assert "cannot reach postgresql://pluto:***@127.0.0.1:1/pluto" in text
+    assert PW1 not in text and PW2 not in text
+
+
+def test_a_start_up_error_never_shows_the_database_password(tmp_path):
+    from tests.test_init_doctor import pluto
+    assert pluto("init", "--model", "offline", cwd=tmp_path).returncode == 0
+    out = pluto("serve", cwd=tmp_path, env={"DATABASE_URL": DB_URL}, timeout=60)
+    assert out.returncode != 0 and "PostgreSQL" in out.stderr, out.stderr
+    logs = "".join(p.read_text() for p in tmp_path.rglob("pluto.log"))
+    for shown in (out.stdout, out.stderr, logs):
+        assert PW1 not in shown and PW2 not in shown

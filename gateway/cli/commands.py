@@ -20,6 +20,7 @@ from pluto.settings import PlutoConfig, data_dir_for, load_pluto_config
 from pluto.types import IncomingMessage
 from pluto.gateway.logs import setup_logging
 from pluto.gateway.secrecy import protect as protect_secrets
+from pluto.redaction import redact_urls
 from pluto.gateway.ports import Provider, ProviderContext
 from pluto.gateway.provider_registry import provider_class
 from pluto.settings import ProviderConfig
@@ -84,13 +85,13 @@ def _guarded(coro: object) -> int:
     except ConfigError as e:
         return _config_failed(e)
     except PlutoError as e:  # could not start: one sentence, and nothing was left open
-        print(f"pluto: {e}", file=sys.stderr)
+        print(f"pluto: {redact_urls(str(e))}", file=sys.stderr)
         return EXIT_FAILED
 
 
 def _config_failed(e: ConfigError) -> int:
     print("pluto: the configuration has errors:", file=sys.stderr)
-    for line in str(e).splitlines():
+    for line in redact_urls(str(e)).splitlines():
         print(f"  {line}", file=sys.stderr)
     return EXIT_CONFIG
 

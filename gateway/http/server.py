@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from pluto.redaction import redact_urls
+
 if TYPE_CHECKING:
     from pluto.gateway.app import Gateway
 
@@ -75,6 +77,8 @@ class HttpServer:
         body = {"checks": checks, "problems": problems}
         if not _admin(request, gw):  # public: states and counts, never paths, hosts or errors
             body = _public(body)
+        else:  # the admin sees every detail, but never a password inside a URL
+            body = _redacted(body)
         ready = gw.ready
         return web.json_response({"status": "ready" if ready else "not ready",
                                   "instance": gw.instance, **body},
@@ -82,6 +86,17 @@ class HttpServer:
 
 
 _WORD = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")  # a state, a name, an id: no spaces, no paths
+
+
+def _redacted(value: Any) -> Any:
+    """``value`` with every string's URL credentials masked (pluto.redaction)."""
+    if isinstance(value, str):
+        return redact_urls(value)
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redacted(v) for v in value]
+    return value
 
 
 def _public(value: Any, depth: int = 0) -> Any:
