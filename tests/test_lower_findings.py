@@ -133,3 +133,22 @@ def test_a_start_up_error_never_shows_the_database_password(tmp_path):
     logs = "".join(p.read_text() for p in tmp_path.rglob("pluto.log"))
     for shown in (out.stdout, out.stderr, logs):
         assert PW1 not in shown and PW2 not in shown
+
+
+# uploads refused for their size -------------------------------------------------------------
+
+async def test_an_upload_refused_for_its_size_is_deleted_at_once(tmp_path):
+    from pluto.runtime.data import DataError, DataService
+
+    service = DataService(tmp_path, demo=False, max_upload_bytes=1000)
+    sent = tmp_path / "uploads" / "web" / "chat1" / "big.csv"
+    sent.parent.mkdir(parents=True)
+    sent.write_text("a,b\n" + "1,2\n" * 1000)
+    with pytest.raises(DataError, match="at most"):
+        await service.add_upload(sent, "big.csv", "text/csv", "web:chat1")
+    assert not sent.exists()
+    elsewhere = tmp_path / "mine.csv"  # not an upload: refused, never deleted
+    elsewhere.write_text("a,b\n" + "1,2\n" * 1000)
+    with pytest.raises(DataError, match="at most"):
+        await service.add_upload(elsewhere, "mine.csv", "text/csv", "x")
+    assert elsewhere.exists()

@@ -290,6 +290,7 @@ class DataService:
         filename = upload_filename(filename, mime_type)
         size = path.stat().st_size if path.is_file() else 0
         if size > self.max_upload_bytes:
+            self._discard(path)  # refused: not kept on disk a moment longer
             raise DatasetError(f"{filename} is {human_size(size)}; files sent in a chat may be "
                                f"at most {human_size(self.max_upload_bytes)}.")
         if self.sweep_due():
