@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection, Mapping
 import contextlib
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 from pluto.agents.registry import AgentRegistry
 from pluto.errors import PlutoError, StartupError
@@ -115,6 +116,7 @@ class Gateway:
                              # several instances: a dead one's replies go out soon after
                              sweep_seconds=min(30.0, self.config.storage.lease_seconds)
                              if self.shared else 30.0)
+        self.cluster.on_rejoin.append(self.outbox.forget_claims)  # others sent them meanwhile
         self.delivery = Delivery(self.outbox, data_dir=self.data_dir, throttle=throttle,
                                  keep_preview=lambda msg, pid: self.store.inbound.keep_preview(
                                      msg.provider, msg.message_id or "", pid))
@@ -130,6 +132,11 @@ class Gateway:
                                  intakes=self.intakes, publish=self.feed.publish,
                                  resend=self._resend, sweep=serve and not self.shared)
         self.pipeline.on_stranded = self.recovery.strand
+        if self.shared:  # several instances: a run storage cut short is handed back
+            self._stranded: dict[str, tuple[str, IncomingMessage]] = {}
+            self._handing_back: asyncio.Task[None] | None = None
+            self.pipeline.on_stranded = self._strand_shared
+            self.runner.hand_back = True
         self.health_reports["cluster"] = self._cluster_report
         self._control_tasks: set[asyncio.Task[object]] = set()
         self.directory = Directory(lambda: self.routes, self.registry, self.store.conversations)
@@ -267,6 +274,9 @@ class Gateway:
         return built
 
     async def _open_storage(self, stack: AsyncExitStack) -> None:
+        engine = getattr(self.store, "engine", None)
+        if self.shared and hasattr(engine, "idle_in_transaction"):  # see storage/sqlite/fencing
+            engine.idle_in_transaction = max(1.0, self.cluster.ttl / 2)  # type: ignore[union-attr]
         await self.store.open()
         stack.push_async_callback(self.store.close)
         log.info("storage: %s", self.store.describe())
@@ -278,6 +288,7 @@ class Gateway:
             if self.store.bus is not None:  # /stop of a session running on another instance
                 self.store.bus.subscribe(CONTROL, self._control)
                 self.pipeline.stop_elsewhere = self._stop_elsewhere
+                await self._listen_intake(self.store.bus)
             orphans = asyncio.create_task(self._adopt_orphans(), name="cluster:orphans")
             stack.push_async_callback(_cancel, orphans)
         else:
@@ -289,6 +300,68 @@ class Gateway:
                             len(interrupted), "; their messages are answered again"
                             if self.serve else "")
         await self.outbox.open()
+
+    async def _listen_intake(self, bus: Any) -> None:
+        """Several instances: the notes between intakes (a message recorded, a chat let go,
+        what became of a message) — sent by the statements that make the change."""
+        channel = await bus.scoped(INTAKE)
+        self.store.inbound.notify = channel  # type: ignore[attr-defined]
+        self.store.leases.notify = channel  # type: ignore[attr-defined]
+        bus.subscribe(INTAKE, self._intake_note)
+
+    def _intake_note(self, payload: str | None) -> None:
+        for intake in list(self.intakes.values()):
+            intake.note(payload)
+
+    def _strand_shared(self, run_id: str, provider: str, msg: IncomingMessage) -> None:
+        """Several instances: a run of ours that storage cut short (an outage) could not even
+        be ended; once storage works it is ended as interrupted and its message goes back to
+        the inbox, answered again in its place in the chat (or, if its answer was saved, the
+        answer is sent)."""
+        self._stranded[run_id] = (provider, msg)
+        if self._handing_back is None or self._handing_back.done():
+            self._handing_back = asyncio.create_task(self._hand_back(),
+                                                     name="cluster:hand-back")
+
+    async def _hand_back(self) -> None:
+        while self._stranded:
+            await asyncio.sleep(1.0)
+            for run_id, (provider, msg) in list(self._stranded.items()):
+                if run_id in self.pipeline.live:
+                    continue
+                try:
+                    await self._hand_back_one(run_id)
+                except PlutoError as e:
+                    log.info("cluster: run %s is handed back once storage works (%s)",
+                             run_id, e)
+                    break
+                if (intake := self.intakes.get(provider)) is not None:
+                    intake.kick(msg.chat_id)
+
+    async def _hand_back_one(self, run_id: str) -> None:
+        found = self._stranded.get(run_id)
+        if found is None:
+            return
+        provider, msg = found
+        for end in await self.store.conversations.recover_runs([run_id]):
+            self.feed.publish(end)
+        answer = await self.store.conversations.undelivered_answer(run_id)
+        if answer is not None:
+            await self._resend(provider, msg, answer)
+        self._stranded.pop(run_id, None)
+
+    async def _handed_back(self, run_id: str) -> bool:
+        """The chat's intake, before its next message: a run of its that storage cut short is
+        handed back first (its message answered again before the next: order holds); whether
+        it was."""
+        if run_id not in self._stranded:
+            return False
+        while run_id in self._stranded:
+            try:
+                await self._hand_back_one(run_id)
+            except PlutoError:
+                await asyncio.sleep(1.0)  # (storage is away: the chat waits)
+        return True
 
     async def _adopt_orphans(self) -> None:
         """Several instances: now and then, find runs whose instance died and have the chat's
@@ -341,6 +414,16 @@ class Gateway:
         if target is not None and not target.capabilities.answers_from_feed:  # (else: there)
             await self.delivery.resend_final(target, msg, answer)
 
+    def _claimed(self, source: tuple[str, str], claim: tuple[str, int] | None) -> None:
+        """A message taken from the inbox under a chat claim: what its handling writes is
+        fenced by it (its run's writes, and its outcome)."""
+        self.store.conversations.claim(source, claim)
+        self.store.inbound.claim(source, claim)  # type: ignore[attr-defined]
+
+    async def _publish_intake(self, payload: str) -> None:
+        assert self.store.bus is not None
+        await self.store.bus.publish(INTAKE, [payload])
+
     async def _stop_elsewhere(self, session_key: str) -> bool:
         assert self.store.bus is not None
         await self.store.bus.publish(CONTROL, [f"stop|{self.instance}|{session_key}"])
@@ -386,7 +469,14 @@ class Gateway:
         queue = self.intakes.get(provider.name)
         if queue is None:
             shared = Shared(self.cluster, self._take_over_chat, self.pipeline.finished,
-                            self.pipeline.urgent) if self.shared else None
+                            self.pipeline.urgent,  # a run's writes: fenced by its claim
+                            claimed=self._claimed,
+                            publish=self._publish_intake if self.store.bus is not None
+                            else None, delivered=self.outbox.chat_idle,
+                            handed_back=self._handed_back,
+                            # (one look now and then: notes carry the news)
+                            fallback=max(1.0, self.cluster.ttl / 2),
+                            sweep_every=max(2.0, self.cluster.ttl / 2)) if self.shared else None
             queue = self.intakes[provider.name] = IntakeQueue(
                 provider.name, self.pipeline.handle, self.store.inbound,
                 capacity=INTAKE_CAPACITY, shared=shared)
@@ -466,12 +556,17 @@ class Gateway:
         for provider, reason in self.watchdog.wedged().items():
             found[f"sends:{provider}"] = {"state": "wedged",
                                           "reason": f"{provider} sends fail: {reason}"}
+        if self.cluster.enabled and not self.cluster.fresh():  # it acts on nothing meanwhile
+            found["cluster"] = {"state": "silent", "reason": "this instance could not renew "
+                                "its leases on the database lately: it sends nothing and "
+                                "takes no work until it does"}
         return found
 
     # for the HTTP server and the admin API --------------------------------------------------
 
 
 CONTROL = "pluto_control"  # between instances: stop|<instance>|<session key>
+INTAKE = "pluto_intake"  # between intakes: see IntakeQueue.note
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

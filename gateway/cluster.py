@@ -15,6 +15,13 @@ Leases are renewed together by the heartbeat; one that cannot be renewed (the da
 another instance took it: its token moved on) is lost, and whatever held it is cancelled —
 an instance paused past its lease stops acting as the holder. When an instance dies its leases
 run out after ``ttl`` seconds and the others take its chats, sessions and connections over.
+
+Tokens only grow (a database sequence), so a write fenced with a token (storage checks it in
+the same statement) is refused once anyone took the lease since. Expiry is judged on the
+database's clock from the holder's heartbeat, and an outage every instance saw hands no live
+work around: an instance whose heartbeat could not reach the database takes nothing from
+another holder for a lease's length once it is back (:meth:`Cluster.settling`) — time for the
+holders, back as well, to renew what they hold. See docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -65,6 +72,13 @@ class Cluster:
         # only until then + ttl - margin (a pause or an outage silences it before anyone else
         # may take over)
         self._renewed_at: float | None = None
+        # after this instance could not reach the database: it takes over nothing until then
+        # (monotonic), so the holders, who saw the same outage, renew first
+        self._settle_until = 0.0
+        self._cut_off = False
+        # called when this instance was taken for dead and joins again (before it acts
+        # again): what it claimed meanwhile may be another's now (the outbox's replies)
+        self.on_rejoin: list[Callable[[], None]] = []
 
     @property
     def enabled(self) -> bool:
@@ -125,15 +139,34 @@ class Cluster:
 
     # leases -------------------------------------------------------------------------------
 
+    def settling(self) -> bool:
+        """Whether this instance is cut off from the database (its last renewal failed) or
+        back from it too recently to take anything over (a lease that ran out meanwhile may
+        be a live holder's)."""
+        return self._cut_off or time.monotonic() < self._settle_until
+
     async def acquire(self, name: str) -> int | None:
-        """Take ``name`` if it is free (or ours); its token, or None when another holds it."""
+        """Take ``name`` if it is free (or ours); its token, or None when another holds it (or
+        held it when it ran out, while this instance is :meth:`settling`)."""
+        took = await self.take(name)
+        return took[0] if took is not None else None
+
+    async def take(self, name: str) -> tuple[int, bool] | None:
+        """:meth:`acquire`, and whether ``name`` was taken from another instance (that stopped
+        renewing it) rather than found free or ours: (token, taken), or None."""
         if self.leases is None:
             self._held[name] = 1
-            return 1
-        token = await self.leases.acquire(name, self.id, self.ttl)
-        if token is not None:
-            self._held[name] = token
-        return token
+            return 1, False
+        kwargs = {"takeover": False} if self.settling() else {}
+        take = getattr(self.leases, "take", None)
+        if take is not None:
+            took = await take(name, self.id, self.ttl, **kwargs)
+        else:  # (a store that tells no more than the token: a first token was free)
+            token = await self.leases.acquire(name, self.id, self.ttl, **kwargs)
+            took = None if token is None else (token, token > 1)
+        if took is not None:
+            self._held[name] = took[0]
+        return took
 
     async def wait_for(self, name: str, *, cancelled: Callable[[], bool] = lambda: False) -> int:
         """Take ``name``, waiting while another instance holds it."""
@@ -220,7 +253,13 @@ class Cluster:
             except Exception as e:  # noqa: BLE001 - the database is away: try again soon
                 log.warning("cluster: could not renew leases (%s)%s", e,
                             "" if self.fresh() else "; silent until they are")
+                self._cut_off = True
                 continue
+            if self._cut_off:  # back: what ran out meanwhile may be live holders' (shared)
+                self._cut_off = False
+                self._settle_until = time.monotonic() + self.ttl
+                log.info("cluster: the database answers again; taking nothing over for %gs",
+                         self.ttl)
             for name in lost:
                 if self._held.get(name) != tokens[name]:
                     continue  # released or retaken meanwhile
@@ -246,4 +285,6 @@ class Cluster:
             return
         if joined:
             log.warning("cluster: this instance was taken for dead; it joined again")
+            for forget in self.on_rejoin:
+                forget()
             self._renewed_at = asked

@@ -111,6 +111,9 @@ class Runner:
         self.delta_interval = delta_interval  # text deltas are committed and shown in batches
         self.usage = usage  # the ledger (a row per model call) and budgets
         self.tracing = tracing  # spans of runs, model and tool calls (off unless configured)
+        # several instances: a run storage cut short is not ended with an error here but
+        # handed back (its message answered again once storage works: gateway/app.py)
+        self.hand_back = False
 
     def settings_for(self, agent: AgentSpec) -> ModelSettings:
         """An agent names a model from pluto.yaml, or gives a litellm model string itself."""
@@ -184,7 +187,8 @@ class Runner:
             state.ended = True  # another instance answers it: nothing more is said here
             raise
         except StorageError as e:  # a commit failed for good (retried by the engine first)
-            if _failed(starting):  # it never started: the caller ends it
+            # it never started, or (several instances) it is handed back: the caller sees to it
+            if _failed(starting) or self.hand_back:
                 state.ended = True
                 raise
             log.error("run %s (agent %s): its answer or an event could not be saved (%s); "
@@ -464,6 +468,8 @@ class Runner:
             written = state.ledger.pop(0)
             try:
                 await asyncio.shield(written)
+            except StorageError as e:  # (storage said why: no traceback)
+                log.error("usage of run %s not recorded: %s", state.req.run_id, e)
             except Exception:
                 log.exception("usage of run %s not recorded", state.req.run_id)
 

@@ -56,6 +56,12 @@ class ConversationStore(RunReader, Protocol):
         """The newest messages that fit the window, as model messages, always well-formed."""
         ...
 
+    def claim(self, source: tuple[str, str], claim: tuple[str, int] | None) -> None:
+        """Several instances: the message ``source`` (provider, message id) was taken under the
+        chat claim ``claim`` (lease name, token): every write of the run answering it is
+        refused once that claim moved on (None: done with it)."""
+        ...
+
     async def queue_run(self, run_id: str, session_id: str, agent: str, input_text: str, *,
                         source: tuple[str, str] | None = None) -> None:
         """Record a run accepted for a session: ``queued`` until it starts (recorded before:
@@ -182,8 +188,15 @@ class LeaseStore(Protocol):
     """Leases with fencing tokens (see :mod:`pluto.storage.sqlite.leases`): which instance
     holds a chat's intake, a session's runs, or a single-owner connection."""
 
-    async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
-        """The lease's token if ``owner`` holds it now; None when another does."""
+    async def acquire(self, name: str, owner: str, ttl: float, *,
+                      takeover: bool = True) -> int | None:
+        """The lease's token if ``owner`` holds it now; None when another does (or held it
+        when it ran out, unless ``takeover``). Tokens only grow."""
+        ...
+
+    async def take(self, name: str, owner: str, ttl: float, *,
+                   takeover: bool = True) -> tuple[int, bool] | None:
+        """:meth:`acquire`, and whether it was taken from another owner: (token, taken)."""
         ...
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool: ...

@@ -146,7 +146,7 @@ async def test_a_lease_has_one_holder_and_a_takeover_fences_the_old_one(store):
     assert (await leases.holder("chat:1")).owner == "a"
     await leases.renew("chat:1", "a", token, ttl=-1)  # ran out (a paused instance)
     taken = await leases.acquire("chat:1", "b", ttl=30)
-    assert taken == 2
+    assert taken is not None and taken > token  # tokens only grow
     assert not await leases.renew("chat:1", "a", token, ttl=30)  # fenced: a lost it
     assert await leases.renew_all("a", {"chat:1": token}, 30) == {"chat:1"}
     assert not await leases.release("chat:1", "a", token)
@@ -200,10 +200,10 @@ async def test_across_instances_one_message_one_claim_one_lease(pg_url):
         claims = await asyncio.gather(*[(a if i % 2 else b).outbox.claim("r1", f"o{i}", 30)
                                         for i in range(50)])
         assert claims.count(True) == 1
-        # twenty instances race for the Telegram poller's lease: one holder, token 1
+        # twenty instances race for the Telegram poller's lease: one holder
         tokens = await asyncio.gather(*[(a if i % 2 else b).leases.acquire(
             "provider:telegram", f"i{i}", 30) for i in range(20)])
-        assert [t for t in tokens if t is not None] == [1]
+        assert len([t for t in tokens if t is not None]) == 1
 
 
 async def test_a_new_session_on_one_instance_is_seen_by_another(pg_url):

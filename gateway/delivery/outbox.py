@@ -200,6 +200,24 @@ class Outbox:
                                             name=f"outbox:{key[0]}:{key[1]}")
         return True
 
+    def forget_claims(self) -> None:
+        """Several instances: this one was taken for dead (paused, cut off) and others may have
+        sent its replies meanwhile: each is claimed and read again before it is sent."""
+        self._fresh.clear()
+
+    async def chat_idle(self, provider: str, chat_id: str, timeout: float) -> bool:
+        """Wait, at most ``timeout`` seconds, until nothing waits to go to the chat from this
+        instance (several instances: a chat is let go only then, so the next answer, from
+        any instance, comes after); whether it is so."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while (chat := self._chats.get((provider, chat_id))) is not None and \
+                chat.task is not None and not chat.task.done():
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return False
+            await asyncio.wait({chat.task}, timeout=left)
+        return True
+
     @property
     def busy(self) -> bool:
         return any(c.task is not None for c in self._chats.values())

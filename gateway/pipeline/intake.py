@@ -28,14 +28,16 @@ A sweep finds chats whose messages wait with nobody holding them (their instance
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import json
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from pluto.errors import RunTakenOver
+from pluto.errors import RunTakenOver, StorageError
 from pluto.storage.ports import InboundStore
 from pluto.types import (Accepted, Attachment, Dropped, Duplicate, IncomingMessage, Outcome,
                          outcome_from_dict, outcome_to_dict)
@@ -93,6 +95,19 @@ class Shared:
     take_over: Callable[[str, str], Awaitable[Any]]  # (provider, chat): a dead one's runs
     finished: Callable[[str], Awaitable[None]]  # a run accepted here has ended
     urgent: Callable[[IncomingMessage], bool] = lambda msg: False  # /stop: not behind a run
+    # (provider, message id) taken under (chat lease, token), or None once done with: the
+    # writes of the run answering it are fenced by that token (storage/sqlite/fencing.py)
+    claimed: Callable[[tuple[str, str], tuple[str, int] | None], None] = \
+        lambda source, claim: None
+    # a note to the other instances (LISTEN/NOTIFY; see IntakeQueue.note): None, no bus
+    publish: Callable[[str], Awaitable[None]] | None = None
+    # wait (at most so long) until this instance sent what it holds for (provider, chat):
+    # the chat is let go only then, so the next answer, from anywhere, comes after
+    delivered: Callable[[str, str, float], Awaitable[Any]] | None = None
+    fallback: float = 5.0  # seconds: a wait for a note looks again by itself after this
+    # a run that storage cut short is handed back (its message in the inbox again) before
+    # the chat's next message is taken: awaited after each run
+    handed_back: Callable[[str], Awaitable[bool]] | None = None
     sweep_every: float = 2.0
 
 
@@ -114,6 +129,8 @@ class IntakeQueue:
         # several instances: tickets of messages being recorded in the inbox, not yet in their
         # chat's queue — the chat's holder may take the message from the inbox meanwhile
         self._arriving: dict[str, Ticket] = {}
+        self._wake: dict[str, asyncio.Event] = {}  # chats whose worker waits for a note
+        self._notes: set[asyncio.Task[None]] = set()  # notes being sent
 
     @property
     def waiting(self) -> int:
@@ -145,9 +162,12 @@ class IntakeQueue:
         # (a redelivery while the first copy is on its way never takes the first one's place)
         arriving = (self.shared is not None and bool(msg.message_id)
                     and self._arriving.setdefault(msg.message_id, ticket) is ticket)
+        payload = message_to_dict(msg)
+        if self.shared is not None:  # who received it: told what became of it (note "done")
+            payload["via"] = self.shared.cluster.id
         try:
             fresh = not msg.message_id or await self.inbox.accept(
-                msg.provider, msg.message_id, message_to_dict(msg))
+                msg.provider, msg.message_id, payload)
         except BaseException:
             self._release()
             raise
@@ -259,39 +279,126 @@ class IntakeQueue:
 
     async def _work_shared(self, key: str, queue: deque[Ticket]) -> None:
         assert self.shared is not None
-        cluster = self.shared.cluster
         lease = f"chat:{self.name}:{key}"
         try:
             while True:
-                token = await cluster.acquire(lease)
-                if token is None:  # another instance holds the chat
-                    await self._learn_outcomes(queue)  # decided there meanwhile
-                    if not queue:
-                        return  # nothing of ours waits: the holder takes the rest
-                    await asyncio.sleep(cluster.poll)
-                    continue
                 try:
-                    # token 1: the lease was free (its last holder let go of it cleanly);
-                    # higher: taken from an instance that stopped renewing it
-                    await self._drain_chat(key, queue, lease, taken=token > 1)
-                finally:
-                    await asyncio.shield(cluster.release(lease))
-                if queue:  # ours that another instance handled before we held the chat
-                    await self._learn_outcomes(queue)
-                # a message recorded elsewhere just before we let go: ours to take as well
-                if not queue and not await self.inbox.unhandled_in_chat(self.name, key, 1) \
-                        and not queue:  # (and one handed to us while we looked)
-                    return
+                    if await self._hold_chat(key, queue, lease):
+                        return
+                except StorageError as e:  # the database is away: the messages wait in it
+                    log.warning("%s: chat %s waits for storage (%s)", self.name, key, e)
+                    await self._noted(key)  # (the listener, back, wakes every chat)
         finally:
             if self._chats.get(key) is queue:
                 del self._chats[key]
             self._workers.pop(key, None)
+            self._wake.pop(key, None)
             for ticket in queue:
                 ticket.settle(Dropped("the gateway is stopping"))
                 self._release()
             queue.clear()
 
-    async def _drain_chat(self, key: str, queue: deque[Ticket], lease: str, *,
+    async def _hold_chat(self, key: str, queue: deque[Ticket], lease: str) -> bool:
+        """One turn of a chat's worker: hold the chat and answer its waiting messages, or
+        learn what became of ours; whether the worker is done."""
+        assert self.shared is not None
+        cluster = self.shared.cluster
+        took = await cluster.take(lease)
+        if took is None:  # another instance holds the chat
+            if not queue:
+                return True  # nothing of ours waits: the holder takes the rest
+            # its holder says what became of ours ("done"), or lets go ("free")
+            if not await self._noted(key):
+                await self._learn_outcomes(queue)  # (no note: look)
+            return False
+        try:
+            # taken: from an instance that stopped renewing it (not found free)
+            await self._drain_chat(key, queue, lease, took[0], taken=took[1])
+            if self.shared.delivered is not None:  # our answers out first
+                await self.shared.delivered(self.name, key, cluster.ttl)
+        finally:
+            await asyncio.shield(cluster.release(lease))
+        if queue:  # ours that another instance handled before we held the chat
+            await self._learn_outcomes(queue)
+        left = await self.inbox.unhandled_in_chat(self.name, key, 1)
+        if self._closed and left:  # stopping: the others take the chat's messages
+            self._note(f"orphan|{self.name}|{key}")
+            return True
+        # a message recorded elsewhere just before we let go: ours to take as well
+        return not queue and not left and not queue  # (or one handed to us meanwhile)
+
+    async def _noted(self, key: str, also: asyncio.Future[Any] | None = None) -> bool:
+        """Wait for a note about chat ``key`` (or ``also`` to finish), at most
+        ``shared.fallback`` seconds; whether one came (or ``also`` finished)."""
+        assert self.shared is not None
+        event = self._wake.setdefault(key, asyncio.Event())
+        waiter = asyncio.ensure_future(event.wait())
+        try:
+            done, _ = await asyncio.wait({waiter, also} if also is not None else {waiter},
+                                         timeout=self.shared.fallback,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            return bool(done)
+        finally:
+            waiter.cancel()
+            event.clear()
+
+    def note(self, payload: str | None) -> None:
+        """A note from an instance (several instances, LISTEN/NOTIFY): ``new|<provider>|<chat>``
+        a message was recorded, ``free|chat:<provider>:<chat>`` a chat was let go,
+        ``done|<provider>|<message id>|<outcome>`` what became of a message received here,
+        ``orphan|<provider>|<chat>`` a stopping instance left the chat's messages to us;
+        None: notes may have been missed (every waiting chat looks again)."""
+        if payload is None:
+            for event in self._wake.values():
+                event.set()
+            return
+        kind, _, rest = payload.partition("|")
+        if kind == "free":
+            provider, _, chat = rest.removeprefix("chat:").partition(":")
+        else:
+            provider, _, chat = rest.partition("|")
+        if provider != self.name:
+            return
+        if kind == "done":
+            self._done_elsewhere(*chat.partition("|")[::2])
+        elif kind == "orphan":
+            self.kick(chat)
+        elif (event := self._wake.get(chat)) is not None:
+            event.set()
+
+    def _done_elsewhere(self, message_id: str, outcome: str) -> None:
+        arriving = self._arriving.get(message_id)
+        if arriving is not None:  # decided before its recording returned here
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                arriving.settle(outcome_from_dict(json.loads(outcome)))
+            return
+        for key, queue in self._chats.items():
+            for ticket in queue:
+                if ticket.message.message_id == message_id:
+                    try:
+                        self._settle(queue, ticket, outcome_from_dict(json.loads(outcome)))
+                    except (ValueError, TypeError, KeyError):
+                        return  # (its worker reads it)
+                    if (event := self._wake.get(key)) is not None:
+                        event.set()
+                    return
+
+    def _note(self, payload: str) -> None:
+        """Send a note to the other instances, without waiting (one lost costs a fallback)."""
+        if self.shared is None or self.shared.publish is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._send_note(payload))
+        self._notes.add(task)
+        task.add_done_callback(self._notes.discard)
+
+    async def _send_note(self, payload: str) -> None:
+        assert self.shared is not None and self.shared.publish is not None
+        try:
+            await self.shared.publish(payload)
+        except Exception as e:  # noqa: BLE001 - they look again by themselves
+            log.debug("%s: a note to the other instances was not sent: %s", self.name, e)
+
+    async def _drain_chat(self, key: str, queue: deque[Ticket], lease: str, token: int, *,
                           taken: bool = True) -> None:
         """Holding the chat: its unhandled messages, in arrival order, each run to its end.
         ``taken``: the chat was taken from an instance that died (or stalled), which may have
@@ -305,6 +412,8 @@ class IntakeQueue:
                 if not cluster.holds(lease):  # lost (we were too slow to renew): let go
                     log.warning("%s: lost chat %s to another instance", self.name, key)
                     return
+                if self._closed and not queue:  # stopping: what we received is answered,
+                    return  # the rest is the others' (the chat is let go once ours is out)
                 try:
                     msg = message_from_dict(payload)
                 except (TypeError, ValueError, KeyError) as e:
@@ -314,13 +423,20 @@ class IntakeQueue:
                                              {"type": "dropped", "reason": "unreadable"})
                     continue
                 ticket = self._ticket(queue, msg.message_id)
+                source = (self.name, msg.message_id)
+                self.shared.claimed(source, (lease, token))  # its run's writes: fenced
                 try:
                     outcome = await self.handler(msg if ticket is None or msg.shown
                                                  else ticket.message)
                 except asyncio.CancelledError:
+                    self.shared.claimed(source, None)
                     raise
                 except RunTakenOver:  # another instance took the chat and this message
+                    self.shared.claimed(source, None)
                     continue
+                except StorageError:  # it stays in the inbox: taken again once storage works
+                    self.shared.claimed(source, None)
+                    raise
                 except Exception:
                     log.exception("%s: handling a message of chat %s failed", self.name, key)
                     outcome = Dropped("an internal error")
@@ -328,17 +444,27 @@ class IntakeQueue:
                                              outcome_to_dict(outcome))
                 if ticket is not None:
                     self._settle(queue, ticket, outcome)
-                if isinstance(outcome, Accepted):  # the next message waits for this run
-                    await self._until_finished(key, queue, outcome.run_id)
+                elif payload.get("via") not in (None, cluster.id):  # received elsewhere
+                    self._note(f"done|{self.name}|{msg.message_id}|"
+                               f"{json.dumps(outcome_to_dict(outcome))}")
+                try:
+                    if isinstance(outcome, Accepted):  # the next message waits for this run
+                        await self._until_finished(key, queue, outcome.run_id)
+                        if self.shared.handed_back is not None and \
+                                await self.shared.handed_back(outcome.run_id):
+                            break  # its message is back in the inbox, first: read again
+                finally:
+                    self.shared.claimed(source, None)
 
     async def _until_finished(self, key: str, queue: deque[Ticket], run_id: str) -> None:
         """Wait for the chat's run to end; meanwhile a ``/stop`` sent to the chat (to any
-        instance) is handled at once — it is what stops the run."""
+        instance) is handled at once — it is what stops the run (a message recorded wakes
+        this up: note ``new``)."""
         assert self.shared is not None
         done = asyncio.ensure_future(self.shared.finished(run_id))
         try:
             while not done.done():
-                await asyncio.wait({done}, timeout=self.shared.sweep_every / 4)
+                await self._noted(key, done)
                 if done.done():
                     break
                 for payload in await self.inbox.unhandled_in_chat(self.name, key, 5):
@@ -367,10 +493,8 @@ class IntakeQueue:
     async def _learn_outcomes(self, queue: deque[Ticket]) -> None:
         for ticket in list(queue):
             found = await self.inbox.outcome(self.name, ticket.message.message_id)
-            if found is not None:
-                ticket.settle(outcome_from_dict(found))
-                queue.remove(ticket)
-                self._release()
+            if found is not None and ticket in queue:  # (a note may have settled it meanwhile)
+                self._settle(queue, ticket, outcome_from_dict(found))
 
     def start_sweeping(self) -> None:
         """Several instances: now and then, take up chats whose messages wait with nobody

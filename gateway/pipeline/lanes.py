@@ -13,6 +13,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from pluto.errors import StorageError
 from pluto.gateway.pipeline.overload import Load
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,8 @@ class SessionLanes(Generic[J]):
             await self.handler(job)
         except asyncio.CancelledError:
             raise
+        except StorageError as e:  # (storage said why: no traceback; its message is taken
+            log.error("a job in its session lane met a storage failure: %s", e)  # again)
         except Exception:
             log.exception("a job failed in its session lane")
 

@@ -285,6 +285,9 @@ class Pipeline:
         except StorageError as e:  # (retried by storage first): logged once, no traceback
             self.metrics.error("run")
             log.error("run %s in %s chat %s: %s", run_id, provider.name, msg.chat_id, e)
+            if self.runner.hand_back:  # several instances: answered again once storage works
+                self.on_stranded(run_id, provider.name, msg)
+                return
             await self._end_failed(provider, msg, job, STORAGE_FAILED)
             return
         except Exception:

@@ -34,6 +34,8 @@ class PgBus:
         self.engine = engine
         self._tasks: set[asyncio.Task[None]] = set()
         self._suffix: str | None = None  # the schema's, once known
+        self._callbacks: dict[str, list[Callable[[str | None], None]]] = {}
+        self._listener: asyncio.Task[None] | None = None  # one connection for every channel
 
     async def scoped(self, channel: str) -> str:
         """The database-wide name of ``channel`` for this deployment's schema."""
@@ -43,45 +45,53 @@ class PgBus:
         return channel + self._suffix
 
     async def publish(self, channel: str, payloads: list[str]) -> None:
+        """Send ``payloads`` in order, in one statement (no BEGIN and COMMIT around it)."""
         if payloads:
             scoped = await self.scoped(channel)
-
-            def send(conn) -> None:  # type: ignore[no-untyped-def]
-                for payload in payloads:
-                    conn.execute("SELECT pg_notify(?, ?)", (scoped, payload))
-            await self.engine.transact(send)
+            if len(payloads) == 1:
+                sql, params = "SELECT pg_notify(?, ?)", (scoped, payloads[0])
+            else:
+                sql = ("SELECT pg_notify(?, p) FROM unnest(?::text[]) WITH ORDINALITY AS"
+                       " u(p, n) ORDER BY n")
+                params = (scoped, list(payloads))
+            await self.engine.read(lambda conn: conn.execute(sql, params).fetchall())
 
     def subscribe(self, channel: str, callback: Callable[[str | None], None]) -> None:
+        """Hand each payload sent on ``channel`` to ``callback`` (None: notifications may have
+        been missed while the listening connection was away). Every channel of this bus is
+        heard on one dedicated connection."""
         if not CHANNEL.fullmatch(channel):
             raise ValueError(f"not a channel name: {channel!r}")
-        task = asyncio.create_task(self._listen(channel, callback), name=f"bus:{channel}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._callbacks.setdefault(channel, []).append(callback)
+        if self._listener is not None:  # (subscriptions come at start: listen to all anew)
+            self._listener.cancel()
+        self._listener = asyncio.create_task(self._listen(dict(self._callbacks)),
+                                             name="bus:listen")
+        self._tasks.add(self._listener)
+        self._listener.add_done_callback(self._tasks.discard)
 
-    async def _listen(self, channel: str, callback: Callable[[str | None], None]) -> None:
+    async def _listen(self, channels: dict[str, list[Callable[[str | None], None]]]) -> None:
         psycopg = await asyncio.to_thread(importlib.import_module, "psycopg")
         delay = 0.2
         first = True
         while True:
             try:
-                scoped = await self.scoped(channel)
+                by_name = {await self.scoped(c): fns for c, fns in channels.items()}
                 async with await psycopg.AsyncConnection.connect(
                         self.engine.url, autocommit=True,
                         connect_timeout=max(1, int(self.engine.connect_timeout))) as conn:
-                    await conn.execute(f"LISTEN {scoped}")
-                    if not first:
-                        callback(None)  # back after a gap: whatever was missed, re-read
+                    for scoped in by_name:
+                        await conn.execute(f"LISTEN {scoped}")
+                    if not first:  # back after a gap: whatever was missed, re-read
+                        _deliver(by_name, None, None)
                     first, delay = False, 0.2
                     async for note in conn.notifies():
-                        try:
-                            callback(note.payload)
-                        except Exception:
-                            log.exception("bus: a %s listener failed", channel)
+                        _deliver(by_name, note.channel, note.payload)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the database went away: come back
-                log.warning("bus: listening on %s at %s failed (%s); again in %.1fs",
-                            channel, redact(self.engine.url), str(e).splitlines()[0] if str(e)
+                log.warning("bus: listening at %s failed (%s); again in %.1fs",
+                            redact(self.engine.url), str(e).splitlines()[0] if str(e)
                             else type(e).__name__, delay)
                 await asyncio.sleep(delay)
                 delay = min(5.0, delay * 2)
@@ -91,6 +101,19 @@ class PgBus:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _deliver(by_name: dict[str, list[Callable[[str | None], None]]], channel: str | None,
+             payload: str | None) -> None:
+    """A payload to the callbacks of its channel (None: to every callback)."""
+    for name, callbacks in by_name.items():
+        if channel is not None and name != channel:
+            continue
+        for callback in callbacks:
+            try:
+                callback(payload)
+            except Exception:
+                log.exception("bus: a %s listener failed", name)
 
 
 def _schema_suffix(schema: str | None) -> str:

@@ -124,6 +124,10 @@ class PostgresEngine:
         self._idle.set()
         self.retry_seconds = RETRY_SECONDS
         self.health = StorageHealth("PostgreSQL")
+        # several instances: a transaction left open this long (its process paused before
+        # COMMIT) is ended by the server, so it cannot commit after its claims were taken
+        # (set from the lease's length before open; None: the server's setting)
+        self.idle_in_transaction: float | None = None
 
     @property
     def is_open(self) -> bool:
@@ -147,6 +151,7 @@ class PostgresEngine:
 
         pool = ConnectionPool(self.url, min_size=self.min_size, max_size=self.max_size,
                               open=False, timeout=self.connect_timeout,
+                              configure=self._configure,
                               kwargs={"autocommit": True, "connect_timeout":
                                       max(1, int(self.connect_timeout))},
                               name="pluto")
@@ -160,6 +165,12 @@ class PostgresEngine:
             pool.close()
             raise
         return pool
+
+    def _configure(self, conn: Any) -> None:
+        """Each new pooled connection, once (its session keeps the setting)."""
+        if self.idle_in_transaction is not None:
+            conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                         (str(max(1, int(self.idle_in_transaction * 1000))),))
 
     async def close(self) -> None:
         await self._idle.wait()
@@ -245,7 +256,9 @@ class PostgresEngine:
         if pool is None:
             raise StorageError("storage is not open")
         conflicts = tries = 0
-        deadline = time.monotonic() + self.retry_seconds
+        # (from the first failure: a change that waited for a connection, or whose process
+        # was paused, still gets its retries on a fresh connection)
+        deadline: float | None = None
         while True:
             ran = [False]  # the change ran whole: a failure now is in COMMIT (maybe done)
             try:
@@ -259,6 +272,8 @@ class PostgresEngine:
             except psycopg.OperationalError as e:
                 problem = DISK_FULL if isinstance(e, psycopg.errors.DiskFull) else UNREACHABLE
                 self.health.failing(problem, _reason(e))
+                if deadline is None:
+                    deadline = time.monotonic() + self.retry_seconds
                 if (ran[0] and atomic) or time.monotonic() >= deadline:
                     self.health.gave_up()
                     raise StorageUnavailable(problem) from None

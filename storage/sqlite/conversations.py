@@ -25,6 +25,7 @@ from pluto.ids import new_id
 from pluto.storage.rows import (MessageRow, RunRow, SessionRow, estimate_tokens,
                                 sanitize_history)
 from pluto.storage.sql import Engine, Statement, run_statements
+from pluto.storage.sqlite.fencing import Claim, fence
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ def _message_stmt(session_id: str, m: MessageRow) -> Statement:
 
 
 _INSERT_EVENT = "INSERT INTO run_events (run_id, seq, type, data) VALUES (?,?,?,?)"
+_EVENT_INTO = "INSERT INTO run_events "  # (fenced or not)
 
 
 def _event_stmt(event: RunEvent) -> Statement:
@@ -128,10 +130,13 @@ def _handled(source: tuple[str, str], run_id: str) -> Statement:
             " message_id = ? AND (handled = 0 OR outcome = ?)", (outcome, *source, outcome))
 
 
-def _claim_source(conn: Any, source: tuple[str, str] | None, run_id: str) -> None:
+def _claim_source(conn: Any, source: tuple[str, str] | None, run_id: str,
+                  claim: Claim | None = None) -> None:
     """Mark the run's message handled by it — unless another instance's run has it already
-    (it took the chat over meanwhile): then this run must not go on."""
-    if source is not None and conn.execute(*_handled(source, run_id)).rowcount == 0:
+    (it took the chat over meanwhile), or the chat's claim it was taken under moved on: then
+    this run must not go on."""
+    if source is not None and conn.execute(*fence(_handled(source, run_id),
+                                                   claim)).rowcount == 0:
         raise RunTakenOver(f"message {source[1]} of {source[0]} is answered elsewhere")
 
 
@@ -162,6 +167,27 @@ class SqliteConversations:
         self._recent: OrderedDict[str, deque[MessageRow]] = OrderedDict()
         self._cache = not engine.shared
         self.owner = "local"  # the instance whose runs these are (set by the gateway)
+        # several instances: the chat claim (lease, token) each run's writes are fenced by
+        # (storage/sqlite/fencing.py), and the claims messages were taken under, until their
+        # run starts
+        self._claims: dict[str, Claim] = {}
+        self._source_claims: dict[tuple[str, str], Claim] = {}
+
+    def claim(self, source: tuple[str, str], claim: Claim | None) -> None:
+        """Several instances: the message ``source`` (provider, message id) was taken from the
+        inbox under ``claim``; the writes of the run answering it are fenced by it (None: it
+        is done with)."""
+        if claim is None:
+            self._source_claims.pop(source, None)
+        else:
+            self._source_claims[source] = claim
+
+    def _claimed(self, run_id: str, source: tuple[str, str] | None) -> Claim | None:
+        claim = self._source_claims.get(source) if source is not None else None
+        if claim is None:  # (queued under it: the claim stays the run's)
+            return self._claims.get(run_id)
+        self._claims[run_id] = claim
+        return claim
 
     async def migrate(self) -> None:
         await self.engine.migrate(COMPONENT, MIGRATIONS)
@@ -238,12 +264,14 @@ class SqliteConversations:
                           tool_call_id: str | None = None, name: str | None = None,
                           event: RunEvent | None = None) -> RunEvent | None:
         message = _message(role, content, run_id, tool_calls, tool_call_id, name)
-        stmts = [_message_stmt(session_id, message)]
+        claim = self._claims.get(run_id) if run_id is not None else None
+        stmts = [fence(_message_stmt(session_id, message), claim)]
         if event is not None:
             event = self._numbered(event)
-            stmts.append(_event_stmt(event))
+            stmts.append(fence(_event_stmt(event), claim))
         stmts = [*self._take_behind(), *stmts]
-        await self.engine.write(*stmts)
+        if await self.engine.write(*stmts) == 0 and claim is not None:
+            raise RunTakenOver(f"run {run_id} was taken over by another instance")
         self._committed(stmts)
         self._remember(session_id, message)
         return event
@@ -300,13 +328,14 @@ class SqliteConversations:
     def _committed(self, stmts: list[Statement]) -> None:
         """The events among ``stmts`` are committed: previews may be numbered that far on."""
         for sql, params in stmts:
-            if sql is _INSERT_EVENT and params[0] in self._seq:
+            if sql.startswith(_EVENT_INTO) and params[0] in self._seq:
                 self._kept[params[0]] = max(self._kept.get(params[0], 0), params[1])
 
     def _forget(self, run_id: str) -> None:
         """The run is no longer written by this process (it ended, or was taken over)."""
         self._seq.pop(run_id, None)
         self._kept.pop(run_id, None)
+        self._claims.pop(run_id, None)
 
     async def queue_run(self, run_id: str, session_id: str, agent: str, input_text: str, *,
                         source: tuple[str, str] | None = None) -> None:
@@ -316,8 +345,9 @@ class SqliteConversations:
                 " source_provider, source_id) VALUES (?,?,?,'queued',?,?,?,?,?) ON CONFLICT DO"
                 " NOTHING", (run_id, session_id, agent, input_text, time.time(), self.owner,
                              *(source or (None, None))))
-            _claim_source(conn, source, run_id)  # handled with this very commit
+            _claim_source(conn, source, run_id, claim)  # handled with this very commit
 
+        claim = self._claimed(run_id, source)
         await self.engine.transact(queue)
 
     async def start_run(self, run_id: str, session_id: str, agent: str, input_text: str,
@@ -342,10 +372,11 @@ class SqliteConversations:
                     (run_id, session_id, agent, input_text, now, self.owner,
                      *(source or (None, None)))).rowcount == 0:
                 raise RunTakenOver(f"run {run_id} has ended (taken over) before it started")
-            _claim_source(conn, source, run_id)
+            _claim_source(conn, source, run_id, claim)
             for stmt in stmts:
                 conn.execute(*stmt)
 
+        claim = self._claimed(run_id, source)
         try:
             await self.engine.transact(start)
         except RunTakenOver:
@@ -360,13 +391,15 @@ class SqliteConversations:
         if durable or event.seq > self._kept.get(event.run_id, 0) + PREVIEWS_AHEAD:
             # (a preview that far ahead of its run's commits waits for its own: storage is
             # behind by a whole window, and a number shown must survive a crash)
-            stmts = [*self._take_behind(), _event_stmt(event)]
-            await self.engine.write(*stmts)
+            claim = self._claims.get(event.run_id)
+            stmts = [*self._take_behind(), fence(_event_stmt(event), claim)]
+            if await self.engine.write(*stmts) == 0 and claim is not None:
+                raise RunTakenOver(f"run {event.run_id} was taken over by another instance")
             self._committed(stmts)
             return event
         # A preview (a batch of streamed text): numbered now, committed behind the caller with
         # the next write — at the latest with the run's next durable event, in its commit
-        self._behind.append(_event_stmt(event))
+        self._behind.append(fence(_event_stmt(event), self._claims.get(event.run_id)))
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_behind())
         return event
@@ -400,9 +433,10 @@ class SqliteConversations:
         if event is not None:
             event = self._numbered(event)
             stmts.append(_event_stmt(event))
-        update = ("UPDATE runs SET status = ?, error = ?, usage = ?, ended_at = ? WHERE id = ?"
-                  " AND status IN ('queued', 'running')",
-                  (status, error, json.dumps(usage or {}), time.time(), run_id))
+        update = fence(("UPDATE runs SET status = ?, error = ?, usage = ?, ended_at = ?"
+                        " WHERE id = ? AND status IN ('queued', 'running')",
+                        (status, error, json.dumps(usage or {}), time.time(), run_id)),
+                       self._claims.get(run_id))
         behind = self._take_behind()
 
         def end(conn: Any) -> bool:
@@ -458,15 +492,16 @@ class SqliteConversations:
         final, end = self._numbered(final), self._numbered(end)
         message = _message("assistant", getattr(final, "text", None), run_id)
         behind = self._take_behind()
+        ended = fence(("UPDATE runs SET status = 'ok', error = NULL, usage = ?, ended_at = ?"
+                       " WHERE id = ? AND status = 'running'",
+                       (json.dumps(usage), time.time(), run_id)), self._claims.get(run_id))
 
         def complete(conn: Any) -> None:
             for stmt in behind:  # the previews before it, in its commit
                 conn.execute(*stmt)
             # fenced: a run taken over by another instance (it thought this one dead) ends
             # there, and its answer here is refused rather than given twice
-            if conn.execute("UPDATE runs SET status = 'ok', error = NULL, usage = ?,"
-                            " ended_at = ? WHERE id = ? AND status = 'running'",
-                            (json.dumps(usage), time.time(), run_id)).rowcount == 0:
+            if conn.execute(*ended).rowcount == 0:
                 raise RunTakenOver(f"run {run_id} was taken over by another instance")
             for stmt in (_message_stmt(session_id, message), _event_stmt(final),
                          _event_stmt(end)):
@@ -619,9 +654,14 @@ class SqliteConversations:
                 conn.execute("UPDATE runs SET status = 'interrupted', error = ?, ended_at = ?"
                              " WHERE id = ?", (reason, now, r[0]))
                 if requeue and r[2] is not None:  # answered again: back in the inbox
-                    conn.execute("UPDATE inbound_seen SET handled = 0, outcome = NULL WHERE"
-                                 " provider = ? AND message_id = ? AND payload IS NOT NULL",
-                                 (r[2], r[3]))
+                    requeued = conn.execute(
+                        "UPDATE inbound_seen SET handled = 0, outcome = NULL WHERE"
+                        " provider = ? AND message_id = ? AND payload IS NOT NULL",
+                        (r[2], r[3])).rowcount
+                    if requeued and self.engine.shared:  # several instances: what the run
+                        # wrote (its user message, tool calls) never enters the history
+                        # the re-run reads — it writes its own
+                        conn.execute("DELETE FROM messages WHERE run_id = ?", (r[0],))
                 ended.append(end)
             return ended
 

@@ -8,6 +8,7 @@ PostgreSQL run the same part over their own engine.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 COMPONENT = "flood"
@@ -24,22 +25,45 @@ MIGRATIONS: list[Any] = [
 
 
 class SqlFlood:
+    """On a database several instances share, a hold is kept on the database's clock: the
+    caller's times (its own clock) are turned into offsets from its ``now`` on the way in and
+    back into its clock on the way out, so an instance whose clock is off holds a chat exactly
+    as long as the platform asked, as every other instance sees it."""
+
     def __init__(self, engine: Any):
         self.engine = engine
+        self._db_clock = bool(getattr(engine, "shared", False))
 
     async def migrate(self) -> None:
         await self.engine.migrate(COMPONENT, MIGRATIONS)
 
     async def hold(self, provider: str, chat_id: str, until: float) -> None:
+        if self._db_clock:
+            now = self.engine.now_sql
+            await self.engine.write((
+                "INSERT INTO flood_holds (provider, chat_id, hold_until) VALUES"
+                f" (?,?,{now} + ?) ON CONFLICT (provider, chat_id) DO UPDATE SET"
+                " hold_until = excluded.hold_until"
+                " WHERE excluded.hold_until > flood_holds.hold_until",
+                (provider, chat_id, until - time.time())))
+            return
         await self.engine.write((
             "INSERT INTO flood_holds (provider, chat_id, hold_until) VALUES (?,?,?)"
             " ON CONFLICT (provider, chat_id) DO UPDATE SET hold_until = excluded.hold_until"
             " WHERE excluded.hold_until > flood_holds.hold_until", (provider, chat_id, until)))
 
     async def holds(self, now: float) -> list[tuple[str, str, float]]:
+        if self._db_clock:  # (until, in the caller's clock: its now + what is left)
+            rows = await self.engine.fetchall(
+                f"SELECT provider, chat_id, hold_until - {self.engine.now_sql} + ? FROM"
+                f" flood_holds WHERE hold_until > {self.engine.now_sql}", (now,))
+            return [(r[0], r[1], float(r[2])) for r in rows]
         rows = await self.engine.fetchall(
             "SELECT provider, chat_id, hold_until FROM flood_holds WHERE hold_until > ?", (now,))
         return [(r[0], r[1], float(r[2])) for r in rows]
 
     async def prune(self, now: float) -> int:
+        if self._db_clock:
+            return await self.engine.write((
+                f"DELETE FROM flood_holds WHERE hold_until <= {self.engine.now_sql}", ()))
         return await self.engine.write(("DELETE FROM flood_holds WHERE hold_until <= ?", (now,)))

@@ -6,6 +6,9 @@ A message stays *unhandled* until the pipeline has decided what becomes of it (f
 that starts a run: in the same commit that records the run), so a message taken from a
 platform and not yet handled when the process died is handled after the restart, not lost.
 The table is bounded: handled rows older than ``max_age`` seconds go, and at most ``max_rows``.
+
+On a database several instances share, arrival times are the database's clock (``now_sql``):
+how long a message has waited is judged the same by every instance, whatever its own clock says.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 from typing import Any
 
 from pluto.storage.sql import Engine
+from pluto.storage.sqlite.fencing import Claim, fence
 
 COMPONENT = "inbound"
 MIGRATIONS: list[str] = [
@@ -61,17 +65,43 @@ class SqliteInbound:
         self.max_age = max_age
         self.prune_every = prune_every
         self._since_prune = 0
+        # now, as a statement reads it: the database's clock when several instances share it
+        # (one clock for them all), this process's otherwise (a parameter: nothing to compute)
+        self._now = engine.now_sql if engine.shared else "?"
+        # several instances (PostgreSQL): the channel told of each message recorded, in the
+        # statement that records it ("new|<provider>|<chat>": its chat's holder wakes up)
+        self.notify: str | None = None
+        # several instances: the chat claim each message was taken under (its outcome is
+        # recorded only while the claim holds: storage/sqlite/fencing.py)
+        self._claims: dict[tuple[str, str], Claim] = {}
+
+    def claim(self, source: tuple[str, str], claim: Claim | None) -> None:
+        """The message ``source`` (provider, message id) was taken under ``claim`` (None: it
+        is done with)."""
+        if claim is None:
+            self._claims.pop(source, None)
+        else:
+            self._claims[source] = claim
+
+    def _at(self, offset: float = 0.0) -> tuple[Any, ...]:
+        """The parameters ``self._now`` needs, ``offset`` seconds from now (none on a shared
+        database: its statements say ``now_sql - ?`` with the offset alone)."""
+        return () if self.engine.shared else (time.time() + offset,)
 
     async def migrate(self) -> None:
         await self.engine.migrate(COMPONENT, MIGRATIONS)
         await self.prune()
 
     async def accept(self, provider: str, message_id: str, payload: dict[str, Any]) -> bool:
-        inserted = await self.engine.write((
-            "INSERT INTO inbound_seen (provider, message_id, seen_at, payload, handled, chat_id)"
-            " VALUES (?,?,?,?,0,?) ON CONFLICT DO NOTHING",
-            (provider, message_id, time.time(), json.dumps(payload),
-             str(payload.get("chat_id", "")))))
+        insert = ("INSERT INTO inbound_seen (provider, message_id, seen_at, payload, handled,"
+                  f" chat_id) VALUES (?,?,{self._now},?,0,?) ON CONFLICT DO NOTHING",
+                  (provider, message_id, *self._at(), json.dumps(payload),
+                   str(payload.get("chat_id", ""))))
+        if self.notify is not None:  # (one statement: the row and its notification)
+            insert = (f"WITH ins AS ({insert[0]} RETURNING provider, chat_id) SELECT"
+                      " pg_notify(?, 'new|' || provider || '|' || chat_id) FROM ins",
+                      (*insert[1], self.notify))
+        inserted = await self.engine.write(insert)
         if inserted == 0:
             return False
         self._since_prune += 1
@@ -84,10 +114,11 @@ class SqliteInbound:
 
     async def handled(self, provider: str, message_id: str,
                       outcome: dict[str, Any] | None = None) -> None:
-        await self.engine.write((
+        await self.engine.write(fence((
             "UPDATE inbound_seen SET handled = 1, payload = NULL, outcome = ? WHERE"
             " provider = ? AND message_id = ? AND handled = 0",
-            (json.dumps(outcome) if outcome else None, provider, message_id)))
+            (json.dumps(outcome) if outcome else None, provider, message_id)),
+            self._claims.get((provider, message_id)) if self._claims else None))
 
     async def outcome(self, provider: str, message_id: str) -> dict[str, Any] | None:
         """What became of a message once it is handled (by any instance); None until then."""
@@ -118,7 +149,7 @@ class SqliteInbound:
         """Chats with a message that has waited longer than ``older_than`` seconds."""
         rows = await self.engine.fetchall(
             "SELECT DISTINCT chat_id FROM inbound_seen WHERE provider = ? AND handled = 0"
-            " AND seen_at < ?", (provider, time.time() - older_than))
+            f" AND seen_at < {self._now} - ?", (provider, *self._at(), older_than))
         return [r[0] for r in rows if r[0] is not None]
 
     async def unhandled(self, provider: str, *, older_than: float = 0.0
@@ -127,7 +158,8 @@ class SqliteInbound:
         those received at least that many seconds ago)."""
         rows = await self.engine.fetchall(
             "SELECT payload, preview FROM inbound_seen WHERE provider = ? AND handled = 0"
-            " AND seen_at <= ? ORDER BY rowid", (provider, time.time() - older_than))
+            f" AND seen_at <= {self._now} - ? ORDER BY rowid", (provider, *self._at(),
+                                                                  older_than))
         return [_with_preview(r[0], r[1]) for r in rows if r[0]]
 
     async def prune(self) -> int:
@@ -135,8 +167,8 @@ class SqliteInbound:
         self._since_prune = 0
 
         def prune(conn) -> int:  # type: ignore[no-untyped-def]
-            old = conn.execute("DELETE FROM inbound_seen WHERE seen_at < ?",
-                               (time.time() - self.max_age,)).rowcount  # handled or not
+            old = conn.execute(f"DELETE FROM inbound_seen WHERE seen_at < {self._now} - ?",
+                               (*self._at(), self.max_age)).rowcount  # handled or not
             extra = conn.execute(
                 "DELETE FROM inbound_seen WHERE seen_at < (SELECT seen_at FROM inbound_seen"
                 " ORDER BY seen_at DESC LIMIT 1 OFFSET ?)", (self.max_rows - 1,)).rowcount

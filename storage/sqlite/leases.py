@@ -7,10 +7,21 @@ dies its leases run out and another takes them. Every takeover increases the lea
 ``token``: a renewal or a release that carries an old token fails, so an instance that was
 paused past its lease learns it lost it instead of acting as its holder (fencing). Time is
 the database's clock, so instances' clocks need not agree.
+
+A token only ever grows: on PostgreSQL every take (of any lease) draws the next number of one
+sequence, so a lease released and taken again never hands out a token seen before — a write
+fenced with an old token (``WHERE EXISTS (SELECT 1 FROM leases WHERE name = ? AND token = ?)``,
+:func:`fenced`) is refused once anyone took the lease since, even after a release. (SQLite
+serves one process, which holds every lease at once: there the next token is the largest
+kept + 1.) All the leases of an owner are renewed by one statement, and a lease that ran out
+can be taken from its holder only when the taker says so (``takeover``): an instance that
+was itself cut off from the database waits a lease's length after it is back before it takes
+anything over, so an outage every instance saw hands no live work around.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +38,27 @@ MIGRATIONS: list[Any] = [
     );
     CREATE INDEX leases_owner ON leases(owner);
     """,
+    # tokens that only grow, across releases (see the module)
+    {"sqlite": "SELECT 1",
+     "postgres": "ALTER TABLE leases ALTER COLUMN token TYPE BIGINT;"
+                 " CREATE SEQUENCE lease_tokens;"
+                 " SELECT setval('lease_tokens', COALESCE((SELECT MAX(token) FROM leases), 0) + 1,"
+                 " false)"},
+    # whether the holder took it from another (that stopped renewing it) rather than free
+    "ALTER TABLE leases ADD COLUMN taken INTEGER NOT NULL DEFAULT 0",
 ]
+_NEXT_TOKEN = {"postgres": "nextval('lease_tokens')",
+               "sqlite": "(SELECT COALESCE(MAX(token), 0) + 1 FROM leases)"}
+# the names among a list given as one parameter (a list on PostgreSQL, JSON text on SQLite)
+_NAMES_IN = {"postgres": "name = ANY(?)", "sqlite": "name IN (SELECT value FROM json_each(?))"}
+
+
+def fenced(lease: str = "?", token: str = "?") -> str:
+    """The condition a write fenced by a lease adds to its statement: the lease still carries
+    the token it was taken with (nobody took it since). (A transaction left open past the
+    lease, by a process paused before its COMMIT, is ended by the server:
+    ``idle_in_transaction_session_timeout``, storage/postgres/engine.py.)"""
+    return f"EXISTS (SELECT 1 FROM leases WHERE name = {lease} AND token = {token})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,26 +73,48 @@ class SqlLeases:
     def __init__(self, engine: Engine):
         self.engine = engine
         self._now = engine.now_sql
+        self._next = _NEXT_TOKEN.get(engine.dialect, _NEXT_TOKEN["sqlite"])
+        self._names_in = _NAMES_IN.get(engine.dialect, _NAMES_IN["sqlite"])
+        # several instances (PostgreSQL): the channel told of each lease released, in the
+        # statement that releases it ("free|<name>": who waits for it tries again)
+        self.notify: str | None = None
 
     async def migrate(self) -> None:
         await self.engine.migrate(COMPONENT, MIGRATIONS)
 
-    async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
-        """Take the lease if it is free, ran out, or is already ``owner``'s; its token, or
-        None when someone else holds it. Taking it from someone else increases the token."""
+    async def acquire(self, name: str, owner: str, ttl: float, *,
+                      takeover: bool = True) -> int | None:
+        """Take the lease if it is free, ran out (and ``takeover``), or is already ``owner``'s;
+        its token, or None when someone else holds it. Taken anew, it gets a new token, larger
+        than any before (kept when ``owner`` holds it already)."""
+        took = await self.take(name, owner, ttl, takeover=takeover)
+        return took[0] if took is not None else None
+
+    async def take(self, name: str, owner: str, ttl: float, *,
+                   takeover: bool = True) -> tuple[int, bool] | None:
+        """:meth:`acquire`, and whether the lease was taken from another owner (whose lease
+        ran out) rather than found free: (token, taken), or None."""
         now = self._now
+        rows = await self._returning(
+            f"INSERT INTO leases (name, owner, token, until, taken) VALUES"
+            f" (?, ?, {self._next}, {now} + ?, 0)"
+            f" ON CONFLICT(name) DO UPDATE SET"
+            f" token = CASE WHEN leases.owner = excluded.owner THEN leases.token"
+            f" ELSE excluded.token END,"
+            f" taken = CASE WHEN leases.owner = excluded.owner THEN leases.taken ELSE 1 END,"
+            f" owner = excluded.owner, until = excluded.until"
+            f" WHERE leases.owner = excluded.owner OR (leases.until < {now} AND ?)"
+            f" RETURNING token, taken", (name, owner, ttl, bool(takeover)))
+        return (int(rows[0][0]), bool(rows[0][1])) if rows else None
 
-        def take(conn: Any) -> int | None:
-            row = conn.execute(
-                f"INSERT INTO leases (name, owner, token, until) VALUES (?, ?, 1, {now} + ?)"
-                f" ON CONFLICT(name) DO UPDATE SET"
-                f" token = CASE WHEN leases.owner = excluded.owner THEN leases.token"
-                f" ELSE leases.token + 1 END, owner = excluded.owner, until = excluded.until"
-                f" WHERE leases.owner = excluded.owner OR leases.until < {now}"
-                f" RETURNING token", (name, owner, ttl)).fetchone()
-            return int(row[0]) if row is not None else None
-
-        return await self.engine.transact(take)
+    async def _returning(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        """One change that returns rows, committed: alone on PostgreSQL (one statement is
+        atomic by itself: no BEGIN and COMMIT around it), in a transaction on SQLite."""
+        def run(conn: Any) -> list[Any]:
+            return conn.execute(sql, params).fetchall()
+        if self.engine.dialect == "postgres":
+            return await self.engine.read(run)
+        return await self.engine.transact(run)
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
         """Extend the lease; False when it is no longer this owner's with this token."""
@@ -70,25 +123,29 @@ class SqlLeases:
             f" AND token = ?", (ttl, name, owner, token))) > 0
 
     async def renew_all(self, owner: str, tokens: dict[str, int], ttl: float) -> set[str]:
-        """Renew many leases in one change; the names among them that are lost."""
-        now = self._now
-
-        def renew(conn: Any) -> set[str]:
-            lost = set()
-            for name, token in tokens.items():
-                if conn.execute(f"UPDATE leases SET until = {now} + ? WHERE name = ? AND"
-                                f" owner = ? AND token = ?", (ttl, name, owner, token)
-                                ).rowcount == 0:
-                    lost.add(name)
-            return lost
-
-        return await self.engine.transact(renew) if tokens else set()
+        """Renew many leases in one statement; the names among them that are lost."""
+        if not tokens:
+            return set()
+        names: Any = list(tokens)
+        if self.engine.dialect != "postgres":
+            names = json.dumps(names)
+        # (an instance's own heartbeat that ran out is not renewed: the others may have
+        # acted on its death — sent its replies, taken its runs — so it joins again anew)
+        rows = await self._returning(
+            f"UPDATE leases SET until = {self._now} + ? WHERE owner = ? AND {self._names_in}"
+            f" AND (until >= {self._now} OR substr(name, 1, 9) != 'instance:')"
+            f" RETURNING name, token", (ttl, owner, names))
+        kept = {r[0]: int(r[1]) for r in rows}
+        return {name for name, token in tokens.items() if kept.get(name) != token}
 
     async def release(self, name: str, owner: str, token: int) -> bool:
         """Give the lease up (it is free at once); False when it was not held so."""
-        return await self.engine.write((
-            "DELETE FROM leases WHERE name = ? AND owner = ? AND token = ?",
-            (name, owner, token))) > 0
+        delete = ("DELETE FROM leases WHERE name = ? AND owner = ? AND token = ?",
+                  (name, owner, token))
+        if self.notify is not None:
+            delete = (f"WITH d AS ({delete[0]} RETURNING name) SELECT pg_notify(?,"
+                      " 'free|' || name) FROM d", (*delete[1], self.notify))
+        return await self.engine.write(delete) > 0
 
     async def holder(self, name: str) -> Lease | None:
         """Who holds the lease now (None: nobody, or it ran out)."""

@@ -62,8 +62,13 @@ _COLUMNS = ("reply_id", "chunk", "run_id", "seq", "provider", "chat_id", "thread
 _CLAIM = ("INSERT INTO outbox_claims (reply_id, owner, until) VALUES (?,?,?)"
           " ON CONFLICT(reply_id) DO UPDATE SET owner = excluded.owner, until = excluded.until"
           " WHERE outbox_claims.until < ? OR outbox_claims.owner = excluded.owner")
-# Several instances: a claim also ends with its owner (an instance whose lease ran out died).
-_CLAIM_SHARED = _CLAIM + (
+# Several instances: a claim also ends with its owner (an instance whose lease ran out died);
+# its time is the database's clock (one clock for every instance), so its parameters are the
+# same as _CLAIM's with the local times turned into offsets: until - now, and now - now
+_CLAIM_SHARED = (
+    "INSERT INTO outbox_claims (reply_id, owner, until) VALUES (?,?,{now} + ?)"
+    " ON CONFLICT(reply_id) DO UPDATE SET owner = excluded.owner, until = excluded.until"
+    " WHERE outbox_claims.until < {now} + ? OR outbox_claims.owner = excluded.owner"
     " OR NOT EXISTS (SELECT 1 FROM leases WHERE leases.name = 'instance:' ||"
     " outbox_claims.owner AND leases.until >= {now})")
 
@@ -87,6 +92,10 @@ class SqliteOutbox:
     def __init__(self, engine: Engine):
         self.engine = engine
         self._claim = (_CLAIM_SHARED.format(now=engine.now_sql) if engine.shared else _CLAIM)
+        self._now = engine.now_sql if engine.shared else "?"  # claims: the database's clock
+
+    def _now_args(self, now: float) -> tuple[Any, ...]:
+        return () if self.engine.shared else (now,)
 
     async def migrate(self) -> None:
         await self.engine.migrate(COMPONENT, MIGRATIONS)
@@ -122,8 +131,8 @@ class SqliteOutbox:
                   f" ON CONFLICT DO NOTHING RETURNING id")
 
         def record(conn: Any) -> tuple[list[OutboxRow], bool]:
-            claimed = conn.execute(self._claim, (reply_id, owner, now + lease_seconds,
-                                            now)).rowcount > 0
+            claimed = conn.execute(self._claim, self._claim_args(reply_id, owner, now,
+                                                                  lease_seconds)).rowcount > 0
             # the sender's first call, counted with the record when it follows at once
             tries = 1 if claimed and count else 0
             ids = [conn.execute(insert, (*(_value(r, c) for c in _COLUMNS), tries, now,
@@ -153,8 +162,15 @@ class SqliteOutbox:
 
     async def claim(self, reply_id: str, owner: str, lease_seconds: float) -> bool:
         now = time.time()
-        taken = await self.engine.write((self._claim, (reply_id, owner, now + lease_seconds, now)))
+        taken = await self.engine.write((self._claim, self._claim_args(reply_id, owner, now,
+                                                                       lease_seconds)))
         return taken > 0
+
+    def _claim_args(self, reply_id: str, owner: str, now: float,
+                    lease_seconds: float) -> tuple[Any, ...]:
+        if self.engine.shared:  # (the database's clock: offsets from it)
+            return reply_id, owner, lease_seconds, 0.0
+        return reply_id, owner, now + lease_seconds, now
 
     async def release(self, reply_id: str, owner: str) -> None:
         await self.engine.write(("DELETE FROM outbox_claims WHERE reply_id = ? AND owner = ?",
@@ -194,7 +210,7 @@ class SqliteOutbox:
         return await self.engine.write(
             ("UPDATE outbox SET status = 'failed', error = 'expired: never sent', updated_at = ?"
              " WHERE status = 'pending' AND created_at < ?", (now, cutoff)),
-            ("DELETE FROM outbox_claims WHERE until < ?", (now,)),
+            (f"DELETE FROM outbox_claims WHERE until < {self._now}", self._now_args(now)),
             ("DELETE FROM outbox WHERE status != 'pending' AND updated_at < ?", (cutoff,)))
 
     async def _update(self, row_id: int, assignments: str, *args: Any) -> None:

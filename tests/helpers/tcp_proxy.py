@@ -1,0 +1,82 @@
+"""A TCP proxy in front of PostgreSQL for cluster fault tests: every connection of the
+instances goes through it, so a test can cut them all (as a network partition or a server
+restart would) and refuse new ones for a while (the server is unreachable)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+
+class TcpProxy:
+    def __init__(self, target_host: str, target_port: int):
+        self.target = (target_host, target_port)
+        self.port = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._pipes: set[asyncio.StreamWriter] = set()
+        self.refusing = False
+
+    async def start(self, port: int = 0) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", port or self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+            self._server = None
+        self.cut()
+
+    def upstream_ports(self) -> list[int]:
+        """The local ports of the proxy's connections to the target (PostgreSQL's
+        ``pg_stat_activity.client_port`` of each): the instances' connections, and no one
+        else's."""
+        ports = []
+        for writer in self._pipes:
+            peer = writer.get_extra_info("peername")
+            if peer is not None and tuple(peer[:2]) == self.target:
+                ports.append(writer.get_extra_info("sockname")[1])
+        return ports
+
+    def cut(self) -> None:
+        """Drop every connection open through the proxy."""
+        for writer in list(self._pipes):
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
+        self._pipes.clear()
+
+    async def refuse(self, seconds: float) -> None:
+        """Cut every connection and refuse new ones (nothing listens) for ``seconds``."""
+        self.refusing = True
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        self.cut()
+        await asyncio.sleep(seconds)
+        await self.start(self.port)
+        self.refusing = False
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._pipes.update((writer, up_writer))
+        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer),
+                             return_exceptions=True)
+        for w in (writer, up_writer):
+            self._pipes.discard(w)
+            with contextlib.suppress(Exception):
+                w.transport.abort()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        finally:
+            with contextlib.suppress(Exception):
+                writer.transport.abort()

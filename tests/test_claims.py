@@ -1,0 +1,201 @@
+"""Several instances on one PostgreSQL: tokens that only grow, every write of a run fenced by
+its chat's claim in the same statement, an outage every instance saw handing nothing around,
+and one clock (the database's) for every decision between instances.
+
+PostgreSQL: ``PLUTO_TEST_DATABASE_URL`` (tests/helpers/pg.py); without it the tests fail.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+import pluto.gateway.cluster as cluster_module
+from pluto.errors import RunTakenOver
+from pluto.events import MessageDelta, MessageFinal, RunEnd, RunStart, ToolEnd
+from pluto.gateway.cluster import Cluster
+from pluto.storage.postgres import PostgresStore
+from tests.helpers.pg import fresh_schema
+
+
+@pytest.fixture
+async def two() -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
+    """Two instances' stores on one database (schema)."""
+    with fresh_schema() as url:
+        async with PostgresStore(url) as a, PostgresStore(url) as b:
+            a.conversations.owner, b.conversations.owner = "a", "b"
+            yield a, b
+
+
+async def expire(store: PostgresStore, name: str) -> None:
+    """``name`` ran out (its holder stopped renewing it): on the database's clock."""
+    await store.engine.write(("UPDATE leases SET until = 0 WHERE name = ?", (name,)))
+
+
+async def test_a_token_only_grows_even_across_releases(two) -> None:
+    a, b = two
+    first = await a.leases.acquire("chat:t:1", "a", 30)
+    assert first is not None
+    assert await a.leases.release("chat:t:1", "a", first)
+    again = await b.leases.acquire("chat:t:1", "b", 30)  # free: taken anew
+    assert again is not None and again > first
+    assert await b.leases.take("chat:t:1", "b", 30) == (again, False)  # its own: same token
+    await expire(b, "chat:t:1")
+    took = await a.leases.take("chat:t:1", "a", 30)
+    assert took is not None and took[0] > again and took[1]  # taken from b
+
+
+async def test_a_lease_that_ran_out_is_taken_over_only_when_the_taker_says_so(two) -> None:
+    a, b = two
+    token = await a.leases.acquire("chat:t:2", "a", 30)
+    await expire(a, "chat:t:2")
+    assert await b.leases.acquire("chat:t:2", "b", 30, takeover=False) is None
+    assert await a.leases.renew_all("a", {"chat:t:2": token}, 30) == set()  # a still has it
+    assert (await b.leases.holder("chat:t:2")).owner == "a"
+    assert await b.leases.acquire("chat:t:3", "b", 30, takeover=False) is not None  # free
+
+
+async def run_under_claim(store: PostgresStore, run_id: str, msg_id: str, claim):  # type: ignore[no-untyped-def]
+    conv = store.conversations
+    await store.inbound.accept("telegram", msg_id, {"chat_id": "1", "text": "hi",
+                                                    "message_id": msg_id})
+    conv.claim(("telegram", msg_id), claim)
+    session = await conv.session("agent/telegram/1", "agent")
+    await conv.start_run(run_id, session.id, "agent", "hi",
+                         RunStart(run_id=run_id, session_id=session.id, agent="agent"),
+                         source=("telegram", msg_id))
+    return session
+
+
+async def test_a_taken_over_runs_writes_are_refused_and_leave_no_history(two) -> None:
+    a, b = two
+    lease = "chat:telegram:1"
+    token = await a.leases.acquire(lease, "a", 30)
+    session = await run_under_claim(a, "r1", "m1", (lease, token))
+    # a tool call and its result, written while a holds the chat
+    await a.conversations.add_message(session.id, "assistant", None, run_id="r1",
+                                      tool_calls=[{"id": "c1", "type": "function", "function":
+                                                   {"name": "sql", "arguments": "{}"}}])
+    await a.conversations.append_event(MessageDelta(run_id="r1", text="thinking"))
+    # a stops renewing (paused); b takes the chat over and the run with it
+    await expire(b, lease)
+    took = await b.leases.take(lease, "b", 30)
+    assert took is not None and took[1]
+    taken = await b.conversations.take_over_chat("telegram", "1")
+    assert [e.run_id for e in taken] == ["r1"]
+    # a resumes: every write of its run is refused, in the statement that makes it
+    with pytest.raises(RunTakenOver):
+        await a.conversations.add_message(session.id, "tool", "42", run_id="r1",
+                                          tool_call_id="c1", name="sql",
+                                          event=ToolEnd(run_id="r1", call_id="c1", name="sql",
+                                                        content="42"))
+    with pytest.raises(RunTakenOver):
+        await a.conversations.append_event(MessageDelta(run_id="r1", text="late"))
+    with pytest.raises(RunTakenOver):
+        await a.conversations.complete_run("r1", session.id, MessageFinal(run_id="r1",
+                                                                          text="stale"),
+                                           RunEnd(run_id="r1", outcome="ok"), usage={})
+    # the history the re-run reads holds nothing of the taken-over run
+    assert await b.conversations.messages(session.id) == []
+    events = await b.conversations.events("r1")
+    assert [e.type for e in events][-1] == "run.end"
+    assert not any(getattr(e, "text", None) in ("late", "stale") for e in events)
+    assert await b.inbound.unhandled_in_chat("telegram", "1") != []  # answered again, by b
+
+
+async def test_a_run_whose_claim_still_holds_writes_and_completes(two) -> None:
+    a, _ = two
+    lease = "chat:telegram:1"
+    token = await a.leases.acquire(lease, "a", 30)
+    session = await run_under_claim(a, "r2", "m2", (lease, token))
+    await a.leases.renew_all("a", {lease: token}, 30)
+    await a.conversations.append_event(MessageDelta(run_id="r2", text="he"))
+    final, end = await a.conversations.complete_run(
+        "r2", session.id, MessageFinal(run_id="r2", text="hello"),
+        RunEnd(run_id="r2", outcome="ok"), usage={})
+    assert (await a.conversations.run("r2")).status == "ok"
+    assert [m.role for m in await a.conversations.messages(session.id)] == ["user",
+                                                                            "assistant"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_after_an_outage_of_its_own_an_instance_takes_nothing_over_for_a_lease(
+        two, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every instance saw the outage: leases ran out on the database meanwhile, but the
+    holders renew them once back; the first one back takes none of them."""
+    a, b = two
+    clock = Clock()
+    monkeypatch.setattr(cluster_module.time, "monotonic", clock)
+    holder = Cluster(a.leases, "a", ttl=10.0)
+    other = Cluster(b.leases, "b", ttl=10.0)
+    await holder.acquire("chat:telegram:9")
+    await expire(a, "chat:telegram:9")  # the outage outlasted the lease
+    other._cut_off = True  # its heartbeat failed during the outage ...
+    await other.leases.renew_all("b", {}, 10.0)
+    other._cut_off, other._settle_until = False, clock.now + other.ttl  # ... and came back
+    assert other.settling()
+    assert await other.acquire("chat:telegram:9") is None  # not taken: a renews it
+    assert await holder.leases.renew_all("a", dict(holder._held), 10.0) == set()
+    clock.now += other.ttl
+    assert not other.settling()
+    assert await other.acquire("chat:telegram:9") is None  # renewed: still a's
+    await expire(a, "chat:telegram:9")  # a really stopped
+    assert await other.acquire("chat:telegram:9") is not None
+
+
+# one clock: the database's ---------------------------------------------------------------
+
+class Skew:
+    """This process's wall clock moved ``seconds`` ahead while inside (one instance's clock
+    wrong: what it does meanwhile is what that instance would do)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, seconds: float):
+        self.monkeypatch, self.seconds = monkeypatch, seconds
+
+    def __enter__(self) -> None:
+        real = time.time
+        self.monkeypatch.setattr(time, "time", lambda: real() + self.seconds)
+
+    def __exit__(self, *exc: object) -> None:
+        self.monkeypatch.undo()
+
+
+async def test_a_clock_400_s_ahead_changes_nothing_between_instances(
+        two, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = two
+    for store, name in ((a, "a"), (b, "b")):  # both alive
+        await store.leases.acquire(f"instance:{name}", name, 30)
+    ahead = Skew(monkeypatch, 400)
+    # an outbox claim of a's is not taken by b, whose clock is ahead
+    assert await a.outbox.claim("reply-1", "a", 30)
+    with ahead:
+        assert not await b.outbox.claim("reply-1", "b", 30)
+    # ... nor does a claim b made while ahead last 400 s longer than asked
+    with ahead:
+        assert await b.outbox.claim("reply-2", "b", 0.5)
+    await b.engine.write(("DELETE FROM leases WHERE name = 'instance:b'", ()))  # b died
+    assert await a.outbox.claim("reply-2", "a", 30)
+    # a message that just arrived has not waited, whoever's clock asks
+    await a.inbound.accept("telegram", "m-1", {"chat_id": "7", "text": "x"})
+    with ahead:
+        assert await b.inbound.waiting_chats("telegram", 2.0) == []
+        await b.inbound.accept("telegram", "m-2", {"chat_id": "8", "text": "y"})
+    assert await a.inbound.waiting_chats("telegram", 2.0) == []
+    assert "8" in await a.inbound.waiting_chats("telegram", -60.0)  # (it is there)
+    # a flood hold made by the instance ahead lasts what the platform asked, for everyone
+    with ahead:
+        await b.flood.hold("telegram", "7", time.time() + 5.0)
+    holds = await a.flood.holds(time.time())
+    assert len(holds) == 1 and 4.0 < holds[0][2] - time.time() <= 5.0
+    with ahead:  # and the instance ahead reads it in its own clock, just as long
+        held = await b.flood.holds(time.time())
+        assert 4.0 < held[0][2] - time.time() <= 5.0
