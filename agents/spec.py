@@ -146,7 +146,8 @@ def load_agent(agent_dir: Path, key_envs: Collection[str] = (),
     doc = YamlDoc(path)
     if doc.data is not None and not isinstance(doc.data, dict):
         raise ConfigError([(doc.name, 1, "", "expected a mapping (description, model, ...)")])
-    if not doc.data:  # (a file emptied mid-edit would leave the agent without instructions)
+    if doc.data is None:  # empty, or only comments: a file emptied mid-edit, never applied
+        # (an explicit `{}` is an agent of defaults, as the admin API may create one)
         raise ConfigError([(doc.name, 1, "", "the file is empty: write at least model: and "
                             "instructions: (an agent that says nothing is never applied)")])
     try:  # validated as written: no ${NAME} expansion in agent files
