@@ -49,10 +49,12 @@ def leaked(text: str) -> list[str]:
     return [v for v in VALUES if v in text]
 
 
-def test_bubblewrap_is_installed():
+def test_bubblewrap_is_installed_and_usable():
     # scripts/test.sh installs it (as it installs chromium); without it the servers below
     # would run unconfined, and the protection would not be tested at all
+    from pluto.runtime.mcp.sandbox import usable
     assert bwrap_path() is not None, "bwrap is missing: apt-get install bubblewrap"
+    assert usable(), "bwrap cannot create namespaces here"
 
 
 def test_doctor_says_in_one_sentence_when_bubblewrap_is_missing(monkeypatch):
@@ -61,10 +63,14 @@ def test_doctor_says_in_one_sentence_when_bubblewrap_is_missing(monkeypatch):
 
     assert doctor._mcp_sandbox().ok  # (installed here)
     monkeypatch.setattr(sandbox, "bwrap_path", lambda: None)
+    monkeypatch.setattr(sandbox, "_usable", None)
     check = doctor._mcp_sandbox()
     assert check.line() == (
         "FAIL  mcp sandbox: bubblewrap (bwrap) is not installed, so stdio MCP servers run "
         "unconfined and could read the gateway's secrets as root: apt-get install bubblewrap.")
+    monkeypatch.setattr(sandbox, "bwrap_path", lambda: "/usr/bin/bwrap")
+    monkeypatch.setattr(sandbox, "_usable", False)  # installed, but no namespaces allowed
+    assert "cannot create namespaces here" in doctor._mcp_sandbox().line()
 
 
 def test_a_hostile_mcp_server_gets_none_of_the_gateways_secrets():

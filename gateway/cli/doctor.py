@@ -116,11 +116,12 @@ def _data_dir(data_dir: Path) -> Check:
 def _mcp_sandbox() -> Check:
     """bubblewrap keeps stdio MCP servers out of the gateway's reach (docs/security.md);
     without it only prctl does, which root's servers ignore: a failure as root."""
-    from pluto.runtime.mcp.sandbox import MISSING, bwrap_path
+    from pluto.runtime.mcp.sandbox import MISSING, UNUSABLE, bwrap_path, usable
 
-    if (bwrap := bwrap_path()) is not None:
-        return Check("mcp sandbox", True, f"{bwrap}: stdio MCP servers run in bubblewrap")
-    return Check("mcp sandbox", os.geteuid() != 0, MISSING + ".")
+    if usable():
+        return Check("mcp sandbox", True, f"{bwrap_path()}: stdio MCP servers run in bubblewrap")
+    return Check("mcp sandbox", os.geteuid() != 0,
+                 (MISSING if bwrap_path() is None else UNUSABLE) + ".")
 
 
 def _free_mb(path: Path) -> int | None:

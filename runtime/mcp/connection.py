@@ -229,7 +229,7 @@ class McpConnection:
         assert s.command is not None
         env = {name: self._env(var) for name, var in s.env_vars().items()}
         command, args = s.command, list(s.args)
-        if s.sandbox and sandbox.bwrap_path() is not None:  # out of the gateway's reach
+        if s.sandbox and sandbox.usable():  # out of the gateway's reach
             command, args = sandbox.sandboxed(command, args, self.spec.cwd)
         elif s.sandbox:
             sandbox.warn_unconfined(self.name)

@@ -181,6 +181,8 @@ def _short(key: str) -> str:
 
 
 def _import() -> tuple[Any, Any]:
+    from pluto.runtime.mcp import sandbox
+    sandbox.usable()  # (bwrap tried once, here in a worker thread)
     with paused_gc():
         return (importlib.import_module("pluto.runtime.mcp.connection"),
                 importlib.import_module("pluto.runtime.mcp.results"))
