@@ -48,8 +48,9 @@ def spec(tmp_path: Path) -> AgentSpec:
                      source=tmp_path)
 
 
-def runner_for(store: SqlStore, tmp_path: Path, model: ScriptedModel) -> Runner:
-    meter = UsageMeter(store.usage, budgets=lambda: [Budget(per="user", period="day",
+def runner_for(store: SqlStore, tmp_path: Path, model: ScriptedModel,
+               per: str = "user") -> Runner:
+    meter = UsageMeter(store.usage, budgets=lambda: [Budget(per=per, period="day",
                                                             tokens=LIMIT)])
     return Runner(store.conversations, models={"scripted": ModelSettings(
         model="scripted", max_output_tokens=MAX_OUTPUT)}, tools={}, data_dir=tmp_path,
@@ -59,7 +60,8 @@ def runner_for(store: SqlStore, tmp_path: Path, model: ScriptedModel) -> Runner:
 async def one_run(store: SqlStore, runner: Runner, tmp_path: Path, i: int) -> str:
     session = await store.conversations.session(f"chat-{i}", "a")
     req = RunRequest(uuid.uuid4().hex, session, spec(tmp_path), f"question number {i}",
-                     who=Attribution("test", "one-key", f"c{i}", "default"))
+                     who=Attribution("test", "one-key" if i % 4 else "another-key", f"c{i}",
+                                     "default"))
     outcome = "?"
     async for event in runner.run(req):
         if isinstance(event, MessageFinal):
@@ -69,26 +71,33 @@ async def one_run(store: SqlStore, runner: Runner, tmp_path: Path, i: int) -> st
     return outcome
 
 
-async def spent_and_reserved(store: SqlStore) -> tuple[int, int]:
+async def spent_and_reserved(store: SqlStore, per: str = "user") -> tuple[int, int]:
     import time
     row = await store.engine.fetchone(
         "SELECT input_tokens + output_tokens, reserved_tokens FROM usage_counters"
-        " WHERE scope = 'user' AND key = 'test:one-key' AND period = 'day' AND start = ?",
-        (period_start("day", time.time()),))
+        " WHERE scope = ? AND key = ? AND period = 'day' AND start = ?",
+        (per, "test:one-key" if per == "user" else "a", period_start("day", time.time())))
     return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
-async def fifty_in_parallel(stores: list[SqlStore], tmp_path: Path) -> None:
+async def fifty_in_parallel(stores: list[SqlStore], tmp_path: Path, per: str = "user") -> None:
+    """50 runs at once against a 3,000-token budget ``per`` user (all of one key) or agent
+    (of two keys)."""
     model = ScriptedModel(fallback=answering)
-    runners = [runner_for(s, tmp_path, model) for s in stores]
+    runners = [runner_for(s, tmp_path, model, per) for s in stores]
+    if per == "user":  # 50 runs of the one key (a run i % 4 == 0 is another key's)
+        runs = [i for i in range(1, 80) if i % 4][:50]
+    else:  # 50 runs of both keys
+        runs = list(range(50))
     outcomes = await asyncio.gather(*(
         one_run(stores[i % len(stores)], runners[i % len(runners)], tmp_path, i)
-        for i in range(50)))
-    spent, reserved = await spent_and_reserved(stores[0])
+        for i in runs))
+    spent, reserved = await spent_and_reserved(stores[0], per)
     one_call_max = max(prompt_of(c) for c in model.calls) + MAX_OUTPUT
     answered = outcomes.count("answered")
-    print(f"\n{len(stores)} instance(s): {answered} of 50 runs answered, {spent} tokens spent "
-          f"of a {LIMIT}-token budget ({spent / LIMIT:.2f}x); one call at most {one_call_max}")
+    print(f"\n{len(stores)} instance(s), per {per}: {answered} of 50 runs answered, {spent} "
+          f"tokens spent of a {LIMIT}-token budget ({spent / LIMIT:.2f}x); one call at most "
+          f"{one_call_max}")
     assert set(outcomes) == {"answered", "budget"}, outcomes  # some ran, the rest were refused
     assert len(model.calls) == answered  # a refused run never reached the model
     assert spent <= LIMIT + one_call_max, (spent, one_call_max)
@@ -107,6 +116,12 @@ async def test_fifty_parallel_runs_on_two_gateways_sharing_postgresql(tmp_path):
     with fresh_schema() as url:
         async with PostgresStore(url) as first, PostgresStore(url) as second:
             await fifty_in_parallel([first, second], tmp_path)
+
+
+async def test_fifty_parallel_runs_of_two_keys_against_an_agent_budget_postgresql(tmp_path):
+    with fresh_schema() as url:
+        async with PostgresStore(url) as first, PostgresStore(url) as second:
+            await fifty_in_parallel([first, second], tmp_path, per="agent")
 
 
 async def test_a_failed_call_gives_its_whole_reservation_back(tmp_path):
