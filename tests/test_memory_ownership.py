@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from pluto.agents.spec import LongTermMemory, MemorySpec
 from pluto.events import ToolEnd
 from pluto.runtime.memory import Owner, Speaker, prompt_block
 from pluto.runtime.memory.notes import MemoryBook, MemoryRefused, check_note, parse, remember
