@@ -258,3 +258,24 @@ async def test_a_redelivered_message_starts_one_run(config_dir, data_dir):
         await q.intake.submit(q.msg("/help"))
         await q.wait_finals(2)
     assert len(model.calls) == 1 and "/new" in q.finals()[1]
+
+
+async def test_a_run_that_recorded_no_reply_leaves_its_preview_to_the_messages_next_run(
+        delivery):
+    """Storage failed before the reply was recorded (the run is handed back): the message's
+    next run edits the preview the first one showed, even though its id was never kept."""
+    p = RecordingProvider(capabilities=EDITS)
+
+    async def cut_short() -> AsyncIterator[RunEvent]:
+        yield RunStart(run_id="r1", session_id="s", agent="default")
+        yield delta("Half an")
+        async with asyncio.timeout(5):
+            while not p.sent:
+                await asyncio.sleep(0.005)
+        raise RuntimeError("storage is away")  # no final: nothing recorded
+
+    with pytest.raises(RuntimeError):
+        await delivery.run(p, message(), cut_short())
+    await delivery.run(p, message(), events(delta("Whole"), final("Whole answer."), run="r2"))
+    assert [m.text for m in p.sent] == ["Half an"]  # one message in the chat
+    assert p.edits[-1].edit_of == "1" and p.edits[-1].text == "Whole answer."

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import mimetypes
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 
 NO_ANSWER = "(no answer)"
 MAX_TOOL_ATTACHMENTS = 10  # files one tool result may send with the answer
+KEPT_PREVIEWS = 1000  # previews of unanswered runs remembered for their message's next run
 Kind = Literal["reply", "delta", "notice", "error"]
 
 
@@ -82,6 +84,7 @@ class _Run:
     preview: LivePreview | None
     typing: Typing
     images: list[Attachment] = field(default_factory=list)
+    delivered: bool = False  # its reply is recorded in the outbox
 
 
 class Delivery:
@@ -96,6 +99,8 @@ class Delivery:
         self.data_dir = data_dir
         self.throttle = throttle
         self.typing_interval = typing_interval
+        # the previews of runs that recorded no reply, by message (provider, id): bounded
+        self._previews: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     async def reply(self, provider: Provider, msg: IncomingMessage, text: str, *,
                     kind: Kind = "reply") -> asyncio.Future[bool]:
@@ -118,8 +123,9 @@ class Delivery:
         keep = self.keep_preview
         post = self.outbox.post  # every call to the chat goes through its one sender
         may_send = fence or self.outbox.may_send
+        shown = msg.shown or self._previews.get((msg.provider, msg.message_id or ""))
         state = _Run(LivePreview(provider, reply_to(msg, ""), self.throttle, flood, post=post,
-                                 may_send=may_send, shown=msg.shown,
+                                 may_send=may_send, shown=shown,
                                  on_shown=(lambda pid: keep(msg, pid))
                                  if keep is not None and msg.message_id else None)
                      if live else None,
@@ -136,7 +142,22 @@ class Delivery:
             state.typing.stop()
             if state.preview is not None:
                 state.preview.cancel()
+                self._remember(msg, state)
         return last
+
+    def _remember(self, msg: IncomingMessage, state: _Run) -> None:
+        """A run that showed a preview but recorded no reply (storage failed, it was handed
+        back): the message's next run here edits that preview, even when storage could not
+        keep its id — it is not left beside the answer, looking like a second one."""
+        key = (msg.provider, msg.message_id or "")
+        shown = state.preview.message_id if state.preview is not None else None
+        if state.delivered or shown is None or not msg.message_id:
+            self._previews.pop(key, None)
+            return
+        self._previews[key] = shown
+        self._previews.move_to_end(key)
+        while len(self._previews) > KEPT_PREVIEWS:
+            self._previews.popitem(last=False)
 
     async def _on_event(self, provider: Provider, msg: IncomingMessage, state: _Run,
                         event: RunEvent) -> None:
@@ -164,6 +185,7 @@ class Delivery:
                 not messages[0].attachments:
             messages[0] = replace(messages[0], edit_of=preview_id, reply_to=None)
         await self.outbox.deliver(provider, event.run_id, messages)
+        state.delivered = True
 
     async def resend_final(self, provider: Provider, msg: IncomingMessage,
                            event: RunEvent) -> None:
@@ -175,8 +197,9 @@ class Delivery:
         text = getattr(event, "text", "") or ""
         base = reply_to(msg, text, kind="reply", run_id=event.run_id, seq=event.seq)
         messages = self._chunks(provider, base, text, [])
-        if msg.shown is not None and messages and provider.capabilities.can_edit:
-            messages[0] = replace(messages[0], edit_of=msg.shown, reply_to=None)
+        shown = msg.shown or self._previews.pop((msg.provider, msg.message_id or ""), None)
+        if shown is not None and messages and provider.capabilities.can_edit:
+            messages[0] = replace(messages[0], edit_of=shown, reply_to=None)
         await self.outbox.deliver(provider, event.run_id, messages)
 
     def _chunks(self, provider: Provider, base: OutgoingMessage, text: str,
