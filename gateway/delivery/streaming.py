@@ -19,6 +19,7 @@ pooled connection), a stopped indicator simply asks no more.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -71,12 +72,11 @@ class EditThrottle:
             if give_up is None:
                 await asyncio.sleep(slot - now)
             else:
-                try:
+                with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(slot - now):
                         await give_up.wait()
+                if give_up.is_set():
                     return False
-                except TimeoutError:
-                    pass
             now = asyncio.get_running_loop().time()
         self._next[key] = max(now, self._next.get(key, 0.0)) + self.interval
         if len(self._next) > 1000:
