@@ -51,6 +51,9 @@ class Engine(Protocol):
     dialect: str  # "sqlite" or "postgres"
     shared: bool  # several gateway processes use this database at once
     now_sql: str  # the database's clock, in seconds since the epoch (one clock for everyone)
+    # changes commit in the order they were handed over (one writer); False: several
+    # connections commit side by side, and a change handed over later may commit first
+    in_order: bool
 
     @property
     def is_open(self) -> bool: ...

@@ -71,6 +71,37 @@ async def test_a_run_is_recorded_numbered_and_completed(store):
     assert (await conv.stats())["runs"] == 1
 
 
+async def test_a_run_s_events_become_visible_in_seq_order_even_when_a_preview_write_is_slow(
+        pg_url, monkeypatch):
+    # a streamed preview is committed behind the run by a task of its own; on PostgreSQL (a
+    # pool: changes commit side by side) the run's next durable event could commit first,
+    # and a watcher on another instance reading seq 3 before 2 takes 2 for a number skipped
+    # by a crash. (SQLite's one writer commits in the order handed over.)
+    async with PostgresStore(pg_url) as store:
+        await _events_in_order(store, monkeypatch)
+
+
+async def _events_in_order(store: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    conv = store.conversations
+    session = await conv.session("k", "agent")
+    await conv.start_run("r1", session.id, "agent", "hi",
+                         RunStart(run_id="r1", session_id=session.id, agent="agent"))
+    write = store.engine.write
+    preview_started = asyncio.Event()
+
+    async def slow_previews(*stmts):
+        if any("message.delta" in str(params) for _, params in stmts):
+            preview_started.set()
+            await asyncio.sleep(0.3)  # (a slow connection; the durable write must wait)
+        return await write(*stmts)
+
+    monkeypatch.setattr(store.engine, "write", slow_previews)
+    preview = await conv.append_event(MessageDelta(run_id="r1", text="he"), durable=False)
+    await preview_started.wait()
+    durable = await conv.append_event(MessageFinal(run_id="r1", text="hello"))
+    assert [e.seq for e in await conv.events("r1")] == [1, preview.seq, durable.seq] == [1, 2, 3]
+
+
 async def test_a_run_cancelled_before_it_started(store):
     conv = store.conversations
     session = await conv.session("k", "agent")

@@ -109,6 +109,7 @@ def redact(url: str) -> str:
 class PostgresEngine:
     dialect = "postgres"
     shared = True  # several gateway processes may use the database at once
+    in_order = False  # a pool: changes commit side by side
     now_sql = "extract(epoch from clock_timestamp())::double precision"
 
     def __init__(self, url: str, *, min_size: int = 2, max_size: int = 10,

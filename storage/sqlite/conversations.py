@@ -16,8 +16,9 @@ import json
 import logging
 import time
 from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from pluto.errors import RunTakenOver
 from pluto.events import RunEnd, RunEvent, event_from_dict, event_to_dict
@@ -28,6 +29,7 @@ from pluto.storage.sql import Engine, Statement, run_statements
 from pluto.storage.sqlite.fencing import Claim, fence
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 COMPONENT = "conversations"
 MIGRATIONS: list[str] = [
@@ -140,6 +142,11 @@ def _claim_source(conn: Any, source: tuple[str, str] | None, run_id: str,
         raise RunTakenOver(f"message {source[1]} of {source[0]} is answered elsewhere")
 
 
+def _runs(stmts: list[Statement]) -> set[str]:
+    """The runs whose events ``stmts`` write."""
+    return {params[0] for sql, params in stmts if sql.startswith(_EVENT_INTO)}
+
+
 def _next_seq_elsewhere(committed: int) -> int:
     """The next seq of a run that another process was writing (it crashed, or lost the run):
     past every preview it may have shown but not committed. A run with nothing committed
@@ -158,6 +165,10 @@ class SqliteConversations:
         self._kept: dict[str, int] = {}  # ... and the last of them known committed
         self._behind: list[Statement] = []  # preview events numbered, not yet handed over
         self._flusher: asyncio.Task[None] | None = None
+        # several connections (PostgreSQL): the last write of each run's events not yet
+        # committed; the next one waits for it, so a run's events become visible in seq order
+        # (a watcher on another instance reading 11 before 9 would take 9 and 10 for skipped)
+        self._tails: dict[str, asyncio.Future[None]] = {}
         self._sessions: dict[str, SessionRow] = {}  # active session by key (bounded cache)
         self._unwritten: dict[str, SessionRow] = {}  # new sessions whose row is being written
         # The newest messages of recently used sessions, appended to as they are committed:
@@ -270,7 +281,8 @@ class SqliteConversations:
             event = self._numbered(event)
             stmts.append(fence(_event_stmt(event), claim))
         stmts = [*self._take_behind(), *stmts]
-        if await self.engine.write(*stmts) == 0 and claim is not None:
+        if await self._in_order(_runs(stmts), lambda: self.engine.write(*stmts)) == 0 \
+                and claim is not None:
             raise RunTakenOver(f"run {run_id} was taken over by another instance")
         self._committed(stmts)
         self._remember(session_id, message)
@@ -393,7 +405,8 @@ class SqliteConversations:
             # behind by a whole window, and a number shown must survive a crash)
             claim = self._claims.get(event.run_id)
             stmts = [*self._take_behind(), fence(_event_stmt(event), claim)]
-            if await self.engine.write(*stmts) == 0 and claim is not None:
+            if await self._in_order(_runs(stmts), lambda: self.engine.write(*stmts)) == 0 \
+                    and claim is not None:
                 raise RunTakenOver(f"run {event.run_id} was taken over by another instance")
             self._committed(stmts)
             return event
@@ -403,6 +416,25 @@ class SqliteConversations:
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_behind())
         return event
+
+    async def _in_order(self, runs: set[str], write: Callable[[], Awaitable[T]]) -> T:
+        """``write`` (it commits events of ``runs``) after the writes of those runs' events
+        handed over before it have committed — unless the engine commits in order anyway."""
+        if self.engine.in_order or not runs:
+            return await write()
+        before = {self._tails[r] for r in runs if r in self._tails}
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for r in runs:
+            self._tails[r] = mine
+        try:
+            if before:
+                await asyncio.wait(before)  # (never cancels them)
+            return await write()
+        finally:
+            mine.set_result(None)
+            for r in runs:
+                if self._tails.get(r) is mine:
+                    del self._tails[r]
 
     def _take_behind(self) -> list[Statement]:
         """The preview events not yet handed to the engine: a write takes them along first."""
@@ -415,7 +447,7 @@ class SqliteConversations:
         try:
             while stmts := self._take_behind():
                 try:
-                    await self.engine.write(*stmts)
+                    await self._in_order(_runs(stmts), lambda: self.engine.write(*stmts))
                 except Exception as e:  # noqa: BLE001 - previews only: the answer is durable
                     log.warning("storage: %d streamed preview event(s) were not kept: %s",
                                 len(stmts), e)
@@ -449,7 +481,8 @@ class SqliteConversations:
             return True
 
         try:
-            ended = await self.engine.transact(end)
+            ended = await self._in_order(_runs(behind) | {run_id},
+                                         lambda: self.engine.transact(end))
         finally:
             self._forget(run_id)
         return event if ended else None
@@ -483,7 +516,8 @@ class SqliteConversations:
             return end
 
         try:
-            return await self.engine.transact(cancel)
+            return await self._in_order(_runs(behind) | {run_id},
+                                        lambda: self.engine.transact(cancel))
         finally:
             self._forget(run_id)
 
@@ -508,7 +542,7 @@ class SqliteConversations:
                 conn.execute(*stmt)
 
         try:
-            await self.engine.transact(complete)
+            await self._in_order(_runs(behind) | {run_id}, lambda: self.engine.transact(complete))
         finally:
             self._forget(run_id)
         self._remember(session_id, message)

@@ -161,6 +161,7 @@ class _Failed:
 class SqliteEngine:
     dialect = "sqlite"
     shared = False  # one gateway process serves a SQLite file
+    in_order = True  # one writer: changes commit in the order handed over
     now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
 
     def __init__(self, path: Path):
