@@ -189,6 +189,13 @@ class Provider(ABC):
     async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
         """Show that a reply is being written, where the platform can."""
 
+    async def delete(self, chat_id: str, platform_id: str,
+                     thread_id: str | None = None) -> bool:
+        """Remove a message the bot sent (a live preview an interrupted run left behind);
+        True once it is gone (a message already gone counts), False where the platform
+        cannot delete."""
+        return False
+
     async def reset(self) -> None:
         """Rebuild the client that talks to the platform (new connections, new session): the
         gateway's send watchdog calls it when every send has failed for a while, in case the

@@ -92,6 +92,21 @@ async def edit(client: discord.Client, message: OutgoingMessage) -> None:
         raise provider_error(e) from None
 
 
+async def delete(client: discord.Client, chat_id: str, platform_id: str,
+                 thread_id: str | None = None) -> bool:
+    if not platform_id.isdigit():
+        raise DeliveryRefused(f"{platform_id!r} is not a Discord message id")
+    channel = client.get_partial_messageable(channel_id(chat_id, thread_id))
+    try:
+        with sending():
+            await channel.get_partial_message(int(platform_id)).delete()
+    except discord.NotFound:
+        pass  # gone already
+    except FAILURES as e:
+        raise provider_error(e) from None
+    return True
+
+
 async def typing(client: discord.Client, chat_id: str, thread_id: str | None = None) -> None:
     try:
         with sending():

@@ -234,3 +234,7 @@ class DiscordProvider(Provider):
 
     async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
         await outbound.typing(await self._logged_in(), chat_id, thread_id)
+
+    async def delete(self, chat_id: str, platform_id: str,
+                     thread_id: str | None = None) -> bool:
+        return await outbound.delete(await self._logged_in(), chat_id, platform_id, thread_id)

@@ -46,6 +46,14 @@ class Outbound:
         await _call(self.client.chat_update(channel=message.chat_id, ts=message.edit_of,
                                             text=_text(message)))
 
+    async def delete(self, chat_id: str, ts: str) -> bool:
+        try:
+            await _call(self.client.chat_delete(channel=chat_id, ts=ts))
+        except DeliveryRefused as e:
+            if "message_not_found" not in str(e):
+                raise
+        return True
+
     async def _upload(self, message: OutgoingMessage) -> str:
         """Each file in turn; the text (if any) goes with the first as its comment."""
         comment: str | None = _text(message) if message.text.strip() else None

@@ -268,6 +268,10 @@ class SlackProvider(Provider):
     async def edit(self, message: OutgoingMessage) -> None:
         await self.outbound.edit(message)
 
+    async def delete(self, chat_id: str, platform_id: str,
+                     thread_id: str | None = None) -> bool:
+        return await self.outbound.delete(chat_id, platform_id)
+
 
 def _named(error: ProviderError, env: str) -> ProviderError:
     """The bot token refused: say which environment variable holds it."""

@@ -23,6 +23,7 @@ warnings.filterwarnings("ignore", message=r".*`retry_after` will be of type",
                         category=DeprecationWarning)
 
 NOT_MODIFIED = "message is not modified"
+GONE = "message to delete not found"
 CANT_PARSE = "can't parse entities"
 
 

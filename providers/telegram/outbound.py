@@ -15,7 +15,7 @@ from telegram.error import BadRequest, TelegramError
 
 from pluto.errors import DeliveryRefused, ProviderError
 from pluto.types import Attachment, OutgoingMessage
-from pluto.providers.telegram.errors import CANT_PARSE, NOT_MODIFIED, provider_error
+from pluto.providers.telegram.errors import CANT_PARSE, GONE, NOT_MODIFIED, provider_error
 from pluto.providers.telegram.inbound import platform_message_id
 from pluto.providers.telegram.markup import TELEGRAM_HTML
 
@@ -47,6 +47,15 @@ class Outbound:
         except ProviderError as e:
             if NOT_MODIFIED not in str(e).lower():
                 raise
+
+    async def delete(self, chat_id: str, platform_id: str) -> bool:
+        try:
+            await self._call(self.bot.delete_message(_chat(chat_id),
+                                                     platform_message_id(platform_id)))
+        except DeliveryRefused as e:
+            if GONE not in str(e).lower():
+                raise
+        return True
 
     async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
         await self._call(self.bot.send_chat_action(

@@ -266,6 +266,11 @@ class TelegramProvider(Provider):
         await self._ready()
         await self.outbound.typing(chat_id, thread_id)
 
+    async def delete(self, chat_id: str, platform_id: str,
+                     thread_id: str | None = None) -> bool:
+        await self._ready()
+        return await self.outbound.delete(chat_id, platform_id)
+
     async def _call(self, coro: Any) -> Any:
         try:
             return await coro
