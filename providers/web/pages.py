@@ -1,4 +1,6 @@
-"""What the web provider serves over plain HTTP: the widget, the demo page, chart files."""
+"""What the web provider serves over plain HTTP: the widget (:mod:`.assets`), the demo page,
+chart files, and the check a widget makes when its socket is refused (is this page's origin
+allowed?)."""
 
 from __future__ import annotations
 
@@ -6,23 +8,19 @@ import html
 import logging
 import mimetypes
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from pluto.errors import StorageError
+from pluto.providers.web import assets as static_files
+from pluto.providers.web.socket import origin_allowed
 
 if TYPE_CHECKING:
     from pluto.providers.web.provider import WebProvider
 
 log = logging.getLogger(__name__)
-STATIC = Path(__file__).parent / "static"
-ASSETS = {
-    "/widget.js": ("widget.js", "application/javascript; charset=utf-8"),
-    "/widget.css": ("widget.css", "text/css; charset=utf-8"),
-    "/demo.css": ("demo.css", "text/css; charset=utf-8"),
-}
+ORIGIN_SETTING = "providers.web.allowed_origins"
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")  # never SVG: it runs script
 DOWNLOADS = ("text/csv",)  # served as attachments, never shown in the gateway's origin
 DEMO_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self' ws: wss:; "
@@ -31,19 +29,10 @@ DEMO_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-sr
 
 
 def mount(router: web.UrlDispatcher, provider: WebProvider) -> None:
-    assets = {path: ((STATIC / name).read_bytes(), ctype) for path, (name, ctype) in ASSETS.items()}
-    demo = (STATIC / "index.html").read_text().replace(
-        "{{title}}", html.escape(provider.settings.title, quote=True))
-
-    def asset(path: str) -> web.Response:
-        body, ctype = assets[path]
-        return web.Response(body=body, headers={
-            "Content-Type": ctype, "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff",
-            "Access-Control-Allow-Origin": "*",  # the widget's files are public, like any CDN's
-        })
-
-    async def static(request: web.Request) -> web.Response:
-        return asset(request.path)
+    assets = static_files.load()
+    demo = (static_files.STATIC / "index.html").read_text().replace(
+        "{{title}}", html.escape(provider.settings.title, quote=True)).replace(
+        "{{widget_js}}", assets["widget.js"].url).replace("{{demo_css}}", assets["demo.css"].url)
 
     async def index(request: web.Request) -> web.Response:
         origin = html.escape(f"{request.scheme}://{request.host}", quote=True)
@@ -71,9 +60,18 @@ def mount(router: web.UrlDispatcher, provider: WebProvider) -> None:
             "Cache-Control": "private, max-age=3600",
             "Cross-Origin-Resource-Policy": "cross-origin"})
 
-    for path in assets:
-        router.add_get(path, static)
+    async def origin_check(request: web.Request) -> web.Response:
+        """A widget whose socket was refused asks why (a POST: browsers send ``Origin`` with
+        it, same-origin too). Anyone may ask: a handshake with that origin tells the same."""
+        origin = request.headers.get("Origin")
+        allowed = origin_allowed(request, provider.settings.allowed_origins)
+        return web.json_response(
+            {"allowed": allowed, "origin": origin, "setting": ORIGIN_SETTING},
+            headers={"Access-Control-Allow-Origin": "*", "Cache-Control": "no-store"})
+
+    static_files.mount(router, assets)
     router.add_get("/", index)
+    router.add_post("/web/origin", origin_check)
     router.add_get("/web/file/{sig}/{path:.+}", file)
 
 

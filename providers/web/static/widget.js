@@ -22,6 +22,7 @@
   var wsUrl = (base.protocol === "https:" ? "wss://" : "ws://") + base.host + "/ws";
   var tokenKey = "pluto-widget:" + base.host + ":token";
   var SAFE_LINK = /^(https?:|mailto:)/i;
+  var CSS_FILE = "widget.css";  // served as the hashed name (providers/web/assets.py)
 
   // ---- small helpers -------------------------------------------------------------------------
   function el(tag, cls, text) {
@@ -199,7 +200,7 @@
   var root = host.attachShadow ? host.attachShadow({ mode: "open" }) : host;
   var css = el("link");
   css.rel = "stylesheet";
-  css.href = new URL("widget.css", base).href;
+  css.href = new URL(CSS_FILE, base).href;
   root.appendChild(css);
 
   var launcher = root.appendChild(el("button", "pluto-launcher"));
