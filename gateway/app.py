@@ -119,7 +119,8 @@ class Gateway:
         self.cluster.on_rejoin.append(self.outbox.forget_claims)  # others sent them meanwhile
         self.delivery = Delivery(self.outbox, data_dir=self.data_dir, throttle=throttle,
                                  keep_preview=lambda msg, pid: self.store.inbound.keep_preview(
-                                     msg.provider, msg.message_id or "", pid))
+                                     msg.provider, msg.message_id or "", pid),
+                                 replace_left=self.shared)
         self.runner = self._runtime(model_factory)
         # extra reports in /readyz: informative, they never make the gateway unready
         self.load = Load(lambda: self.config.gateway)  # run slots; busy notice when overloaded

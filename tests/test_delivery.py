@@ -279,3 +279,32 @@ async def test_a_run_that_recorded_no_reply_leaves_its_preview_to_the_messages_n
     await delivery.run(p, message(), events(delta("Whole"), final("Whole answer."), run="r2"))
     assert [m.text for m in p.sent] == ["Half an"]  # one message in the chat
     assert p.edits[-1].edit_of == "1" and p.edits[-1].text == "Whole answer."
+
+
+@pytest.mark.parametrize("answered", [False, True])
+async def test_with_several_instances_a_preview_another_run_left_is_deleted_not_edited(
+        delivery, answered):
+    """The preview kept with the message may be a stopped instance's, with an edit under way
+    that lands when it resumes: the new answer is a message of its own, and the old preview is
+    removed first (a late edit then changes nothing, or a message already gone)."""
+    delivery.replace_left = True
+    p = RecordingProvider(capabilities=EDITS)
+    msg = dataclasses.replace(message(), shown="41")
+    if answered:  # its answer was committed, never handed to the outbox
+        delivery.providers[p.name] = p
+        await delivery.resend_final(p, msg, final("Whole answer.", run="r1"))
+        await delivery.outbox.idle()
+    else:
+        await delivery.run(p, msg, events(delta("Whole"), until(lambda: p.sent),
+                                          final("Whole answer.")))
+    assert p.deleted == ["41"]
+    assert all(e.edit_of != "41" for e in p.edits)
+    assert (p.edits[-1].text if p.edits else p.sent[-1].text) == "Whole answer."
+
+
+async def test_one_instance_edits_the_preview_a_crash_left(delivery):
+    p = RecordingProvider(capabilities=EDITS)
+    await delivery.run(p, dataclasses.replace(message(), shown="41"),
+                       events(final("Whole answer.")))
+    assert p.deleted == [] and p.sent == []
+    assert (p.edits[-1].edit_of, p.edits[-1].text) == ("41", "Whole answer.")

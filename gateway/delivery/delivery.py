@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from pluto.gateway.delivery.outbox import Outbox
 from pluto.gateway.delivery.render import render_chunks, split_text
-from pluto.gateway.delivery.streaming import EditThrottle, LivePreview, Typing
+from pluto.gateway.delivery.streaming import EditThrottle, LivePreview, Removal, Typing
 from pluto.gateway.ports import Provider
 from pluto.ids import new_id
 from pluto.types import (PLAIN, Attachment, IncomingMessage, MessageDelta, MessageFinal,
@@ -90,12 +90,18 @@ class _Run:
 class Delivery:
     def __init__(self, outbox: Outbox, *, data_dir: Path, throttle: EditThrottle,
                  typing_interval: float = 4.0,
-                 keep_preview: Callable[[IncomingMessage, str], Awaitable[None]] | None = None):
+                 keep_preview: Callable[[IncomingMessage, str], Awaitable[None]] | None = None,
+                 replace_left: bool = False):
         self.outbox = outbox
         # the id of a live preview, kept with its message: if the run is cut off (a crash, a
         # dead instance), the message's next answer replaces that preview instead of leaving
         # a half-written message behind and saying it all again
         self.keep_preview = keep_preview
+        # several instances: a preview kept with the message may be another instance's, one
+        # that is stopped, not dead, with an edit under way — the answer goes out as a new
+        # message and that preview is deleted, rather than edited (a late edit would cut the
+        # answer short). One instance: a preview left by a crash is edited into the answer.
+        self.replace_left = replace_left
         self.data_dir = data_dir
         self.throttle = throttle
         self.typing_interval = typing_interval
@@ -123,7 +129,8 @@ class Delivery:
         keep = self.keep_preview
         post = self.outbox.post  # every call to the chat goes through its one sender
         may_send = fence or self.outbox.may_send
-        shown = msg.shown or self._previews.get((msg.provider, msg.message_id or ""))
+        shown = self._left(provider, msg, may_send) or \
+            self._previews.get((msg.provider, msg.message_id or ""))
         state = _Run(LivePreview(provider, reply_to(msg, ""), self.throttle, flood, post=post,
                                  may_send=may_send, shown=shown,
                                  on_shown=(lambda pid: keep(msg, pid))
@@ -144,6 +151,16 @@ class Delivery:
                 state.preview.cancel()
                 self._remember(msg, state)
         return last
+
+    def _left(self, provider: Provider, msg: IncomingMessage,
+              may_send: Callable[[], bool]) -> str | None:
+        """The preview an earlier run of ``msg`` left, to be edited into this answer; with
+        several instances, None: it is removed first, in the chat's turn."""
+        if msg.shown is None or not self.replace_left:
+            return msg.shown
+        self.outbox.post(Removal(provider, msg.chat_id, msg.thread_id, msg.shown,
+                                 may_send=may_send))
+        return None
 
     def _remember(self, msg: IncomingMessage, state: _Run) -> None:
         """A run that showed a preview but recorded no reply (storage failed, it was handed
@@ -197,7 +214,8 @@ class Delivery:
         text = getattr(event, "text", "") or ""
         base = reply_to(msg, text, kind="reply", run_id=event.run_id, seq=event.seq)
         messages = self._chunks(provider, base, text, [])
-        shown = msg.shown or self._previews.pop((msg.provider, msg.message_id or ""), None)
+        shown = self._left(provider, msg, self.outbox.may_send) or \
+            self._previews.pop((msg.provider, msg.message_id or ""), None)
         if shown is not None and messages and provider.capabilities.can_edit:
             messages[0] = replace(messages[0], edit_of=shown, reply_to=None)
         await self.outbox.deliver(provider, event.run_id, messages)

@@ -188,6 +188,34 @@ class LivePreview:
         self._shown = text
 
 
+class Removal:
+    """A live preview an earlier run of the message left, deleted in the chat's turn. With
+    several instances that run may be on an instance that was stopped, not dead: an edit it had
+    begun can still land when it resumes — into a message the answer no longer lives in."""
+
+    def __init__(self, provider: Provider, chat_id: str, thread_id: str | None,
+                 platform_id: str, *, may_send: Callable[[], bool] = lambda: True):
+        self.provider = provider
+        self.chat_id = chat_id
+        self.thread_id = thread_id
+        self.platform_id = platform_id
+        self.may_send = may_send
+        self.key: ChatKey = (provider.name, chat_id)
+        self.done = False
+
+    async def perform(self) -> None:
+        if not self.may_send():
+            return
+        try:
+            self.done = await self.provider.delete(self.chat_id, self.platform_id,
+                                                   self.thread_id)
+        except ProviderError as e:  # the answer still goes out, beside the old preview
+            log.info("%s: could not remove an interrupted run's preview: %s",
+                     self.provider.name, e)
+        except Exception:  # a provider bug
+            log.exception("%s: removing a preview failed", self.provider.name)
+
+
 class Typing:
     """Asks for the platform's typing indicator every ``interval`` seconds until stopped; each
     call is made by the chat's sender (never cancelled in flight)."""

@@ -34,6 +34,7 @@ class RecordingProvider(Provider):
         self.sent: list[OutgoingMessage] = []
         self.edits: list[OutgoingMessage] = []
         self.typing_calls: list[str] = []
+        self.deleted: list[str] = []  # platform ids of messages deleted
         self.failures: list[ProviderError] = []
         self.intake: Intake | None = None
         self._changed = asyncio.Event()
@@ -63,6 +64,14 @@ class RecordingProvider(Provider):
 
     async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
         self.typing_calls.append(chat_id)
+
+    async def delete(self, chat_id: str, platform_id: str,
+                     thread_id: str | None = None) -> bool:
+        if self.failures:
+            raise self.failures.pop(0)
+        self.deleted.append(platform_id)
+        self._changed.set()
+        return True
 
     def fail_next(self, error: ProviderError, times: int = 1) -> None:
         """The next ``times`` sends or edits raise ``error``."""
