@@ -58,7 +58,7 @@ async def list_datasets(ctx: ToolContext) -> ToolResult:
     """List the datasets you can query with run_sql (each is a table of the same name), with
     their rows and columns. Files the user sends in this chat appear here too."""
     service, scope = await _service(ctx)
-    from pluto.runtime.data import counted
+    from pluto.runtime.data import counted, sql_name
 
     found = await service.visible(scope)
     if not found:
@@ -67,6 +67,8 @@ async def list_datasets(ctx: ToolContext) -> ToolResult:
     lines = [f"{len(found)} dataset(s); query each as the table of the same name:"]
     for d in found:
         mine = " (sent in this chat)" if d.owner is not None else ""
+        if sql_name(d.name) != d.name:
+            mine += f" (an SQL keyword: write it {sql_name(d.name)} in queries)"
         columns = ", ".join(f"{c.name} {c.type}" for c in d.columns[:40])
         more = f", … {len(d.columns) - 40} more" if len(d.columns) > 40 else ""
         lines.append(f"- {d.name}{mine}: {counted(d.rows, 'row')}; columns: {columns}{more}")

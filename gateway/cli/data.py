@@ -97,9 +97,14 @@ def _add(warehouse: Warehouse, args: argparse.Namespace) -> int:
                             "another --name.") from None
         raise DataError(f"A dataset named {e.name} already exists. Add --replace to replace "
                         f"it, or --name to give this one another name.") from None
+    from pluto.runtime.data import sql_name
+
+    quoted = sql_name(info.name)
     print(f"Added dataset {info.name}: {shape(info)} "
           f"({', '.join(c.name for c in info.columns[:8])}"
-          f"{', …' if len(info.columns) > 8 else ''}).")
+          f"{', …' if len(info.columns) > 8 else ''})."
+          + (f" {info.name} is an SQL keyword: write it {quoted} in queries."
+             if quoted != info.name else ""))
     return EXIT_OK
 
 

@@ -118,8 +118,11 @@ class DataCommands:
         lines = ["Datasets you can query (each is a table of the same name):"]
         lines += [f"- `{d.name}` — {shape(d)}"
                   + (" (sent in this chat)" if d.owner is not None else "") for d in found]
+        from pluto.runtime.data import sql_name
+
         first = found[0].name
-        lines += ["", f"Try `/describe {first}` or `/sql SELECT * FROM {first} LIMIT 5`."]
+        lines += ["", f"Try `/describe {first}` or "
+                  f"`/sql SELECT * FROM {sql_name(first)} LIMIT 5`."]
         return "\n".join(lines)
 
     async def _describe(self, msg: IncomingMessage, route: Route, args: str) -> str:
@@ -218,11 +221,13 @@ class DataCommands:
 
 
 def _note(filename: str, info: DatasetInfo) -> str:
+    from pluto.runtime.data import sql_name
+
     columns = ", ".join(f"{c.name} {c.type}" for c in info.columns[:30])
     more = f", … {len(info.columns) - 30} more" if len(info.columns) > 30 else ""
     return (f"[The user sent the file {filename}; it is now the dataset {info.name} "
             f"({shape(info)}: {columns}{more}). Query it as the table "
-            f"{info.name}.]")
+            f"{sql_name(info.name)}.]")
 
 
 def shape(info: DatasetInfo) -> str:

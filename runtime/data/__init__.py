@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 _HOMES = {
     "child": ("DataError", "QueryError", "QueryMemoryError", "QueryRefused", "QueryTimeout",
-              "cell_text", "check_sql"),
+              "cell_text", "check_sql", "sql_name"),
     "sandbox": ("CSV_MAX_ROWS", "QueryResult", "run_query"),
     "format": ("counted", "format_table", "markdown_table", "result_markdown", "write_csv"),
     "ingest": ("DatasetError",),
@@ -63,7 +63,7 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:
     from .child import (DataError, QueryError, QueryMemoryError, QueryRefused, QueryTimeout,
-                        cell_text, check_sql)
+                        cell_text, check_sql, sql_name)
     from .demo import ensure_demo
     from .format import counted, format_table, markdown_table, result_markdown, write_csv
     from .ingest import DatasetError

@@ -91,8 +91,13 @@ def draw(result: QueryResult, chosen: Plan, path: Path, title: str = "",
         ax.set_title(_safe(title))
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=DPI)
-    os.replace(tmp, path)
+    try:
+        fig.savefig(tmp, format="png", dpi=DPI)
+        os.replace(tmp, path)
+    except OSError as e:  # the model hears why, never where: no server path
+        tmp.unlink(missing_ok=True)
+        raise ChartError(f"The chart could not be saved on the server "
+                         f"({e.strerror or type(e).__name__}); try again later.") from None
     return summary
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import ctypes
+import functools
 import io
 import json
 import os
@@ -179,6 +180,33 @@ def _words(sql: str) -> tuple[set[str], set[str]]:
     return calls, words
 
 
+@functools.cache
+def _keywords() -> frozenset[str]:
+    """The words DuckDB's parser cannot take as a bare table name (reserved, and the
+    type/function words: semi, anti, asof, positional, join, left, ...)."""
+    with duckdb.connect(":memory:") as con:
+        words = con.execute("SELECT keyword_name FROM duckdb_keywords() WHERE keyword_category "
+                            "IN ('reserved', 'type_function')").fetchall()
+    return frozenset(w[0].lower() for w in words)
+
+
+def sql_name(name: str) -> str:
+    """A dataset's name as a query must write it: double-quoted when it is an SQL keyword
+    (``"semi"``), else as it is (``sales``)."""
+    return f'"{name}"' if name.lower() in _keywords() else name
+
+
+def quoting_hint(message: str, names: Any) -> str:
+    """DuckDB's syntax error at a dataset named like a keyword, with the fix added."""
+    found = re.search(r'syntax error at or near "([A-Za-z_][A-Za-z0-9_]*)"', message)
+    if not found or found.group(1).lower() not in set(names):
+        return message
+    word = found.group(1).lower()
+    head, newline, rest = message.partition("\n")  # before DuckDB's echo of the query
+    return (f"{head.rstrip('.')}. {word} is an SQL keyword: write the table name in double "
+            f'quotes, e.g. SELECT * FROM "{word}".{newline}{rest}')
+
+
 def clean_message(message: str) -> str:
     """DuckDB's message without Python tracebacks and advice the model cannot follow."""
     message = message.split("Traceback (most recent call last)")[0]
@@ -256,10 +284,20 @@ def worker_main() -> None:
     except duckdb.Error as e:
         text = str(e)
         oom = isinstance(e, duckdb.OutOfMemoryException) or "bad allocation" in text
-        _send(out, ("error", "memory" if oom else "error", clean_message(text)))
+        _send(out, ("error", "memory" if oom else "error",
+                    without_paths(clean_message(text), request["attach"])))
     except Exception as e:  # noqa: BLE001 - reported to the parent, never raised there raw
-        _send(out, ("error", "error", f"{type(e).__name__}: {clean_message(str(e))}"))
+        text = without_paths(clean_message(str(e)), request.get("attach", []))
+        _send(out, ("error", "error", f"{type(e).__name__}: {text}"))
     out.flush()
+
+
+def without_paths(message: str, attached: list[Any]) -> str:
+    """A message for the model without the server paths of the dataset files: each one
+    becomes the dataset's name."""
+    for name, path in attached:
+        message = message.replace(str(path), name)
+    return message
 
 
 def limit_resources(request: dict[str, Any], file_size: int = 0) -> None:
@@ -292,8 +330,9 @@ def connect(request: dict[str, Any]) -> duckdb.DuckDBPyConnection:
     for name, path in request["attach"]:
         if not NAME.fullmatch(name) or name in RESERVED_NAMES:
             raise ValueError(f"invalid dataset name {name!r}")
-        con.execute(f"ATTACH {_literal(path)} AS {name} (READ_ONLY)")
-        names.append(name)
+        # quoted: a dataset may be named like a keyword (semi, anti, asof, positional)
+        con.execute(f'ATTACH {_literal(path)} AS "{name}" (READ_ONLY)')
+        names.append(f'"{name}"')
     if names:
         con.execute(f"SET search_path = {_literal(','.join(names))}")
     con.execute("SET enable_external_access = false")

@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from .child import DataError, cell_text
+from .child import DataError, cell_text, sql_name
 from .format import counted, format_table, markdown_table, result_markdown
 from .sandbox import QueryResult, run_query
 from .service import QueryLimits
@@ -74,7 +74,7 @@ def description_text(desc: Description) -> str:
     info = desc.info
     lines = [f"Dataset {info.name}: {counted(info.rows, 'row')}, "
              f"{counted(len(info.columns), 'column')} "
-             f"(from {info.source}). Query it as the table {info.name}.",
+             f"(from {info.source}). Query it as the table {sql_name(info.name)}.",
              "column | type | " + " | ".join(label for _, label in STATS)]
     lines += [" | ".join(row) for row in _columns_rows(desc)]
     if desc.sample is not None:

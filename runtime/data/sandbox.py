@@ -36,7 +36,8 @@ from typing import Any, Protocol
 
 from . import child
 from .child import (FRAME_LIMIT, MAX_SQL_CHARS, NAME, RESERVED_NAMES, QueryError,
-                    QueryMemoryError, QueryRefused, QueryTimeout, parse_bytes)
+                    QueryMemoryError, QueryRefused, QueryTimeout, parse_bytes, quoting_hint,
+                    without_paths)
 
 CSV_MAX_ROWS = 1_000_000
 MAX_CONCURRENT = 4  # queries at once per event loop; each child is capped in memory
@@ -153,6 +154,8 @@ def _check(msg: tuple[Any, ...], request: dict[str, Any]) -> tuple[Any, ...]:
     if msg[0] != "error":
         return msg
     kind, text = msg[1], msg[2]
+    attached = request["attach"]
+    text = quoting_hint(without_paths(text, attached), [name for name, _ in attached])
     if kind == "memory":
         raise QueryMemoryError(f"The query needed more than its memory limit "
                                f"({request['memory_limit']}) and was stopped. Filter or "
