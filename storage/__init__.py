@@ -8,6 +8,7 @@ module outside this package holds a connection or writes SQL.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pluto.errors import ConfigError
@@ -24,11 +25,19 @@ def store_for(data_dir: Path, url: str | None = None) -> Store:
     SQLite in ``<data_dir>/pluto.db``."""
     if url:
         if not url.startswith(("postgresql://", "postgres://")):
-            raise ConfigError("storage: the database URL must start with postgresql:// "
-                              "(SQLite needs no URL: it is the default, in the data dir)")
+            raise ConfigError([("environment", None, "", _not_postgres(url))])
         from pluto.storage.postgres import PostgresStore
 
         return PostgresStore(url)
     from pluto.storage.sqlite import SqliteStore
 
     return SqliteStore(data_dir / "pluto.db")
+
+
+def _not_postgres(url: str) -> str:
+    """Why ``url`` is refused, naming its scheme only (the rest may hold a password)."""
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]{0,30})://", url)
+    given = f"a {scheme.group(1)}:// URL" if scheme else "not a URL"
+    return (f"the database URL (DATABASE_URL, or the variable storage.url_env names) is "
+            f"{given}; Pluto needs postgresql://… there, or no URL at all for SQLite in the "
+            "data dir")
