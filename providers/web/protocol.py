@@ -3,12 +3,18 @@
 Client → server (the first frame must be ``hello``)::
 
     {"type": "hello", "token": "<session token or null>", "agent": "default"}
-    {"type": "message", "id": "<client id, optional>", "text": "…"}
+    {"type": "message", "id": "<client id, optional>", "text": "…", "files": ["<file id>"]}
+    {"type": "file", "id": "<file id>", "name": "sales.csv", "mime": "text/csv", "size": 1234}
     {"type": "stop"}
 
-Server → client: ``ready``, ``history``, ``ack``, ``message.user`` (sent from another tab),
-``run.start``, ``message.delta``, ``tool.start``, ``tool.progress``, ``tool.end``,
-``message.final``, ``run.end``, ``notice``, ``error``. Every frame has an ``id``; frames of a
+A ``file`` is answered ``file.accept`` (then its bytes follow as binary frames, and
+``file.received`` says they all came) or an ``error`` (``file_refused``, one sentence); a
+message names the files received that go with it (its text may then be empty). See
+:mod:`pluto.providers.web.uploads`.
+
+Server → client: ``ready``, ``history``, ``ack``, ``file.accept``, ``file.received``,
+``message.user`` (sent from another tab), ``run.start``, ``message.delta``, ``tool.start``,
+``tool.progress``, ``tool.end``, ``message.final``, ``run.end``, ``notice``, ``error``. Every frame has an ``id``; frames of a
 run carry ``run_id`` and ``seq``. A message is acknowledged (``ack``) once it is recorded; one
 that could not be (storage failed) gets ``error`` with code ``not_received``, its ``reply_to``
 and a ``retry_after`` in seconds: the tab keeps it and sends it again (same id) after that.
@@ -47,6 +53,8 @@ AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_TABLE_ROWS, MAX_TABLE_COLUMNS, MAX_CELL_CHARS = 200, 50, 500
 MAX_DETAIL_TEXT = 4000
 MAX_IMAGE_URL = 2048
+MAX_FILES = 10  # named by one message
+MAX_FILE_NAME = 255
 
 
 def encode(frame: dict[str, Any]) -> str:
@@ -79,6 +87,15 @@ class Hello:
 class Message:
     id: str
     text: str
+    files: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FileStart:
+    id: str
+    name: str
+    mime: str | None
+    size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +103,7 @@ class Stop:
     pass
 
 
-ClientFrame = Hello | Message | Stop
+ClientFrame = Hello | Message | FileStart | Stop
 
 
 def _field(data: dict[str, Any], name: str, kind: type, *, optional: bool = True) -> Any:
@@ -130,8 +147,9 @@ def parse_frame(raw: str, max_chars: int) -> ClientFrame:
             token = _field(data, "token", str)
             return Hello(token=token[:512] if token else None, agent=agent or None)
         case "message":
-            text = _field(data, "text", str, optional=False)
-            if not text.strip():
+            files = _files(data.get("files"), client_id)
+            text = _field(data, "text", str, optional=bool(files)) or ""
+            if not text.strip() and not files:
                 raise ProtocolError("empty", "The message is empty.", reply_to=client_id)
             if not _is_text(text):
                 raise ProtocolError("bad_frame", "The message is not valid Unicode text.",
@@ -140,13 +158,43 @@ def parse_frame(raw: str, max_chars: int) -> ClientFrame:
                 raise ProtocolError("too_long", f"The message is too long ({len(text):,} "
                                     f"characters; the limit is {max_chars:,}).",
                                     reply_to=client_id)
-            return Message(id=client_id or new_id(), text=text)
+            return Message(id=client_id or new_id(), text=text, files=files)
+        case "file":
+            return _file_start(data, client_id)
         case "stop":
             return Stop()
         case _:
             shown = kind if len(kind) <= 40 else kind[:40] + "…"
             raise ProtocolError("unknown_type", f"Unknown frame type '{shown}'; expected hello, "
-                                "message or stop.")
+                                "message, file or stop.")
+
+
+def _files(value: Any, client_id: str | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_FILES or not all(
+            isinstance(v, str) and CLIENT_ID.fullmatch(v) for v in value):
+        raise ProtocolError("bad_frame", f"'files' must list at most {MAX_FILES} file ids.",
+                            reply_to=client_id)
+    return tuple(value)
+
+
+def _file_start(data: dict[str, Any], client_id: str | None) -> FileStart:
+    if client_id is None:
+        raise ProtocolError("bad_frame", "A file needs an 'id'.")
+    name = _field(data, "name", str, optional=False).strip()
+    if not name or len(name) > MAX_FILE_NAME or not _is_text(name) or any(
+            ord(c) < 32 for c in name):
+        raise ProtocolError("bad_frame", f"A file's 'name' must be 1 to {MAX_FILE_NAME} "
+                            "printable characters.", reply_to=client_id)
+    mime = _field(data, "mime", str)
+    if mime is not None and not re.fullmatch(r"[\w.+-]{1,60}/[\w.+-]{1,60}", mime):
+        mime = None  # (what the browser guessed: the name tells as much)
+    size = data.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ProtocolError("bad_frame", "A file's 'size' must be its length in bytes.",
+                            reply_to=client_id)
+    return FileStart(id=client_id, name=name, mime=mime, size=size)
 
 
 class TokenBucket:

@@ -27,6 +27,7 @@ class WebSettings(BaseModel):
     rate_seconds: float = Field(default=60, gt=0, le=86_400)  # ... per this many seconds
     max_sockets_per_visitor: int = Field(default=10, ge=1, le=1000)
     hello_timeout_seconds: float = Field(default=10, gt=0, le=300)
+    max_upload_mb: float = Field(default=20, gt=0, le=2000)  # a file sent in the chat
 
     @field_validator("allowed_origins")
     @classmethod

@@ -18,9 +18,12 @@ from pluto.gateway.ports import TranscriptItem
 from pluto.providers.handover import NotRecorded
 from pluto.ids import new_id
 from pluto.types import IncomingMessage
-from pluto.providers.web import protocol
-from pluto.providers.web.protocol import Hello, Message, ProtocolError, Stop, TokenBucket
+from pluto.providers.web import history, protocol
+from pluto.providers.web.protocol import (FileStart, Hello, Message, ProtocolError, Stop,
+                                          TokenBucket)
 from pluto.providers.web.rooms import Client
+from pluto.providers.web.uploads import Uploads
+from pluto.types import Attachment
 
 if TYPE_CHECKING:
     from pluto.providers.web.provider import WebProvider
@@ -76,6 +79,8 @@ class Connection:
         self.closing = False
         self.visitor = ""
         self.agent: str | None = None
+        self.uploads = Uploads(provider.links.root / "uploads" / "web",
+                               int(s.max_upload_mb * 2**20))
 
     def send(self, frame: dict[str, Any]) -> None:
         """After ``hello``: in order with the chat's other frames."""
@@ -89,6 +94,10 @@ class Connection:
             if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED,
                             WSMsgType.ERROR):
                 return None
+            if msg.type == WSMsgType.BINARY and self.uploads.receiving:  # a file's bytes
+                if (reply := await self.uploads.chunk(msg.data)) is not None:
+                    self.send(reply)
+                continue
             if not await self._admitted():
                 continue
             if msg.type == WSMsgType.TEXT:
@@ -137,6 +146,8 @@ class Connection:
             match frame:
                 case Message():
                     await self._message(frame)
+                case FileStart():
+                    self.send(await self.uploads.announce(frame, self.client.chat_id))
                 case Stop():
                     await self._deliver("/stop", new_id(), stop=True)
                 case Hello():
@@ -176,7 +187,9 @@ class Connection:
         ready = protocol.frame(
             "ready", token=self.p.signer.issue(self.visitor), agent=route.agent if route else None,
             title=self.p.settings.title, reset=verified.problem if hello.token else None,
-            limits={"max_message_chars": self.p.settings.max_message_chars})
+            limits={"max_message_chars": self.p.settings.max_message_chars,
+                    "max_upload_bytes": self.uploads.max_bytes,
+                    "max_files": protocol.MAX_FILES})
         history = await self._history(probe)
         first = [ready, history]
         if route is None:
@@ -195,9 +208,9 @@ class Connection:
         resumed = await self.p.resume(probe.chat_id, next(
             (i.run_id for i in reversed(items) if i.role == "user"), None))
         live = self.client.held_runs() | resumed  # these come as frames after the history
-        return protocol.frame("history", messages=[
+        return protocol.frame("history", messages=await history.with_ends(self.p.runs, [
             d for item in items if not (item.role != "user" and item.run_id in live)
-            if (d := self._shown(item)) is not None])
+            if (d := self._shown(item)) is not None], live))
 
     def _shown(self, item: TranscriptItem) -> dict[str, Any] | None:
         out: dict[str, Any] = {"role": item.role, "text": item.text, "run_id": item.run_id,
@@ -209,11 +222,13 @@ class Connection:
             out |= {"name": item.name, "details": details}
         return out
 
-    def _incoming(self, text: str, message_id: str | None) -> IncomingMessage:
+    def _incoming(self, text: str, message_id: str | None,
+                  files: tuple[Attachment, ...] = ()) -> IncomingMessage:
         assert self.client is not None
         return IncomingMessage(provider=self.p.name, chat_id=self.client.chat_id,
                                user_id=self.visitor, user_name="web visitor", text=text,
-                               message_id=message_id, guild_id=self.agent, is_direct=True)
+                               message_id=message_id, guild_id=self.agent, is_direct=True,
+                               attachments=files)
 
     async def _message(self, frame: Message) -> None:
         assert self.client is not None
@@ -221,17 +236,25 @@ class Connection:
             self.send(protocol.error("no_agent", "This chat is not connected to an agent.",
                                      reply_to=frame.id))
             return
-        if not await self._deliver(frame.text, frame.id):
+        files = self.uploads.take(frame.files)
+        if isinstance(files, str):
+            self.send(protocol.error("file_missing", files, reply_to=frame.id))
             return
+        if not await self._deliver(frame.text, frame.id, files=files):
+            return
+        self.uploads.sent(frame.files)  # the gateway's now (kept as any platform's files)
         self.send(protocol.frame("ack", reply_to=frame.id))  # recorded: the tab may forget it
         self.p.rooms.broadcast(self.client.chat_id, protocol.frame(
-            "message.user", id=frame.id, text=frame.text), skip=self.client)
+            "message.user", id=frame.id, text=frame.text,
+            files=[a.filename for a in files]), skip=self.client)
 
-    async def _deliver(self, text: str, client_id: str, *, stop: bool = False) -> bool:
+    async def _deliver(self, text: str, client_id: str, *, stop: bool = False,
+                       files: tuple[Attachment, ...] = ()) -> bool:
         """Hand the message over; False (and the tab told why) when it was not recorded."""
         assert self.client is not None
         try:
-            await self.p.deliver(self._incoming(text, f"{self.client.chat_id}:{client_id}"))
+            await self.p.deliver(self._incoming(text, f"{self.client.chat_id}:{client_id}",
+                                                files))
         except NotRecorded:  # storage failed (logged once per outage): the tab sends it again
             if stop:  # (the tab keeps no stop to send again)
                 self.send(protocol.error("internal", "The answer could not be stopped just "
@@ -250,6 +273,7 @@ class Connection:
         return True
 
     async def cleanup(self) -> None:
+        await self.uploads.discard()
         if self.client is not None:
             self.p.rooms.leave(self.client)
             await self.client.close()

@@ -1,0 +1,57 @@
+"""What a tab is shown of the conversation when it (re)connects: the messages, and how each
+answer ended when that was not plainly — stopped by the visitor, or failed with the sentence
+the visitor saw — so a reload shows what the live tab showed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from pluto.events import RunError
+from pluto.storage.ports import RunReader
+
+log = logging.getLogger(__name__)
+
+ENDED = ("ok", "cancelled", "budget", "error", "interrupted")
+LOOKUPS_AT_ONCE = 8
+UNFINISHED = "This answer could not be finished."
+
+
+async def with_ends(runs: RunReader | None, shown: list[dict[str, Any]],
+                    live: set[str]) -> list[dict[str, Any]]:
+    """``shown`` (history items, oldest first) with a ``{"role": "run.end", "run_id",
+    "outcome", "error"}`` item after the last item of each run that was stopped or failed.
+    Runs still going (``live``) and any lookup that fails are left as they are."""
+    last: dict[str, int] = {}
+    for i, item in enumerate(shown):
+        if item.get("run_id") and item["run_id"] not in live:
+            last[item["run_id"]] = i
+    if runs is None or not last:
+        return shown
+    slots = asyncio.Semaphore(LOOKUPS_AT_ONCE)
+    ends = await asyncio.gather(*(_end(runs, run_id, slots) for run_id in last))
+    after: dict[int, dict[str, Any]] = {last[e["run_id"]]: e for e in ends if e is not None}
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(shown):
+        out.append(item)
+        if i in after:
+            out.append(after[i])
+    return out
+
+
+async def _end(runs: RunReader, run_id: str, slots: asyncio.Semaphore) -> dict[str, Any] | None:
+    async with slots:
+        try:
+            run = await runs.run(run_id)
+            if run is None or run.status not in ENDED or run.status == "ok":
+                return None
+            error = None
+            if run.status != "cancelled":  # the sentence the visitor was shown
+                errors = [e for e in await runs.events(run_id) if isinstance(e, RunError)]
+                error = errors[-1].message if errors else UNFINISHED
+        except Exception as e:  # noqa: BLE001 - the history is shown without the mark
+            log.warning("web: could not read how run %s ended: %s", run_id, e)
+            return None
+    return {"role": "run.end", "run_id": run_id, "outcome": run.status, "error": error,
+            "text": ""}
