@@ -39,6 +39,26 @@ def _target(soft: int, hard: int, infinity: int) -> int:
     return soft if soft == infinity or soft >= ceiling else ceiling
 
 
+def http_connections(limit: int | None = None) -> int:
+    """How many HTTP connections the server keeps at once when ``http.max_connections`` is not
+    set: as many as answers can stream (each may need a model connection beside it), so a
+    flood of connections meets a 503 long before ``accept()`` meets EMFILE. ``limit``: the
+    soft open-files limit (default: the one in force)."""
+    if limit is None:
+        limit = soft_limit()
+    return max(64, _answers(limit)) if limit is not None else 32_768
+
+
+def soft_limit() -> int | None:
+    """The soft open-files limit in force (None where there is none, or no such platform)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def describe() -> str | None:
     """For ``pluto doctor``: the limit ``pluto serve`` will run with, and what it allows."""
     try:

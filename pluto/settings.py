@@ -52,9 +52,64 @@ class ModelConfig(Strict):
         return os.environ.get(self.api_key_env) or None if self.api_key_env else None
 
 
+_HOST_ENTRY = re.compile(r"^(\*|\.?[a-z0-9_]([a-z0-9_.-]{0,251}[a-z0-9_])?|\[[0-9a-f:.]+\])"
+                         r"(:[0-9]{1,5})?$")
+
+
 class HttpConfig(Strict):
+    """The HTTP server (docs/security.md, "HTTP"): where it listens, the host names it answers
+    to, and how long and how many connections it keeps."""
+
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    # names the Host header may carry (name, name:port, .domain for it and its subdomains, or
+    # "*" for any); unset: localhost, 127.0.0.1 and [::1], plus http.host when it is a name.
+    # A Host that is an IP address is always accepted (DNS rebinding cannot produce one).
+    allowed_hosts: list[str] | None = None
+    # a new connection's first request must have arrived whole (its headers) within this;
+    # a kept-alive connection with no request for idle_timeout is closed; a request body
+    # that receives no byte for body_timeout is answered 408 and the connection closed
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
+    idle_timeout_seconds: float = Field(default=60.0, gt=0, le=86_400)
+    body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    # connections at once: in total (unset: from the open-files limit, half of it less 50)
+    # and per client address (0: no such limit); at either limit the connection idle the
+    # longest is closed to make room, or, when every one is busy, the new one gets a 503
+    max_connections: int | None = Field(default=None, ge=1, le=10_000_000)
+    max_connections_per_client: int = Field(default=500, ge=0, le=10_000_000)
+    # addresses many clients share (a reverse proxy on this machine): counted in the total
+    # only, never limited per address (addresses or networks such as 10.0.0.0/8)
+    per_client_exempt: list[str] = Field(default_factory=lambda: ["127.0.0.1", "::1"])
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return None
+        out = []
+        for entry in v:
+            name = str(entry).strip().lower().rstrip(".")
+            if not _HOST_ENTRY.fullmatch(name):
+                raise ValueError(f"'{entry}' is not a host name like chat.example.com, "
+                                 "chat.example.com:8443, .example.com or *")
+            out.append(name)
+        if not out:
+            raise ValueError("lists no host name; leave it out for the default (the loopback "
+                             "names) or list the names this gateway is reached by")
+        return out
+
+    @field_validator("per_client_exempt")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for entry in v:
+            try:
+                ipaddress.ip_network(str(entry).strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"'{entry}' is not an IP address or network like "
+                                 "10.0.0.0/8") from None
+        return [str(e).strip() for e in v]
 
 
 class ProviderConfig(BaseModel):

@@ -4,6 +4,7 @@ the HTTP API, the admin API, platform webhooks, health and metrics."""
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 import os
 import re
@@ -11,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from pluto.gateway import fdpolicy
+from pluto.gateway.http.guard import ConnectionGuard, HostPolicy, default_hosts, host_refusal
 from pluto.redaction import redact_urls
 
 if TYPE_CHECKING:
@@ -25,7 +28,16 @@ class HttpServer:
     def __init__(self, gateway: Gateway, host: str, port: int):
         self.host = host
         self.port = port
-        self.app = web.Application(client_max_size=32 * 1024 * 1024)
+        settings = gateway.config.http  # (a restart applies a change: gateway/reload.py)
+        self.hosts = HostPolicy(settings.allowed_hosts or default_hosts(host))
+        self.idle_timeout = settings.idle_timeout_seconds
+        self.guard = ConnectionGuard(
+            max_total=settings.max_connections or fdpolicy.http_connections(),
+            max_per_client=settings.max_connections_per_client,
+            exempt=settings.per_client_exempt, header_timeout=settings.header_timeout_seconds,
+            body_timeout=settings.body_timeout_seconds)
+        self.app = web.Application(client_max_size=32 * 1024 * 1024,
+                                    middlewares=[self._check_host, self.guard.middleware])
         self.app[GATEWAY_KEY] = gateway
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/readyz", self._readyz)
@@ -37,13 +49,36 @@ class HttpServer:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=5)
+        # keepalive_timeout: aiohttp closes a kept-alive connection with no new request
+        # (nor a whole one: a slow one's headers) after this long
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=5,
+                                     keepalive_timeout=self.idle_timeout)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        assert self._runner.server is not None
+        self.guard.attach(self._runner.server)
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
         await site.start()
         if self.port == 0:  # an ephemeral port: find out which one we got
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        log.info("http: listening on %s", self.url)
+        log.info("http: listening on %s (at most %d connections at once; host names: %s)",
+                 self.url, self.guard.max_total, ", ".join(self.hosts.entries))
+        if self.hosts.entries == default_hosts("") and not _loopback(self.host):
+            log.warning("http: http.allowed_hosts is not set: requests by a name other than "
+                        "localhost are refused (421); list the names this gateway is reached "
+                        "by (IP addresses always work)")
+
+    @web.middleware
+    async def _check_host(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Every request (pages, APIs, the chat socket, health) names an allowed host, or is
+        answered 421: a page on another domain that rebinds its name to this address gets
+        nothing (docs/security.md)."""
+        host = request.headers.get("Host")
+        if not self.hosts.allows(host):
+            assert host is not None
+            log.warning("http: refused a request for host %r (not in http.allowed_hosts)",
+                        host[:100])
+            return host_refusal(host)
+        return await handler(request)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -83,6 +118,13 @@ class HttpServer:
         return web.json_response({"status": "ready" if ready else "not ready",
                                   "instance": gw.instance, **body},
                                  status=200 if ready else 503)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 _WORD = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")  # a state, a name, an id: no spaces, no paths
