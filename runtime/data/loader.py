@@ -84,6 +84,8 @@ def load(request: dict[str, Any]) -> tuple[int, list[list[str]]]:
                                             f"parquet_file_metadata({paths})").fetchall()[0][0]
                                 or 0, request)
                 reader = _reader(fmt, files)
+                if len(files) > 1:
+                    _check_alike(files, [_described(con, fmt, f) for f in files])
                 _check_columns(len(con.execute(f"DESCRIBE SELECT * FROM {reader}").fetchall()),
                                request)
                 con.execute(f'CREATE TABLE "{table}" AS SELECT * FROM {reader} '
@@ -114,10 +116,34 @@ def _lock_down(con: duckdb.DuckDBPyConnection, request: dict[str, Any]) -> None:
     con.execute("SET lock_configuration = true")
 
 
-def _check_columns(count: int, request: dict[str, Any]) -> None:
+def _check_columns(count: int, request: dict[str, Any], file: str | None = None) -> None:
     if count > request["max_columns"]:
-        raise LoadFailed(f"{_name(request['files'][0])} has {count:,} columns; a dataset may "
-                         f"have at most {request['max_columns']:,}.")
+        raise LoadFailed(f"{_name(file or request['files'][0])} has {count:,} columns; a "
+                         f"dataset may have at most {request['max_columns']:,}.")
+
+
+def _described(con: duckdb.DuckDBPyConnection, fmt: str, file: str) -> list[str]:
+    """The column names DuckDB finds in one file of a folder (of JSON or Parquet)."""
+    return [r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {_reader(fmt, [file])}")
+            .fetchall()]
+
+
+def _check_alike(files: list[str], columns: list[list[str]]) -> None:
+    """The files of a folder are one table: each must share column names with the first
+    (one may add or lack a column). A file that shares none is refused, by name: it is
+    malformed, has no header, or is another table, and would be merged as extra columns."""
+    first = set(columns[0])
+    for file, names in zip(files[1:], columns[1:]):
+        if not first & set(names):
+            raise LoadFailed(
+                f"{_name(file)} does not match {_name(files[0])}: its columns "
+                f"({_listed(names)}) share no name with {_listed(columns[0])}. Give every file "
+                "of the folder the same header, or move that file out, and add it again.")
+
+
+def _listed(names: list[str], most: int = 6) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (", …" if len(names) > most else "")
 
 
 def _check_rows(rows: int, request: dict[str, Any]) -> None:
@@ -152,14 +178,12 @@ def _load_csv(con: duckdb.DuckDBPyConnection, request: dict[str, Any], delim: st
     """Auto-detected types (the common null markers read as NULL), except the types given,
     and DOUBLE columns whose text is plain decimals (12.50, -3.1) become DECIMAL(18, scale)."""
     files, table, options = request["files"], request["table"], request.get("csv") or {}
-    _check_columns(_header_fields(files[0], options.get("delimiter") or delim), request)
     extra = csv_options(options, delim)
-    sniffed = con.execute(f"SELECT Delimiter, SkipRows, Columns FROM sniff_csv("
-                          f"{_literal(files[0])}{extra})").fetchone()
-    found, skipped, columns = sniffed  # type: ignore[misc]
-    _check_columns(len(columns), request)
-    if skipped or len(columns) == 1:  # DuckDB's answer to ragged rows: skip them, or one column
-        _check_ragged(files[0], found if len(columns) > 1 else None)
+    sniffs = [_sniff(con, file, request, options.get("delimiter") or delim, extra)
+              for file in files]
+    if len(files) > 1:
+        _check_alike(files, [[c["name"] for c in s] for s in sniffs])
+    columns = sniffs[0]
     given = _types(options.get("types") or {}, [c["name"] for c in columns])
     doubles = [c["name"] for c in columns if c["type"] == "DOUBLE" and c["name"] not in given]
     types = {**given, **{n: "VARCHAR" for n in doubles}}
@@ -173,6 +197,20 @@ def _load_csv(con: duckdb.DuckDBPyConnection, request: dict[str, Any], delim: st
     replaced = f" REPLACE ({', '.join(casts)})" if casts else ""
     con.execute(f'CREATE TABLE "{table}" AS SELECT *{replaced} FROM raw')
     con.execute("DROP TABLE raw")
+
+
+def _sniff(con: duckdb.DuckDBPyConnection, file: str, request: dict[str, Any],
+           delim: str | None, extra: str) -> list[dict[str, str]]:
+    """One file's columns as DuckDB detects them; a file of ragged rows is refused (by line),
+    as is one of too many columns (counted cheaply first)."""
+    _check_columns(_header_fields(file, delim), request, file)
+    sniffed = con.execute(f"SELECT Delimiter, SkipRows, Columns FROM sniff_csv("
+                          f"{_literal(file)}{extra})").fetchone()
+    found, skipped, columns = sniffed  # type: ignore[misc]
+    _check_columns(len(columns), request, file)
+    if skipped or len(columns) == 1:  # DuckDB's answer to ragged rows: skip them, or one column
+        _check_ragged(file, found if len(columns) > 1 else None)
+    return list(columns)
 
 
 def _types(given: dict[str, str], columns: list[str]) -> dict[str, str]:
