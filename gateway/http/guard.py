@@ -116,7 +116,7 @@ class HostPolicy:
 
 
 def host_refusal(host: str) -> web.Response:
-    shown = "".join(c for c in host if c.isprintable())[:100]
+    shown = "".join(c for c in host if c.isprintable())[:100] or "(empty)"
     return web.json_response(
         {"error": f"This server does not answer to the name '{shown}'; its admin can add the "
                   "name to http.allowed_hosts in pluto.yaml."}, status=421)

@@ -36,7 +36,10 @@ HEARTBEAT_SECONDS = 30.0
 
 def origin_allowed(request: web.Request, allowed: list[str]) -> bool:
     """Browsers always send ``Origin`` on a WebSocket handshake; other clients may not (and
-    could forge it anyway). Allowed: the gateway's own origin, loopback, the configured ones."""
+    could forge it anyway). Allowed: the configured ones, a page on this machine (loopback),
+    and the gateway's own origin — ``Origin`` equal to ``Host``, which the HTTP server has
+    already checked against ``http.allowed_hosts`` (a DNS-rebinding page's Host is its own
+    name: answered 421 before this handler runs; docs/security.md)."""
     origin = request.headers.get("Origin")
     if origin is None or "*" in allowed:
         return True
