@@ -44,6 +44,7 @@ from pluto.runtime.memory import Speaker
 from pluto.runtime.runner import INTERNAL_ERROR, STORAGE_FAILED, Runner, RunRequest
 from pluto.runtime.usage import Attribution
 from pluto.storage.ports import ConversationStore, InboundStore
+from pluto.storage.rows import SessionRow
 from pluto.types import (Accepted, Answered, Dropped, IncomingMessage, Outcome, Refused, Route,
                          outcome_to_dict)
 
@@ -64,6 +65,9 @@ class Job:
     run_id: str
     received: float
     session_id: str  # the session when it was accepted (a /new meanwhile starts a fresh one)
+    # the session row itself when the run starts at once: not looked up again (with several
+    # instances each lookup is a database round trip)
+    session: SessionRow | None = None
 
     @property
     def source(self) -> tuple[str, str] | None:
@@ -176,7 +180,9 @@ class Pipeline:
         """Into the session's lane. A message that will wait is recorded as a queued run now;
         one that starts at once is recorded by its start (one commit fewer on the way)."""
         session = await self.conversations.session(route.session_key, route.agent)
-        job = Job(msg, route, new_id(), time.time(), session.id)
+        waiting = self.lanes.busy(route.session_key)
+        job = Job(msg, route, new_id(), time.time(), session.id,
+                  None if waiting else session)
         self.live[job.run_id] = msg.message_id
         if self.track_runs:
             self._unfinished[job.run_id] = asyncio.get_running_loop().create_future()
@@ -185,7 +191,6 @@ class Pipeline:
             within = route.session_key == chat or route.session_key.startswith(chat + "/")
             self._spanning[route.session_key] = (self._spanning.get(route.session_key, False)
                                                  or not within or not msg.message_id)
-        waiting = self.lanes.busy(route.session_key)
         if waiting:
             await self.conversations.queue_run(job.run_id, session.id, route.agent, msg.text,
                                                source=job.source)
@@ -255,7 +260,8 @@ class Pipeline:
                 job, "error", f"The agent '{route.agent}' is not available right now.",
                 observe))
             return
-        session = await self.conversations.session(route.session_key, agent.name)
+        session = job.session if job.session is not None and job.session.agent == agent.name \
+            else await self.conversations.session(route.session_key, agent.name)
         text = await self.data.take_uploads(msg, route, session.id, lambda text, kind: (
             self.delivery.reply(provider, msg, text, kind=kind)))  # files sent become datasets
         if text is None:  # only files were sent, or one could not be read: the user was told

@@ -250,6 +250,12 @@ class SqliteConversations:
         self._recent.pop(session.id, None)
 
     async def _find_or_create(self, key: str, agent: str) -> SessionRow:
+        # (several instances) one plain read for a session that exists — every message but a
+        # chat's first — and a transaction only to create one
+        row = await self.engine.fetchone(_FIND_SESSION, (key,))
+        if row is not None:
+            return _session(row)
+
         def find_or_create(conn: Any) -> SessionRow:
             row = conn.execute(_FIND_SESSION, (key,)).fetchone()
             if row is not None:
