@@ -39,8 +39,8 @@ from pluto.providers.web.settings import WebSettings, load_settings
 from pluto.providers.web.socket import serve_socket
 from pluto.providers.web.tokens import FileLinks, SessionSigner, load_key
 from pluto.storage.ports import RunReader
-from pluto.types import (MARKDOWN, Accepted, Capabilities, IncomingMessage, OutgoingMessage,
-                         Outcome, Route)
+from pluto.types import (MARKDOWN, Accepted, Capabilities, Dropped, IncomingMessage,
+                         OutgoingMessage, Outcome, Refused, Route)
 
 log = logging.getLogger(__name__)
 
@@ -128,9 +128,12 @@ class WebProvider(Provider):
         return ticket
 
     def _show_outcome(self, msg: IncomingMessage, outcome: Outcome) -> None:
+        client_id = (msg.message_id or "").removeprefix(f"{msg.chat_id}:")
         if isinstance(outcome, Accepted):
-            client_id = (msg.message_id or "").removeprefix(f"{msg.chat_id}:")
             self._follow(msg.chat_id, outcome.run_id, client_id, fresh=True)
+        elif isinstance(outcome, Refused | Dropped):  # (over a rate limit, a full queue…): the
+            # tabs show it as not sent, to send again (the chat is told why by a notice)
+            self.rooms.broadcast(msg.chat_id, protocol.frame("refused", reply_to=client_id))
 
     def route(self, probe: IncomingMessage) -> Route | None:
         return self.chats.route(probe)

@@ -4,8 +4,9 @@
  *   <script src="https://your-gateway/widget.js" data-agent="default" data-title="Ask us" defer></script>
  *
  * Attributes: data-agent (which agent, if the gateway's routes allow it), data-title,
- * data-open="true" (start open). Everything it shows is built with DOM nodes and textContent:
- * nothing the model or a visitor writes is ever parsed as HTML.
+ * data-open="true" (start open). Colours, fonts and sizes are CSS variables the page may set
+ * (docs/widget.md). Everything it shows is built with DOM nodes and textContent: nothing the
+ * model or a visitor writes is ever parsed as HTML.
  */
 (function () {
   "use strict";
@@ -20,6 +21,7 @@
     open: script.getAttribute("data-open") === "true",
   };
   var wsUrl = (base.protocol === "https:" ? "wss://" : "ws://") + base.host + "/ws";
+  var ORIGIN_SETTING = "providers.web.allowed_origins";
   var tokenKey = "pluto-widget:" + base.host + ":token";
   var SAFE_LINK = /^(https?:|mailto:)/i;
   var CSS_FILE = "widget.css";  // served as the hashed name (providers/web/assets.py)
@@ -221,7 +223,18 @@
   var log = panel.appendChild(el("div", "pluto-log"));
   log.setAttribute("role", "log");
   log.setAttribute("aria-live", "polite");
+  var chips = panel.appendChild(el("div", "pluto-files"));
   var form = panel.appendChild(el("form", "pluto-composer"));
+  var attachBtn = form.appendChild(el("button", "pluto-attach"));
+  attachBtn.type = "button";
+  attachBtn.setAttribute("aria-label", "Attach a file");
+  attachBtn.title = "Attach a file (or paste, or drop it here)";
+  attachBtn.appendChild(svg("M16.5 6.5l-7.8 7.8a2 2 0 0 0 2.8 2.8l7.8-7.8a4 4 0 0 0-5.7-5.7L5.8 11.4a6 6 0 0 0 8.5 8.5l6.2-6.2"));
+  var picker = form.appendChild(el("input", "pluto-picker"));
+  picker.type = "file";
+  picker.multiple = true;
+  picker.tabIndex = -1;
+  var drop = panel.appendChild(el("div", "pluto-drop", "Drop files to send them"));
   var input = form.appendChild(el("textarea", "pluto-input"));
   input.rows = 1;
   input.placeholder = "Write a message…";
@@ -256,13 +269,17 @@
     if (stick) { scrollDown(); }
     return node;
   }
-  function userBubble(text, id) {
+  function userBubble(text, id, names) {
     var hint = log.querySelector(".pluto-hint");
     if (hint) { log.removeChild(hint); }
     var b = el("div", "pluto-msg pluto-user");
     if (id) { b.setAttribute("data-id", id); }
-    b.appendChild(el("div", "pluto-bubble", text));
+    var bubble = b.appendChild(el("div", "pluto-bubble", text));
+    (names || []).forEach(function (name) { bubble.appendChild(el("div", "pluto-attached", name)); });
     return add(b);
+  }
+  function bubbleOf(id) {
+    return log.querySelector('.pluto-user[data-id="' + String(id).replace(/[^\w.:-]/g, "") + '"]');
   }
   function systemLine(text, cls) { return add(el("div", "pluto-system " + (cls || ""), text)); }
   function botBubble(runId) {
@@ -271,16 +288,54 @@
     var tools = node.appendChild(el("div", "pluto-tools"));
     var body = node.appendChild(el("div", "pluto-bubble pluto-md"));
     var run = { node: node, body: body, tools: tools, text: "", final: false, calls: {} };
+    copyButton(node.appendChild(el("div", "pluto-actions")), run);
     if (runId) { runs[runId] = run; node.setAttribute("data-run", runId); }
     add(node);
     return run;
   }
+  function copyButton(into, run) {
+    var b = into.appendChild(el("button", "pluto-copy"));
+    b.type = "button";
+    b.setAttribute("aria-label", "Copy the answer");
+    b.appendChild(svg("M9 9h11v12H9zM5 15H4V3h12v1"));
+    var label = b.appendChild(el("span", null, "Copy"));
+    var timer = null;
+    b.addEventListener("click", function () {
+      copyText(run.text, function (ok) {
+        label.textContent = ok ? "Copied" : "Could not copy";
+        clearTimeout(timer);
+        timer = setTimeout(function () { label.textContent = "Copy"; }, 1500);
+      });
+    });
+  }
+  function copyText(text, done) {
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(function () { done(true); },
+        function () { done(copyBySelection(text)); });
+    } else { done(copyBySelection(text)); }
+  }
+  function copyBySelection(text) {  // pages served over plain http have no clipboard API
+    var area = el("textarea");
+    area.value = text;
+    area.setAttribute("readonly", "");
+    area.style.cssText = "position:fixed;top:0;left:0;opacity:0;";
+    document.body.appendChild(area);
+    area.select();
+    var ok = false;
+    try { ok = document.execCommand("copy"); } catch (e) { ok = false; }
+    document.body.removeChild(area);
+    return ok;
+  }
   var drawQueued = {};
   function draw(run) {
     var stick = nearBottom();
-    while (run.body.firstChild) { run.body.removeChild(run.body.firstChild); }
-    markdown(run.text, run.body);
+    if (run.drawn !== run.text) {  // (the same text is not drawn again: a selection stays)
+      while (run.body.firstChild) { run.body.removeChild(run.body.firstChild); }
+      markdown(run.text, run.body);
+      run.drawn = run.text;
+    }
     run.node.classList.toggle("pluto-typing", !run.final && !run.text);
+    run.node.classList.toggle("pluto-done", run.final && !!run.text.trim());
     if (stick) { scrollDown(); }
   }
   function drawSoon(run, runId) {
@@ -347,12 +402,24 @@
       if (m.role === "user") { userBubble(m.text); return; }
       var run = botBubble(m.run_id);
       if (m.role === "tool") { details(m.details, run.tools); return; }
+      if (m.role === "run.end") { ended(run, m.outcome, m.error); return; }
       run.text = run.text ? run.text + "\n\n" + m.text : m.text;
       run.final = true;
       draw(run);
     });
-    pending.forEach(function (p) { userBubble(p.text, p.id).classList.add("pluto-pending"); });
+    pending.forEach(function (p) { userBubble(p.text, p.id, p.names).classList.add("pluto-pending"); });
+    Object.keys(failed).forEach(function (id) { var p = failed[id]; drawNotSent(userBubble(p.text, p.id, p.names), p, true); });
     scrollDown();
+  }
+  // how an answer ended when not plainly, live or from the history: stopped, or failed
+  function ended(run, outcome, error) {
+    run.final = true;
+    draw(run);
+    if (outcome === "cancelled") {
+      if (run.text) { run.node.classList.add("pluto-stopped"); }
+      else if (!run.node.querySelector(".pluto-stop-mark")) { run.node.appendChild(el("div", "pluto-stop-mark", "Stopped.")); }
+    }
+    if (error && !run.node.querySelector(".pluto-run-error")) { run.node.appendChild(el("div", "pluto-run-error", error)); }
   }
 
   function onFrame(f) {
@@ -361,23 +428,41 @@
       case "ready":
         storage(false, f.token);
         setStatus("Online", "ok");
-        if (f.limits) { input.maxLength = f.limits.max_message_chars; }
+        if (f.limits) {
+          input.maxLength = f.limits.max_message_chars;
+          limits.max_upload_bytes = f.limits.max_upload_bytes || limits.max_upload_bytes;
+          limits.max_files = f.limits.max_files || limits.max_files;
+        }
         if (f.reset === "expired") { resetNote = "Your earlier conversation expired; this is a new one."; }
         break;
       case "history":
         showHistory(f.messages || []);
         if (resetNote) { systemLine(resetNote); resetNote = null; }
-        pending.forEach(function (p) { sendFrame({ type: "message", id: p.id, text: p.text }); });
+        pending.forEach(function (p) { sendFrame(messageFrame(p)); });
+        pumpFiles();
         break;
       case "ack":
         if (notSent) { notSent = false; setStatus("Online", "ok"); }
         if (resendTimer) { clearTimeout(resendTimer); resendTimer = null; resendPending(); }
         pending = pending.filter(function (p) { return p.id !== f.reply_to; });
-        var mine = log.querySelector('[data-id="' + String(f.reply_to).replace(/[^\w.:-]/g, "") + '"]');
+        var mine = bubbleOf(f.reply_to);
         if (mine) { mine.classList.remove("pluto-pending"); }
+        if (failed[f.reply_to] && !failed[f.reply_to].refused) {  // recorded after all
+          delete failed[f.reply_to];
+          if (mine) { clearNotSent(mine); }
+        }
+        break;
+      case "refused":  // recorded, but the gateway will not answer it (a rate limit, a full queue)
+        refusedMessage(f.reply_to);
         break;
       case "message.user":  // (sent again after a "not received": drawn once)
-        if (!log.querySelector('[data-id="' + String(f.id).replace(/[^\w.:-]/g, "") + '"]')) { userBubble(f.text, f.id); }
+        if (!bubbleOf(f.id)) { userBubble(f.text, f.id, f.files); }
+        break;
+      case "file.accept":
+        fileAccepted(f.reply_to);
+        break;
+      case "file.received":
+        fileReceived(f.reply_to);
         break;
       case "run.start":
         active[f.run_id] = true; setBusy();
@@ -406,7 +491,7 @@
       case "run.end":
         delete active[f.run_id]; setBusy();
         run = botBubble(f.run_id);
-        if (f.outcome === "cancelled" && !run.final) { run.node.classList.add("pluto-stopped"); }
+        if (f.outcome === "cancelled" && !run.final && run.text) { run.node.classList.add("pluto-stopped"); }
         run.final = true; draw(run);
         if (!run.text && !run.tools.firstChild && !run.node.querySelector(".pluto-run-error") &&
             run.node.parentNode === log) { log.removeChild(run.node); }
@@ -416,9 +501,14 @@
         break;
       case "error":
         if (f.code === "not_received") { notReceived(f); break; }
-        if (f.code === "rate_limited" || !f.run_id) { systemLine(f.message, "pluto-error"); }
+        if (f.code === "file_refused") { fileRefused(f.reply_to, f.message); break; }
+        if (f.code === "rate_limited") { rateLimited(f); break; }
+        if (!f.run_id) { systemLine(f.message, "pluto-error"); }
         else { run = botBubble(f.run_id); run.final = true; draw(run); run.node.appendChild(el("div", "pluto-run-error", f.message)); }
-        if (f.reply_to) { pending = pending.filter(function (p) { return p.id !== f.reply_to; }); }
+        if (f.reply_to) {
+          var refused = pending.filter(function (p) { return p.id === f.reply_to; })[0];
+          if (refused) { markNotSent(refused, true); }  // refused: it was not sent
+        }
         break;
     }
   }
@@ -427,11 +517,16 @@
   // bar and send what is pending again (same ids) after the wait it asks for
   var resendTimer = null, notSent = false;
   function resendPending() {
-    pending.forEach(function (p) { sendFrame({ type: "message", id: p.id, text: p.text }); });
+    pending.forEach(function (p) { sendFrame(messageFrame(p)); });
+  }
+  function messageFrame(p) {
+    var frame = { type: "message", id: p.id, text: p.text };
+    if (p.files && p.files.length) { frame.files = p.files; }
+    return frame;
   }
   function notReceived(f) {
     if (!pending.some(function (p) { return p.id === f.reply_to; })) { return; }  // (sent since)
-    var mine = log.querySelector('[data-id="' + String(f.reply_to).replace(/[^\w.:-]/g, "") + '"]');
+    var mine = bubbleOf(f.reply_to);
     if (mine) { mine.classList.add("pluto-pending"); }
     notSent = true;
     setStatus("Not sent yet — trying again…", "wait");
@@ -455,9 +550,10 @@
     retryTimer = null;
     if (ws && (ws.readyState === 0 || ws.readyState === 1)) { return; }
     setStatus(attempts ? "Reconnecting…" : "Connecting…", "wait");
-    var sock = ws = new WebSocket(wsUrl);
+    var sock = ws = new WebSocket(wsUrl), opened = false;
+    sock.binaryType = "arraybuffer";
     sock.onopen = function () {
-      ready = true;
+      ready = true; opened = true;
       sock.send(JSON.stringify({ type: "hello", token: storage(true), agent: cfg.agent || null }));
     };
     sock.onmessage = function (e) {
@@ -466,27 +562,215 @@
       if (frame.type === "ready") { attempts = 0; }
       onFrame(frame);
     };
-    sock.onclose = function () {
+    sock.onclose = function (e) {
       if (ws !== sock) { return; }
-      ready = false; active = {}; setBusy();
-      var delay = Math.min(15000, 500 * Math.pow(2, attempts++)) * (0.5 + Math.random() / 2);
-      setStatus("Offline — reconnecting in " + Math.ceil(delay / 1000) + " s", "down");
-      retryTimer = setTimeout(connect, delay);
+      ready = false; active = {}; setBusy(); filesLost();
+      if (e.code === 4403 || /origin/i.test(e.reason || "")) { originRefused(); return; }
+      if (opened) { retryLater(); return; }
+      // refused before it opened: a browser does not say why, so ask whether it is this page's origin
+      originAllowed(function (allowed) { if (allowed) { retryLater(); } else { originRefused(); } });
     };
+  }
+  function retryLater() {
+    var delay = Math.min(15000, 500 * Math.pow(2, attempts++)) * (0.5 + Math.random() / 2);
+    setStatus("Offline — reconnecting in " + Math.ceil(delay / 1000) + " s", "down");
+    retryTimer = setTimeout(connect, delay);
+  }
+  function originAllowed(done) {  // true also when the gateway cannot be asked (it is down)
+    if (!window.fetch) { done(true); return; }
+    fetch(base.origin + "/web/origin", { method: "POST", cache: "no-store", credentials: "omit" })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (answer) { done(!answer || answer.allowed !== false); },
+        function () { done(true); });
+  }
+  function originRefused() {
+    var origin = location.origin && location.origin !== "null" ? location.origin : "this page's origin";
+    setStatus("Not available on this site", "down");
+    if (!log.querySelector(".pluto-refused")) {
+      systemLine("This site (" + origin + ") is not allowed to open this chat: the gateway's admin " +
+        "should add " + origin + " to " + ORIGIN_SETTING + " in pluto.yaml.", "pluto-error pluto-refused");
+    }
+    form.classList.add("pluto-disabled");
+    input.disabled = true;
   }
   window.addEventListener("online", function () { if (retryTimer) { connect(); } });
   document.addEventListener("visibilitychange", function () {
     if (!document.hidden && retryTimer) { connect(); }
   });
 
+  // ---- files to send: announced, then their bytes over the socket, one at a time --------------
+  var files = [];        // {id, file, name, size, state: waiting|announced|sending|ready, chip}
+  var uploading = null;  // the file whose bytes are going out
+  var limits = { max_upload_bytes: 20 * 1048576, max_files: 10 };
+  var CHUNK = 32768, HIGH_WATER = 1048576;
+  function humanSize(n) {
+    return n >= 1048576 ? +(n / 1048576).toPrecision(3) + " MB" : +(n / 1024).toPrecision(3) + " kB";
+  }
+  function addFiles(list) {
+    Array.prototype.forEach.call(list || [], function (file) {
+      var name = file.name || "pasted file";
+      if (files.length >= limits.max_files) {
+        systemLine(name + " was not added: at most " + limits.max_files + " files go with one message.", "pluto-error");
+      } else if (file.size > limits.max_upload_bytes) {
+        systemLine(name + " is too large to send here (" + humanSize(file.size) + "; the limit is " +
+          humanSize(limits.max_upload_bytes) + ").", "pluto-error");
+      } else if (!file.size) {
+        systemLine(name + " is empty.", "pluto-error");
+      } else {
+        var item = { id: "f" + newId().slice(1), file: file, name: name, size: file.size, state: "waiting" };
+        item.chip = chips.appendChild(el("div", "pluto-file"));
+        item.chip.appendChild(el("span", "pluto-file-name", name));
+        item.meter = item.chip.appendChild(el("span", "pluto-file-state", humanSize(file.size)));
+        var remove = item.chip.appendChild(el("button", "pluto-file-remove", "×"));
+        remove.type = "button";
+        remove.setAttribute("aria-label", "Remove " + name);
+        remove.addEventListener("click", function () { dropFile(item); });
+        files.push(item);
+      }
+    });
+    pumpFiles();
+    updateSend();
+  }
+  function fileById(id) { return files.filter(function (f) { return f.id === id; })[0]; }
+  function dropFile(item) {
+    files = files.filter(function (f) { return f !== item; });
+    if (item.chip.parentNode) { item.chip.parentNode.removeChild(item.chip); }
+    if (uploading === item) { uploading = null; pumpFiles(); }  // (the next announce ends it)
+    updateSend();
+  }
+  function pumpFiles() {
+    if (uploading || !ready) { return; }
+    var next = files.filter(function (f) { return f.state === "waiting"; })[0];
+    if (!next) { return; }
+    uploading = next;
+    next.state = "announced";
+    next.meter.textContent = "0%";
+    sendFrame({ type: "file", id: next.id, name: next.name, mime: next.file.type || null, size: next.size });
+  }
+  function fileAccepted(id) {
+    var item = fileById(id);
+    if (!item || uploading !== item) { return; }
+    item.state = "sending";
+    var sock = ws;
+    item.file.arrayBuffer().then(function (bytes) {
+      var offset = 0;
+      (function step() {
+        if (uploading !== item || ws !== sock || !ready) { return; }
+        while (offset < bytes.byteLength && sock.bufferedAmount < HIGH_WATER) {
+          sock.send(bytes.slice(offset, offset + CHUNK));
+          offset += CHUNK;
+        }
+        item.meter.textContent = Math.floor(100 * Math.max(0, Math.min(offset, bytes.byteLength) - sock.bufferedAmount) / bytes.byteLength) + "%";
+        if (offset < bytes.byteLength) { setTimeout(step, 20); }
+      })();
+    }, function () { fileRefused(id, item.name + " could not be read from your device."); });
+  }
+  function fileReceived(id) {
+    var item = fileById(id);
+    if (item) {
+      item.state = "ready";
+      item.meter.textContent = humanSize(item.size);
+      item.chip.classList.add("pluto-file-ready");
+    }
+    if (uploading === item || !item) { uploading = null; }
+    pumpFiles();
+    updateSend();
+  }
+  function fileRefused(id, message) {
+    var item = fileById(id);
+    systemLine(message, "pluto-error");
+    if (item) { dropFile(item); }
+    if (uploading === item) { uploading = null; }
+    pumpFiles();
+  }
+  function filesLost() {  // the socket closed: what it had received (and no message took) is gone
+    uploading = null;
+    files.forEach(function (f) { f.state = "waiting"; f.meter.textContent = humanSize(f.size); f.chip.classList.remove("pluto-file-ready"); });
+    updateSend();
+  }
+  function updateSend() {
+    var waiting = files.some(function (f) { return f.state !== "ready"; });
+    sendBtn.disabled = waiting;
+    sendBtn.setAttribute("aria-label", waiting ? "Send (waiting for the files)" : "Send");
+  }
+
+  // ---- over the rate limit: what the gateway dropped is shown as not sent, with a retry --------
+  var failed = {};       // message id → the message: not sent, kept for a retry
+  var limitedUntil = 0;
+  function rateLimited(f) {
+    limitedUntil = Date.now() + 1000 * Math.min(120, Math.max(1, Number(f.retry_after) || 5));
+    systemLine(f.message, "pluto-error");
+    pending.slice().forEach(function (p) { markNotSent(p, true); });  // (an ack that follows clears it)
+  }
+  function refusedMessage(id) {
+    var p = pending.filter(function (q) { return q.id === id; })[0] || failed[id];
+    var node = bubbleOf(id);
+    if (!p && node) {  // sent from another tab
+      var text = node.querySelector(".pluto-bubble").firstChild;
+      p = { id: id, text: text && text.nodeType === 3 ? text.nodeValue : "", files: [], names: [] };
+    }
+    if (!p) { return; }
+    p.refused = true;  // (a retry is a new message: this one is recorded)
+    markNotSent(p, true);
+  }
+  function markNotSent(p, retry) {
+    pending = pending.filter(function (q) { return q.id !== p.id; });
+    if (retry) { failed[p.id] = p; }
+    var node = bubbleOf(p.id);
+    if (node) { drawNotSent(node, p, retry); }
+  }
+  function drawNotSent(node, p, retry) {
+    node.classList.remove("pluto-pending");
+    node.classList.add("pluto-failed");
+    clearNotSent(node, true);
+    var note = node.appendChild(el("div", "pluto-not-sent", "Not sent"));
+    if (retry) {
+      note.appendChild(document.createTextNode(" · "));
+      var again = note.appendChild(el("button", "pluto-retry", "Retry"));
+      again.type = "button";
+      again.addEventListener("click", function () { retrySend(p.id); });
+    }
+  }
+  function clearNotSent(node, keepClass) {
+    var note = node.querySelector(".pluto-not-sent");
+    if (note) { node.removeChild(note); }
+    if (!keepClass) { node.classList.remove("pluto-failed"); }
+  }
+  function retrySend(id) {
+    var p = failed[id], node = bubbleOf(id);
+    if (!p || !node) { return; }
+    if (Date.now() < limitedUntil) {
+      var note = node.querySelector(".pluto-not-sent");
+      if (note) { note.firstChild.textContent = "Not sent yet — wait " + Math.ceil((limitedUntil - Date.now()) / 1000) + " s"; }
+      return;
+    }
+    delete failed[id];
+    clearNotSent(node);
+    if (p.refused) {  // the gateway has this one: the retry is a new message
+      p = { id: newId(), text: p.text, files: [], names: p.names };
+      node.setAttribute("data-id", p.id);  // (its files went with the first: attach them again)
+    }
+    pending.push(p);
+    if (!sendFrame(messageFrame(p))) { node.classList.add("pluto-pending"); }
+  }
+
   // ---- sending -------------------------------------------------------------------------------
   function submit() {
     var text = input.value;
-    if (!text.trim()) { return; }
+    if (files.some(function (f) { return f.state !== "ready"; })) { return; }  // (the button says so)
+    if (!text.trim() && !files.length) { return; }
     var id = newId();
-    var b = userBubble(text, id);
-    pending.push({ id: id, text: text });
-    if (!sendFrame({ type: "message", id: id, text: text })) { b.classList.add("pluto-pending"); }
+    var msg = { id: id, text: text, files: files.map(function (f) { return f.id; }),
+      names: files.map(function (f) { return f.name; }) };
+    files.forEach(function (f) { if (f.chip.parentNode) { chips.removeChild(f.chip); } });
+    files = [];
+    updateSend();
+    var b = userBubble(text, id, msg.names);
+    if (Date.now() < limitedUntil) { failed[id] = msg; drawNotSent(b, msg, true); }
+    else {
+      pending.push(msg);
+      if (!sendFrame(messageFrame(msg))) { b.classList.add("pluto-pending"); }
+    }
     input.value = "";
     resize();
     scrollDown();
@@ -501,6 +785,36 @@
   });
   input.addEventListener("input", resize);
   stopBtn.addEventListener("click", function () { sendFrame({ type: "stop" }); });
+  attachBtn.addEventListener("click", function () { picker.click(); });
+  picker.addEventListener("change", function () { addFiles(picker.files); picker.value = ""; });
+  input.addEventListener("paste", function (e) {  // a pasted file (a screenshot, a copied CSV)
+    var data = e.clipboardData;
+    if (data && data.files && data.files.length && !data.getData("text/plain")) {
+      e.preventDefault();
+      addFiles(data.files);
+    }
+  });
+  function dragsFiles(e) {
+    return e.dataTransfer && Array.prototype.indexOf.call(e.dataTransfer.types || [], "Files") >= 0;
+  }
+  var dragDepth = 0;
+  panel.addEventListener("dragenter", function (e) {
+    if (!dragsFiles(e)) { return; }
+    e.preventDefault();
+    dragDepth++;
+    panel.classList.add("pluto-dragging");
+  });
+  panel.addEventListener("dragover", function (e) { if (dragsFiles(e)) { e.preventDefault(); } });
+  panel.addEventListener("dragleave", function () {
+    if (dragDepth && !--dragDepth) { panel.classList.remove("pluto-dragging"); }
+  });
+  panel.addEventListener("drop", function (e) {
+    if (!dragsFiles(e)) { return; }
+    e.preventDefault();
+    dragDepth = 0;
+    panel.classList.remove("pluto-dragging");
+    addFiles(e.dataTransfer.files);
+  });
 
   function start() {
     document.body.appendChild(host);
