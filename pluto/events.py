@@ -99,13 +99,16 @@ class RunEnd:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunError:
-    """A run that could not finish. ``message`` is one plain sentence fit for a chat user."""
+    """A run that could not finish. ``message`` is one plain sentence fit for a chat user;
+    ``detail``, when there is more to say, is for the gateway's operators only (the terminal,
+    the admin API): it may name an internal endpoint or a variable."""
 
     type: Literal["run.error"] = "run.error"
     run_id: str
     seq: int = 0
     message: str
     kind: str = "error"
+    detail: str | None = None
     ts: float = field(default_factory=time.time)
 
 

@@ -133,6 +133,9 @@ class Capabilities:
     # being the durable record (the web widget, the API): delivery records no outbox row for it
     answers_from_feed: bool = False
     can_edit: bool = False  # the provider can edit a sent message (streaming by edits)
+    # the person at this surface runs the gateway (the terminal): errors are shown in full
+    # (``RunError.detail``), where a chat user gets one plain sentence
+    operator: bool = False
     can_send_images: bool = False
     can_send_files: bool = False
     has_typing: bool = False

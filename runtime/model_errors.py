@@ -1,9 +1,11 @@
-"""A failed model call as one sentence that names its cause: litellm's reason, the endpoint that
-could not be reached, the variable that should hold the key.
+"""A failed model call as two sentences: one for the gateway's operators that names its cause
+(litellm's reason, the endpoint that could not be reached, the variable that should hold the
+key), and one for chat users that names nothing of the server.
 
-The sentence goes to whoever asked (a chat, the terminal) and, with litellm's full reason, to
-the log. It never carries a secret: the key's value is masked, the URL loses any user and
-password, and only the *name* of the key's variable is shown.
+The operators' sentence is ``str(error)``: it goes to the log (with litellm's full reason), the
+terminal and the admin API. It never carries a secret: the key's value is masked, the URL loses
+any user and password, and only the *name* of the key's variable is shown. A visitor of the web
+widget or a chat gets ``error.public``: what happened, in plain words, and what to do.
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ log = logging.getLogger("pluto.runtime.model")
 MAX_REASON = 240
 # litellm's wrappers: "litellm.BadRequestError: OpenAIException - <the service's words>"
 _WRAPPER = re.compile(r"^(?:litellm\.)?\w+Error:\s*(?:\w+Error:\s*)?(?:\w+Exception\s*-\s*)?")
+
+# what a chat user is told (the operators' sentence, with its cause, is in the log)
+SETUP = ("This assistant cannot answer right now: its model service is not set up correctly. "
+         "Please let the people who run it know.")
+UNAVAILABLE = "The model service is not available right now; please try again in a moment."
+SLOW = "The model service did not answer in time; please try again."
+REFUSED = ("The model service refused this request; try rephrasing it, or send /new to start "
+           "afresh.")
 
 
 def classify_error(e: Exception, settings: ModelSettings | str) -> ModelError:
@@ -46,38 +56,42 @@ def _classify(e: Exception, model: str, key_env: str | None, api_base: str | Non
     text = str(e)
     where = f" at {endpoint(api_base)}" if api_base else ""
     if status in (401, 400, 500, None) and _missing_key(text):
-        return ModelError(f"No API key is set for the model {model}: {_set_key(key_env)}")
+        return ModelError(f"No API key is set for the model {model}: {_set_key(key_env)}",
+                          public=SETUP)
     if "LLM Provider NOT provided" in text:
         return ModelError(f"The model name {model!r} does not say which service serves it: "
                           "write it as provider/model, e.g. openai/gpt-4o-mini or "
-                          "anthropic/claude-sonnet-4-5.")
+                          "anthropic/claude-sonnet-4-5.", public=SETUP)
     if "ContextWindow" in name:
         return ModelError("The conversation is too long for the model; send /new to start afresh.")
     if status == 429 or "RateLimit" in name:
         return ModelError("The model is rate limited right now; please try again in a moment.",
                           retryable=True, retry_after=retry_after(e))
     if "Timeout" in name or status == 408:
-        return ModelError(f"The model service{where} did not answer in time.", retryable=True)
+        return ModelError(f"The model service{where} did not answer in time.", retryable=True,
+                          public=SLOW)
     if status in (401, 403) or "Authentication" in name or "PermissionDenied" in name:
         return ModelError(f"The model service{where} rejected the API key"
                           f"{f' in {key_env}' if key_env else ''}: {reason or 'no reason given'}."
-                          f" {_fix_key(key_env)}")
+                          f" {_fix_key(key_env)}", public=SETUP)
     if status == 404 or "NotFound" in name:
         return ModelError(f"The model {model!r} was not found{where}: "
-                          f"{reason or 'no reason given'}. Check the model name in pluto.yaml.")
+                          f"{reason or 'no reason given'}. Check the model name in pluto.yaml.",
+                          public=SETUP)
     if "APIConnectionError" in name or "Connection error" in text:
         target = endpoint(api_base) if api_base else f"the default endpoint of {model}"
         fix = " Check PLUTO_API_BASE (api_base in pluto.yaml) and that the server is up." \
             if api_base else ""
         return ModelError(f"Could not reach the model service at {target}.{fix}",
-                          retryable=True)
+                          retryable=True, public=UNAVAILABLE)
     if status is not None and status >= 500 or "InternalServer" in name or "Unavailable" in name:
         return ModelError(f"The model service{where} had an error: "
-                          f"{reason or 'no reason given'}.", retryable=True)
+                          f"{reason or 'no reason given'}.", retryable=True, public=UNAVAILABLE)
     if status == 400 or "BadRequest" in name:
         return ModelError(f"The model service{where} refused the request: "
-                          f"{reason or 'no reason given'}.")
-    return ModelError(f"The model call failed unexpectedly: {reason or name}.", retryable=True)
+                          f"{reason or 'no reason given'}.", public=REFUSED)
+    return ModelError(f"The model call failed unexpectedly: {reason or name}.", retryable=True,
+                      public=UNAVAILABLE)
 
 
 def service_reason(e: Exception, secret: str | None = None) -> str:

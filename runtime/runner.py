@@ -179,10 +179,11 @@ class Runner:
             if isinstance(e, BudgetExceeded):
                 log.warning("run %s (agent %s) stopped at its %s budget", req.run_id,
                             agent.name, e.budget)
-            yield await self._fail(state, str(e), "budget" if isinstance(e, BudgetExceeded)
-                                   else "error")
+            public = e.public if isinstance(e, ModelError) else str(e)
+            yield await self._fail(state, public, "budget" if isinstance(e, BudgetExceeded)
+                                   else "error", detail=str(e) if str(e) != public else None)
             yield await self._end(state, "budget" if isinstance(e, BudgetExceeded) else "error",
-                                  error=str(e))
+                                  error=public)
         except RunTakenOver:
             state.ended = True  # another instance answers it: nothing more is said here
             raise
@@ -549,10 +550,11 @@ class Runner:
         state.observe(event)
         return event
 
-    async def _fail(self, state: _RunState, message: str, kind: str) -> RunEvent:
+    async def _fail(self, state: _RunState, message: str, kind: str,
+                    detail: str | None = None) -> RunEvent:
         await self._keep_partial(state)
         return await self._commit(state, RunError(run_id=state.req.run_id, message=message,
-                                                  kind=kind))
+                                                  kind=kind, detail=detail))
 
     @staticmethod
     def _usage(state: _RunState) -> dict[str, int]:

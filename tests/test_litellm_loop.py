@@ -10,7 +10,7 @@ import pytest
 
 from pluto.gateway.app import Gateway
 from pluto.settings import PlutoConfig
-from pluto.events import MessageDelta, ToolStart
+from pluto.events import MessageDelta, RunError, ToolStart
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.helpers.gateway import RecordingProvider
 
@@ -120,9 +120,14 @@ async def test_wrong_key_is_reported_without_the_key(setup, fake, monkeypatch):
     gw, p = setup
     monkeypatch.setenv("PLUTO_API_KEY", "sk-wrong-key")
     [msg] = await ask(p, "hi")
-    assert msg.startswith("The model service at http") and "rejected the API key in " \
-        "PLUTO_API_KEY: Incorrect API key provided. Check the value of PLUTO_API_KEY." in msg
-    assert "sk-wrong" not in msg
+    assert msg == ("This assistant cannot answer right now: its model service is not set up "
+                   "correctly. Please let the people who run it know.")  # a chat user
+    [error] = [e for e in await run_events(gw) if isinstance(e, RunError)]
+    assert error.message == msg and error.detail is not None  # the operators' sentence
+    assert error.detail.startswith("The model service at http") and "rejected the API key " \
+        "in PLUTO_API_KEY: Incorrect API key provided. Check the value of PLUTO_API_KEY." \
+        in error.detail
+    assert "sk-wrong" not in msg + error.detail
 
 
 async def test_connection_dropped_mid_stream_is_not_retried_twice_on_screen(setup, fake):
@@ -151,6 +156,9 @@ async def test_unreachable_model_is_reported(config_dir, data_dir):
         p = RecordingProvider()
         gw.add_provider(p)
         [msg] = await ask(p, "hi")
-        assert msg.startswith("Could not reach the model service at ") and \
-            "http://127.0.0.1:9/v1" in msg and "PLUTO_API_BASE" in msg
+        assert msg == "The model service is not available right now; please try again in a " \
+            "moment."  # a chat user: no internal URL
+        [error] = [e for e in await run_events(gw) if isinstance(e, RunError)]
+        assert error.detail.startswith("Could not reach the model service at ") and \
+            "http://127.0.0.1:9/v1" in error.detail and "PLUTO_API_BASE" in error.detail
     await asyncio.sleep(0)

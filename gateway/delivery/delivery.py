@@ -187,8 +187,9 @@ class Delivery:
                 state.images.extend(self._images(details))
             case MessageFinal(text=text):
                 await self._final(provider, msg, state, event, text, "reply")
-            case RunError(message=message):
-                await self._final(provider, msg, state, event, message, "error")
+            case RunError(message=message, detail=detail):
+                full = detail if detail and provider.capabilities.operator else message
+                await self._final(provider, msg, state, event, full, "error")
 
     async def _final(self, provider: Provider, msg: IncomingMessage, state: _Run,
                      event: RunEvent, text: str, kind: Kind) -> None:

@@ -25,7 +25,9 @@ _DONE = None
 
 
 def encode(event: RunEvent) -> bytes:
-    data = json.dumps(event_to_dict(event), default=str)
+    fields = event_to_dict(event)
+    fields.pop("detail", None)  # a run.error's full cause is for the operators (admin API)
+    data = json.dumps(fields, default=str)
     return f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode()
 
 

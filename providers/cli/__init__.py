@@ -32,7 +32,8 @@ REPLY_WAIT = 60.0  # seconds to wait for a reply delivery has recorded
 class CliProvider(Provider):
     name = "cli"
     capabilities = Capabilities(max_message_length=1_000_000, markup=MARKDOWN,
-                                streams_deltas=True, can_send_images=True)  # by their path
+                                streams_deltas=True, can_send_images=True,  # by their path
+                                operator=True)  # its user runs the gateway: errors in full
 
     def __init__(self, feed: RunFeed, *, chat_id: str = "terminal",
                  history_file: Path | None = None, once: str | None = None,
