@@ -19,9 +19,10 @@ from pluto.gateway.delivery.outbox import Outbox
 from pluto.gateway.ports import Provider
 from pluto.errors import DeliveryRefused, RateLimited, ProviderError
 from pluto.gateway.delivery.render import render_chunks
-from pluto.gateway.delivery.streaming import EditThrottle
+from pluto.gateway.delivery.streaming import EditThrottle, LivePreview
 from pluto.providers.telegram.markup import TELEGRAM_HTML
 from pluto.types import (PLAIN, Capabilities, Dialect, IncomingMessage, MessageDelta,
+                         OutgoingMessage,
                          MessageFinal, RunEnd, RunError, RunEvent, RunStart, ToolEnd, ToolStart)
 from pluto.runtime.testing import ScriptedModel
 from pluto.storage.sqlite import SqliteStore
@@ -308,3 +309,25 @@ async def test_one_instance_edits_the_preview_a_crash_left(delivery):
                        events(final("Whole answer.")))
     assert p.deleted == [] and p.sent == []
     assert (p.edits[-1].edit_of, p.edits[-1].text) == ("41", "Whole answer.")
+
+
+async def test_a_preview_that_went_out_after_its_run_was_taken_over_is_deleted(delivery):
+    """Paused with the preview's first send in flight: the platform made the message, and the
+    instance learns so only after its run was taken over — nobody else knows of the message,
+    so the instance deletes it itself rather than leave half an answer in the chat."""
+    fresh = [True]
+
+    class Paused(RecordingProvider):
+        async def send(self, message):
+            sent = await super().send(message)
+            fresh[0] = False  # (the fence lapsed while the call was out)
+            return sent
+
+    p = Paused(capabilities=EDITS)
+    delivery.providers[p.name] = p
+    preview = LivePreview(p, OutgoingMessage(chat_id="c1", text=""), EditThrottle(0),
+                          post=delivery.outbox.post, may_send=lambda: fresh[0])
+    preview.add("Half an")
+    await until(lambda: p.deleted)()
+    assert p.deleted == ["1"] and [m.text for m in p.sent] == ["Half an"]
+    assert await preview.finish() is None  # nothing of it is left to edit

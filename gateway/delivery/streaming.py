@@ -183,9 +183,26 @@ class LivePreview:
                     await self.on_shown(self.message_id)
                 except Exception as e:  # noqa: BLE001 - only a rerun after a crash needs it
                     log.warning("%s: could not keep the preview's id: %s", self.provider.name, e)
+            if not self.may_send():
+                # the run was taken over while this went out (the instance was paused with
+                # the call in flight): the run answering now may never learn of this message
+                await self._withdraw()
+                return
         else:
             await self.provider.edit(replace(message, edit_of=self.message_id))
         self._shown = text
+
+    async def _withdraw(self) -> None:
+        """Delete the preview this run showed (it is no longer this run's to show) and stop."""
+        self._closed.set()
+        shown, self.message_id = self.message_id, None
+        if shown is None:
+            return
+        try:
+            await self.provider.delete(self.target.chat_id, shown, self.target.thread_id)
+        except Exception as e:  # noqa: BLE001 - a stray preview is all that is left
+            log.info("%s: could not remove a preview after losing its run: %s",
+                     self.provider.name, e)
 
 
 class Removal:
@@ -201,13 +218,12 @@ class Removal:
         self.platform_id = platform_id
         self.may_send = may_send
         self.key: ChatKey = (provider.name, chat_id)
-        self.done = False
 
     async def perform(self) -> None:
         if not self.may_send():
             return
         try:
-            self.done = await self.provider.delete(self.chat_id, self.platform_id,
+            await self.provider.delete(self.chat_id, self.platform_id,
                                                    self.thread_id)
         except ProviderError as e:  # the answer still goes out, beside the old preview
             log.info("%s: could not remove an interrupted run's preview: %s",
