@@ -223,8 +223,7 @@ class Removal:
         if not self.may_send():
             return
         try:
-            await self.provider.delete(self.chat_id, self.platform_id,
-                                                   self.thread_id)
+            await self.provider.delete(self.chat_id, self.platform_id, self.thread_id)
         except ProviderError as e:  # the answer still goes out, beside the old preview
             log.info("%s: could not remove an interrupted run's preview: %s",
                      self.provider.name, e)
