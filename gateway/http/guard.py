@@ -334,7 +334,8 @@ class ConnectionGuard:
         log.info("http: %s %s: the request body stalled for %g s; answered 408 (%d so far)",
                  request.method, request.path, self.body_timeout, self.counters.body_timeouts)
         response = web.json_response(
-            {"error": f"The request body stopped arriving for {self.body_timeout:g} seconds."},
+            {"error": "The request body stopped arriving: nothing came for "
+                      f"{self.body_timeout:g} s."},
             status=408, headers={"Connection": "close"})
         try:
             await response.prepare(request)

@@ -1,0 +1,360 @@
+"""Slow and idle clients (issue 38): a connection that sends no whole request, a body that
+stalls, idle keep-alive connections, too many connections in total or from one address — and
+5,000 slowloris sockets while ``/healthz`` keeps answering and the log stays small.
+
+The clients are raw sockets on loopback, in the test's own event loop beside the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import socket
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from pluto.gateway.http.guard import MIN_IDLE
+from pluto.gateway.logs import RateLimit, setup_logging
+from tests.helpers.served import API_KEY, served, url, wait_for
+
+PARTIAL = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: slowloris\r\n"
+
+
+@pytest.fixture(autouse=True)
+def secrets(monkeypatch):
+    monkeypatch.setenv("PLUTO_WEB_SECRET", "s" * 40)
+    monkeypatch.setenv("PLUTO_TEST_API_KEYS", API_KEY)
+
+
+async def connect(port: int, first: bytes = b"", source: str | None = None) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    if source is not None:
+        sock.bind((source, 0))
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    if first:
+        await loop.sock_sendall(sock, first)
+    return sock
+
+
+async def read_all(sock: socket.socket, timeout: float = 20) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    loop = asyncio.get_running_loop()
+    out = b""
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                block = await loop.sock_recv(sock, 65536)
+            except ConnectionResetError:
+                return out
+            if not block:
+                return out
+            out += block
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except BlockingIOError:
+        return False
+
+
+async def healthz(http: aiohttp.ClientSession, gw: Any, source: str | None = None) -> int:
+    async with http.get(url(gw, "/healthz")) as r:
+        await r.read()
+        return r.status
+
+
+@asynccontextmanager
+async def fresh_http(source: str | None = None) -> AsyncIterator[aiohttp.ClientSession]:
+    connector = aiohttp.TCPConnector(force_close=True, limit=0,
+                                     local_addr=(source, 0) if source else None)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        yield session
+
+
+# ---- timeouts ------------------------------------------------------------------------------
+
+
+async def test_a_connection_without_a_whole_request_is_closed_after_the_header_timeout(
+        config_dir, data_dir):
+    async with served(config_dir, data_dir, http={"header_timeout_seconds": 1}) as gw:
+        port, guard = gw.http.port, gw.http.guard
+        silent = [await connect(port) for _ in range(10)]  # half-open: nothing ever sent
+        partial = [await connect(port, PARTIAL) for _ in range(10)]  # slowloris
+        trickler = await connect(port, PARTIAL)
+        loop = asyncio.get_running_loop()
+
+        async def trickle() -> int:
+            sent = 0  # a header line every 0.2 s: bytes arriving do not extend the deadline
+            try:
+                while not closed_by_peer(trickler):
+                    await loop.sock_sendall(trickler, b"X-More: 1\r\n")
+                    sent += 1
+                    await asyncio.sleep(0.2)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            return sent
+
+        sent = await asyncio.wait_for(trickle(), 20)
+        assert sent >= 2
+        for sock in silent + partial:
+            assert await read_all(sock) == b""  # closed, without an answer
+            sock.close()
+        trickler.close()
+        await wait_for(lambda: guard.open == 0)
+        assert guard.counters.header_timeouts >= 21
+        async with fresh_http() as http:  # and the server still answers
+            assert await healthz(http, gw) == 200
+
+
+async def test_idle_keep_alive_connections_are_closed(config_dir, data_dir):
+    async with served(config_dir, data_dir, http={"idle_timeout_seconds": 1}) as gw:
+        sock = await connect(gw.http.port)
+        loop = asyncio.get_running_loop()
+        request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        for _ in range(2):  # kept alive between requests that come in time
+            await loop.sock_sendall(sock, request)
+            answer = b""
+            while not answer.endswith(b"}"):
+                answer += await asyncio.wait_for(loop.sock_recv(sock, 4096), 10)
+            assert answer.startswith(b"HTTP/1.1 200")
+        assert await read_all(sock) == b""  # then idle: closed
+        sock.close()
+        await wait_for(lambda: gw.http.guard.open == 0)
+
+
+async def test_a_stalled_body_gets_408_and_a_slow_steady_one_is_read(config_dir, data_dir):
+    async with served(config_dir, data_dir, http={"body_timeout_seconds": 1}) as gw:
+        loop = asyncio.get_running_loop()
+        head = ("POST /api/v1/agent/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"Authorization: Bearer {API_KEY}\r\nContent-Type: application/json\r\n"
+                "Content-Length: {n}\r\n\r\n")
+        body = b'{"input": "hello there, slowly"}' + b" " * 8
+        stalled = await connect(gw.http.port, head.format(n=1000).encode() + body[:10])
+        answer = await read_all(stalled)
+        status, _, rest = answer.partition(b"\r\n")
+        assert status == b"HTTP/1.1 408 Request Timeout", answer[:300]
+        assert rest.endswith(b'{"error": "The request body stopped arriving: nothing came for '
+                             b'1 s."}')
+        stalled.close()
+        # a slow but steady body (a few bytes every 0.4 s, longer than the timeout in all)
+        steady = await connect(gw.http.port, head.format(n=len(body)).encode())
+        for i in range(0, len(body), 5):
+            await loop.sock_sendall(steady, body[i:i + 5])
+            await asyncio.sleep(0.4)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += await asyncio.wait_for(loop.sock_recv(steady, 65536), 20)
+        assert not answer.startswith(b"HTTP/1.1 408"), answer[:300]
+        assert answer.startswith(b"HTTP/1.1 20"), answer[:300]
+        steady.close()
+        assert gw.http.guard.counters.body_timeouts == 1
+
+
+# ---- limits --------------------------------------------------------------------------------
+
+
+async def test_at_the_total_limit_the_longest_idle_makes_room_else_503(config_dir, data_dir):
+    async with served(config_dir, data_dir, http={"max_connections": 12,
+                                                  "header_timeout_seconds": 60},
+                      web={"hello_timeout_seconds": 60}) as gw:
+        guard, port = gw.http.guard, gw.http.port
+        idle = [await connect(port, PARTIAL) for _ in range(12)]
+        await wait_for(lambda: guard.open == 12)
+        # every one idle for a second at least: a newcomer closes the oldest
+        await wait_for(lambda: all(time.monotonic() - c.idle_since >= MIN_IDLE
+                                   for c in guard.conns.values()))
+        async with fresh_http() as http:
+            assert await healthz(http, gw) == 200
+        assert guard.counters.evicted == 1 and closed_by_peer_soon(idle[0])
+        assert guard.open <= 12
+        for sock in idle:
+            sock.close()
+        await wait_for(lambda: guard.open == 0)
+        # every connection busy (chat sockets waiting for their hello): the newcomer gets 503
+        async with aiohttp.ClientSession() as http:
+            tabs = [await http.ws_connect(url(gw, "/ws")) for _ in range(12)]
+            await wait_for(lambda: guard.open == 12)
+            refused = await connect(port)
+            answer = await read_all(refused)
+            assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer[:200]
+            assert answer.endswith(b"too many connections open; try again in a few seconds."
+                                   b'"}')
+            refused.close()
+            assert guard.counters.refused == 1 and guard.open == 12
+            await tabs[0].close()
+            await wait_for(lambda: guard.open == 11)
+        async with fresh_http() as http2:
+            assert await healthz(http2, gw) == 200
+
+
+def closed_by_peer_soon(sock: socket.socket) -> bool:
+    """(The server closed it in the same loop turn as it accepted the newcomer: the FIN is on
+    loopback already.)"""
+    return closed_by_peer(sock)
+
+
+async def test_one_address_is_limited_and_others_still_get_in(config_dir, data_dir):
+    async with served(config_dir, data_dir,
+                      http={"max_connections_per_client": 5, "per_client_exempt": [],
+                            "header_timeout_seconds": 60},
+                      web={"hello_timeout_seconds": 60}) as gw:
+        guard, port = gw.http.guard, gw.http.port
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+                local_addr=("127.0.0.2", 0))) as noisy:
+            tabs = [await noisy.ws_connect(url(gw, "/ws")) for _ in range(5)]
+            await wait_for(lambda: guard.per_client.get("127.0.0.2") == 5)
+            sixth = await connect(port, source="127.0.0.2")
+            assert (await read_all(sixth)).startswith(b"HTTP/1.1 503")
+            sixth.close()
+            assert guard.counters.by_kind == {"client": 1}
+            async with fresh_http() as http:  # another address: served
+                assert await healthz(http, gw) == 200
+            for tab in tabs:
+                await tab.close()
+
+
+def test_limit_settings_are_checked(tmp_path: Path):
+    from pluto.errors import ConfigError
+    from pluto.settings import load_pluto_config
+
+    for bad, field in (("per_client_exempt: [not-an-address]", "per_client_exempt"),
+                       ("max_connections: 0", "max_connections"),
+                       ("header_timeout_seconds: 0", "header_timeout_seconds")):
+        (tmp_path / "pluto.yaml").write_text(f"http:\n  {bad}\n")
+        with pytest.raises(ConfigError, match=rf"http\.{field}"):
+            load_pluto_config(tmp_path)
+
+
+# ---- 5,000 slowloris sockets ----------------------------------------------------------------
+
+
+@pytest.fixture
+def open_files() -> Any:
+    """The soft open-files limit raised to the hard one for the test (restored after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    yield want
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.fixture
+def log_file(tmp_path: Path) -> Any:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    rate = RateLimit()
+    path = tmp_path / "logs" / "pluto.log"
+    setup_logging("INFO", log_file=path, stderr_level="CRITICAL", rate=rate)
+    yield path, rate
+    for h in list(root.handlers):
+        root.removeHandler(h)
+        h.close()
+    for h in handlers:
+        root.addHandler(h)
+    root.setLevel(level)
+
+
+FLOOD = r"""
+import selectors, socket, sys, time
+port, count, partial = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].encode()
+socks = []
+for _ in range(count):
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(partial)
+    s.setblocking(False)
+    socks.append(s)
+print("opened", len(socks), flush=True)
+sel = selectors.DefaultSelector()
+for s in socks:
+    sel.register(s, selectors.EVENT_READ)
+alive, answered, trickle = set(socks), 0, time.monotonic() + 2
+deadline = time.monotonic() + 120
+while alive and time.monotonic() < deadline:
+    for key, _ in sel.select(timeout=0.5):
+        try:
+            data = key.fileobj.recv(65536)
+        except (ConnectionResetError, BlockingIOError) as e:
+            data = b"" if isinstance(e, ConnectionResetError) else None
+        if data is None:
+            continue
+        if data:
+            answered += 1
+        sel.unregister(key.fileobj)
+        alive.discard(key.fileobj)
+    if time.monotonic() >= trickle:  # a header line to every socket still open, every 2 s
+        trickle = time.monotonic() + 2
+        for s in alive:
+            try:
+                s.send(b"X-Slow: 1\r\n")
+            except OSError:
+                pass
+print("closed", len(socks) - len(alive), "answered", answered, flush=True)
+"""
+
+
+@pytest.mark.slow
+async def test_5000_slowloris_sockets_while_healthz_answers(config_dir, data_dir, open_files,
+                                                            log_file):
+    """The sockets come from another process (as they would), so the latency measured is the
+    gateway's, not the flood's own work in this event loop."""
+    wanted = 5000
+    count = min(wanted, open_files - 1000)  # (each process holds its own side of a socket)
+    if count < wanted:
+        print(f"\nthe open-files limit ({open_files}) holds {count} slowloris sockets, "
+              f"not {wanted}")
+    path, rate = log_file
+    timeout = 10.0
+    async with served(config_dir, data_dir, http={"header_timeout_seconds": timeout}) as gw:
+        guard, port = gw.http.guard, gw.http.port
+        print(f"\nconnection limit: {guard.max_total}, open-files limit: {open_files}")
+        flood = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", FLOOD, str(port), str(count), PARTIAL.decode(),
+            stdout=asyncio.subprocess.PIPE)
+        assert flood.stdout is not None
+        latencies: list[float] = []
+        statuses: list[int] = []
+        peak = 0
+        began = time.monotonic()
+        opened = asyncio.create_task(flood.stdout.readline())
+        async with fresh_http() as http:
+            while not (opened.done() and guard.open <= 1):
+                t0 = time.perf_counter()
+                statuses.append(await healthz(http, gw))
+                latencies.append(time.perf_counter() - t0)
+                peak = max(peak, guard.open)
+                await asyncio.sleep(0.02)
+        took = time.monotonic() - began
+        first = (await opened).decode().split()
+        last = (await asyncio.wait_for(flood.stdout.readline(), 60)).decode().split()
+        await asyncio.wait_for(flood.wait(), 30)
+        await wait_for(lambda: guard.open == 0, timeout=30)
+        rate.flush()
+        size = path.stat().st_size
+        ms = sorted(x * 1000 for x in latencies)
+        print(f"{first[1]} slowloris sockets, at most {peak} open at once, all closed by the "
+              f"header timeout ({timeout:g} s) within {took:.1f} s; /healthz answered "
+              f"{len(statuses)} times meanwhile: median {statistics.median(ms):.1f} ms, "
+              f"p99 {ms[max(0, int(len(ms) * 0.99) - 1)]:.1f} ms, max {ms[-1]:.1f} ms; "
+              f"pluto.log {size:,} bytes")
+        assert first == ["opened", str(count)]
+        assert last == ["closed", str(count), "answered", "0"]  # closed, none answered
+        assert set(statuses) == {200}
+        assert guard.counters.header_timeouts >= count
+        assert guard.counters.refused == 0  # under the limit: nobody was turned away
+        assert size < 1_000_000
+        text = path.read_text()
+        assert "more like this were not logged" in text
+        assert text.count("sent no whole request") <= 2 * rate.burst
