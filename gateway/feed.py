@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from pluto.events import RunEnd, RunEvent
@@ -111,7 +111,7 @@ class LocalRunFeed:
                 del self._listeners[run_id]
 
     async def follow(self, run_id: str, after: int = 0, *,
-                     fresh: bool = False) -> AsyncIterator[RunEvent]:
+                     fresh: bool = False) -> AsyncGenerator[RunEvent, None]:
         """``fresh``: the run was just accepted in this process. If nothing of it has been
         published yet, nothing of it is stored either: storage is not read (a database trip
         fewer on the way to a new answer's first words), unless a gap says otherwise."""

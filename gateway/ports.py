@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, MutableSequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
@@ -65,7 +65,10 @@ class RunFeed(Protocol):
     each once and in order, until its ``run.end``."""
 
     def follow(self, run_id: str, after: int = 0, *,
-               fresh: bool = False) -> AsyncIterator[RunEvent]: ...
+               fresh: bool = False) -> AsyncGenerator[RunEvent, None]:
+        """The events (an async generator: close it, e.g. with ``contextlib.aclosing``, when
+        stopping early)."""
+        ...
 
     def listen(self, run_id: str,
                listener: Callable[[RunEvent], None]) -> Callable[[], None] | None:
@@ -114,7 +117,8 @@ class HttpMount:
     """Where a provider mounts its webhooks, sockets and pages on the gateway's HTTP server."""
 
     router: web.UrlDispatcher
-    on_shutdown: list[Callable[[web.Application], Awaitable[None]]]
+    # the application's shutdown signal (an aiohttp ``Signal``): append a coroutine function
+    on_shutdown: MutableSequence[Callable[[web.Application], Awaitable[object]]]
 
 
 class SharedFileReader(Protocol):

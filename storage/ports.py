@@ -11,11 +11,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pluto.events import RunEvent
 from pluto.storage.rows import (Approval, MessageRow, OutboxRow, PairingRequest, RunRow,
                                 SessionRow, StepRow, TaskRow)
+
+if TYPE_CHECKING:  # the ledger's rows, shared by both engines (SqlUsage runs on each)
+    from pluto.storage.sqlite.usage import Claim as BudgetClaim
+    from pluto.storage.sqlite.usage import Reservation, UsageCall, UsageTotal
+
+# Several instances: the chat claim a message was taken under, (lease name, token); every
+# write of the run answering it is refused once the claim moved on (storage/sqlite/fencing.py).
+Claim = tuple[str, int]
 
 
 class RunReader(Protocol):
@@ -33,6 +42,9 @@ class RunReader(Protocol):
 class ConversationStore(RunReader, Protocol):
     """Sessions, their messages, runs and run events."""
 
+    # the instance whose runs these are (the gateway sets it; "local" with one process)
+    owner: str
+
     async def session(self, key: str, agent: str) -> SessionRow:
         """The active session for ``key``, created when there is none."""
         ...
@@ -42,7 +54,8 @@ class ConversationStore(RunReader, Protocol):
         ...
 
     async def add_message(self, session_id: str, role: str, content: str | None, *,
-                          run_id: str | None = None, tool_calls: list[dict] | None = None,
+                          run_id: str | None = None,
+                          tool_calls: list[dict[str, Any]] | None = None,
                           tool_call_id: str | None = None, name: str | None = None,
                           event: RunEvent | None = None) -> RunEvent | None:
         """Append a message and, atomically with it, the run event that shows it (returned with
@@ -56,10 +69,14 @@ class ConversationStore(RunReader, Protocol):
         """The newest messages that fit the window, as model messages, always well-formed."""
         ...
 
-    def claim(self, source: tuple[str, str], claim: tuple[str, int] | None) -> None:
+    def claim(self, source: tuple[str, str], claim: Claim | None) -> None:
         """Several instances: the message ``source`` (provider, message id) was taken under the
         chat claim ``claim`` (lease name, token): every write of the run answering it is
         refused once that claim moved on (None: done with it)."""
+        ...
+
+    async def session_running(self, key: str) -> bool:
+        """Whether the session ``key`` has a run going or waiting (on any instance)."""
         ...
 
     async def queue_run(self, run_id: str, session_id: str, agent: str, input_text: str, *,
@@ -109,6 +126,13 @@ class ConversationStore(RunReader, Protocol):
     async def undelivered_answer(self, run_id: str) -> RunEvent | None:
         """The run's ``message.final`` when it ended answered and none of its reply is in the
         outbox (storage failed between the two)."""
+        ...
+
+    async def undelivered_in_chat(self, provider: str, chat_id: str | None
+                                  ) -> list[tuple[dict[str, Any], RunEvent]]:
+        """Runs of this chat (None: of every chat of the provider) answered by another instance
+        (or the last process) whose reply never reached the outbox: (the message, the answer),
+        oldest first, for this instance to deliver."""
         ...
 
     async def recover_runs(self, run_ids: list[str]) -> list[RunEvent]:
@@ -188,6 +212,9 @@ class LeaseStore(Protocol):
     """Leases with fencing tokens (see :mod:`pluto.storage.sqlite.leases`): which instance
     holds a chat's intake, a session's runs, or a single-owner connection."""
 
+    # several instances: the channel told when a lease is let go (None: nobody to tell)
+    notify: str | None
+
     async def acquire(self, name: str, owner: str, ttl: float, *,
                       takeover: bool = True) -> int | None:
         """The lease's token if ``owner`` holds it now; None when another does (or held it
@@ -234,14 +261,42 @@ class InboundStore(Protocol):
     """The inbox: messages handed over by providers, keyed by the platform's message id, so a
     redelivery is recognised (dedupe) and a message not yet handled survives a restart."""
 
+    # several instances: the channel told of each message recorded, in the statement that
+    # records it (None: nobody to tell)
+    notify: str | None
+
+    def claim(self, source: tuple[str, str], claim: Claim | None) -> None:
+        """The message ``source`` (provider, message id) was taken under the chat claim
+        ``claim``: its outcome is recorded only while the claim holds (None: done with it)."""
+        ...
+
     async def accept(self, provider: str, message_id: str, payload: dict[str, Any]) -> bool:
         """Record a message as received and not yet handled; False when it was recorded
         before (a redelivery)."""
         ...
 
-    async def handled(self, provider: str, message_id: str) -> None:
+    async def handled(self, provider: str, message_id: str,
+                      outcome: dict[str, Any] | None = None) -> None:
         """The pipeline decided what becomes of it (messages that start a run are marked by
-        :meth:`ConversationStore.queue_run`, in the same commit)."""
+        :meth:`ConversationStore.queue_run`, in the same commit); ``outcome``: what, for
+        :meth:`outcome` (a refusal, a command's answer…)."""
+        ...
+
+    async def outcome(self, provider: str, message_id: str) -> dict[str, Any] | None:
+        """What became of a message once it is handled (by any instance); None until then."""
+        ...
+
+    async def unhandled_in_chat(self, provider: str, chat_id: str,
+                                limit: int = 100) -> list[dict[str, Any]]:
+        """The chat's messages not yet handled, in arrival order (whoever received them)."""
+        ...
+
+    async def keep_preview(self, provider: str, message_id: str, platform_id: str) -> None:
+        """The live preview shown in answer to the message (a rerun after a crash edits it)."""
+        ...
+
+    async def waiting_chats(self, provider: str, older_than: float) -> list[str]:
+        """Chats with a message that has waited longer than ``older_than`` seconds."""
         ...
 
     async def unhandled(self, provider: str, *, older_than: float = 0.0
@@ -324,28 +379,40 @@ class RateBucketStore(Protocol):
 class UsageStore(Protocol):
     """The usage ledger: one row per model call, and budget resets (``storage/sqlite/usage``)."""
 
-    async def record(self, call: Any, periods: Mapping[str, float] | None = None) -> None:
-        """Add a call to the ledger and to its budgets' counters of ``periods``."""
+    async def record(self, call: UsageCall, periods: Mapping[str, float] | None = None,
+                     release: Reservation | None = None) -> None:
+        """Add a call to the ledger and to its budgets' counters of ``periods``, giving back
+        ``release`` (the call's reservation) in the same transaction."""
         ...
 
-    def record_soon(self, call: Any,
-                    periods: Mapping[str, float] | None = None) -> asyncio.Future[Any]:
+    def record_soon(self, call: UsageCall, periods: Mapping[str, float] | None = None,
+                    release: Reservation | None = None) -> asyncio.Future[int]:
         """:meth:`record` without waiting: it rides with the next commit; the future settles
         once it is committed."""
         ...
 
+    async def reserve(self, claims: tuple[BudgetClaim, ...], tokens: int, cost: float,
+                      prompt: int) -> int | None:
+        """Take ``tokens`` and ``cost`` from every claim's counter, or from none: the index of
+        the first claim whose budget has no room, else None."""
+        ...
+
+    async def release(self, reservation: Reservation) -> None:
+        """Give a reservation back without recording a call (its call was never made)."""
+        ...
+
     async def calls(self, *, run_id: str | None = None, since: float | None = None,
-                    limit: int = 1000) -> list[Any]: ...
+                    limit: int = 1000) -> list[UsageCall]: ...
 
     async def totals(self, by: str, *, since: float | None = None, until: float | None = None,
-                     limit: int = 500) -> list[Any]: ...
+                     limit: int = 500) -> list[UsageTotal]: ...
 
-    async def spent(self, scope: str, key: str, period: str, start: float) -> Any:
+    async def spent(self, scope: str, key: str, period: str, start: float) -> UsageTotal:
         """What ``key`` spent in the period that began at ``start`` (since its last reset)."""
         ...
 
     async def counters(self, scope: str, period: str, start: float,
-                       limit: int = 200) -> list[Any]: ...
+                       limit: int = 200) -> list[UsageTotal]: ...
 
     async def reset(self, scope: str, key: str) -> None: ...
 
@@ -439,6 +506,11 @@ class BlobStore(Protocol):
 class Bus(Protocol):
     """Notifications between instances sharing the database (PostgreSQL's LISTEN/NOTIFY)."""
 
+    async def scoped(self, channel: str) -> str:
+        """The name ``channel`` has in the database (scoped to the store's schema), for a
+        statement that notifies it itself (``pg_notify``)."""
+        ...
+
     async def publish(self, channel: str, payloads: list[str]) -> None: ...
 
     def subscribe(self, channel: str, callback: Callable[[str | None], None]) -> None:
@@ -447,22 +519,55 @@ class Bus(Protocol):
 
 
 class Store(Protocol):
-    """One database: every part above, opened and closed together."""
+    """One database: every part above, opened and closed together (``async with store``).
 
-    conversations: ConversationStore
-    outbox: OutboxStore
-    inbound: InboundStore
-    tasks: TaskStore
-    pairing: PairingStore
-    flood: FloodStore
-    leases: LeaseStore
-    rates: RateBucketStore
-    usage: UsageStore
-    history: HistoryStore
-    notes: NotesStore
-    idempotency: IdempotencyStore
-    blobs: BlobStore  # files every instance can read
-    bus: Bus | None  # None: one process per database, nothing to tell
+    The parts are read-only here (an engine's own classes implement them)."""
+
+    @property
+    def conversations(self) -> ConversationStore: ...
+
+    @property
+    def outbox(self) -> OutboxStore: ...
+
+    @property
+    def inbound(self) -> InboundStore: ...
+
+    @property
+    def tasks(self) -> TaskStore: ...
+
+    @property
+    def pairing(self) -> PairingStore: ...
+
+    @property
+    def flood(self) -> FloodStore: ...
+
+    @property
+    def leases(self) -> LeaseStore: ...
+
+    @property
+    def rates(self) -> RateBucketStore: ...
+
+    @property
+    def usage(self) -> UsageStore: ...
+
+    @property
+    def history(self) -> HistoryStore: ...
+
+    @property
+    def notes(self) -> NotesStore: ...
+
+    @property
+    def idempotency(self) -> IdempotencyStore: ...
+
+    @property
+    def blobs(self) -> BlobStore:
+        """Files every instance can read."""
+        ...
+
+    @property
+    def bus(self) -> Bus | None:
+        """None: one process per database, nothing to tell."""
+        ...
 
     @property
     def shared(self) -> bool:
@@ -481,3 +586,12 @@ class Store(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Store:
+        """:meth:`open`, for ``async with``."""
+        ...
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None, /) -> None:
+        """:meth:`close`."""
+        ...
