@@ -49,6 +49,17 @@ def http_connections(limit: int | None = None) -> int:
     return max(64, _answers(limit)) if limit is not None else 32_768
 
 
+def backlog(limit: int | None = None) -> int:
+    """The listening socket's backlog: deep, so a burst of connections waits in the kernel's
+    queue instead of losing SYNs (then a second or three of retransmission), but at most a
+    quarter of the open-files limit: asyncio accepts up to ``backlog`` connections at once,
+    each a descriptor before the connection guard can close one (the kernel caps it at
+    net.core.somaxconn)."""
+    if limit is None:
+        limit = soft_limit()
+    return 4096 if limit is None else max(128, min(4096, limit // 4))
+
+
 def soft_limit() -> int | None:
     """The soft open-files limit in force (None where there is none, or no such platform)."""
     try:

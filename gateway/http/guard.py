@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import itertools
 import logging
 import time
 from collections import OrderedDict
@@ -26,7 +27,8 @@ log = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 WILDCARD_BINDS = ("", "0.0.0.0", "::", "*")
-MIN_IDLE = 1.0  # a connection idle for less than this is never closed to make room
+MIN_IDLE = 1.0  # a connection answered less than this ago is never closed to make room
+SCAN = 64  # ... looked for among this many of the longest idle
 BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
         b"Retry-After: 5\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s")
 BUSY_BODY = (b'{"error": "The server has too many connections open; try again in a few '
@@ -244,19 +246,23 @@ class ConnectionGuard:
                 del self._idle_of[conn.client]
 
     def _evict(self, client: str | None, now: float) -> bool:
-        """Close the connection (of ``client``, or any) idle the longest, if it has been idle
-        for :data:`MIN_IDLE` at least; whether one was closed."""
+        """Close the connection (of ``client``, or any) idle the longest: one that never sent
+        a whole request, or one whose last answer ended :data:`MIN_IDLE` ago at least (it may
+        still be being written). Whether one was closed."""
         idle = self._idle if client is None else self._idle_of.get(client)
         if not idle:
             return False
-        handler = next(iter(idle))
-        conn = self.conns[handler]
-        if now - conn.idle_since < MIN_IDLE:
-            return False
-        self.counters.evicted += 1
-        self._close(handler, conn)
-        self._closed(handler)  # (aiohttp tells us later; the room is needed now)
-        return True
+        for handler in itertools.islice(idle, SCAN):
+            conn = self.conns[handler]
+            if conn.requests == 0 or now - conn.idle_since >= MIN_IDLE:
+                self.counters.evicted += 1
+                log.info("http: at the connection limit (%s); closed the connection idle the "
+                         "longest (%d so far)", "in total" if client is None else
+                         "from one address", self.counters.evicted)
+                self._close(handler, conn)
+                self._closed(handler)  # (aiohttp tells us later; the room is needed now)
+                return True
+        return False
 
     def _refuse(self, transport: Any, which: str) -> None:
         self.counters.refused += 1

@@ -56,9 +56,7 @@ class HttpServer:
         await self._runner.setup()
         assert self._runner.server is not None
         self.guard.attach(self._runner.server)
-        # a deep accept queue: a burst of connections waits there instead of being dropped
-        # (the kernel caps it at net.core.somaxconn)
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=fdpolicy.backlog())
         await site.start()
         if self.port == 0:  # an ephemeral port: find out which one we got
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
