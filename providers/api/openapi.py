@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from pluto import __version__
+from pluto.providers.api.artifacts import MEDIA
 from pluto.providers.api.idempotency import PATTERN as IDEMPOTENCY_KEY_PATTERN
 
 NON_BLANK = "[^ \\t\\n\\r\\f\\v]"  # the same rule the handlers apply: not only spaces
@@ -37,13 +38,14 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 def _errors(*codes: int) -> dict[str, Any]:
     text = {400: "The request is malformed (the error says how).",
             401: "No valid API key.", 403: "routes.yaml does not send this to an agent.",
-            404: "Not found (the task, step, run or agent).",
+            404: "Not found (the task, step, run, artifact or agent).",
             409: "A request with this Idempotency-Key is still being answered (send it again "
                  "once it is done).",
+            410: "The artifact's file is no longer kept (old files are deleted).",
             413: "The request body is too large.",
             422: "This Idempotency-Key was used with another request (a different body or "
                  "path): a new request needs a new key.",
-            503: "The API is starting."}
+            503: "The API is starting, or a file cannot be read right now."}
     return {str(c): _json(_ref("Error"), text[c]) for c in codes}
 
 
@@ -60,8 +62,18 @@ def _schemas(max_input: int) -> dict[str, Any]:
         "outcome": {"enum": OUTCOMES, "description": "How the step ended (null until it has)."},
         "output": _nullable("string"), "error": _nullable("string"),
         "is_last": {"type": "boolean"}, "created_at": {"type": "number"},
-        "ended_at": _nullable("number"), "artifacts": {"type": "array", "maxItems": 0},
+        "ended_at": _nullable("number"),
+        "artifacts": {"type": "array", "items": _ref("Artifact"),
+                      "description": "The files the step's run made (charts, query results)."},
         "events_url": _nullable("string"), "additional_output": {"type": "object"},
+    })
+    artifact = _obj({
+        "artifact_id": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+        "agent_created": {"type": "boolean"}, "file_name": {"type": "string"},
+        "relative_path": _nullable("string"),
+        "media_type": {"type": "string", "description": "e.g. image/png, text/csv."},
+        "url": {"type": "string", "description": "Where to GET the file, with the same "
+                "Authorization as the task (a path on this server)."},
     })
     return {
         "Error": _obj({"error": {"type": "string"}, "code": {"type": "string"}}),
@@ -70,10 +82,15 @@ def _schemas(max_input: int) -> dict[str, Any]:
                              "additional_input": extra}, ["input"]),
         "StepRequest": _obj({"input": text_input, "additional_input": extra}, ["input"]),
         "Step": step,
+        "Artifact": artifact,
+        "ArtifactList": _obj({"artifacts": {"type": "array", "items": _ref("Artifact")},
+                              "pagination": _ref("Pagination")}),
         "Task": _obj({
             "task_id": {"type": "string"}, "input": {"type": "string"},
             "additional_input": {"type": "object"}, "agent": _nullable("string"),
-            "created_at": {"type": "number"}, "artifacts": {"type": "array", "maxItems": 0},
+            "created_at": {"type": "number"},
+            "artifacts": {"type": "array", "items": _ref("Artifact"),
+                          "description": "The files every step of the task made."},
             "last_step": {"anyOf": [_ref("Step"), {"type": "null"}]},
         }),
         "Pagination": _obj({k: {"type": "integer", "minimum": 0} for k in
@@ -156,12 +173,31 @@ def _paths() -> dict[str, Any]:
                                            {"type": "string", "pattern": "^[0-9a-f]{32}$"},
                                            "The step's id.")],
             "responses": {"200": _json(_ref("Step"), "The step."), **_errors(401, 404, 503)}}},
+        "/api/v1/agent/tasks/{task_id}/artifacts": {"get": {
+            "operationId": "listAgentTaskArtifacts",
+            "summary": "The files the task's runs made (charts, query results), in order.",
+            "parameters": [TASK_ID, *PAGE],
+            "responses": {"200": _json(_ref("ArtifactList"), "A page of artifacts."),
+                          **_errors(400, 401, 404, 503)}}},
+        "/api/v1/agent/tasks/{task_id}/artifacts/{artifact_id}": {"get": {
+            "operationId": "downloadAgentTaskArtifact",
+            "summary": "One artifact's file (a PNG chart inline, a CSV result as a download).",
+            "parameters": [TASK_ID, _param("artifact_id", "path",
+                                           {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+                                           "The artifact's id (a step's artifacts[].artifact_id)."
+                                           )],
+            "responses": {"200": {"description": "The file.", "content": {
+                media: {"schema": {"type": "string", "format": "binary"}}
+                for media in sorted(set(MEDIA.values()))}},
+                          **_errors(401, 404, 410, 503)}}},
         "/api/v1/agent/{run_id}/events": {"get": {
             "operationId": "streamRunEvents",
             "summary": "A run's events as Server-Sent Events: stored ones, then live ones.",
             "description": "Each event is `id: <seq>`, `event: <type>` and `data: <JSON>` "
                            "(run.start, message.delta, tool.start, tool.end, message.final, "
-                           "run.error, run.end). The stream ends after run.end. Send "
+                           "run.error, run.end). A tool.end's files (details.image, "
+                           "details.csv, details.attachments[].url) are their artifacts' URLs. "
+                           "The stream ends after run.end. Send "
                            "`Last-Event-ID` or `after` to resume after a seq: the events after "
                            "it, ending with run.end; at or past the end of an ended run, just "
                            "its run.end, at once. Seqs only grow (a crash may skip some, never "

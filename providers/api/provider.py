@@ -13,13 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
-from pluto.errors import ConfigError
+from pluto.errors import ConfigError, StorageError
 from pluto.gateway.ports import (ChatDirectory, HttpMount, Intake, Provider, ProviderContext,
-                                 RunFeed)
-from pluto.providers.api import views
+                                 RunFeed, SharedFileReader)
+from pluto.providers.api import artifacts, views
 from pluto.providers.api.auth import (CALLER, IS_ADMIN, ApiKey, ApiSettings, Guard, load_keys,
                                       load_settings)
 from pluto.providers.api.idempotency import Idempotency, Made
@@ -47,8 +49,10 @@ class ApiProvider(Provider):
 
     def __init__(self, settings: ApiSettings, keys: list[ApiKey], *, chats: ChatDirectory,
                  runs: RunReader, tasks: TaskStore, feed: RunFeed,
-                 idempotency: IdempotencyStore | None = None):
+                 idempotency: IdempotencyStore | None = None,
+                 files: SharedFileReader | None = None):
         self.settings = settings
+        self.files = files  # the charts and results runs made: the tasks' artifacts
         self.chats = chats
         self.runs = runs
         self.tasks = tasks
@@ -70,7 +74,7 @@ class ApiProvider(Provider):
         if not keys:
             log.warning("api: no keys in $%s; every API call will get 401", settings.keys_env)
         provider = cls(settings, keys, chats=ctx.chats, runs=ctx.runs, tasks=ctx.tasks,
-                       feed=ctx.feed, idempotency=ctx.idempotency)
+                       feed=ctx.feed, idempotency=ctx.idempotency, files=ctx.files)
         provider.mount(ctx.http)
         return provider
 
@@ -87,6 +91,10 @@ class ApiProvider(Provider):
         r.add_get(f"{PREFIX}/agent/tasks/{{task_id}}/steps", self._guard(self._list_steps, page))
         r.add_get(f"{PREFIX}/agent/tasks/{{task_id}}/steps/{{step_id}}",
                   self._guard(self._get_step))
+        r.add_get(f"{PREFIX}/agent/tasks/{{task_id}}/artifacts",
+                  self._guard(self._list_artifacts, page))
+        r.add_get(f"{PREFIX}/agent/tasks/{{task_id}}/artifacts/{{artifact_id}}",
+                  self._guard(self._get_artifact))
         r.add_get(f"{PREFIX}/agent/{{run_id}}/events", self._guard(self._events, ("after",)))
         http.on_shutdown.append(self.streams.close_all)
 
@@ -175,7 +183,7 @@ class ApiProvider(Provider):
             await made(f"{task.id}/{step.id}")
             step = await self.steps.wait(step, wait) if wait else (
                 await self.tasks.step(task.id, step.id) or step)
-            return web.json_response(await views.task_view(self.runs, task, step), status=201)
+            return web.json_response(await self._task_view(task, step), status=201)
 
         return await self.idempotency.once(request, data, make, self._made_task)
 
@@ -185,7 +193,7 @@ class ApiProvider(Provider):
         task, step = await self.tasks.task(task_id), await self.tasks.step(task_id, step_id)
         if task is None:
             raise ApiError(404, "not_found", "There is no task with that id.")
-        return web.json_response(await views.task_view(self.runs, task, step), status=201)
+        return web.json_response(await self._task_view(task, step), status=201)
 
     async def _create_step(self, request: web.Request) -> web.Response:
         wait = self._wait_seconds(request)
@@ -201,7 +209,7 @@ class ApiProvider(Provider):
             await made(f"{task.id}/{step.id}")
             step = await self.steps.wait(step, wait) if wait else (
                 await self.tasks.step(task.id, step.id) or step)
-            return web.json_response(await views.step_view(self.runs, step), status=201)
+            return web.json_response(await views.step_view(self.runs, step, self.files), status=201)
 
         return await self.idempotency.once(request, data, make, self._made_step)
 
@@ -211,7 +219,7 @@ class ApiProvider(Provider):
         step = await self.tasks.step(task_id, step_id)
         if step is None:
             raise ApiError(404, "not_found", "That task has no step with that id.")
-        return web.json_response(await views.step_view(self.runs, step), status=201)
+        return web.json_response(await views.step_view(self.runs, step, self.files), status=201)
 
     async def _task(self, request: web.Request) -> TaskRow:
         """The task, when the caller's key made it (or is an admin key): another key's task is
@@ -230,13 +238,13 @@ class ApiProvider(Provider):
     async def _get_task(self, request: web.Request) -> web.Response:
         task = await self._task(request)
         last = await self.tasks.last_step(task.id)
-        return web.json_response(await views.task_view(self.runs, task, last))
+        return web.json_response(await self._task_view(task, last))
 
     async def _list_tasks(self, request: web.Request) -> web.Response:
         number, size = views.page(request)
         owner = None if request[IS_ADMIN] else request[CALLER]  # None: every key's tasks
         rows, total = await self.tasks.tasks((number - 1) * size, size, owner=owner)
-        items = [await views.task_view(self.runs, t, await self.tasks.last_step(t.id))
+        items = [await self._task_view(t, await self.tasks.last_step(t.id))
                  for t in rows]
         return web.json_response({"tasks": items,
                                   "pagination": views.pagination(total, number, size)})
@@ -245,7 +253,7 @@ class ApiProvider(Provider):
         task = await self._task(request)
         number, size = views.page(request)
         rows, total = await self.tasks.steps(task.id, (number - 1) * size, size)
-        items = [await views.step_view(self.runs, s) for s in rows]
+        items = [await views.step_view(self.runs, s, self.files) for s in rows]
         return web.json_response({"steps": items,
                                   "pagination": views.pagination(total, number, size)})
 
@@ -254,19 +262,79 @@ class ApiProvider(Provider):
         step = await self.tasks.step(task.id, request.match_info["step_id"])
         if step is None:
             raise ApiError(404, "not_found", "That task has no step with that id.")
-        return web.json_response(await views.step_view(self.runs, step))
+        return web.json_response(await views.step_view(self.runs, step, self.files))
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         run_id = request.match_info["run_id"]
         after = views.int_query(request, "after", 0, 0, 10_000_000)
         after = views.last_event_id(request, after)
+        task = await self.tasks.task_of_run(run_id)
         if request[IS_ADMIN]:
             known = await self.runs.run(run_id) is not None or await self.tasks.has_run(run_id)
         else:  # only the runs of the caller's own tasks
-            known = self._may_see(request, await self.tasks.task_of_run(run_id))
+            known = self._may_see(request, task)
         if not known:
             raise ApiError(404, "not_found", "There is no run with that id.")
-        return await self.streams.stream(request, run_id, after)
+        return await self.streams.stream(request, run_id, after, self._linker(task))
+
+    # artifacts: the files a task's runs made -----------------------------------------------
+
+    def _linker(self, task: TaskRow | None) -> Callable[[str], str | None]:
+        """A server path named in a run's events → its artifact's URL (None: not served)."""
+        def link(path: str) -> str | None:
+            if task is None or self.files is None:
+                return None
+            found = artifacts.artifact_at(path, self.files)
+            return artifacts.url(task.id, found.id) if found is not None else None
+        return link
+
+    async def _artifacts(self, task: TaskRow) -> list[artifacts.Artifact]:
+        """Every artifact of the task's steps, in order."""
+        found: list[artifacts.Artifact] = []
+        offset = 0
+        while True:
+            rows, total = await self.tasks.steps(task.id, offset, views.MAX_PAGE_SIZE)
+            for step in rows:
+                if step.run_id is not None:
+                    found += artifacts.artifacts_of(await self.runs.events(step.run_id),
+                                                    self.files)
+            offset += len(rows)
+            if not rows or offset >= total:
+                return list({a.id: a for a in found}.values())
+
+    async def _task_view(self, task: TaskRow, last: StepRow | None) -> dict[str, Any]:
+        made = await self._artifacts(task) if self.files is not None else []
+        return await views.task_view(self.runs, task, last, self.files, made)
+
+    async def _list_artifacts(self, request: web.Request) -> web.Response:
+        task = await self._task(request)
+        number, size = views.page(request)
+        made = await self._artifacts(task)
+        items = [a.view(task.id) for a in made[(number - 1) * size: number * size]]
+        return web.json_response({"artifacts": items,
+                                  "pagination": views.pagination(len(made), number, size)})
+
+    async def _get_artifact(self, request: web.Request) -> web.StreamResponse:
+        task = await self._task(request)
+        wanted = request.match_info["artifact_id"]
+        found = next((a for a in await self._artifacts(task) if a.id == wanted), None)
+        if found is None or self.files is None:
+            raise ApiError(404, "not_found", "That task has no artifact with that id.")
+        try:  # made on another instance: fetched from the shared file store
+            path = await self.files.local(found.key)
+        except StorageError as e:
+            log.warning("api: artifact %s of task %s could not be read: %s", found.name,
+                        task.id, e)
+            raise ApiError(503, "unavailable", "The file cannot be read right now; try again "
+                           "shortly.") from None
+        if path is None:
+            raise ApiError(410, "gone", f"{found.name} is no longer kept (old files are "
+                           "deleted after a while).")
+        return web.FileResponse(path, headers={
+            "Content-Type": found.media_type, "X-Content-Type-Options": "nosniff",
+            "Content-Disposition": artifacts.content_disposition(found),
+            "Content-Security-Policy": "default-src 'none'",
+            "Cache-Control": "private, max-age=3600"})
 
     def _max_body(self) -> int:
         return self.settings.max_input_chars * 4 + views.MAX_ADDITIONAL_BYTES * 2 + 1024

@@ -12,11 +12,15 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 
 from aiohttp import web
 
-from pluto.events import RunEvent, event_to_dict
+from pluto.events import RunEvent, ToolEnd, event_to_dict
 from pluto.gateway.ports import RunFeed
+from pluto.providers.api.artifacts import linked_details
+
+Linker = Callable[[str], str | None]
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +28,13 @@ KEEPALIVE_SECONDS = 15.0
 _DONE = None
 
 
-def encode(event: RunEvent) -> bytes:
+def encode(event: RunEvent, link: Linker = lambda path: None) -> bytes:
+    """One event for an API client: a tool's files as their artifacts' URLs (``link``), never
+    server paths; a run.error without its operators' detail."""
     fields = event_to_dict(event)
     fields.pop("detail", None)  # a run.error's full cause is for the operators (admin API)
+    if isinstance(event, ToolEnd):
+        fields["details"] = linked_details(event.details, link)
     data = json.dumps(fields, default=str)
     return f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode()
 
@@ -42,7 +50,8 @@ class EventStreams:
         for queue in list(self._open):
             queue.put_nowait(_DONE)
 
-    async def stream(self, request: web.Request, run_id: str, after: int) -> web.StreamResponse:
+    async def stream(self, request: web.Request, run_id: str, after: int,
+                     link: Linker = lambda path: None) -> web.StreamResponse:
         resp = web.StreamResponse(headers={
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
             "X-Accel-Buffering": "no"})
@@ -59,7 +68,7 @@ class EventStreams:
                     continue
                 if item is _DONE:
                     break
-                await resp.write(encode(item))
+                await resp.write(encode(item, link))
         except (ConnectionError, RuntimeError) as e:  # the client went away
             log.debug("sse: stream of run %s closed by the client: %s", run_id, e)
         finally:

@@ -16,6 +16,8 @@ from pluto import jsonlimits
 from pluto.errors import PlutoError
 from pluto.jsonlimits import JsonTooDeep
 from pluto.events import MessageDelta, MessageFinal, RunEvent, ToolEnd, ToolStart
+from pluto.gateway.ports import SharedFileReader
+from pluto.providers.api.artifacts import Artifact, artifacts_of
 from pluto.storage.ports import RunReader
 from pluto.storage.rows import StepRow, TaskRow
 
@@ -181,7 +183,9 @@ def run_output(events: list[RunEvent]) -> str | None:
     return "".join(partial) or None
 
 
-async def step_view(runs: RunReader, row: StepRow) -> dict[str, Any]:
+async def step_view(runs: RunReader, row: StepRow,
+                    files: SharedFileReader | None = None) -> dict[str, Any]:
+    """A step as the API shows it; with ``files``, the files its run made as artifacts."""
     view: dict[str, Any] = {
         "task_id": row.task_id, "step_id": row.id, "name": None, "input": row.input,
         "additional_input": row.additional_input, "run_id": row.run_id,
@@ -205,12 +209,17 @@ async def step_view(runs: RunReader, row: StepRow) -> dict[str, Any]:
             "ended_at": run.ended_at if run else None,
             "events_url": f"/api/v1/agent/{row.run_id}/events",
             "additional_output": {"usage": run.usage if run else {}},
+            "artifacts": [a.view(row.task_id) for a in artifacts_of(events, files)],
         }
     view["is_last"] = view["status"] == "completed"
     return view
 
 
-async def task_view(runs: RunReader, task: TaskRow, last: StepRow | None) -> dict[str, Any]:
+async def task_view(runs: RunReader, task: TaskRow, last: StepRow | None,
+                    files: SharedFileReader | None = None,
+                    artifacts: list[Artifact] | None = None) -> dict[str, Any]:
+    """A task with its last step; ``artifacts``: those of all its steps."""
     return {"task_id": task.id, "input": task.input, "additional_input": task.additional_input,
-            "agent": task.agent, "created_at": task.created_at, "artifacts": [],
-            "last_step": await step_view(runs, last) if last is not None else None}
+            "agent": task.agent, "created_at": task.created_at,
+            "artifacts": [a.view(task.id) for a in artifacts or ()],
+            "last_step": await step_view(runs, last, files) if last is not None else None}
