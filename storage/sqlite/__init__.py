@@ -24,6 +24,7 @@ from pluto.storage.sqlite.memory import SqlHistory, SqlNotes
 from pluto.storage.sqlite.outbox import SqliteOutbox
 from pluto.storage.sqlite.pairing import SqlitePairing, approved_sync
 from pluto.storage.sqlite.ratelimits import SqlRateBuckets
+from pluto.storage.sqlite.schedules import SqlSchedules
 from pluto.storage.sqlite.tasks import SqliteTasks
 from pluto.storage.sqlite.usage import SqlUsage
 from pluto.storage.sql import Engine
@@ -50,6 +51,7 @@ class SqlStore:
         self.notes = SqlNotes(self.engine)  # long-term memory, when instances share it
         self.usage = SqlUsage(self.engine)
         self.idempotency = SqlIdempotency(self.engine)  # the HTTP API's Idempotency-Key
+        self.schedules = SqlSchedules(self.engine)  # schedules and their firings
         self.blobs: Any = LocalBlobs()  # one instance: files stay in the data dir only
 
     @property
@@ -61,7 +63,7 @@ class SqlStore:
         try:
             for part in (self.conversations, self.outbox, self.inbound, self.tasks,
                          self.pairing, self.leases, self.rates, self.flood, self.usage,
-                         self.history, self.idempotency, self.blobs):
+                         self.history, self.idempotency, self.schedules, self.blobs):
                 await part.migrate()
         except BaseException:
             await self.engine.close()
