@@ -299,6 +299,11 @@ class InboundStore(Protocol):
         """Chats with a message that has waited longer than ``older_than`` seconds."""
         ...
 
+    async def waiting_everywhere(self, older_than: float) -> list[tuple[str, str]]:
+        """(provider, chat) of every chat with a message that has waited longer than
+        ``older_than`` seconds (one query for every provider)."""
+        ...
+
     async def unhandled(self, provider: str, *, older_than: float = 0.0
                         ) -> list[dict[str, Any]]:
         """Payloads of messages received and never handled (the process died, or storage
