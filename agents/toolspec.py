@@ -3,7 +3,8 @@
 ```yaml
 mcp:
   notes:                          # the server's name: its tools are called notes_<tool>
-    command: python3              # stdio: a program the gateway starts when first needed
+    command: python3              # stdio: a program the gateway starts when first needed;
+                                  # python/python3: the Python Pluto runs in
     args: [notes_server.py]
     cwd: .                        # relative to the agent's directory
     env: {NOTES_TOKEN_env: PLUTO_NOTES_TOKEN}   # the server's NOTES_TOKEN, read from ours
@@ -32,6 +33,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +109,14 @@ class McpServer(BaseModel):
             raise ValueError("headers are for an HTTP server (url)")
         return self
 
+    def executable(self) -> str | None:
+        """The program a stdio server runs: ``python``, ``python3`` (or this Python's
+        ``python3.X``) mean the gateway's own interpreter, which has the ``mcp`` package
+        wherever Pluto is installed — not whichever Python comes first on PATH."""
+        if self.command in gateway_python_names():
+            return sys.executable or self.command
+        return self.command
+
     def env_vars(self) -> dict[str, str]:
         """{the server's variable: the gateway's variable it is read from}."""
         return {k[:-4]: v for k, v in self.env.items()}
@@ -168,7 +178,7 @@ def check_mcp(doc: YamlDoc, agent_dir: Path, servers: dict[str, McpServer],
             cwd = (agent_dir / (server.cwd or ".")).resolve()
             if not cwd.is_dir():
                 raise doc.problem(("mcp", name, "cwd"), f"not a directory: {server.cwd}")
-            if _find_command(server.command, cwd) is None:
+            if _find_command(server.executable() or server.command, cwd) is None:
                 raise doc.problem(("mcp", name, "command"),
                                   f"command not found: {server.command}")
         spec = McpServerSpec(name, server, cwd)
@@ -189,6 +199,11 @@ RESERVED_TOOLS = ("memory_remember", "memory_replace", "memory_forget", "search_
 def clash_sentence(server: str, tool: str, builtin: str) -> str:
     return (f"the MCP server {server}'s tool {tool!r} would be called {builtin}, the name of "
             f"the built-in tool {builtin}: give the server a prefix (prefix: {server}_)")
+
+
+def gateway_python_names() -> tuple[str, ...]:
+    """The commands that mean "the Python Pluto runs in" (:meth:`McpServer.executable`)."""
+    return ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}")
 
 
 def _find_command(command: str, cwd: Path) -> str | None:

@@ -13,6 +13,8 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,7 +64,9 @@ def doctor_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path
         if (files := fdpolicy.describe()) is not None:
             checks.append(Check("open files", True, files))
         checks.append(asyncio.run(_storage(config, data_dir)))
+        checks += _example_secrets(config)
         checks.append(_mcp_sandbox())
+        checks += asyncio.run(_mcp_servers(args, config))
         checks += asyncio.run(_providers(args, config, data_dir))
         checks += asyncio.run(_models(args, config))
     for check in checks:
@@ -113,6 +117,20 @@ def _data_dir(data_dir: Path) -> Check:
     return Check("data dir", True, f"{data_dir} (writable{f', {free:,} MB free' if free else ''})")
 
 
+def _example_secrets(config: PlutoConfig) -> list[Check]:
+    """A secret still holding an example value: what ``pluto serve`` refuses off loopback."""
+    from pluto.gateway.cli.placeholders import placeholder_secrets, refusal
+
+    found = placeholder_secrets(config)
+    if not found:
+        return []
+    why = refusal(config, config.http.host)
+    if why is not None:
+        return [Check("secrets", False, why + ".")]
+    return [Check("secrets", True, f"{', '.join('$' + n for n in found)} holds an example value: "
+                  "fine on 127.0.0.1, refused by pluto serve on any other address")]
+
+
 def _mcp_sandbox() -> Check:
     """bubblewrap keeps stdio MCP servers out of the gateway's reach (docs/security.md);
     without it only prctl does, which root's servers ignore: a failure as root."""
@@ -122,6 +140,77 @@ def _mcp_sandbox() -> Check:
         return Check("mcp sandbox", True, f"{bwrap_path()}: stdio MCP servers run in bubblewrap")
     return Check("mcp sandbox", os.geteuid() != 0,
                  (MISSING if bwrap_path() is None else UNUSABLE) + ".")
+
+
+async def _mcp_servers(args: argparse.Namespace, config: PlutoConfig) -> list[Check]:
+    """Each MCP server the agents name, started once as a run would start it (and stopped):
+    a server that cannot start is a failure here, not "Connection closed" for the model."""
+    from pluto.agents.registry import AgentRegistry
+    from pluto.runtime.catalog import standard_tools
+
+    registry = AgentRegistry(args.config / "agents", config.data_dir / "agents",
+                             key_envs=config.agents.api_key_envs,
+                             known_tools=standard_tools().keys())
+    checks, seen = [], set()
+    for name in registry.names():
+        try:
+            servers = registry.get(name).mcp
+        except (PlutoError, LookupError):
+            continue  # the config check says what is wrong with the agent
+        for server in servers:
+            if server.connection_key() in seen:
+                continue  # agents with identical settings share one server
+            seen.add(server.connection_key())
+            what = f"mcp {name}/{server.name}"
+            if server.settings.url is not None and args.offline:
+                checks.append(Check(what, True, f"{server.settings.url} (not called: --offline)"))
+                continue
+            checks.append(await _start_mcp(what, server))
+    return checks
+
+
+async def _start_mcp(what: str, server: Any) -> Check:
+    import importlib
+    import tempfile
+
+    connection = await asyncio.to_thread(importlib.import_module,
+                                         "pluto.runtime.mcp.connection")  # (the SDK: ~1 s)
+    s = server.settings
+    shown = s.url or " ".join([s.executable() or s.command, *s.args])
+    with tempfile.TemporaryDirectory(prefix="pluto-doctor-") as logs:
+        conn = connection.McpConnection(server, log_dir=Path(logs))
+        try:
+            async with asyncio.timeout(s.connect_timeout + PROBE_TIMEOUT):
+                started = await conn.ensure()
+        except TimeoutError:
+            started, conn.error = False, f"it did not start within {s.connect_timeout:g} s"
+        finally:
+            await conn.close()
+        said = _last_line(Path(logs) / f"{server.name}.log")
+    if not started:
+        why = conn.error or "it did not start"
+        if said and said not in why:
+            why += f"; it said: {said}"
+        where = f" in {server.cwd}" if server.cwd else ""
+        fix = ("check the URL and that the server is up" if s.url else
+               f"run {shown}{where} yourself to see it fail")
+        return Check(what, False, _short(f"{shown} could not be started ({why}); {fix}."))
+    names = [t.name for t in conn.tools]
+    if missing := [t for t in s.tools or () if t not in names]:
+        return Check(what, False, _short(
+            f"{shown} offers no tool named {', '.join(missing)} (it offers "
+            f"{', '.join(names[:20]) or 'none'}); fix tools: in the agent's agent.yaml."))
+    return Check(what, True, _short(f"{shown}: started, {len(names)} tool(s)"))
+
+
+def _last_line(path: Path) -> str:
+    """The last line a server wrote to its stderr (the exception it died of, mostly)."""
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [line for line in lines if line]
+    return lines[-1][:200] if lines else ""
 
 
 def _free_mb(path: Path) -> int | None:
@@ -167,13 +256,17 @@ async def _providers(args: argparse.Namespace, config: PlutoConfig,
                               feed=unused, chats=unused, runs=unused, tasks=unused,
                               http=HttpMount(scratch.router, scratch.on_shutdown))
         try:
-            provider = build_provider(name, ctx)
+            with _warnings() as warned:  # what `pluto serve` would warn about at its start
+                provider = build_provider(name, ctx)
         except (PlutoError, ValueError) as e:
             checks.append(Check(what, False, _sentence(e, f"fix providers.{name} in pluto.yaml "
                                                           "or set the variables it names")))
             continue
         try:
-            checks.append(await _probe(what, name, provider, args.offline))
+            check = await _probe(what, name, provider, args.offline)
+            if warned and check.ok:  # the same words serve logs, not "in place"
+                check.say = _short("; ".join(_unprefixed(w, name) for w in warned))
+            checks.append(check)
         finally:
             try:
                 await provider.close()
@@ -231,6 +324,30 @@ async def _models(args: argparse.Namespace, config: PlutoConfig) -> list[Check]:
             checks.append(Check(what, True, f"{model.model} answered ({path})"))
     await close_sessions()
     return checks
+
+
+@contextmanager
+def _warnings() -> Iterator[list[str]]:
+    """The warnings Pluto's loggers give meanwhile (a provider's start-up remarks)."""
+    import logging
+
+    warned: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warned.append(record.getMessage())
+
+    handler = Collect(logging.WARNING)
+    logger = logging.getLogger("pluto")
+    logger.addHandler(handler)
+    try:
+        yield warned
+    finally:
+        logger.removeHandler(handler)
+
+
+def _unprefixed(text: str, name: str) -> str:
+    return text.removeprefix(f"{name}: ")
 
 
 class _Unused:

@@ -228,7 +228,7 @@ class McpConnection:
             return Client(streamable_http_client(s.url, http_client=http), **common)
         assert s.command is not None
         env = {name: self._env(var) for name, var in s.env_vars().items()}
-        command, args = s.command, list(s.args)
+        command, args = s.executable() or s.command, list(s.args)  # python: Pluto's own
         if s.sandbox and sandbox.usable():  # out of the gateway's reach
             command, args = sandbox.sandboxed(command, args, self.spec.cwd)
         elif s.sandbox:
