@@ -177,6 +177,10 @@ class OutboxStore(Protocol):
         """Unsent chunks for a provider, oldest reply first, each reply's chunks in order."""
         ...
 
+    async def pending_all(self) -> list[OutboxRow]:
+        """:meth:`pending` of every provider, in one query."""
+        ...
+
     async def record_claimed(self, rows: list[OutboxRow], owner: str, lease_seconds: float,
                              *, count: bool = True) -> tuple[list[OutboxRow], bool]:
         """:meth:`record`, and in the same commit claim the reply for ``owner`` and (``count``)
@@ -250,6 +254,10 @@ class FloodStore(Protocol):
 
     async def holds(self, now: float) -> list[tuple[str, str, float]]:
         """(provider, chat id, until) of every hold still in force at ``now``."""
+        ...
+
+    async def current(self, now: float) -> list[tuple[str, str, float]]:
+        """:meth:`prune`, then :meth:`holds` (one statement where the database can)."""
         ...
 
     async def prune(self, now: float) -> int:
