@@ -36,7 +36,7 @@ _DAYS = {"monday": "1", "tuesday": "2", "wednesday": "3", "thursday": "4", "frid
          "saturday": "6", "sunday": "0", "mon": "1", "tue": "2", "wed": "3", "thu": "4",
          "fri": "5", "sat": "6", "sun": "0"}
 _CLOCK = re.compile(r"^(?:at\s+)?(\d{1,2})(?::(\d{2}))?\s*(am|pm)?$")
-MAX_YEARS = 10  # a one-off further away than this is refused
+_TIMEISH = re.compile(r"^\d{1,2}(:\d{2})+$|^\d{1,2}(:\d{2})?(am|pm)$")
 
 
 class BadTime(PlutoError, ValueError):
@@ -252,6 +252,8 @@ def parse_spec(text: str, tz: str, now: float) -> Spec:
                 when = parse_every(" ".join(words[:n]), tz)
             except BadTime:
                 continue
+            if words[n:] and _TIMEISH.match(words[n].lower()):  # "every day 25:00"
+                raise BadTime(f"'{words[n]}' is not a time of day; write it like 9:00 or 5pm.")
             return Spec(when, _prompt(words[n:]))
         raise BadTime(f"I don't understand 'every {' '.join(words[:2])}'; try 'every 30m', "
                       "'every day 9:00' or 'every weekday 9:00'.")
