@@ -1,6 +1,7 @@
 """Files sent from the chat widget (over its socket, to the gateway's usual path for files
-users send), each refusal one sentence; and the history a reconnecting tab gets keeps how
-answers ended (stopped, failed)."""
+users send), each refusal one sentence; the history a reconnecting tab gets keeps how answers
+ended (stopped, failed); a message the gateway recorded but will not answer (over a rate limit
+of routes.yaml) is said to be so, for the tab to show it as not sent."""
 
 from __future__ import annotations
 
@@ -132,3 +133,20 @@ async def test_the_history_keeps_failed_and_stopped_answers(config_dir, data_dir
         roles = [m["role"] for m in again.history]
         assert roles.index("run.end") == 1  # right after the message it answered
         assert roles[-2:] == ["assistant", "run.end"]  # the part shown, then the stop
+
+
+async def test_a_message_over_the_routes_rate_limit_is_reported_refused(config_dir, data_dir,
+                                                                        http):
+    (config_dir / "routes.yaml").write_text(
+        "routes:\n  - name: web\n    match: {provider: web}\n    agent: default\n"
+        "    rate_limit: {user: 1/minute}\ndefault: default\n")
+    async with served(config_dir, data_dir) as gw:
+        tab = await Tab.open(http, gw)
+        assert (await tab.ask("first", "m1"))["text"] == "echo: first"
+        await tab.send(type="message", id="m2", text="second")
+        await tab.until("ack", lambda f: f["reply_to"] == "m2")  # recorded...
+        refused = await tab.until("refused")  # ... and not answered
+        assert refused["reply_to"] == "m2"
+        notice = tab.of("notice") or [await tab.until("notice")]  # (in either order)
+        assert "faster than I can answer" in notice[0]["text"]
+        assert not tab.of("error") and len(tab.of("message.final")) == 1

@@ -36,7 +36,7 @@ FLUSH_BYTES = 1 << 20  # bytes gathered before one write (in a thread)
 # would answer about a picture it never saw, so they are refused with a sentence instead.
 ACCEPTS_IMAGES = False
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
-KINDS = ", ".join(s.lstrip(".").upper() for s in (".csv", ".tsv", ".json", ".parquet"))
+KINDS = "CSV, TSV, JSON or Parquet"  # (what a dataset is made of: runtime/data/filetypes.py)
 
 
 @dataclass(slots=True)
