@@ -115,11 +115,10 @@ class RunError:
 RunEvent = (RunStart | MessageDelta | ToolStart | ToolProgress | ToolEnd | MessageFinal | RunEnd
             | RunError)
 
-_BY_TYPE: dict[str, type] = {
-    cls.__dataclass_fields__["type"].default: cls  # type: ignore[attr-defined]
-    for cls in (RunStart, MessageDelta, ToolStart, ToolProgress, ToolEnd, MessageFinal, RunEnd,
-                RunError)
-}
+_EVENTS: tuple[type[RunEvent], ...] = (RunStart, MessageDelta, ToolStart, ToolProgress, ToolEnd,
+                                       MessageFinal, RunEnd, RunError)
+_BY_TYPE: dict[str, type[RunEvent]] = {
+    str(cls.__dataclass_fields__["type"].default): cls for cls in _EVENTS}
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {

@@ -200,13 +200,13 @@ def outcome_to_dict(outcome: Outcome) -> dict[str, Any]:
 
 
 def outcome_from_dict(d: dict[str, Any]) -> Outcome:
-    kinds: dict[str, type] = {"accepted": Accepted, "answered": Answered, "refused": Refused,
+    kinds: dict[str, type[Outcome]] = {"accepted": Accepted, "answered": Answered, "refused": Refused,
                               "duplicate": Duplicate, "dropped": Dropped}
     kind = kinds.get(str(d.get("type")))
     if kind is None:  # handled, with nothing more said
         return Duplicate()
     fields = {k: v for k, v in d.items() if k in kind.__dataclass_fields__ and k != "type"}
     try:
-        return kind(**fields)  # type: ignore[no-any-return]
+        return kind(**fields)
     except TypeError:
         return Duplicate()

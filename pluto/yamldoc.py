@@ -107,7 +107,7 @@ def paused_gc() -> Iterator[None]:
 if yaml.__with_libyaml__:
     from yaml._yaml import CParser
 
-    class _Loader(Composer, CParser, SafeConstructor, Resolver):  # type: ignore[misc]
+    class _CLoader(Composer, CParser, SafeConstructor, Resolver):
         """libyaml's parser (C, fast) under PyYAML's own composer: Python recursion, so a
         document nested too deeply raises RecursionError where libyaml's recursive composer
         would overflow the C stack and crash the process."""
@@ -117,8 +117,11 @@ if yaml.__with_libyaml__:
             Composer.__init__(self)
             SafeConstructor.__init__(self)
             Resolver.__init__(self)
+
+    # (Any: PyYAML's stubs accept only PyYAML's own loader classes as ``Loader``)
+    _Loader: Any = _CLoader
 else:  # pragma: no cover - PyYAML built without libyaml
-    _Loader = yaml.SafeLoader  # type: ignore[misc]
+    _Loader = yaml.SafeLoader
 
 
 def _compose(text: str) -> yaml.Node | None:
@@ -200,7 +203,8 @@ class YamlDoc:
                 break
         return line
 
-    def validate(self, model: type[M], *, data: Any = None, context: dict | None = None) -> M:
+    def validate(self, model: type[M], *, data: Any = None,
+                 context: dict[str, Any] | None = None) -> M:
         data = self.data if data is None else data
         if data is None:
             data = {}
@@ -281,5 +285,5 @@ def _interpolate_tree(value: Any) -> Any:
     return value
 
 
-def load_model(path: Path, model: type[M], *, context: dict | None = None) -> M:
+def load_model(path: Path, model: type[M], *, context: dict[str, Any] | None = None) -> M:
     return YamlDoc(path).validate(model, context=context)
