@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -62,7 +62,7 @@ class Engine(Protocol):
 
     async def close(self) -> None: ...
 
-    async def migrate(self, component: str, migrations: list[Migration]) -> None:
+    async def migrate(self, component: str, migrations: Sequence[Migration]) -> None:
         """Bring one component's tables to its newest schema, each step with its version."""
         ...
 

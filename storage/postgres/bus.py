@@ -21,6 +21,7 @@ import importlib
 import logging
 import re
 from collections.abc import Callable
+from typing import Any
 
 from pluto.storage.postgres.engine import PostgresEngine, redact
 
@@ -48,6 +49,7 @@ class PgBus:
         """Send ``payloads`` in order, in one statement (no BEGIN and COMMIT around it)."""
         if payloads:
             scoped = await self.scoped(channel)
+            params: tuple[Any, ...]
             if len(payloads) == 1:
                 sql, params = "SELECT pg_notify(?, ?)", (scoped, payloads[0])
             else:

@@ -184,7 +184,7 @@ class PostgresEngine:
 
     # schema -------------------------------------------------------------------------------
 
-    async def migrate(self, component: str, migrations: list[Migration]) -> None:
+    async def migrate(self, component: str, migrations: Sequence[Migration]) -> None:
         def step(conn: _Conn) -> int:
             conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
             row = conn.execute("SELECT version FROM schema_versions WHERE component = ?",

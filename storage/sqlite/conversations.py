@@ -679,7 +679,7 @@ class SqliteConversations:
     async def _take_over(self, where: str, params: tuple[Any, ...], *,
                          requeue: bool = True) -> list[RunEvent]:
         def take(conn: Any) -> list[RunEvent]:
-            ended = []
+            ended: list[RunEvent] = []
             now = time.time()
             rows = conn.execute(f"SELECT id, status, source_provider, source_id FROM runs"
                                 f" WHERE {where} ORDER BY started_at", params).fetchall()

@@ -36,7 +36,7 @@ import asyncio
 import logging
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -254,7 +254,7 @@ class SqliteEngine:
 
     # schema -------------------------------------------------------------------------------
 
-    async def migrate(self, component: str, migrations: list[Migration]) -> None:
+    async def migrate(self, component: str, migrations: Sequence[Migration]) -> None:
         """Bring one component's tables to its newest schema (each component is versioned on
         its own, so features evolve apart). Each step commits with its version."""
         def step(conn: sqlite3.Connection) -> int:

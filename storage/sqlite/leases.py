@@ -140,8 +140,8 @@ class SqlLeases:
 
     async def release(self, name: str, owner: str, token: int) -> bool:
         """Give the lease up (it is free at once); False when it was not held so."""
-        delete = ("DELETE FROM leases WHERE name = ? AND owner = ? AND token = ?",
-                  (name, owner, token))
+        delete: tuple[str, tuple[Any, ...]] = (
+            "DELETE FROM leases WHERE name = ? AND owner = ? AND token = ?", (name, owner, token))
         if self.notify is not None:
             delete = (f"WITH d AS ({delete[0]} RETURNING name) SELECT pg_notify(?,"
                       " 'free|' || name) FROM d", (*delete[1], self.notify))

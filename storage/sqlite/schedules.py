@@ -17,6 +17,7 @@ a catch-up burst. Time is the database's clock (``engine.now_sql``) unless a tes
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -219,8 +220,9 @@ class SqlSchedules:
 
     # firings ------------------------------------------------------------------------------
 
-    async def due(self, limit: int = 100) -> tuple[float, list[Schedule]]:
+    async def due(self, limit: int = 100) -> tuple[float, builtins.list[Schedule]]:
         """(now, the active schedules due by now, oldest first)."""
+        params: tuple[Any, ...]
         if self.clock is not None:
             now_sql, params = "?", (self.clock(),)
         else:
@@ -267,7 +269,8 @@ class SqlSchedules:
             "UPDATE schedule_firings SET outcome = ?, run_id = COALESCE(?, run_id),"
             " detail = COALESCE(?, detail) WHERE id = ?", (outcome, run_id, detail, firing_id)))
 
-    async def history(self, schedule_id: str | None = None, limit: int = 50) -> list[Firing]:
+    async def history(self, schedule_id: str | None = None,
+                      limit: int = 50) -> builtins.list[Firing]:
         """The newest firings first (of one schedule, or of all)."""
         if schedule_id is None:
             rows = await self.engine.fetchall(f"{_SELECT_FIRING} ORDER BY id DESC LIMIT ?",

@@ -268,7 +268,8 @@ class SqlUsage:
     async def calls(self, *, run_id: str | None = None, since: float | None = None,
                     limit: int = 1000) -> list[UsageCall]:
         """Ledger rows, oldest first: a run's, or those since a time."""
-        where, params = ["1 = 1"], []
+        where: list[str] = ["1 = 1"]
+        params: list[Any] = []
         if run_id is not None:
             where.append("run_id = ?")
             params.append(run_id)
