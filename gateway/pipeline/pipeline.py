@@ -68,6 +68,9 @@ class Job:
     # the session row itself when the run starts at once: not looked up again (with several
     # instances each lookup is a database round trip)
     session: SessionRow | None = None
+    # what the run's events pass through before delivery (a scheduled firing: an answer of
+    # "nothing to report" is not sent)
+    wrap: Callable[[AsyncIterator[RunEvent]], AsyncIterator[RunEvent]] | None = None
 
     @property
     def source(self) -> tuple[str, str] | None:
@@ -176,13 +179,22 @@ class Pipeline:
             return Dropped("the session's queue is full", notice=BUSY)
         return await self._queue(msg, route)
 
-    async def _queue(self, msg: IncomingMessage, route: Route) -> Outcome:
+    async def submit(self, msg: IncomingMessage, route: Route, *,
+                     wrap: Callable[[AsyncIterator[RunEvent]], AsyncIterator[RunEvent]]
+                     | None = None) -> Outcome:
+        """A message the gateway makes itself (a scheduled firing), routed already: into its
+        session's lane like any other (access and commands were checked when it was made)."""
+        return await self._queue(msg, route, wrap)
+
+    async def _queue(self, msg: IncomingMessage, route: Route,
+                     wrap: Callable[[AsyncIterator[RunEvent]], AsyncIterator[RunEvent]]
+                     | None = None) -> Outcome:
         """Into the session's lane. A message that will wait is recorded as a queued run now;
         one that starts at once is recorded by its start (one commit fewer on the way)."""
         session = await self.conversations.session(route.session_key, route.agent)
         waiting = self.lanes.busy(route.session_key)
         job = Job(msg, route, new_id(), time.time(), session.id,
-                  None if waiting else session)
+                  None if waiting else session, wrap)
         self.live[job.run_id] = msg.message_id
         if self.track_runs:
             self._unfinished[job.run_id] = asyncio.get_running_loop().create_future()
@@ -274,7 +286,8 @@ class Pipeline:
                                          route.memory_in_groups),
                          notify=lambda line: self.delivery.reply(provider, msg, line,
                                                                  kind="notice"))
-        await self._deliver(provider, msg, job, self.runner.run(req, observe))
+        events = self.runner.run(req, observe)
+        await self._deliver(provider, msg, job, job.wrap(events) if job.wrap else events)
 
     async def _deliver(self, provider: Provider, msg: IncomingMessage, job: Job,
                        events: AsyncIterator[RunEvent]) -> None:
