@@ -77,9 +77,10 @@ class HttpConfig(Strict):
     # longest is closed to make room, or, when every one is busy, the new one gets a 503
     max_connections: int | None = Field(default=None, ge=1, le=10_000_000)
     max_connections_per_client: int = Field(default=500, ge=0, le=10_000_000)
-    # addresses many clients share (a reverse proxy on this machine): counted in the total
-    # only, never limited per address (addresses or networks such as 10.0.0.0/8)
-    per_client_exempt: list[str] = Field(default_factory=lambda: ["127.0.0.1", "::1"])
+    # addresses many clients may share — a reverse proxy or load balancer: loopback and the
+    # private networks by default — counted in the total only, never limited per address
+    per_client_exempt: list[str] = Field(default_factory=lambda: [
+        "127.0.0.0/8", "::1", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"])
 
     @field_validator("allowed_hosts")
     @classmethod

@@ -37,7 +37,7 @@ class HttpServer:
             exempt=settings.per_client_exempt, header_timeout=settings.header_timeout_seconds,
             body_timeout=settings.body_timeout_seconds)
         self.app = web.Application(client_max_size=32 * 1024 * 1024,
-                                    middlewares=[self._check_host, self.guard.middleware])
+                                    middlewares=[self.guard.middleware, self._check_host])
         self.app[GATEWAY_KEY] = gateway
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/readyz", self._readyz)
