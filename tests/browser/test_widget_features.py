@@ -6,6 +6,7 @@ the rate limit shown as not sent with a retry, and a page whose origin is refuse
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -139,6 +140,32 @@ async def test_messages_over_the_rate_limit_look_not_sent_until_retried(config_d
                 await expect(failed).to_have_count(0, timeout=500)
         await expect(page.locator(".pluto-bot .pluto-bubble")).to_have_text(
             ["echo: one", "echo: two", "echo: three"])
+
+
+async def test_a_message_the_gateway_will_not_answer_looks_not_sent(config_dir, data_dir):
+    (config_dir / "routes.yaml").write_text(  # one message a minute
+        "routes:\n  - name: web\n    match: {provider: web}\n    agent: default\n"
+        "    rate_limit: {user: 1/minute}\ndefault: default\n")
+    async with served(config_dir, data_dir) as gw, chromium() as browser:
+        page = await browser.new_page()
+        frames: list[str] = []
+        page.on("websocket", lambda ws: ws.on("framesent", lambda f: frames.append(f)))
+        await page.goto(url(gw, "/"))
+        await expect(page.locator(".pluto-status")).to_have_text("Online")
+        await _ask(page, "one")
+        await expect(page.locator(".pluto-bot .pluto-bubble")).to_have_text("echo: one")
+        await _ask(page, "two")
+        failed = page.locator(".pluto-user.pluto-failed")
+        await expect(failed.locator(".pluto-bubble")).to_have_text("two")
+        await expect(page.locator(".pluto-system").last).to_contain_text("faster than I can")
+        first_id = await failed.get_attribute("data-id")
+        await failed.locator(".pluto-retry").click()  # a new message (the gateway has the first)
+        mine = page.locator(".pluto-user").last
+        await expect(mine).not_to_have_attribute("data-id", first_id or "")
+        await expect(mine).to_have_class(re.compile("pluto-failed"))  # still over the limit
+        await expect(mine.locator(".pluto-retry")).to_be_visible()
+        await expect(page.locator(".pluto-bot")).to_have_count(1)
+        assert any('"text":"two"' in f and first_id not in f for f in frames)
 
 
 @asynccontextmanager
