@@ -69,6 +69,8 @@ class ProviderError(PlutoError):
 class RateLimited(ProviderError):
     """The platform asked us to wait ``retry_after`` seconds before the next call."""
 
+    retry_after: float  # always known here (a ProviderError's may be None)
+
     def __init__(self, message: str, retry_after: float):
         super().__init__(message)
         self.retry_after = max(0.0, float(retry_after))

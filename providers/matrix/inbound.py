@@ -79,7 +79,7 @@ class Event:
         url = self.content.get("url")
         if kind is None or not isinstance(url, str) or not url.startswith("mxc://"):
             return None
-        info = self.content.get("info") if isinstance(self.content.get("info"), dict) else {}
+        info = found if isinstance(found := self.content.get("info"), dict) else {}
         name = str(self.content.get("filename") or self.content.get("body") or "file")
         size = info.get("size") if isinstance(info.get("size"), int) else 0
         return (url, name, str(info.get("mimetype") or "application/octet-stream"), size,

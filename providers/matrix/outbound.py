@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from mautrix.client import ClientAPI
-from mautrix.types import EventType, RoomID
+from mautrix.types import EventContent, EventType, RoomID
 
 from pluto.errors import DeliveryRefused, ProviderError
 from pluto.providers.matrix.errors import call
@@ -54,7 +54,7 @@ class Outbound:
         if "formatted_body" in new:
             content |= {"format": new["format"], "formatted_body": f"* {new['formatted_body']}"}
         await call(self.client().send_message_event(
-            RoomID(message.chat_id), EventType.ROOM_MESSAGE, content))
+            RoomID(message.chat_id), EventType.ROOM_MESSAGE, _json(content)))
         if message.kind in ("reply", "error") and message.chat_id in self._typing:
             await self._stop_typing(message.chat_id)
 
@@ -81,7 +81,7 @@ class Outbound:
         elif message.reply_to:
             content["m.relates_to"] = {"m.in_reply_to": {"event_id": message.reply_to}}
         event_id = str(await call(self.client().send_message_event(
-            RoomID(message.chat_id), EventType.ROOM_MESSAGE, content)))
+            RoomID(message.chat_id), EventType.ROOM_MESSAGE, _json(content))))
         self._sent(event_id, message.thread_id)
         return event_id
 
@@ -98,3 +98,9 @@ class Outbound:
         return {"msgtype": "m.image" if image else "m.file", "body": attachment.filename,
                 "filename": attachment.filename, "url": str(mxc),
                 "info": {"mimetype": attachment.mime_type, "size": len(data)}}
+
+
+def _json(content: dict[str, Any]) -> EventContent:
+    """A plain JSON event content: mautrix sends a dict as it is (it serializes only its own
+    classes), though its annotation names only those classes."""
+    return cast(EventContent, content)

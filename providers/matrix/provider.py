@@ -20,13 +20,14 @@ import json
 import logging
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 from mautrix.api import Method
 from mautrix.api import Path as ApiPath
 from mautrix.client import ClientAPI
-from mautrix.types import RoomID
+from mautrix.types import RoomID, SyncToken
+from mautrix.util.logging import TraceLogger
 
 from pluto.errors import ProviderError, ProviderUnusable, RateLimited
 from pluto.gateway.ports import Intake, Provider, ProviderContext
@@ -89,7 +90,9 @@ class MatrixProvider(Provider):
             self._session = aiohttp.ClientSession(timeout=timeout)
             api = HomeserverApi(self.settings.homeserver, self._token,
                                 client_session=self._session,
-                                log=logging.getLogger("pluto.providers.matrix.http"))
+                                # a TraceLogger: mautrix makes it the logger class
+                                log=cast(TraceLogger,
+                                         logging.getLogger("pluto.providers.matrix.http")))
             self._client = ClientAPI(api=api)
         return self._client
 
@@ -127,7 +130,7 @@ class MatrixProvider(Provider):
         while True:
             try:
                 data = await self.client().sync(
-                    since=since, timeout=int(self.settings.sync_timeout_seconds * 1000 if since
+                    since=SyncToken(since) if since is not None else None, timeout=int(self.settings.sync_timeout_seconds * 1000 if since
                                              else 0), filter_id=FILTER)  # type: ignore[arg-type]
                 failures = 0
             except asyncio.CancelledError:
@@ -161,7 +164,7 @@ class MatrixProvider(Provider):
 
     async def _handle_sync(self, data: dict[str, Any], intake: Intake, *,
                            since: str | None) -> None:
-        rooms = data.get("rooms") if isinstance(data.get("rooms"), dict) else {}
+        rooms = found if isinstance(found := data.get("rooms"), dict) else {}
         for room_id in _dict(rooms.get("invite")):
             await self._invited(room_id)
         for room_id, room in _dict(rooms.get("join")).items():

@@ -63,7 +63,7 @@ class GraphError(PlutoError):
 def graph_error(status: int, body: Any, headers: Any = None) -> GraphError:
     err = body.get("error") if isinstance(body, dict) else None
     err = err if isinstance(err, dict) else {}
-    data = err.get("error_data") if isinstance(err.get("error_data"), dict) else {}
+    data = found if isinstance(found := err.get("error_data"), dict) else {}
     try:
         code = int(err.get("code") or 0)
     except (TypeError, ValueError):

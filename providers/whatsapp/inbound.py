@@ -76,7 +76,7 @@ def parse(payload: Any, phone_number_id: str) -> tuple[list[Inbound], list[Statu
             value = change.get("value")
             if change.get("field") != "messages" or not isinstance(value, dict):
                 continue
-            metadata = value.get("metadata") if isinstance(value.get("metadata"), dict) else {}
+            metadata = found if isinstance(found := value.get("metadata"), dict) else {}
             if str(metadata.get("phone_number_id") or "") != phone_number_id:
                 continue
             names = {str(c.get("wa_id")): (c.get("profile") or {}).get("name")
@@ -117,7 +117,7 @@ def media_of(inbound: Inbound) -> tuple[str, str, str, Literal["file", "image"]]
 
 
 def to_incoming(inbound: Inbound, attachments: tuple[Attachment, ...] = ()) -> IncomingMessage:
-    context = inbound.raw.get("context") if isinstance(inbound.raw.get("context"), dict) else {}
+    context = found if isinstance(found := inbound.raw.get("context"), dict) else {}
     return IncomingMessage(
         provider=PROVIDER, chat_id=inbound.wa_id, user_id=inbound.wa_id, user_name=inbound.name,
         text=text_of(inbound).strip(), message_id=inbound.id, attachments=attachments,

@@ -18,7 +18,9 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -210,8 +212,8 @@ class WhatsAppProvider(Provider):
             log.warning("whatsapp: message %s to %s was not delivered: %s", status.message_id,
                         status.recipient, detail)
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
