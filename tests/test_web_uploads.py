@@ -51,10 +51,17 @@ async def test_a_data_file_sent_from_the_widget_becomes_a_dataset(config_dir, da
         final = await tab.until("message.final")
         assert "which region sells most?" in final["text"]
         assert "[The user sent the file Sales 2026.csv" in model.calls[-1][-1]["content"]
-        assert saved[0].exists()  # the gateway's now: kept after the socket closes
         await tab.ws.close()
-        await wait_for(lambda: gw.providers["web"].rooms.count(tab.ready["token"]) == 0)
-        assert saved[0].exists()
+        again = await Tab.open(http, gw, token=tab.ready["token"])
+        assert saved[0].exists()  # the gateway's now: kept after the socket closed
+        assert again.history[0] == again.history[0] | {  # the names, not the agent's notes
+            "role": "user", "text": "which region sells most?", "files": ["Sales 2026.csv"]}
+        await _upload(again, "f2", "only.csv", CSV)  # a file alone: no run, a note only
+        await again.send(type="message", id="m2", files=["f2"])
+        await again.until("notice")
+        third = await Tab.open(http, gw, token=tab.ready["token"])
+        assert third.history[-1] == third.history[-1] | {"role": "user", "text": "",
+                                                          "files": ["only.csv"]}
 
 
 async def test_files_the_chat_cannot_take_are_refused_in_one_sentence(config_dir, data_dir,

@@ -1,11 +1,13 @@
 """What a tab is shown of the conversation when it (re)connects: the messages, and how each
 answer ended when that was not plainly — stopped by the visitor, or failed with the sentence
-the visitor saw — so a reload shows what the live tab showed."""
+the visitor saw — so a reload shows what the live tab showed. A visitor's message that came
+with data files shows their names, not the note the agent was given about each."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Any
 
 from pluto.events import RunError
@@ -16,6 +18,9 @@ log = logging.getLogger(__name__)
 ENDED = ("ok", "cancelled", "budget", "error", "interrupted")
 LOOKUPS_AT_ONCE = 8
 UNFINISHED = "This answer could not be finished."
+# the note the gateway adds to a message for each data file it came with (data_commands._note)
+FILE_NOTE = re.compile(r"^\[The user sent the file (.+?); it is now the dataset \S+ \(.*\)\. "
+                       r"Query it as the table \S+\.\]$")
 
 
 async def with_ends(runs: RunReader | None, shown: list[dict[str, Any]],
@@ -25,6 +30,8 @@ async def with_ends(runs: RunReader | None, shown: list[dict[str, Any]],
     Runs still going (``live``) and any lookup that fails are left as they are."""
     last: dict[str, int] = {}
     for i, item in enumerate(shown):
+        if item["role"] == "user":
+            shown[i] = with_files(item)
         if item.get("run_id") and item["run_id"] not in live:
             last[item["run_id"]] = i
     if runs is None or not last:
@@ -38,6 +45,19 @@ async def with_ends(runs: RunReader | None, shown: list[dict[str, Any]],
         if i in after:
             out.append(after[i])
     return out
+
+
+def with_files(item: dict[str, Any]) -> dict[str, Any]:
+    """A visitor's message without the notes about the files it came with, their names in
+    ``files`` instead."""
+    lines = item["text"].split("\n")
+    files: list[str] = []
+    while lines and (m := FILE_NOTE.match(lines[-1])):
+        files.insert(0, m.group(1))
+        lines.pop()
+    if not files:
+        return item
+    return item | {"text": "\n".join(lines).rstrip("\n"), "files": files}
 
 
 async def _end(runs: RunReader, run_id: str, slots: asyncio.Semaphore) -> dict[str, Any] | None:

@@ -116,6 +116,8 @@ async def test_files_copy_theme_and_history_marks(config_dir, data_dir):
         await expect(page.locator(".pluto-run-error")).to_have_text(FAILED)
         await expect(page.locator(".pluto-stopped")).to_have_count(1)
         await expect(page.locator(".pluto-user")).to_have_count(3)
+        await expect(page.locator(".pluto-user .pluto-bubble").first).to_have_text(
+            "which region sells most?sales.csvmore.csv")  # the files' names, not the notes
         assert errors == []
         await context.close()
 

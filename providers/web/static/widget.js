@@ -399,7 +399,7 @@
     while (log.firstChild) { log.removeChild(log.firstChild); }
     if (!messages.length) { systemLine("Ask me anything. Send /help to see what I can do.", "pluto-hint"); }
     messages.forEach(function (m) {
-      if (m.role === "user") { userBubble(m.text); return; }
+      if (m.role === "user") { userBubble(m.text, null, m.files); return; }
       var run = botBubble(m.run_id);
       if (m.role === "tool") { details(m.details, run.tools); return; }
       if (m.role === "run.end") { ended(run, m.outcome, m.error); return; }
