@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from pluto.ids import new_id
 from pluto.providers.web import protocol
 from pluto.runtime.data.filetypes import SPREADSHEETS
 from pluto.runtime.data.service import is_data_file
@@ -106,7 +107,8 @@ class Uploads:
         if refusal is not None:
             return protocol.error("file_refused", refusal, reply_to=frame.id)
         folder = self.root / _folder(chat_id)
-        upload = _File(frame.id, name, mime.lower(), size, folder / f"{frame.id}-{_safe(name)}")
+        path = folder / f"{new_id()[:12]}-{_safe(name)}"  # (never a name the tab chose)
+        upload = _File(frame.id, name, mime.lower(), size, path)
         try:
             upload.handle = await asyncio.to_thread(_open, upload.path)
         except OSError as e:

@@ -701,6 +701,12 @@
     limitedUntil = Date.now() + 1000 * Math.min(120, Math.max(1, Number(f.retry_after) || 5));
     systemLine(f.message, "pluto-error");
     pending.slice().forEach(function (p) { markNotSent(p, true); });  // (an ack that follows clears it)
+    if (uploading && uploading.state === "announced") {  // (its announcement may have been dropped)
+      uploading.state = "waiting";
+      uploading.meter.textContent = humanSize(uploading.size);
+      uploading = null;
+      setTimeout(pumpFiles, limitedUntil - Date.now());
+    }
   }
   function refusedMessage(id) {
     var p = pending.filter(function (q) { return q.id === id; })[0] || failed[id];
