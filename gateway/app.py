@@ -39,7 +39,7 @@ from pluto.gateway.metrics import Metrics
 from pluto.gateway.pipeline.access import Access
 from pluto.gateway.pipeline.data_commands import DataCommands, data_service, shared_files
 from pluto.gateway.pipeline.memory_commands import MemoryCommands
-from pluto.gateway.pipeline.intake import IntakeQueue, Shared, message_from_dict
+from pluto.gateway.pipeline.intake import ChatSweep, IntakeQueue, Shared, message_from_dict
 from pluto.gateway.pipeline.shared_uploads import UploadsFirst
 from pluto.gateway.pipeline.overload import Load
 from pluto.gateway.pipeline.ratelimit import SharedRateLimiter
@@ -51,6 +51,7 @@ from pluto.gateway.recovery import Recovery
 from pluto.events import RunEvent
 from pluto.types import IncomingMessage
 from pluto.gateway.reload import ConfigWatcher, load_routes
+from pluto.gateway.schedules import wiring as schedules
 from pluto.gateway.supervisor import TaskHealth, supervise
 from pluto.runtime.tracing import Tracing
 from pluto.runtime.usage import Prices, UsageMeter
@@ -105,6 +106,7 @@ class Gateway:
         self.providers: dict[str, Provider] = {}
         self.health: dict[str, TaskHealth] = {}
         self.intakes: dict[str, IntakeQueue] = {}
+        self._chat_sweep: ChatSweep | None = None  # several instances: one for every intake
         self._tasks: dict[str, asyncio.Task[None]] = {}
         throttle = EditThrottle(lambda: self.config.gateway.stream_edit_interval_seconds)
         # a provider whose sends all fail for a while is named by /readyz and its client rebuilt
@@ -142,6 +144,7 @@ class Gateway:
         self._control_tasks: set[asyncio.Task[object]] = set()
         self.directory = Directory(lambda: self.routes, self.registry, self.store.conversations)
         self.watcher = ConfigWatcher(self)  # live reload of the config dir (serve only)
+        self.scheduler = schedules.attach(self)  # schedules.yaml, /remind: agents speak first
         self.serve = serve
         bind = http_bind or (self.config.http.host, self.config.http.port)
         self.http = HttpServer(self, *bind) if serve else None
@@ -241,6 +244,7 @@ class Gateway:
             stack.push_async_callback(self._drain)
             for provider in configured:
                 self.add_provider(provider)
+            await schedules.start(self.scheduler, stack, watch=self.serve)
             if self.serve:
                 self.watcher.start()
                 stack.push_async_callback(self.watcher.stop)
@@ -469,6 +473,8 @@ class Gateway:
         """The provider's intake: its bounded queue in front of the pipeline."""
         queue = self.intakes.get(provider.name)
         if queue is None:
+            if self.shared and self._chat_sweep is None:
+                self._chat_sweep = ChatSweep(self.store.inbound, max(2.0, self.cluster.ttl / 2))
             shared = Shared(self.cluster, self._take_over_chat, self.pipeline.finished,
                             self.pipeline.urgent,  # a run's writes: fenced by its claim
                             claimed=self._claimed,
@@ -477,7 +483,8 @@ class Gateway:
                             handed_back=self._handed_back,
                             # (one look now and then: notes carry the news)
                             fallback=max(1.0, self.cluster.ttl / 2),
-                            sweep_every=max(2.0, self.cluster.ttl / 2)) if self.shared else None
+                            sweep_every=max(2.0, self.cluster.ttl / 2),
+                            sweep=self._chat_sweep) if self.shared else None
             queue = self.intakes[provider.name] = IntakeQueue(
                 provider.name, self.pipeline.handle, self.store.inbound,
                 capacity=INTAKE_CAPACITY, shared=shared)
@@ -523,6 +530,8 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         grace = self.config.gateway.shutdown_grace_seconds
+        if self._chat_sweep is not None:
+            await self._chat_sweep.stop()
         await asyncio.gather(*(q.close(grace) for q in self.intakes.values()))
         await self.pipeline.close(grace)
 

@@ -35,8 +35,7 @@ class FloodControl:
             return 0
         now = _now()
         try:
-            await self.store.prune(now)
-            holds = await self.store.holds(now)
+            holds = await self.store.current(now)
         except Exception as e:  # noqa: BLE001 - storage trouble never stops a send
             log.error("flood control: the kept holds could not be read: %s", e)
             return 0

@@ -166,7 +166,15 @@ class Outbox:
     async def flush(self, provider: Provider) -> int:
         """Hand every pending reply of a provider to its chat's sender (at its start, and
         from the sweep); returns how many chunks were pending."""
-        pending = await self.rows.pending(provider.name)
+        return self._queue_pending(provider, await self.rows.pending(provider.name))
+
+    async def flush_all(self) -> int:
+        """:meth:`flush` for every provider, with one query (the sweep)."""
+        pending = await self.rows.pending_all()
+        return sum(self._queue_pending(p, [r for r in pending if r.provider == p.name])
+                   for p in list(self.providers.values()))
+
+    def _queue_pending(self, provider: Provider, pending: list[OutboxRow]) -> int:
         for key, chat in self._chats.items():  # the sweep's turn: resting chats go on
             if key[0] == provider.name:
                 chat.resting = False
@@ -458,11 +466,10 @@ class Outbox:
         while True:
             await asyncio.sleep(self.sweep_seconds)
             await self.flood.load()  # holds another instance kept meanwhile (shared database)
-            for provider in list(self.providers.values()):
-                try:
-                    await self.flush(provider)
-                except Exception:
-                    log.exception("outbox: sweeping %s failed", provider.name)
+            try:
+                await self.flush_all()
+            except Exception as e:  # noqa: BLE001 - storage is away: the next sweep
+                log.warning("outbox: the sweep failed: %s", e)
 
 
 async def _call(provider: Provider, message: OutgoingMessage) -> str | None:

@@ -109,6 +109,45 @@ class Shared:
     # the chat's next message is taken: awaited after each run
     handed_back: Callable[[str], Awaitable[bool]] | None = None
     sweep_every: float = 2.0
+    # one look for every provider's intake at once (None: each intake looks by itself)
+    sweep: ChatSweep | None = None
+
+
+class ChatSweep:
+    """Several instances: now and then, one query for every provider's chats whose messages
+    have waited a while with nobody holding them (the instance that received them died); each
+    is handed to its provider's intake (an idle instance costs one statement per look, not one
+    per provider)."""
+
+    def __init__(self, inbox: InboundStore, every: float):
+        self.inbox = inbox
+        self.every = every
+        self.intakes: dict[str, IntakeQueue] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, intake: IntakeQueue) -> None:
+        self.intakes[intake.name] = intake
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(),
+                                                                name="intake:sweep")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.every)
+            try:
+                waiting = await self.inbox.waiting_everywhere(self.every)
+            except Exception as e:  # noqa: BLE001 - the database is away: next time
+                log.warning("intake: the sweep failed: %s", e)
+                continue
+            for provider, key in waiting:
+                if (intake := self.intakes.get(provider)) is not None:
+                    intake.kick(key)
 
 
 class IntakeQueue:
@@ -499,7 +538,9 @@ class IntakeQueue:
     def start_sweeping(self) -> None:
         """Several instances: now and then, take up chats whose messages wait with nobody
         holding them (the instance that received them died)."""
-        if self.shared is not None and self._sweeper is None:
+        if self.shared is not None and self.shared.sweep is not None:
+            self.shared.sweep.add(self)
+        elif self.shared is not None and self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep(), name=f"intake:{self.name}:sweep")
 
     async def _sweep(self) -> None:

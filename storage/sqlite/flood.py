@@ -62,6 +62,18 @@ class SqlFlood:
             "SELECT provider, chat_id, hold_until FROM flood_holds WHERE hold_until > ?", (now,))
         return [(r[0], r[1], float(r[2])) for r in rows]
 
+    async def current(self, now: float) -> list[tuple[str, str, float]]:
+        """:meth:`prune`, then :meth:`holds` — in one statement on a shared database."""
+        if not self._db_clock:
+            await self.prune(now)
+            return await self.holds(now)
+        clock = self.engine.now_sql
+        rows = await self.engine.read(lambda conn: conn.execute(
+            f"WITH gone AS (DELETE FROM flood_holds WHERE hold_until <= {clock})"
+            f" SELECT provider, chat_id, hold_until - {clock} + ? FROM flood_holds"
+            f" WHERE hold_until > {clock}", (now,)).fetchall())
+        return [(r[0], r[1], float(r[2])) for r in rows]
+
     async def prune(self, now: float) -> int:
         if self._db_clock:
             return await self.engine.write((

@@ -160,6 +160,12 @@ class SqliteOutbox:
             " ORDER BY created_at, reply_id, chunk", (provider,))
         return [_row(r) for r in rows]
 
+    async def pending_all(self) -> list[OutboxRow]:
+        """:meth:`pending` of every provider, in one query."""
+        rows = await self.engine.fetchall(
+            "SELECT * FROM outbox WHERE status = 'pending' ORDER BY created_at, reply_id, chunk")
+        return [_row(r) for r in rows]
+
     async def claim(self, reply_id: str, owner: str, lease_seconds: float) -> bool:
         now = time.time()
         taken = await self.engine.write((self._claim, self._claim_args(reply_id, owner, now,
