@@ -3,6 +3,7 @@ kind of line is cut to a few lines and a count, and ``pluto.log`` is rotated by 
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import logging.handlers
@@ -104,6 +105,10 @@ LOG_MAX_BYTES = 10 * 2**20  # pluto.log is rotated at this size ...
 LOG_BACKUPS = 5  # ... keeping pluto.log.1 … pluto.log.5
 
 
+_rate: RateLimit | None = None  # the one in use: its counts are logged at exit
+_flush_at_exit: list[object] = []
+
+
 class RateLimit(logging.Filter):
     """At most ``burst`` lines of one kind per ``interval`` seconds; the rest are counted, and
     the count is logged (``… N more like this were not logged``) once the interval is over.
@@ -125,6 +130,7 @@ class RateLimit(logging.Filter):
         # kind -> [interval start, lines passed, lines suppressed, a sample record]
         self._kinds: dict[tuple[Any, ...], list[Any]] = {}
         self._passing_summary = threading.local()
+        self._next_sweep = 0.0
 
     @staticmethod
     def kind(record: logging.LogRecord) -> tuple[Any, ...]:
@@ -159,7 +165,9 @@ class RateLimit(logging.Filter):
             else:
                 entry[2] += 1
                 verdict = False
-            due += self._sweep(now, key)
+            if now >= self._next_sweep:  # (at most once a second: it looks at every kind)
+                self._next_sweep = now + 1.0
+                due += self._sweep(now, key)
         record._pluto_rate = verdict  # type: ignore[attr-defined]
         for ended, span in due:
             self._summarize(ended, span)
@@ -210,7 +218,10 @@ def setup_logging(level: str, *, secret_env_names: Iterable[str] = (),
         if isinstance(h, logging.FileHandler):
             h.close()
     redact = RedactSecrets(list(secret_env_names) + _well_known_secret_names())
-    rate = rate or RateLimit()
+    global _rate
+    rate = _rate = rate or RateLimit()
+    if not _flush_at_exit:
+        _flush_at_exit.append(atexit.register(lambda: _rate.flush() if _rate else None))
     handlers: list[logging.Handler] = []
     stream = logging.StreamHandler(sys.stderr)
     stream.setLevel(stderr_level or level)
