@@ -33,7 +33,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from pluto.storage.ports import LeaseStore
@@ -206,7 +206,8 @@ class Cluster:
         finally:
             await asyncio.shield(self.release(name))
 
-    async def exclusive(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
+    async def exclusive(self, name: str,
+                        work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run ``work`` only while holding ``name``: wait for the lease, run, and when the
         lease is lost stop the work and wait for the lease again. Returns when ``work``
         returns."""

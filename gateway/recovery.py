@@ -147,7 +147,7 @@ class Recovery:
         """Whether storage reports a problem; if so, a probe is on its way (one at a time)."""
         engine = getattr(self.store, "engine", None)
         health = getattr(engine, "health", None)
-        if health is None or health.problem is None:
+        if engine is None or health is None or health.problem is None:
             return False
         if self._probing is None or self._probing.done():
             self._probing = asyncio.create_task(engine.probe(), name="recovery:probe")

@@ -284,8 +284,8 @@ class ConfigWatcher:
         secrets = RedactSecrets(new.secret_names()).secrets
         for h in root.handlers:
             for f in h.filters:
-                if isinstance(f, RedactSecrets):
-                    f.secrets = sorted(set(f.secrets) | set(secrets), key=len, reverse=True)
+                if isinstance(f, RedactSecrets):  # (its set of values: masked longest first)
+                    f.add(*secrets)
 
     def _apply_routes(self, table: RoutingTable) -> bool:
         same = self.gw.routes.spec == table.spec

@@ -37,8 +37,8 @@ def routes_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path
         print(f"ok: {table.source}: {len(table.spec.routes)} rule(s), {default}; "
               f"{len(registry.names())} agent(s) checked")
         return EXIT_OK
-    if warning := _unknown_provider(args.provider, config):
-        print(f"warning: {warning}", file=sys.stderr)
+    if unknown := _unknown_provider(args.provider, config):
+        print(f"warning: {unknown}", file=sys.stderr)
     m = message_from(args.provider, args.chat, args.user, group=args.group, mention=args.mention,
                      thread=args.thread, guild=args.guild, text=args.text)
     result = explain(table, m)

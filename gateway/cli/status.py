@@ -25,7 +25,7 @@ LOG_FILE = "pluto.log"
 
 
 def status_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
-    report = {"gateway": _ready(config), "data_dir": str(data_dir)}
+    report: dict[str, Any] = {"gateway": _ready(config), "data_dir": str(data_dir)}
     report |= asyncio.run(_activity(config, data_dir))
     report["last_errors"] = last_errors(data_dir / LOG_FILE)
     if args.json:

@@ -95,9 +95,9 @@ class SendWatchdog:
         for gone in {*self._first_failure, *self._wedges} - providers.keys():
             self._forget(gone)
         window, now, reset = self.window, self.clock(), []
-        for name, wedge in list(self._wedges.items()):  # a reset followed by a quiet window
-            if (wedge.last_reset is not None and now - wedge.last_reset >= window
-                    and self._last_failure.get(name, 0.0) < wedge.last_reset):
+        for name, quiet in list(self._wedges.items()):  # a reset followed by a quiet window
+            if (quiet.last_reset is not None and now - quiet.last_reset >= window
+                    and self._last_failure.get(name, 0.0) < quiet.last_reset):
                 self._forget(name, why="no send failed since its client was rebuilt")
         for name, reason in self.wedged().items():
             wedge = self._wedges.get(name)
