@@ -49,7 +49,8 @@ class Admin:
 async def make_admin(config_dir: Path, data_dir: Path, admin: dict[str, Any] | None = None):
     admin = {"api_key_env": "PLUTO_ADMIN_KEY"} if admin is None else admin
     cfg = PlutoConfig(data_dir=data_dir, admin=admin,
-                      gateway={"reload_interval_seconds": 0})
+                      gateway={"reload_interval_seconds": 0},  # the API serves cards' URLs
+                      providers={"api": {"enabled": True, "keys_env": "PLUTO_TEST_API_KEYS"}})
     gw = Gateway(config_dir, config=cfg, serve=True, http_bind=("127.0.0.1", 0),
                  model_factory=ScriptedModel(fallback=who_answers))
     await gw.start()
@@ -278,15 +279,26 @@ async def test_recent_runs(admin: Admin) -> None:
 
 # the A2A Agent Card -------------------------------------------------------------------------------
 
-async def test_agent_card(admin: Admin) -> None:
+async def test_agent_card(admin: Admin, config_dir: Path) -> None:
     await admin.call("PUT", "/admin/agents/support", json=SUPPORT)
+    async with admin.http.get(admin.url + "/agents/support/.well-known/agent.json") as r:
+        assert r.status == 404  # the API's messages go to 'default': no card for a dead URL
+        assert "add a route matching {provider: api, guild: support}" in (await r.json())[
+            "error"]
+    routes = config_dir / "routes.yaml"
+    routes.write_text(routes.read_text().replace("routes:\n", "routes:\n  - match: {provider: "
+                                                 "api, guild: support}\n    agent: support\n",
+                                                 1))
+    assert (await admin.call("POST", "/admin/reload"))[0] == 200
     async with admin.http.get(admin.url + "/agents/support/.well-known/agent.json") as r:
         assert r.status == 200
         card = await r.json()
     assert card["protocolVersion"] == "0.3.0" and card["name"] == "support"
     assert card["description"] == "Answers support questions."
     assert card["url"] == f"{admin.url}/agents/support"
-    assert card["capabilities"]["streaming"] is True
+    assert card["capabilities"]["streaming"] is True and card["preferredTransport"] == "JSONRPC"
+    assert card["security"] == [{"bearer": []}] and card["securitySchemes"]["bearer"][
+        "scheme"] == "bearer"
     assert card["defaultInputModes"] == ["text/plain"] and "text/plain" in card[
         "defaultOutputModes"]
     [skill] = card["skills"]

@@ -57,7 +57,12 @@ async def test_an_agent_file_never_copies_a_secret_onto_the_public_agent_card(
     monkeypatch.setenv("PLUTO_ADMIN_KEY", ADMIN_KEY)
     monkeypatch.setenv("SLACK_BOT_TOKEN", SECRET)
     write_agent(config_dir, "leaky", "description: 'token ${SLACK_BOT_TOKEN} here'\n")
-    gw = await served(config_dir, data_dir)
+    routes = config_dir / "routes.yaml"  # cards are served for agents the API reaches
+    rule = "  - match: {{provider: api, guild: {0}}}\n    agent: {0}\n"
+    routes.write_text(routes.read_text().replace("routes:\n", "routes:\n" + rule.format("leaky"),
+                                                 1))
+    gw = await served(config_dir, data_dir,
+                      providers={"api": {"enabled": True, "keys_env": "PLUTO_TEST_API_KEYS"}})
     try:
         async with aiohttp.ClientSession() as http:
             url = gw.http.url  # type: ignore[union-attr]
@@ -69,6 +74,10 @@ async def test_an_agent_file_never_copies_a_secret_onto_the_public_agent_card(
             body = {"agent": {"description": "${SLACK_BOT_TOKEN}", "model": "default"}}
             async with http.put(f"{url}/admin/agents/put-leaky", json=body, headers=ADMIN) as r:
                 assert r.status == 201, await r.text()
+            routes.write_text(routes.read_text().replace(
+                "routes:\n", "routes:\n" + rule.format("put-leaky"), 1))
+            async with http.post(f"{url}/admin/reload", headers=ADMIN) as r:
+                assert r.status == 200, await r.text()
             async with http.get(f"{url}/agents/put-leaky/.well-known/agent.json") as r:
                 card = await r.text()
             assert SECRET not in card and "${SLACK_BOT_TOKEN}" in card

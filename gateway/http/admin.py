@@ -39,7 +39,8 @@ from aiohttp import web
 from pluto import jsonlimits
 from pluto.errors import ConfigError, UnknownAgent
 from pluto.jsonlimits import JsonTooDeep
-from pluto.gateway.http.admin_agents import AgentFiles, BadRequest, agent_card, agent_view, delete, save
+from pluto.gateway.http.admin_agents import (AgentFiles, BadRequest, a2a_refusal, agent_card,
+                                             agent_view, delete, save)
 from pluto.gateway.http.admin_usage import add_usage_routes
 from pluto.runtime.tracing import trace_id_for
 from pluto.gateway.pipeline.explain import explain, message_from
@@ -182,6 +183,8 @@ async def _card(request: web.Request) -> web.Response:
         return _error(404, f"no agent named {name!r}")
     except ConfigError:
         return _error(503, f"the agent {name!r} has configuration errors")
+    if (refused := a2a_refusal(gw, name)) is not None:  # no card for a URL that cannot answer
+        return _error(404, refused)
     base = f"{request.url.origin()}/agents/{name}"
     return web.json_response(agent_card(spec, base))
 

@@ -166,7 +166,9 @@ def agent_view(gw: Gateway, name: str, *, full: bool) -> dict[str, Any]:
 
 
 def agent_card(spec: AgentSpec, url: str) -> dict[str, Any]:
-    """The A2A Agent Card (protocol 0.3) of an agent, from its definition."""
+    """The A2A Agent Card (protocol 0.3) of an agent, from its definition. ``url`` answers
+    A2A's JSON-RPC (``message/send``, ``message/stream``, ``tasks/get``, ``tasks/cancel``):
+    the HTTP API serves it, with its keys as bearer tokens."""
     digest = hashlib.sha256("\0".join([spec.description, spec.instructions, spec.model,
                                        *spec.tools]).encode()).hexdigest()[:12]
     description = spec.description or f"The Pluto agent '{spec.name}'."
@@ -175,6 +177,8 @@ def agent_card(spec: AgentSpec, url: str) -> dict[str, Any]:
         "name": spec.name,
         "description": description,
         "url": url,
+        "preferredTransport": "JSONRPC",
+        "additionalInterfaces": [{"url": url, "transport": "JSONRPC"}],
         "version": f"{__version__}+{digest}",
         "provider": {"organization": "Pluto", "url": url.rsplit("/agents/", 1)[0]},
         "capabilities": {"streaming": True, "pushNotifications": False,
@@ -183,4 +187,26 @@ def agent_card(spec: AgentSpec, url: str) -> dict[str, Any]:
         "defaultOutputModes": ["text/plain", "text/markdown"],
         "skills": [{"id": spec.name, "name": spec.name, "description": description,
                     "tags": ["pluto", *spec.tools]}],
+        "securitySchemes": {"bearer": {
+            "type": "http", "scheme": "bearer",
+            "description": "An API key of this gateway (the HTTP API's, PLUTO_API_KEYS)."}},
+        "security": [{"bearer": []}],
     }
+
+
+def a2a_refusal(gw: Gateway, name: str) -> str | None:
+    """Why the agent's card would advertise a URL that cannot answer it (None: it can). Its
+    URL is served by the HTTP API, whose messages routes.yaml must send to that agent."""
+    from pluto.types import IncomingMessage
+
+    api = gw.config.providers.get("api")
+    if api is None or not api.enabled:
+        return ("this gateway does not serve A2A: enable providers.api in pluto.yaml (and "
+                "set its keys, PLUTO_API_KEYS) to let other agents talk to its agents")
+    route = gw.directory.route(IncomingMessage(provider="api", chat_id="a2a", user_id="a2a",
+                                               text="", guild_id=name, is_direct=True))
+    if route is None or route.agent != name:
+        to = f"'{route.agent}'" if route is not None else "no agent"
+        return (f"routes.yaml sends the HTTP API's messages to {to}, not {name!r}; add a "
+                f"route matching {{provider: api, guild: {name}}} to serve it over A2A")
+    return None

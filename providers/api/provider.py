@@ -22,6 +22,7 @@ from pluto.errors import ConfigError, StorageError
 from pluto.gateway.ports import (ChatDirectory, HttpMount, Intake, Provider, ProviderContext,
                                  RunFeed, SharedFileReader)
 from pluto.providers.api import artifacts, views
+from pluto.providers.api.a2a import A2A
 from pluto.providers.api.auth import (CALLER, IS_ADMIN, ApiKey, ApiSettings, Guard, load_keys,
                                       load_settings)
 from pluto.providers.api.idempotency import Idempotency, Made
@@ -53,9 +54,11 @@ class ApiProvider(Provider):
                  files: SharedFileReader | None = None):
         self.settings = settings
         self.files = files  # the charts and results runs made: the tasks' artifacts
+        self.a2a = A2A(self)  # A2A's JSON-RPC at the URL of each agent's card
         self.chats = chats
         self.runs = runs
         self.tasks = tasks
+        self.feed = feed
         self.streams = EventStreams(feed)
         self.steps = Steps(tasks, feed)
         self.idempotency = Idempotency(idempotency)  # retried POSTs make their step once
@@ -96,6 +99,7 @@ class ApiProvider(Provider):
         r.add_get(f"{PREFIX}/agent/tasks/{{task_id}}/artifacts/{{artifact_id}}",
                   self._guard(self._get_artifact))
         r.add_get(f"{PREFIX}/agent/{{run_id}}/events", self._guard(self._events, ("after",)))
+        r.add_post("/agents/{name}", self._guard(self.a2a.handle))  # each agent card's URL
         http.on_shutdown.append(self.streams.close_all)
 
     # the gateway side ---------------------------------------------------------------------
