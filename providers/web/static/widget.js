@@ -505,10 +505,10 @@
         if (f.code === "rate_limited") { rateLimited(f); break; }
         if (!f.run_id) { systemLine(f.message, "pluto-error"); }
         else { run = botBubble(f.run_id); run.final = true; draw(run); run.node.appendChild(el("div", "pluto-run-error", f.message)); }
-        if (f.reply_to) {
+        if (f.reply_to && f.code !== "gateway") {  // (a "gateway" error answers a recorded one)
           var refused = pending.filter(function (p) { return p.id === f.reply_to; })[0];
-          if (refused) { markNotSent(refused, true); }  // refused: it was not sent
-        }
+          if (refused) { markNotSent(refused, true); }  // refused by the socket: not sent
+        } else if (f.reply_to) { pending = pending.filter(function (p) { return p.id !== f.reply_to; }); }
         break;
     }
   }
