@@ -450,3 +450,11 @@ def test_the_log_file_is_rotated_by_size(tmp_path, log_file):
     assert files == ["pluto.log", "pluto.log.1", "pluto.log.2"]
     assert all((path.parent / f).stat().st_size <= 20_000 for f in files)
     assert "line 1999 " in path.read_text()  # the newest lines in pluto.log
+
+
+async def test_readyz_shows_the_connections(config_dir, data_dir):
+    async with served(config_dir, data_dir, http={"max_connections": 77}) as gw:
+        async with fresh_http() as http, http.get(url(gw, "/readyz")) as r:
+            checks = (await r.json())["checks"]
+        assert checks["http"] == {"open": 1, "limit": 77, "refused": 0, "evicted": 0,
+                                  "header_timeouts": 0, "body_timeouts": 0}

@@ -170,6 +170,14 @@ class ConnectionGuard:
     def open(self) -> int:
         return len(self.conns)
 
+    def report(self) -> dict[str, int]:
+        """For ``/readyz`` (``checks.http``): connections now, the limit, what was cut since
+        start."""
+        c = self.counters
+        return {"open": self.open, "limit": self.max_total, "refused": c.refused,
+                "evicted": c.evicted, "header_timeouts": c.header_timeouts,
+                "body_timeouts": c.body_timeouts}
+
     def attach(self, server: web.Server) -> None:
         made, lost = server.connection_made, server.connection_lost
 

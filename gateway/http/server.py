@@ -39,6 +39,7 @@ class HttpServer:
         self.app = web.Application(client_max_size=32 * 1024 * 1024,
                                     middlewares=[self.guard.middleware, self._check_host])
         self.app[GATEWAY_KEY] = gateway
+        gateway.health_reports["http"] = self.guard.report  # (in /readyz: checks.http)
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/readyz", self._readyz)
         self.app.router.add_get("/metrics", self._metrics)
