@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -114,6 +114,13 @@ def _schedule(r: Any) -> Schedule:
 
 def _firing(r: Any) -> Firing:
     return Firing(*tuple(r))
+
+
+def _among(providers: Collection[str] | None) -> tuple[str, tuple[str, ...]]:
+    if providers is None:
+        return "", ()
+    names = tuple(providers) or ("",)
+    return f" AND provider IN ({', '.join('?' * len(names))})", names
 
 
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM schedules"
@@ -212,25 +219,30 @@ class SqlSchedules:
             "UPDATE schedules SET next_due = ?, active = 1 WHERE id = ?",
             (now, schedule_id))) > 0
 
-    async def next_due(self) -> float | None:
-        """The soonest due time of any active schedule."""
+    async def next_due(self, providers: Collection[str] | None = None) -> float | None:
+        """The soonest due time of any active schedule (``providers``: into those only)."""
+        among, params = _among(providers)
         row = await self.engine.fetchone(
-            "SELECT MIN(next_due) FROM schedules WHERE active = 1 AND next_due IS NOT NULL")
+            "SELECT MIN(next_due) FROM schedules WHERE active = 1 AND next_due IS NOT NULL"
+            f"{among}", params)
         return float(row[0]) if row is not None and row[0] is not None else None
 
     # firings ------------------------------------------------------------------------------
 
-    async def due(self, limit: int = 100) -> tuple[float, builtins.list[Schedule]]:
-        """(now, the active schedules due by now, oldest first)."""
+    async def due(self, limit: int = 100, *, providers: Collection[str] | None = None
+                  ) -> tuple[float, builtins.list[Schedule]]:
+        """(now, the active schedules due by now, oldest first; ``providers``: only those
+        that go to one of them — an instance fires only into the chats it can reach)."""
         params: tuple[Any, ...]
         if self.clock is not None:
             now_sql, params = "?", (self.clock(),)
         else:
             now_sql, params = self.engine.now_sql, ()
+        among, names = _among(providers)
         rows = await self.engine.fetchall(
             f"SELECT {now_sql} AS now, {', '.join(_COLUMNS)} FROM schedules WHERE active = 1"
-            f" AND next_due <= {now_sql} ORDER BY next_due LIMIT ?",
-            (*params, *params, limit))
+            f" AND next_due <= {now_sql}{among} ORDER BY next_due LIMIT ?",
+            (*params, *params, *names, limit))
         if not rows:
             return (self.clock() if self.clock is not None else await self.now()), []
         return float(rows[0][0]), [_schedule(tuple(r)[1:]) for r in rows]
@@ -262,11 +274,12 @@ class SqlSchedules:
 
         return await self.engine.transact(claim)
 
-    async def fired(self, firing_id: int, outcome: str, *, run_id: str | None = None,
+    async def fired(self, firing_id: int, outcome: str | None, *, run_id: str | None = None,
                     detail: str | None = None) -> None:
-        """What became of a claimed firing."""
+        """What became of a claimed firing (None: unchanged)."""
         await self.engine.write((
-            "UPDATE schedule_firings SET outcome = ?, run_id = COALESCE(?, run_id),"
+            "UPDATE schedule_firings SET outcome = COALESCE(?, outcome),"
+            " run_id = COALESCE(?, run_id),"
             " detail = COALESCE(?, detail) WHERE id = ?", (outcome, run_id, detail, firing_id)))
 
     async def history(self, schedule_id: str | None = None,

@@ -1,0 +1,275 @@
+"""The gateway's scheduler: it wakes at the next due time, claims due firings and runs each
+as a message in its chat.
+
+One task per gateway. It sleeps until the soonest ``next_due`` among the schedules into the
+providers this instance runs (at most :attr:`Scheduler.max_wait`, so a schedule added by
+another process or instance is seen soon; :meth:`Scheduler.wake` when one is added here), then
+claims every due firing with one statement each (storage: several instances, one firing) and
+hands it to the pipeline as a message of the schedule's chat, from its owner, with its prompt,
+for its agent — the answer goes out through the outbox like any answer. A firing later than
+``misfire_grace`` is recorded ``missed`` and not run. The run's events pass through
+:func:`heartbeat`: the answer is sent whole (no live preview), and an answer that is exactly
+"nothing to report" (or empty) is not sent at all.
+
+Crash window: a firing claimed by an instance that dies before it hands the message to its
+pipeline stays ``claimed`` in the history and is not run again (at most once, never twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pluto.events import MessageDelta, MessageFinal, RunEnd, RunError, RunEvent
+from pluto.gateway.pipeline.routing import RoutingTable, session_key
+from pluto.gateway.schedules.config import ScheduleConfig, ScheduleFileWatcher, load_schedules
+from pluto.gateway.schedules.recurrence import BadTime, When
+from pluto.ids import new_id
+from pluto.storage.sqlite.schedules import Firing, Schedule, SqlSchedules
+from pluto.types import Accepted, IncomingMessage, Route
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT = 15.0  # seconds: the longest sleep between looks (schedules made elsewhere)
+_QUIET = re.compile(r"^\W*(nothing to report)?\W*$", re.I)
+
+
+def is_quiet(text: str) -> bool:
+    """An answer that says nothing needs attention: empty, or "nothing to report"."""
+    return bool(_QUIET.match(text.strip()))
+
+
+async def add_schedule(store: SqlSchedules, *, source: str, owner: tuple[str, str] | None,
+                       provider: str, chat_id: str, agent: str, prompt: str, when: When,
+                       created_by: str, thread_id: str | None = None,
+                       is_direct: bool = True) -> Schedule:
+    """Record a new schedule (checked: a one-off in the past is refused)."""
+    when.check()
+    now = await store.now()
+    first = when.first(now)
+    if first is None or (when.kind == "at" and first <= now):
+        raise BadTime("That time has already passed; give one in the future.")
+    return await store.add(Schedule(
+        id=new_id()[:8], source=source, owner_provider=owner[0] if owner else None,
+        owner_user=owner[1] if owner else None, provider=provider, chat_id=chat_id,
+        thread_id=thread_id, is_direct=is_direct, agent=agent, prompt=prompt, kind=when.kind,
+        expr=when.expr, tz=when.tz, next_due=first, created_by=created_by, created_at=now,
+        active=True))
+
+
+class Scheduler:
+    def __init__(self, store: SqlSchedules, *, pipeline: Any, providers: Mapping[str, Any],
+                 routes: Callable[[], RoutingTable], config_dir: Path | None = None,
+                 agents: Callable[[], Collection[str]] = lambda: (), instance: str = "local",
+                 reload_interval: Callable[[], float] = lambda: 0.0, metrics: Any = None):
+        self.store = store
+        self.pipeline = pipeline
+        self.providers = providers
+        self.routes = routes
+        self.config_dir = config_dir
+        self.agents = agents
+        self.instance = instance
+        self.metrics = metrics
+        self.config = ScheduleConfig()
+        self.max_wait = MAX_WAIT
+        self.watcher = ScheduleFileWatcher(config_dir, lambda: set(self.agents()),
+                                           self.apply_file, reload_interval) \
+            if config_dir is not None else None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._pending: set[asyncio.Task[None]] = set()
+        self.next_firing: float | None = None  # the soonest due time seen (for /readyz)
+
+    @property
+    def settings(self) -> Any:
+        return self.config.settings
+
+    async def load(self) -> None:
+        """schedules.yaml read and applied (at start: a bad file stops the start, naming file
+        and line, like routes.yaml)."""
+        if self.config_dir is None:
+            return
+        now = await self.store.now()
+        config = await asyncio.to_thread(load_schedules, self.config_dir,
+                                         set(self.agents()), now)
+        await self.apply_file(config)
+        if self.watcher is not None:
+            await self.watcher.check()  # (its stamp of the file; applied already)
+
+    def start(self, *, watch: bool = False) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="scheduler")
+        if watch and self.watcher is not None:
+            self.watcher.start()
+
+    async def stop(self) -> None:
+        if self.watcher is not None:
+            await self.watcher.stop()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def wake(self) -> None:
+        """Look again now (a schedule was added or changed here)."""
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            wait = self.max_wait
+            try:
+                now = await self.tick()
+                nxt = await self.store.next_due(list(self.providers))
+                self.next_firing = nxt
+                if nxt is not None:
+                    wait = min(self.max_wait, max(0.0, nxt - now))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - storage away: the next look tries again
+                log.warning("scheduler: looking for due schedules failed: %s", e)
+            if wait > 0:  # until woken, or the wait is over
+                timer = asyncio.get_running_loop().call_later(wait, self._wake.set)
+                try:
+                    await self._wake.wait()
+                finally:
+                    timer.cancel()
+
+    async def tick(self) -> float:
+        """One look: every due firing into this instance's providers claimed and handed over;
+        returns now (the database's clock)."""
+        if not self.providers:
+            return await self.store.now()
+        now, due = await self.store.due(providers=list(self.providers))
+        grace = self.settings.misfire_grace
+        for schedule in due:
+            firing = await self._claim(schedule, now, grace)
+            if firing is None:
+                continue
+            if firing.outcome == "missed":
+                log.warning("schedule %s: the firing due %.0f s ago was missed (later than "
+                            "the %.0f s grace); not run", schedule.id, now - firing.due, grace)
+                self._count("missed")
+                continue
+            await self._fire(schedule, firing)
+        return now
+
+    async def _claim(self, schedule: Schedule, now: float, grace: float) -> Firing | None:
+        when = When(schedule.kind, schedule.expr, schedule.tz)
+        try:
+            nxt = when.next_after(now, anchor=schedule.next_due)
+        except (BadTime, ValueError) as e:  # (checked when made: a zone gone from the system)
+            log.error("schedule %s cannot be computed any more (%s); it is stopped",
+                      schedule.id, e)
+            nxt = None
+        late = now - (schedule.next_due or now)
+        return await self.store.claim(schedule, now=now, next_due=nxt, missed=late > grace,
+                                      instance=self.instance)
+
+    async def _fire(self, schedule: Schedule, firing: Firing) -> None:
+        if schedule.provider not in self.providers:  # (removed meanwhile)
+            await self.store.fired(firing.id, "failed", detail=f"the provider "
+                                   f"{schedule.provider} is not running")
+            return
+        msg = IncomingMessage(provider=schedule.provider, chat_id=schedule.chat_id,
+                              user_id=schedule.owner_user or "scheduler", text=schedule.prompt,
+                              thread_id=schedule.thread_id, is_direct=schedule.is_direct,
+                              mentions_bot=True)
+        route = self._route(schedule, msg)
+        try:
+            outcome = await self.pipeline.submit(msg, route, wrap=self._heartbeat(firing))
+        except Exception as e:  # noqa: BLE001 - recorded; the scheduler goes on
+            log.exception("schedule %s: handing the firing over failed", schedule.id)
+            await self.store.fired(firing.id, "failed", detail=str(e)[:500])
+            self._count("failed")
+            return
+        if isinstance(outcome, Accepted):
+            await self.store.fired(firing.id, None, run_id=outcome.run_id)
+        else:
+            await self.store.fired(firing.id, "failed", detail=str(outcome)[:500])
+            self._count("failed")
+
+    def _route(self, schedule: Schedule, msg: IncomingMessage) -> Route:
+        """The chat's own route when it goes to the schedule's agent (its session, tools and
+        rule: budgets apply); else the agent in the chat's session of its own."""
+        decision = self.routes().decide(msg)
+        if decision.route is not None and decision.route.agent == schedule.agent:
+            return decision.route
+        scope = "thread" if schedule.thread_id else "chat"
+        return Route(agent=schedule.agent, session_key=session_key(schedule.agent, scope, msg),
+                     rule=f"schedule:{schedule.id}")
+
+    def _heartbeat(self, firing: Firing) -> Callable[[AsyncIterator[RunEvent]],
+                                                     AsyncIterator[RunEvent]]:
+        async def wrap(events: AsyncIterator[RunEvent]) -> AsyncIterator[RunEvent]:
+            outcome = "failed"
+            try:
+                async for event in events:
+                    match event:
+                        case MessageDelta():
+                            continue  # the answer goes out whole, or not at all
+                        case MessageFinal(text=text) if is_quiet(text):
+                            outcome = "quiet"
+                            continue
+                        case MessageFinal():
+                            outcome = "ran"
+                        case RunError():
+                            outcome = "failed"
+                        case RunEnd(outcome=ended) if ended != "ok" and outcome != "failed":
+                            outcome = "failed"
+                    yield event
+            finally:
+                self._count(outcome)
+                try:
+                    await self.store.fired(firing.id, outcome)
+                except Exception as e:  # noqa: BLE001 - history only
+                    log.warning("schedule firing %d: recording its outcome failed: %s",
+                                firing.id, e)
+        return wrap
+
+    def _count(self, outcome: str) -> None:
+        counter = getattr(self.metrics, "schedule_firing", None)
+        if counter is not None:
+            counter(outcome)
+
+    # schedules.yaml ---------------------------------------------------------------------
+
+    async def apply_file(self, config: ScheduleConfig) -> None:
+        """The file's schedules put in storage (each under file:NAME); those gone stopped."""
+        self.config = config
+        now = await self.store.now()
+        existing = {s.id: s for s in await self.store.list(source="file", active=False)}
+        for planned in config.schedules:
+            old = existing.pop(planned.id, None)
+            when, spec = planned.when, planned.spec
+            same_when = old is not None and (old.kind, old.expr, old.tz) == (
+                when.kind, when.expr, when.tz)
+            if old is not None and same_when:
+                next_due, active = old.next_due, old.active and spec.active
+                if spec.active and not old.active and when.kind != "at":
+                    next_due, active = when.next_after(now), True
+            else:
+                next_due = when.first(now)
+                active = spec.active and next_due is not None and (
+                    when.kind != "at" or next_due > now)
+            row = Schedule(
+                id=planned.id, source="file", owner_provider=None, owner_user=None,
+                provider=planned.provider, chat_id=planned.chat_id,
+                thread_id=planned.thread_id, is_direct=spec.direct, agent=spec.agent,
+                prompt=spec.prompt, kind=when.kind, expr=when.expr, tz=when.tz,
+                next_due=next_due if active else None, created_by=f"file:{config.source}",
+                created_at=old.created_at if old is not None else now, active=active)
+            if old is None or replace(old, created_by=row.created_by) != row:
+                await self.store.put(row)
+        for gone in existing.values():
+            if gone.active:
+                await self.store.cancel(gone.id)
+                log.info("schedule %s is no longer in %s: stopped", gone.id, config.source)
+        self.wake()

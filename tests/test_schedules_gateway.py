@@ -1,0 +1,236 @@
+"""Schedules in a running gateway: /remind and /schedules through an in-process provider with
+a scripted model, firings answered in their chat, heartbeats that stay quiet, the limits, and
+schedules.yaml (a bad edit refused with file and line, the last good one kept). The clock is
+handed to the store; the scheduler is woken instead of waited for."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from pluto.errors import ConfigError
+from pluto.gateway.app import Gateway
+from pluto.runtime.testing import Scripted, ScriptedModel
+from pluto.settings import PlutoConfig
+from pluto.types import Capabilities, MARKDOWN
+from tests.helpers.gateway import RecordingProvider
+
+T = TypeVar("T")
+START = 1_800_000_000.0  # 2027-01-15 08:00 UTC
+
+
+async def until(check: Callable[[], T | None], timeout: float = 20) -> T:
+    async def poll() -> T:
+        while (found := check()) is None:
+            await asyncio.sleep(0.01)
+        return found
+    return await asyncio.wait_for(poll(), timeout)
+
+
+async def until_async(check: Callable[[], object], timeout: float = 20) -> object:
+    async def poll() -> object:
+        while not (found := await check()):  # type: ignore[misc]
+            await asyncio.sleep(0.02)
+        return found
+    return await asyncio.wait_for(poll(), timeout)
+
+
+class Clock:
+    def __init__(self, t: float = START):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+async def start(config_dir: Path, data_dir: Path, clock: Clock,
+                model: ScriptedModel | None = None) -> tuple[Gateway, RecordingProvider]:
+    gw = Gateway(config_dir, config=PlutoConfig(data_dir=data_dir),
+                 model_factory=model or ScriptedModel())
+    gw.store.schedules.clock = clock  # type: ignore[attr-defined]
+    await gw.start()
+    p = RecordingProvider(capabilities=Capabilities(max_message_length=4000, markup=MARKDOWN))
+    gw.add_provider(p)
+    await p.running.wait()
+    return gw, p
+
+
+async def ask(p: RecordingProvider, text: str, **kw: object) -> str:
+    before = len(p.sent)
+    await p.say(text, **kw)
+    return await until(lambda: next((m.text for m in p.sent[before:]
+                                     if m.kind in ("reply", "error")), None))
+
+
+async def advance(gw: Gateway, clock: Clock, seconds: float) -> None:
+    clock.t += seconds
+    gw.scheduler.wake()
+
+
+async def test_remind_fires_once_in_its_chat(config_dir: Path, data_dir: Path, clock: Clock):
+    gw, p = await start(config_dir, data_dir, clock)
+    try:
+        said = await ask(p, "/remind in 2h check the deploy", chat="c7", user="u1")
+        assert said.startswith("Scheduled `") and "once at 2027-01-15 10:00 UTC" in said
+        sid = said.split("`")[1]
+        listed = await ask(p, "/schedules", chat="c7", user="u1")
+        assert sid in listed and "check the deploy" in listed
+        before = len(p.finals("c7"))
+        await advance(gw, clock, 3600)  # not yet
+        await advance(gw, clock, 3601)
+        answers = await p.wait_finals(before + 1, chat="c7")
+        assert answers[-1] == "echo: check the deploy"
+        history = await gw.store.schedules.history(sid)  # type: ignore[attr-defined]
+        await until_async(lambda: _outcome(gw, sid, "ran"))
+        assert len(history) == 1 and history[0].run_id is not None
+        await advance(gw, clock, 86400)
+        await gw.scheduler.tick()
+        await gw.settled()
+        assert len(p.finals("c7")) == before + 1  # once, never again
+        assert (await ask(p, "/schedules", chat="c7", user="u1")).startswith(
+            "You have no schedules")
+    finally:
+        await gw.stop()
+
+
+async def _outcome(gw: Gateway, sid: str, outcome: str) -> bool:
+    found = await gw.store.schedules.history(sid)  # type: ignore[attr-defined]
+    return bool(found) and found[0].outcome == outcome
+
+
+async def test_a_heartbeat_with_nothing_to_report_sends_nothing(config_dir: Path,
+                                                                data_dir: Path, clock: Clock):
+    model = ScriptedModel(Scripted(text="Nothing to report."), Scripted(text="Disk is 95% full"))
+    gw, p = await start(config_dir, data_dir, clock, model)
+    try:
+        said = await ask(p, "/remind every 30m read HEARTBEAT.md", chat="ops")
+        sid = said.split("`")[1]
+        sent = len(p.sent)
+        await advance(gw, clock, 1800)
+        await until_async(lambda: _outcome(gw, sid, "quiet"))
+        await gw.settled()
+        assert len(p.sent) == sent  # nothing at all: no preview, no answer
+        await advance(gw, clock, 1800)
+        assert (await p.wait_finals(2, chat="ops"))[-1] == "Disk is 95% full"
+        await until_async(lambda: _outcome(gw, sid, "ran"))
+        assert [f.outcome for f in await gw.store.schedules.history(sid)] == ["ran", "quiet"]
+    finally:
+        await gw.stop()
+
+
+async def test_people_see_and_cancel_only_their_own(config_dir: Path, data_dir: Path,
+                                                    clock: Clock):
+    gw, p = await start(config_dir, data_dir, clock)
+    try:
+        sid = (await ask(p, "/remind every day 9:00 standup", user="u1")).split("`")[1]
+        other = await ask(p, f"/schedules cancel {sid}", user="u2")
+        assert other == f"You have no active schedule `{sid}`; /schedules lists yours."
+        assert (await ask(p, "/schedules", user="u2")).startswith("You have no schedules")
+        assert await ask(p, f"/schedules cancel {sid}", user="u1") == f"Cancelled `{sid}`."
+        row = await gw.store.schedules.get(sid)  # type: ignore[attr-defined]
+        assert row is not None and row.chat_id == "c1" and not row.active
+    finally:
+        await gw.stop()
+
+
+async def test_limits_and_bad_times_are_refused_in_one_sentence(config_dir: Path,
+                                                                data_dir: Path, clock: Clock):
+    (config_dir / "schedules.yaml").write_text(
+        "settings:\n  max_per_user: 2\n  min_interval: 1h\n")
+    gw, p = await start(config_dir, data_dir, clock)
+    try:
+        too_often = await ask(p, "/remind every 10m drink water")
+        assert too_often == ("Schedules here may repeat at most every 1h; every 10m is more "
+                             "often.")
+        assert "at most every 1h" in await ask(p, "/remind every */5 * * * * poll")
+        for what in ("a", "b"):
+            assert (await ask(p, f"/remind in 1h {what}")).startswith("Scheduled")
+        assert await ask(p, "/remind in 1h c") == ("You have 2 schedules, the most allowed "
+                                                   "here; cancel one first (/schedules lists "
+                                                   "them).")
+        assert (await ask(p, "/remind in 1h c", user="u9")).startswith("Scheduled")  # per user
+        for bad, says in [("/remind at yesterday x", "is not a time I can read"),
+                          ("/remind at 2020-01-01 09:00 x", "has already passed"),
+                          ("/remind", "Say when and what"),
+                          ("/remind soon x", "Say when first")]:
+            reply = await ask(p, bad, user="u3")
+            assert says in reply and "\n" not in reply and "Traceback" not in reply
+        errors = [m for m in p.sent if m.kind == "error"]
+        assert len(errors) == 7
+    finally:
+        await gw.stop()
+
+
+SCHEDULES = """\
+settings:
+  misfire_grace: 1m
+schedules:
+  - name: sales
+    agent: default
+    to: test:team
+    cron: "0 11 * * *"
+    tz: Europe/Berlin
+    prompt: sales summary
+"""
+
+
+async def test_schedules_yaml_fires_and_a_bad_edit_keeps_the_last_good(
+        config_dir: Path, data_dir: Path, clock: Clock):
+    (config_dir / "schedules.yaml").write_text(SCHEDULES)
+    gw, p = await start(config_dir, data_dir, clock)
+    try:
+        row = await gw.store.schedules.get("file:sales")  # type: ignore[attr-defined]
+        assert row is not None and row.next_due == START + 2 * 3600  # 11:00 Berlin = 10:00 UTC
+        await advance(gw, clock, 2 * 3600)
+        assert (await p.wait_finals(1, chat="team")) == ["echo: sales summary"]
+        watcher = gw.scheduler.watcher
+        assert watcher is not None
+        (config_dir / "schedules.yaml").write_text(SCHEDULES.replace("0 11 * * *", "0 25 * * *"))
+        assert not await watcher.check(force=True)
+        [(file, line, field, problem)] = watcher.state.problems
+        assert (file.endswith("schedules.yaml"), line, field) == (True, 7, "schedules[0].cron")
+        assert problem.startswith("'0 25 * * *' is not a cron expression I can use (bad hour)")
+        kept = await gw.store.schedules.get("file:sales")  # type: ignore[attr-defined]
+        assert kept is not None and kept.expr == "0 11 * * *" and kept.active
+        (config_dir / "schedules.yaml").write_text("schedules: []\n")
+        assert await watcher.check(force=True)
+        gone = await gw.store.schedules.get("file:sales")  # type: ignore[attr-defined]
+        assert gone is not None and not gone.active
+    finally:
+        await gw.stop()
+
+
+async def test_a_bad_cron_stops_the_start_naming_file_and_line(config_dir: Path,
+                                                               data_dir: Path, clock: Clock):
+    (config_dir / "schedules.yaml").write_text(SCHEDULES.replace('"0 11 * * *"', "'61 9 * * *'"))
+    gw = Gateway(config_dir, config=PlutoConfig(data_dir=data_dir),
+                 model_factory=ScriptedModel())
+    with pytest.raises(ConfigError) as e:
+        await gw.start()
+    text = str(e.value)
+    assert text.count("\n") == 0
+    assert "schedules.yaml:7: schedules[0].cron: '61 9 * * *' is not a cron expression" in text
+    for bad, field in [("  - name: x\n    agent: nobody\n    to: test:c\n    every: 1h\n"
+                        "    prompt: p\n", "schedules[0].agent: unknown agent 'nobody'"),
+                       ("  - name: x\n    agent: default\n    to: test:c\n    every: 1h\n"
+                        "    cron: '* * * * *'\n    prompt: p\n",
+                        "schedules[0].every: give exactly one of at, cron or every"),
+                       ("  - name: x\n    agent: default\n    to: test:c\n    at: +2h\n"
+                        "    prompt: p\n", "schedules[0].at: a relative time"),
+                       ("  - name: x\n    agent: default\n    to: test:c\n    every: 1h\n"
+                        "    tz: Mars/Base\n    prompt: p\n", "schedules[0].tz: 'Mars/Base'")]:
+        (config_dir / "schedules.yaml").write_text("schedules:\n" + bad)
+        gw = Gateway(config_dir, config=PlutoConfig(data_dir=data_dir),
+                     model_factory=ScriptedModel())
+        with pytest.raises(ConfigError) as e:
+            await gw.start()
+        assert field in str(e.value)
