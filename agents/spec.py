@@ -185,7 +185,9 @@ def load_agent(agent_dir: Path, key_envs: Collection[str] = (),
     )
 
 
-def _read_instructions(doc: YamlDoc, agent_dir: Path, files: list[str]) -> str:
+def _read_instructions(doc: YamlDoc, agent_dir: Path, files: list[str] | str) -> str:
+    if isinstance(files, str):  # (AgentFile's validator has made it a list already)
+        files = [files]
     parts = []
     root = agent_dir.resolve()
     for i, rel in enumerate(files):

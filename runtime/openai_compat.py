@@ -21,7 +21,7 @@ import logging
 import os
 import urllib.request
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -93,6 +93,9 @@ def endpoint_of(settings: ModelSettings) -> tuple[str, str, str | None]:
 _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, aiohttp.ClientSession]] = \
     weakref.WeakKeyDictionary()
 _proxies: dict[str, str | None] = {}
+# NO_PROXY's test, as urllib applies it (the standard library has it, its stubs do not)
+_bypass_environment: Callable[[str, dict[str, str]], object] = getattr(
+    urllib.request, "proxy_bypass_environment")
 
 
 def _session(url: str) -> aiohttp.ClientSession:
@@ -115,7 +118,7 @@ def _proxy_for(url: str) -> str | None:
         host = urlsplit(url).hostname or ""
         proxies = urllib.request.getproxies_environment()
         scheme = urlsplit(url).scheme
-        bypass = bool(urllib.request.proxy_bypass_environment(host, proxies)) if proxies else True
+        bypass = bool(_bypass_environment(host, proxies)) if proxies else True
         _proxies[url] = None if bypass else proxies.get(scheme) or proxies.get("all")
     return _proxies[url]
 

@@ -57,7 +57,7 @@ def _body(skill: Skill) -> ToolResult:
 
 
 def _files(folder: Path) -> list[str]:
-    out = []
+    out: list[str] = []
     for path in sorted(folder.rglob("*")):
         if len(out) >= MAX_LISTED_FILES:
             out.append("…")

@@ -117,10 +117,9 @@ class Prices:
             out = entry.get("output_cost_per_token")
             if not isinstance(inp, int | float) or not isinstance(out, int | float):
                 continue
-            cached_price = entry.get("cache_read_input_token_cost")
-            if not isinstance(cached_price, int | float):
-                cached_price = inp
-            return fresh * inp + cached * cached_price + output_tokens * out
+            listed = entry.get("cache_read_input_token_cost")
+            per_cached = listed if isinstance(listed, int | float) else inp
+            return fresh * inp + cached * per_cached + output_tokens * out
         return None
 
     def _lookup(self, name: str) -> dict[str, Any] | None:

@@ -175,8 +175,8 @@ def _histogram(ax: Any, rows: Sequence[Sequence[Any]], index: int, name: str) ->
 
 
 def _pie(ax: Any, rows: Sequence[Sequence[Any]], label_index: int, value_index: int) -> str:
-    pairs = [(cell_text(r[label_index]), _number(r[value_index])) for r in rows]
-    pairs = [(label, v) for label, v in pairs if v is not None]
+    read = [(cell_text(r[label_index]), _number(r[value_index])) for r in rows]
+    pairs = [(label, v) for label, v in read if v is not None]
     if len(pairs) > MAX_SLICES:
         raise ChartError(f"That makes {len(pairs)} slices; at most {MAX_SLICES} can be read. "
                          "Keep the largest and group the rest.")

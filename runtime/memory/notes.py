@@ -303,14 +303,16 @@ Edit = Callable[[Memory], str]
 class NoteBook:
     """What both kinds of memory book do the same way."""
 
-    async def read(self, owner: Owner) -> Memory: ...
+    async def read(self, owner: Owner) -> Memory:
+        raise NotImplementedError
 
     async def edit(self, owner: Owner, edit: Edit, *, op: str, by: str, why: str) -> Memory:
         """Apply one edit (a function of the current memory → the new text) as one revision;
         MemoryRefused (nothing written) when the edit or the file does not allow it."""
-        ...
+        raise NotImplementedError
 
-    async def revisions(self, owner: Owner) -> list[Revision]: ...
+    async def revisions(self, owner: Owner) -> list[Revision]:
+        raise NotImplementedError
 
     async def restore(self, owner: Owner, rev: int, *, by: str = "admin") -> Memory:
         revisions = await self.revisions(owner)
@@ -323,7 +325,7 @@ class NoteBook:
 
     def where(self, owner: Owner) -> str:
         """Where the notes are kept, for people."""
-        ...
+        raise NotImplementedError
 
 
 def _owner_of(parts: tuple[str, ...]) -> Owner | None:
