@@ -638,8 +638,13 @@
     if (uploading === item) { uploading = null; pumpFiles(); }  // (the next announce ends it)
     updateSend();
   }
+  var pumpTimer = null;
   function pumpFiles() {
     if (uploading || !ready) { return; }
+    if (Date.now() < limitedUntil) {  // over the rate limit: announced once it has passed
+      if (!pumpTimer) { pumpTimer = setTimeout(function () { pumpTimer = null; pumpFiles(); }, limitedUntil - Date.now() + 50); }
+      return;
+    }
     var next = files.filter(function (f) { return f.state === "waiting"; })[0];
     if (!next) { return; }
     uploading = next;
@@ -705,7 +710,7 @@
       uploading.state = "waiting";
       uploading.meter.textContent = humanSize(uploading.size);
       uploading = null;
-      setTimeout(pumpFiles, limitedUntil - Date.now());
+      pumpFiles();
     }
   }
   function refusedMessage(id) {
