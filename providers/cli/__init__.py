@@ -15,11 +15,12 @@ import itertools
 import signal
 import sys
 import uuid
+from collections import OrderedDict
 from contextlib import aclosing
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from pluto.events import MessageDelta, MessageFinal, RunError, ToolStart
+from pluto.events import MessageDelta, MessageFinal, RunError, ToolEnd, ToolStart
 from pluto.providers.cli.screen import Screen, wants_markdown
 from pluto.gateway.ports import Intake, Provider, ProviderContext, RunFeed
 from pluto.providers.handover import HandOver, NotRecorded
@@ -27,6 +28,8 @@ from pluto.types import (MARKDOWN, Accepted, Capabilities, Dropped, Duplicate, I
                          OutgoingMessage, Refused)
 
 REPLY_WAIT = 60.0  # seconds to wait for a reply delivery has recorded
+KEPT_RUNS = 256  # runs remembered: their replies awaited, their files shown from the feed
+MAX_TOOL_FILES = 10  # files one tool result shows (as delivery sends at most)
 
 
 class CliProvider(Provider):
@@ -38,8 +41,10 @@ class CliProvider(Provider):
     def __init__(self, feed: RunFeed, *, chat_id: str = "terminal",
                  history_file: Path | None = None, once: str | None = None,
                  out: TextIO | None = None, err: TextIO | None = None,
-                 markdown: bool | None = None, width: int | None = None):
+                 markdown: bool | None = None, width: int | None = None,
+                 data_dir: Path | None = None):
         self.feed = feed
+        self.data_dir = data_dir  # where the files tools make are (shown by their path)
         self.chat_id = chat_id
         self.user_id = _user()
         self.history_file = history_file
@@ -51,8 +56,15 @@ class CliProvider(Provider):
                              if markdown is None else markdown)
         self._ids = itertools.count(1)
         self._process = uuid.uuid4().hex[:8]  # ids stay unique across runs (dedupe)
-        self._replies: dict[str, asyncio.Future[OutgoingMessage]] = {}  # by what they answer
-        self._streamed: set[str] = set()  # runs whose text was printed as it streamed
+        # answers without a run (a command's, a notice), by the message they answer; a run's
+        # reply by its run: a notice to the message meanwhile (a compaction, a dataset added)
+        # is no reply, and the parts of a reply all carry the run
+        self._replies: dict[str, asyncio.Future[OutgoingMessage]] = {}
+        self._finals: OrderedDict[str, asyncio.Future[OutgoingMessage]] = OrderedDict()
+        self._followed: OrderedDict[str, None] = OrderedDict()  # runs shown from the feed
+        self._streamed: set[str] = set()  # runs whose text is being printed as it streams
+        self._said: dict[str, bool] = {}  # followed runs: has their last turn printed text?
+        self._muted: set[str] = set()  # runs stopped with Ctrl+C: the rest is not printed
         self._shown: dict[str, int] = {}  # runs being followed → the last seq printed
         self._progress = asyncio.Event()  # set whenever a followed run prints an event
         self.errors = 0
@@ -63,7 +75,8 @@ class CliProvider(Provider):
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> CliProvider:
         return cls(ctx.feed, chat_id=str(ctx.option("chat_id") or "terminal"),
-                   history_file=ctx.data_dir / "chat_history", once=ctx.option("message"))
+                   history_file=ctx.data_dir / "chat_history", once=ctx.option("message"),
+                   data_dir=ctx.data_dir)
 
     def message(self, text: str) -> IncomingMessage:
         return IncomingMessage(provider=self.name, chat_id=self.chat_id, user_id=self.user_id,
@@ -94,6 +107,9 @@ class CliProvider(Provider):
         def on_interrupt() -> None:
             if not stopping:
                 self.interrupted = True
+                for run_id in self._shown:  # the answer stops here on screen, at once
+                    self._muted.add(run_id)
+                    self._end_line(run_id)
                 stopping.append(loop.create_task(intake.submit(self.message("/stop"))))
 
         try:
@@ -113,7 +129,7 @@ class CliProvider(Provider):
             outcome = await ticket.outcome()
             match outcome:
                 case Accepted(run_id=run_id):
-                    await self._show(run_id, replied)
+                    await self._show(run_id)
                 case Refused(notice=None, reason=reason) | Dropped(notice=None, reason=reason):
                     self._say(f"! no answer: {reason}")
                     self.errors += 1
@@ -136,30 +152,55 @@ class CliProvider(Provider):
         self._replies[msg.message_id or ""] = future
         return future
 
-    async def _show(self, run_id: str, replied: asyncio.Future[OutgoingMessage]) -> None:
-        """Print a run's progress from the feed; then wait for its reply, if it has one."""
+    async def _show(self, run_id: str) -> None:
+        """Print a run's progress from the feed; then wait for its reply, if it has one, and
+        name the files its tools made — all before the next prompt."""
         expects_reply = False
+        files: list[tuple[str, Path]] = []
         self._shown[run_id] = 0
+        _remember(self._followed, run_id, None)
         async with aclosing(self.feed.follow(run_id)) as events:
             async for event in events:
                 self._shown[run_id] = event.seq
                 self._progress.set()
                 match event:
-                    case MessageDelta(text=text):
+                    case MessageDelta(text=text) if run_id not in self._muted:
                         self._delta(run_id, text)
-                    case ToolStart(name=name):
+                    case ToolStart(name=name) if run_id not in self._muted:
                         self._end_line(run_id)
+                        self._said[run_id] = False  # the next turn's text is not shown yet
                         self._say(f"  [using {name}…]")
-                    case MessageFinal() | RunError():
+                    case ToolEnd(details=details):
+                        files += _files(details, self.data_dir)
+                    case MessageFinal():
                         expects_reply = True
+                    case RunError():  # (an error's reply comes without the files)
+                        expects_reply, files = True, []
         if expects_reply:
-            await _wait(replied)
+            await _wait(self._final(run_id))
+            self._finals.pop(run_id, None)
         self._shown.pop(run_id, None)
+        self._said.pop(run_id, None)
+        self._muted.discard(run_id)
         self._end_line(run_id)
+        for kind, path in files:  # delivery sends them after the text: shown here, in order
+            self.out.write(f"[{kind}: {path}]\n")
+        self.out.flush()
+
+    def _final(self, run_id: str) -> asyncio.Future[OutgoingMessage]:
+        """The future of a run's reply (made by whichever comes first: it, or the wait)."""
+        future = self._finals.get(run_id)
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            _remember(self._finals, run_id, future)
+        return future
 
     async def send(self, message: OutgoingMessage) -> str | None:
         run_id = message.run_id or ""
         await self._caught_up(run_id, message.seq - 1)
+        if not run_id:  # an answer of its own (a command's, a notice): below the reply being
+            for streaming in list(self._streamed):  # written, never inside it
+                self._end_line(streaming)
         match message.kind:
             case "delta":
                 pass  # progress comes from the run feed
@@ -173,17 +214,20 @@ class CliProvider(Provider):
             case _:
                 if run_id in self._streamed:  # its text is on screen already
                     self._end_line(run_id)
-                elif message.text:
+                elif message.text and not self._said.get(run_id):  # (shown, then cut short
+                    # by Ctrl+C or by a notice: not printed twice)
                     if not self.screen.markdown:
                         self.out.write(self._label())
                     self.screen.reply(message.text)
-                for attachment in message.attachments:  # a terminal shows where the file is
-                    self.out.write(f"[{attachment.kind}: "
-                                   f"{attachment.path or attachment.filename}]\n")
+                if run_id not in self._followed:  # (else named from the feed, in its place)
+                    for attachment in message.attachments:  # a terminal shows where it is
+                        self.out.write(f"[{attachment.kind}: "
+                                       f"{attachment.path or attachment.filename}]\n")
         self.out.flush()
-        future = self._replies.get(message.answers or "")
-        if future is not None and not future.done() and message.kind != "delta":
-            future.set_result(message)
+        if message.kind != "delta":
+            future = self._final(run_id) if run_id else self._replies.get(message.answers or "")
+            if future is not None and not future.done():
+                future.set_result(message)
         return None
 
     async def _caught_up(self, run_id: str, seq: int, timeout: float = 5.0) -> None:
@@ -202,6 +246,7 @@ class CliProvider(Provider):
         """Print a piece of a reply as the model writes it."""
         first = run_id not in self._streamed
         self._streamed.add(run_id)
+        self._said[run_id] = True
         if self.screen.stream(run_id, text):
             return
         if first:
@@ -222,6 +267,41 @@ class CliProvider(Provider):
             if not self.screen.end(run_id):
                 self.out.write("\n")
             self.out.flush()
+
+
+def _remember(kept: OrderedDict[str, Any], key: str, value: Any) -> None:
+    kept[key] = value
+    kept.move_to_end(key)
+    while len(kept) > KEPT_RUNS:
+        kept.popitem(last=False)
+
+
+def _files(details: Any, data_dir: Path | None) -> list[tuple[str, Path]]:
+    """The images and files a tool made (``details["attachments"]``: [{path, kind}], else
+    ``details["image"]``) that exist under the data dir — those delivery sends."""
+    if not isinstance(details, dict):
+        return []
+    listed = details.get("attachments")
+    wanted = [(a.get("path"), a.get("kind")) for a in listed if isinstance(a, dict)] \
+        if isinstance(listed, list) else [(details.get("image"), "image")]
+    root = data_dir.resolve() if data_dir is not None else None
+    found = []
+    for name, kind in wanted[:MAX_TOOL_FILES]:
+        if not isinstance(name, str) or not name:
+            continue
+        path = Path(name)
+        if not path.is_absolute():
+            if root is None:
+                continue
+            path = root / path
+        try:
+            path = path.resolve()
+            ok = path.is_file() and (root is None or path.is_relative_to(root))
+        except OSError:
+            ok = False
+        if ok:
+            found.append(("file" if kind == "file" else "image", path))
+    return found
 
 
 async def _wait(future: asyncio.Future[OutgoingMessage]) -> None:

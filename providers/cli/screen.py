@@ -3,6 +3,11 @@ tables with numbers on the right, lines wrapped between words), the text as it i
 (pipes and scripts get exactly what the agent wrote).
 
 A reply that streams is redrawn as it grows (rich's ``Live``) and left on screen when done.
+Only its last lines are redrawn: the lines above them are printed once, for good. A terminal
+cannot move the cursor above its top row, so a redrawn region taller than the window is printed
+again instead of replaced — a long answer appeared several times over, and once more when
+Ctrl+C stopped it.
+
 rich is imported only when a terminal is there to draw on.
 """
 
@@ -13,6 +18,7 @@ import time
 from typing import Any, TextIO
 
 REFRESH_PER_SECOND = 8
+MIN_LIVE_LINES = 3  # the redrawn tail of a streamed reply: the window's height less a margin
 
 
 def wants_markdown(out: TextIO) -> bool:
@@ -24,16 +30,27 @@ def wants_markdown(out: TextIO) -> bool:
     return tty and os.environ.get("TERM", "") != "dumb" and not os.environ.get("PLUTO_PLAIN")
 
 
+class _Stream:
+    """A reply being streamed: its text so far, and how many of its drawn lines are final."""
+
+    def __init__(self, live: Any):
+        self.live = live
+        self.parts: list[str] = []
+        self.printed = 0  # lines printed for good, above the live region
+        self.drawn = 0.0  # when it was last drawn
+
+
 class Screen:
     """Draws replies on ``out``: Markdown when ``markdown``, else the text as written."""
 
-    def __init__(self, out: TextIO, *, markdown: bool, width: int | None = None):
+    def __init__(self, out: TextIO, *, markdown: bool, width: int | None = None,
+                 console: Any = None, refresh_per_second: float = REFRESH_PER_SECOND):
         self.out = out
         self.markdown = markdown
-        self._console: Any = None
+        self._console: Any = console
         self._width = width
-        self._live: dict[str, tuple[Any, list[str]]] = {}  # run → (Live, its text so far)
-        self._drawn: dict[str, float] = {}  # run → when it was last drawn
+        self._interval = 1 / refresh_per_second if refresh_per_second > 0 else 0.0
+        self._live: dict[str, _Stream] = {}  # run → its reply being streamed
 
     @property
     def console(self) -> Any:
@@ -56,30 +73,56 @@ class Screen:
         caller prints the piece itself)."""
         if not self.markdown:
             return False
-        live = self._live.get(run_id)
-        if live is None:
+        stream = self._live.get(run_id)
+        if stream is None:
             from rich.live import Live
 
-            live = (Live(console=self.console, vertical_overflow="visible",
-                         auto_refresh=False), [])
-            live[0].start()
-            self._live[run_id] = live
-        live[1].append(piece)
+            stream = _Stream(Live(console=self.console, auto_refresh=False, transient=True,
+                                  vertical_overflow="visible"))
+            stream.live.start()
+            self._live[run_id] = stream
+        stream.parts.append(piece)
         now = time.monotonic()
-        if now - self._drawn.get(run_id, 0.0) >= 1 / REFRESH_PER_SECOND:  # parse and draw
-            self._drawn[run_id] = now  # at most this often: a long reply stays cheap
-            live[0].update(_markdown("".join(live[1])), refresh=True)
+        if now - stream.drawn >= self._interval:  # parse and draw at most this often: a long
+            stream.drawn = now  # reply stays cheap
+            self._draw(stream, final=False)
         return True
 
     def end(self, run_id: str) -> bool:
         """The streamed reply is complete: leave it drawn. False when nothing was streaming."""
-        live = self._live.pop(run_id, None)
-        self._drawn.pop(run_id, None)
-        if live is None:
+        stream = self._live.pop(run_id, None)
+        if stream is None:
             return False
-        live[0].update(_markdown("".join(live[1])))
-        live[0].stop()
+        self._draw(stream, final=True)
+        stream.live.stop()  # (transient: its region, empty now, goes)
         return True
+
+    def _draw(self, stream: _Stream, *, final: bool) -> None:
+        """Print the reply's lines that are above the redrawn tail for good (all of them when
+        ``final``), and redraw the tail."""
+        from rich.segment import Segment, Segments
+
+        console = self.console
+        lines = console.render_lines(_markdown("".join(stream.parts)),
+                                     console.options.reset_height(),  # (else: cut to the window)
+                                     pad=False)
+        tail = 0 if final else max(MIN_LIVE_LINES, console.size.height - 2)
+        settled = max(stream.printed, len(lines) - tail)
+        if settled > stream.printed:
+            stream.live.console.print(Segments(  # (Segments end with no line break)
+                [*_joined(lines[stream.printed:settled], Segment), Segment.line()]))
+            stream.printed = settled
+        stream.live.update(Segments(_joined(lines[stream.printed:], Segment)), refresh=True)
+
+
+def _joined(lines: list[list[Any]], segment: Any) -> list[Any]:
+    """Rendered lines as one run of segments (a line break between lines, none after)."""
+    out: list[Any] = []
+    for i, line in enumerate(lines):
+        if i:
+            out.append(segment.line())
+        out.extend(line)
+    return out
 
 
 def _markdown(text: str) -> Any:
