@@ -5,6 +5,8 @@ of routes.yaml) is said to be so, for the tab to show it as not sent."""
 
 from __future__ import annotations
 
+import sqlite3
+
 import aiohttp
 import pytest
 
@@ -40,6 +42,7 @@ async def test_a_data_file_sent_from_the_widget_becomes_a_dataset(config_dir, da
     model = ScriptedModel()
     async with served(config_dir, data_dir, model) as gw:
         tab = await Tab.open(http, gw)
+        other = await Tab.open(http, gw, token=tab.ready["token"])  # the same chat, elsewhere
         received = await _upload(tab, "f1", "Sales 2026.csv", CSV)
         assert received["size"] == len(CSV) and received["name"] == "Sales 2026.csv"
         saved = list((data_dir / "uploads" / "web").rglob("*.csv"))
@@ -50,6 +53,8 @@ async def test_a_data_file_sent_from_the_widget_becomes_a_dataset(config_dir, da
         assert notice["text"].startswith("Added dataset `sales_2026`: 3 rows")
         final = await tab.until("message.final")
         assert "which region sells most?" in final["text"]
+        shown = await other.until("message.user")
+        assert shown["text"] == "which region sells most?" and shown["files"] == ["Sales 2026.csv"]
         assert "[The user sent the file Sales 2026.csv" in model.calls[-1][-1]["content"]
         await tab.ws.close()
         again = await Tab.open(http, gw, token=tab.ready["token"])
@@ -157,3 +162,23 @@ async def test_a_message_over_the_routes_rate_limit_is_reported_refused(config_d
         notice = tab.of("notice") or [await tab.until("notice")]  # (in either order)
         assert "faster than I can answer" in notice[0]["text"]
         assert not tab.of("error") and len(tab.of("message.final")) == 1
+
+
+async def test_a_message_with_a_file_not_recorded_is_sent_again_with_it(config_dir, data_dir,
+                                                                         http):
+    async with served(config_dir, data_dir) as gw:
+        tab = await Tab.open(http, gw)
+        await _upload(tab, "f1", "kept.csv", CSV)
+        inbox = gw.store.inbound
+        real = inbox.accept
+
+        async def full(*args):
+            inbox.accept = real  # (once)
+            raise sqlite3.OperationalError("database or disk is full")
+
+        inbox.accept = full
+        await tab.send(type="message", id="m1", text="rows?", files=["f1"])
+        assert (await tab.until("error"))["code"] == "not_received"
+        await tab.send(type="message", id="m1", text="rows?", files=["f1"])  # as the widget does
+        await tab.until("ack", lambda f: f["reply_to"] == "m1")
+        assert (await tab.until("notice"))["text"].startswith("Added dataset `kept`")
