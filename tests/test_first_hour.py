@@ -260,11 +260,14 @@ def test_model_tables_get_numbers_aligned_right() -> None:
 # ---- the newcomer: the wheel in a fresh venv, outside the repository --------------------
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_a_newcomer_installs_the_wheel_and_gets_going(tmp_path: Path) -> None:
     """pip install of the wheel in a fresh venv, then in a directory of their own: pluto init,
     pluto doctor against the fake model server, the chart example delivering a PNG, pluto data
-    add of a CSV with NA values and avg() over it."""
+    add of a CSV with NA values and avg() over it; then (issue 37) a CSV named semi.csv (an SQL
+    keyword) added and queried, and pluto serve: a chart fetched through the HTTP API's
+    artifacts endpoint, and the A2A card's URL answering message/send."""
     from tests.test_packaging import BUILD_LOCK, _not_source, _Venv
 
     work = tmp_path / "home"
@@ -317,6 +320,83 @@ def test_a_newcomer_installs_the_wheel_and_gets_going(tmp_path: Path) -> None:
         assert avg.returncode == 0, avg.stderr
         assert [ln.split() for ln in avg.stdout.splitlines() if "|" in ln][-1] == [
             "|", "5", "|", "3", "|"]
+
+        (work / "semi.csv").write_text("region,amount\nNorth,12.50\nSouth,3.25\nNorth,1\n")
+        added = pluto("data", "add", "semi.csv")
+        assert added.returncode == 0, added.stderr
+        assert added.stdout.strip() == ('Added dataset semi: 3 rows × 2 columns (region, '
+                                        'amount). semi is an SQL keyword: write it "semi" in '
+                                        'queries.')
+        total = pluto("run", '/sql SELECT sum(amount) AS total FROM "semi"')
+        assert total.returncode == 0, total.stderr
+        assert [ln.split() for ln in total.stdout.splitlines() if "|" in ln][-1] == [
+            "|", "16.75", "|"]
+        _serve_chart_and_a2a(exe, work, env, fake)
+
+
+API_KEY = "newcomer-api-key-0123456789"
+
+
+def _serve_chart_and_a2a(exe: str, work: Path, env: dict[str, str], fake: FakeOpenAI) -> None:
+    """pluto serve from the wheel: a chart of semi through the HTTP API and its artifacts
+    endpoint, then the A2A card's URL."""
+    import json
+    import re
+    import signal
+    import urllib.request
+
+    serve = subprocess.Popen([exe, "serve", "--port", "0"], cwd=work,
+                             env=env | {"PLUTO_API_KEYS": API_KEY}, text=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             stdin=subprocess.DEVNULL)
+    try:
+        assert serve.stderr is not None
+        base = None
+        for line in serve.stderr:  # until it listens (it says so once, or ends)
+            if found := re.search(r"listening on (http://127\.0\.0\.1:\d+)", line):
+                base = found.group(1)
+                break
+        assert base is not None, "pluto serve never listened"
+
+        def call(method: str, path: str, body: object = None,
+                 auth: bool = True) -> tuple[int, str, bytes]:
+            request = urllib.request.Request(
+                path if path.startswith("http") else base + path, method=method,
+                data=json.dumps(body).encode() if body is not None else None,
+                headers={"Authorization": f"Bearer {API_KEY}"} if auth else {})
+            with urllib.request.urlopen(request, timeout=90) as resp:
+                return resp.status, resp.headers.get("Content-Type", ""), resp.read()
+
+        fake.script(Reply(tool_calls=[ToolCall("make_chart", {
+            "sql": 'SELECT region, sum(amount) AS total FROM "semi" GROUP BY 1 ORDER BY 1',
+            "kind": "bar"})]), Reply(text="North sold most."))
+        status, _, body = call("POST", "/api/v1/agent/tasks?wait=60",
+                               {"input": "chart semi by region"})
+        task = json.loads(body)
+        step = task["last_step"]
+        assert status == 201 and step["output"] == "North sold most.", step
+        [chart] = step["artifacts"]
+        assert chart["media_type"] == "image/png" and str(work) not in body.decode()
+        status, ctype, png = call("GET", chart["url"])
+        assert (status, ctype, png[:8]) == (200, "image/png", b"\x89PNG\r\n\x1a\n")
+
+        _, _, raw = call("GET", "/agents/default/.well-known/agent-card.json", auth=False)
+        card = json.loads(raw)
+        assert card["url"] == f"{base}/agents/default"
+        fake.script(Reply(text="Hello, agent."))
+        _, _, raw = call("POST", card["url"], {
+            "jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {
+                "role": "user", "messageId": "m1", "parts": [{"kind": "text", "text": "hi"}]}}})
+        answer = json.loads(raw)["result"]
+        assert answer["status"]["state"] == "completed"
+        assert answer["artifacts"][0]["parts"] == [{"kind": "text", "text": "Hello, agent."}]
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        try:
+            serve.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+            serve.communicate()
 
 
 async def test_the_shipped_config_delivers_the_chart_on_the_widget_and_telegram(
