@@ -52,11 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     from pluto.gateway.cli.doctor import add_parsers as doctor_parsers
     from pluto.gateway.cli.init import add_parser as init_parser
     from pluto.gateway.cli.memory import add_parser as memory_parser
+    from pluto.gateway.cli.schedule import add_parser as schedule_parser
     from pluto.gateway.cli.usage import add_parser as usage_parser
 
     for sub in (init_parser(subs), *doctor_parsers(subs), chat, run, serve,
                 subs.choices["agents"], *_routes_and_pairing(subs), *data_parser(subs),
-                *usage_parser(subs), *memory_parser(subs)):
+                *usage_parser(subs), *memory_parser(subs), *schedule_parser(subs)):
         _common(sub)
     return p
 

@@ -37,7 +37,7 @@ def dispatch(args: argparse.Namespace) -> int:
         return _config_failed(e)
     data_dir = data_dir_for(config, args.data_dir)  # absolute, decided once
     quiet = args.command in ("chat", "run", "agents", "routes", "pairing", "data", "doctor",
-                             "status", "logs", "usage", "memory")
+                             "status", "logs", "usage", "memory", "schedule")
     setup_logging("DEBUG" if args.verbose else config.log_level,
                   secret_env_names=config.secret_names(),
                   log_file=None if args.command in ("status", "logs") else data_dir / "pluto.log",
@@ -78,6 +78,9 @@ def dispatch(args: argparse.Namespace) -> int:
         case "memory":
             from pluto.gateway.cli.memory import memory_command
             return _guarded(memory_command(args, config, data_dir))
+        case "schedule":
+            from pluto.gateway.cli.schedule import schedule_command
+            return _guarded(schedule_command(args, config, data_dir))
     return EXIT_CONFIG
 
 
