@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ CSS_NAME = 'var CSS_FILE = "widget.css";'  # in widget.js: replaced by the hashe
 IMMUTABLE = "public, max-age=31536000, immutable"
 REVALIDATE = "no-cache"
 HASH_CHARS = 12
+Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +68,12 @@ def load(static: Path = STATIC) -> dict[str, Asset]:
 
 
 def mount(router: web.UrlDispatcher, assets: dict[str, Asset]) -> None:
-    def plain(asset: Asset):  # noqa: ANN202 - a handler
+    def plain(asset: Asset) -> Handler:
         async def handler(request: web.Request) -> web.Response:
             return asset.response(request, REVALIDATE)
         return handler
 
-    def hashed(asset: Asset):  # noqa: ANN202 - a handler
+    def hashed(asset: Asset) -> Handler:
         async def handler(request: web.Request) -> web.Response:
             if request.match_info["hash"] == asset.etag:
                 return asset.response(request, IMMUTABLE)

@@ -150,6 +150,7 @@ class Connection:
                 case Message():
                     await self._message(frame)
                 case FileStart():
+                    assert self.client is not None
                     self.send(await self.uploads.announce(frame, self.client.chat_id))
                 case Stop():
                     await self._deliver("/stop", new_id(), stop=True)

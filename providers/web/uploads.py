@@ -56,9 +56,8 @@ class _File:
         return self.received >= self.size
 
     def attachment(self) -> Attachment:
-        kind = "image" if self.mime in IMAGE_TYPES else "file"
         return Attachment(filename=self.name, mime_type=self.mime, size=self.size,
-                          path=self.path, kind=kind)
+                          path=self.path, kind="image" if self.mime in IMAGE_TYPES else "file")
 
 
 def human(size: float) -> str:
