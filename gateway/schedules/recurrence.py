@@ -265,10 +265,10 @@ def parse_spec(text: str, tz: str, now: float) -> Spec:
                 if n == 1 and (at := _clock(head)) is not None:
                     return Spec(When("at", str(_next_clock(at, tz, now)), tz),
                                 _prompt(words[1:]))
-                when = parse_at("T".join(words[:n]) if n == 2 else head, tz, now)
+                moment = parse_at("T".join(words[:n]) if n == 2 else head, tz, now)
             except BadTime:
                 continue
-            return Spec(When("at", str(when), tz), _prompt(words[n:]))
+            return Spec(When("at", str(moment), tz), _prompt(words[n:]))
         raise BadTime(f"'{' '.join(words[:2])}' is not a time I can read; write it like "
                       "'at 2026-12-01 09:00', 'at 17:30' or 'at +2h'.")
     raise BadTime("Say when first: '/remind in 2h …', '/remind every weekday 9:00 …' or "

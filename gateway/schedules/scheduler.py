@@ -32,7 +32,7 @@ from pluto.gateway.schedules.config import ScheduleConfig, ScheduleFileWatcher, 
 from pluto.gateway.schedules.recurrence import BadTime, When
 from pluto.ids import new_id
 from pluto.storage.sqlite.schedules import Firing, Schedule, SqlSchedules
-from pluto.types import Accepted, IncomingMessage, Route
+from pluto.types import Accepted, IncomingMessage, Route, SessionScope
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ class Scheduler:
         decision = self.routes().decide(msg)
         if decision.route is not None and decision.route.agent == schedule.agent:
             return decision.route
-        scope = "thread" if schedule.thread_id else "chat"
+        scope: SessionScope = "thread" if schedule.thread_id else "chat"
         return Route(agent=schedule.agent, session_key=session_key(schedule.agent, scope, msg),
                      rule=f"schedule:{schedule.id}")
 
