@@ -146,3 +146,60 @@ def test_doctor_points_out_an_example_secret(env, config_dir) -> None:
     line = next(x for x in public.stdout.splitlines() if "secrets" in x)
     assert public.returncode == 1 and line.startswith("FAIL") and "0.0.0.0" in line
     assert "change-me" not in public.stdout
+
+
+# ---- pluto status --port, pluto memory show without --user ------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_status_asks_the_port_it_is_given(env, config_dir) -> None:
+    port, unused = _free_port(), _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "pluto.gateway.cli", "serve", "--port",
+                             str(port), "--config", str(config_dir)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "serving on" in line:
+                break
+        there = pluto("status", "--port", str(port), env=env, config=config_dir)
+        assert there.returncode == 0, there.stderr
+        assert there.stdout.startswith(f"gateway: running at http://127.0.0.1:{port} (ready)")
+        default = pluto("status", env=env | {"PLUTO_HTTP_PORT": str(unused)}, config=config_dir)
+        assert default.stdout.startswith(f"gateway: not running at http://127.0.0.1:{unused} "
+                                         "(nothing listens there) (started with --port? then: "
+                                         "pluto status --port N)")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+
+
+def test_memory_show_without_user_says_where_the_notes_are(env, config_dir, data_dir) -> None:
+    helper = config_dir / "agents" / "helper"
+    helper.mkdir()
+    (helper / "agent.yaml").write_text("model: default\ninstructions: []\n"
+                                       "memory:\n  long_term: {scope: user}\n")
+    none_yet = pluto("memory", "show", "helper", env=env, config=config_dir)
+    assert none_yet.returncode == 1 and none_yet.stderr.strip() == (
+        "pluto memory: nothing is remembered for agent helper; it keeps notes per user, and "
+        "none has any yet")
+    notes = data_dir / "memory" / "helper" / "users" / "web"
+    notes.mkdir(parents=True)
+    (notes / "42.md").write_text("- Likes tea <!-- by web:42 -->\n")
+    out = pluto("memory", "show", "helper", env=env, config=config_dir)
+    assert out.returncode == 1 and out.stderr.strip() == (
+        "pluto memory: nothing is remembered for agent helper; it keeps notes per user: "
+        "give --user web:42")
+    shown = pluto("memory", "show", "helper", "--user", "web:42", env=env, config=config_dir)
+    assert shown.returncode == 0 and "Likes tea" in shown.stdout
+    plain = pluto("memory", "show", "default", env=env, config=config_dir)
+    assert plain.returncode == 1 and plain.stderr.strip() == (
+        "pluto memory: nothing is remembered for agent default: default keeps no notes (no "
+        "memory.long_term in its agent.yaml)")

@@ -150,8 +150,9 @@ def test_status_without_a_gateway_and_the_last_errors(tmp_path: Path) -> None:
     out = pluto("status", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == ("gateway: not running at http://127.0.0.1:9 (nothing listens there); "
-                        "start it with pluto serve")
+    assert lines[0] == ("gateway: not running at http://127.0.0.1:9 (nothing listens there) "
+                        "(started with --port? then: pluto status --port N); start it with "
+                        "pluto serve")
     assert lines[-2:] == ["last errors (1):",
                           "  2026-01-01 10:00:01,000 ERROR pluto.runtime: run r1 failed"]
     report = json.loads(pluto("status", "--json", cwd=tmp_path).stdout)

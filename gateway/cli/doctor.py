@@ -37,6 +37,10 @@ def add_parsers(subs: Any) -> list[argparse.ArgumentParser]:
     status = subs.add_parser("status", help="is a gateway running here: its providers, "
                              "sessions, runs in progress, last errors")
     status.add_argument("--json", action="store_true", help="print it as JSON")
+    status.add_argument("--host", help="where the gateway listens (default: http.host in "
+                        "pluto.yaml; 0.0.0.0 is asked at 127.0.0.1)")
+    status.add_argument("--port", type=int, help="its HTTP port, as given to pluto serve "
+                        "--port (default: http.port in pluto.yaml)")
     logs = subs.add_parser("logs", help="show pluto.log (in the data dir)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     logs.add_argument("-n", "--lines", type=int, default=50, metavar="N",

@@ -56,6 +56,23 @@ def _owner(args: argparse.Namespace) -> Owner:
     return Owner(args.agent, "user" if args.user else "chat", provider, ident)
 
 
+def _scope(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> str | None:
+    """The agent's ``long_term.scope``: "" when it keeps none, None when it cannot be read."""
+    from pluto.agents.registry import AgentRegistry
+    from pluto.errors import PlutoError
+
+    agent = getattr(args, "agent", None)
+    if not agent or getattr(args, "memory_command", "") == "list":
+        return None
+    try:
+        registry = AgentRegistry(args.config / "agents", data_dir / "agents",
+                                 key_envs=config.agents.api_key_envs)
+        long_term = registry.get(agent).memory.long_term
+    except (PlutoError, LookupError, AttributeError):
+        return None  # an agent gone or broken: its files can still be shown
+    return "" if long_term is None else long_term.scope
+
+
 async def memory_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
     from pluto.runtime.memory import MemoryBook, SharedMemoryBook
 
@@ -66,13 +83,15 @@ async def memory_command(args: argparse.Namespace, config: PlutoConfig, data_dir
         store = store_for(data_dir, url)
         await store.open()
         try:
-            return await _act(args, SharedMemoryBook(store.notes))  # type: ignore[attr-defined]
+            return await _act(args, SharedMemoryBook(store.notes),  # type: ignore[attr-defined]
+                              _scope(args, config, data_dir))
         finally:
             await store.close()
-    return await _act(args, MemoryBook(data_dir / "memory"))
+    return await _act(args, MemoryBook(data_dir / "memory"), _scope(args, config, data_dir))
 
 
-async def _act(args: argparse.Namespace, book: Any) -> int:
+async def _act(args: argparse.Namespace, book: Any, scope: str | None = None) -> int:
+    """``scope``: the agent's ``long_term.scope`` ("" when it keeps no notes, None unknown)."""
     from pluto.runtime.memory import MemoryRefused
 
     if args.memory_command == "list":
@@ -89,8 +108,8 @@ async def _act(args: argparse.Namespace, book: Any) -> int:
                 print(f"pluto memory: {owner.label()}: {memory.problem}", file=sys.stderr)
                 return EXIT_FAILED
             if not memory.text:
-                print(f"pluto memory: nothing is remembered for {owner.label()}",
-                      file=sys.stderr)
+                print(f"pluto memory: nothing is remembered for {owner.label()}"
+                      f"{await _elsewhere(book, owner, scope)}", file=sys.stderr)
                 return EXIT_FAILED
             sys.stdout.write(memory.text)
         case "diff":
@@ -106,6 +125,24 @@ async def _act(args: argparse.Namespace, book: Any) -> int:
         case _:
             return EXIT_CONFIG
     return EXIT_OK
+
+
+async def _elsewhere(book: Any, owner: Owner, scope: str | None) -> str:
+    """Where the agent's notes are instead, when the agent's own (no --user, --chat) were
+    asked for: the rest of the sentence."""
+    if owner.scope != "agent":
+        return ""
+    if scope == "":
+        return f": {owner.agent} keeps no notes (no memory.long_term in its agent.yaml)"
+    others = [o for o in await book.owners(owner.agent) if o.scope != "agent"]
+    kept = f"it keeps notes per {scope}" if scope in ("user", "chat") else "its notes are kept"
+    if not others:
+        return (f"; {kept}, and none has any yet" if scope in ("user", "chat") else "")
+    flag = {"user": "--user", "chat": "--chat"}
+    shown = ", ".join(f"{flag[o.scope]} {o.provider}:{o.id}" for o in others[:5])
+    more = f" and {len(others) - 5} more (pluto memory list --agent {owner.agent})" \
+        if len(others) > 5 else ""
+    return f"; {kept}: give {shown}{more}"
 
 
 async def _list(book: Any, agent: str | None) -> int:

@@ -25,7 +25,9 @@ LOG_FILE = "pluto.log"
 
 
 def status_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:
-    report: dict[str, Any] = {"gateway": _ready(config), "data_dir": str(data_dir)}
+    host = getattr(args, "host", None) or config.http.host
+    port = config.http.port if getattr(args, "port", None) is None else args.port
+    report: dict[str, Any] = {"gateway": _ready(host, port), "data_dir": str(data_dir)}
     report |= asyncio.run(_activity(config, data_dir))
     report["last_errors"] = last_errors(data_dir / LOG_FILE)
     if args.json:
@@ -36,8 +38,10 @@ def status_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path
         providers = ", ".join(f"{n} ({s})" for n, s in gw.get("providers", {}).items()) or "none"
         print(f"gateway: running at {gw['url']} ({gw.get('status')}); providers: {providers}")
     else:
-        print(f"gateway: not running at {gw['url']} ({gw.get('why')}); start it with "
-              "pluto serve")
+        elsewhere = "" if getattr(args, "port", None) is not None else (
+            " (started with --port? then: pluto status --port N)")
+        print(f"gateway: not running at {gw['url']} ({gw.get('why')}){elsewhere}; start it "
+              "with pluto serve")
     print(f"data dir: {data_dir}")
     if "storage_error" in report:
         print(f"storage: {report['storage_error']}")
@@ -54,9 +58,12 @@ def status_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path
     return EXIT_OK
 
 
-def _ready(config: PlutoConfig) -> dict[str, Any]:
-    host = config.http.host if config.http.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-    url = f"http://{host}:{config.http.port}"
+def _ready(host: str, port: int) -> dict[str, Any]:
+    if host in ("0.0.0.0", "::", ""):  # every address: this machine's is one of them
+        host = "127.0.0.1"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address in a URL
+    url = f"http://{host}:{port}"
     try:
         with urllib.request.urlopen(f"{url}/readyz", timeout=3) as answer:
             body = json.loads(answer.read(1 << 20))
