@@ -281,7 +281,8 @@ class ConnectionGuard:
         try:
             transport.write(BUSY % (len(BUSY_BODY), BUSY_BODY))
         finally:
-            transport.close()
+            transport.close()  # (once written; a peer that never reads it is cut after 5 s)
+            asyncio.get_running_loop().call_later(5, transport.abort)
 
     @staticmethod
     def _close(handler: Any, conn: _Conn) -> None:
@@ -289,8 +290,7 @@ class ConnectionGuard:
             conn.timer.cancel()
             conn.timer = None
         handler.force_close()  # aiohttp's own way: stops its request loop, closes the socket
-        if not conn.transport.is_closing():
-            conn.transport.abort()
+        conn.transport.abort()  # ... at once, even with unsent bytes for a peer that is gone
 
     def _header_timeout(self, handler: Any) -> None:
         conn = self.conns.get(handler)
