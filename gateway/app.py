@@ -392,11 +392,12 @@ class Gateway:
         # answered by an instance that died before its reply reached the outbox (a provider
         # that reads answers from the run feed has them there, with no outbox row)
         target = self.providers.get(provider)
-        for payload, final in [] if target is None or target.capabilities.answers_from_feed \
-                else await self.store.conversations.undelivered_in_chat(provider, chat):
-            log.warning("cluster: delivering the answer of run %s in %s chat %s, which its "
-                        "instance could not", final.run_id, provider, chat)
-            await self.delivery.resend_final(target, message_from_dict(payload), final)
+        if target is not None and not target.capabilities.answers_from_feed:
+            for payload, final in await self.store.conversations.undelivered_in_chat(provider,
+                                                                                    chat):
+                log.warning("cluster: delivering the answer of run %s in %s chat %s, which "
+                            "its instance could not", final.run_id, provider, chat)
+                await self.delivery.resend_final(target, message_from_dict(payload), final)
         if taken:
             log.warning("cluster: took over %d run(s) of %s chat %s from an instance that "
                         "stopped; answering again", len(taken), provider, chat)

@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pluto.agents.registry import AgentRegistry
 from pluto.errors import PlutoError, StorageError
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Notify = Callable[[str, str], Awaitable[None]]  # (text, kind: "notice" | "error")
+# (text, kind): a notice or an error for the chat, awaited until it is handed over
+Notify = Callable[[str, Literal["notice", "error"]], Awaitable[object]]
 SQL_ROWS = 25  # rows a /sql reply shows
 EXAMPLE = "SELECT region, sum(amount) FROM sales GROUP BY 1"
 

@@ -199,20 +199,20 @@ class IntakeQueue:
         self._free -= 1
         ticket = Ticket(msg)
         # (a redelivery while the first copy is on its way never takes the first one's place)
-        arriving = (self.shared is not None and bool(msg.message_id)
-                    and self._arriving.setdefault(msg.message_id, ticket) is ticket)
+        mid = msg.message_id or ""
+        arriving = (self.shared is not None and bool(mid)
+                    and self._arriving.setdefault(mid, ticket) is ticket)
         payload = message_to_dict(msg)
         if self.shared is not None:  # who received it: told what became of it (note "done")
             payload["via"] = self.shared.cluster.id
         try:
-            fresh = not msg.message_id or await self.inbox.accept(
-                msg.provider, msg.message_id, payload)
+            fresh = not mid or await self.inbox.accept(msg.provider, mid, payload)
         except BaseException:
             self._release()
             raise
         finally:
-            if arriving and self._arriving.get(msg.message_id) is ticket:
-                del self._arriving[msg.message_id]
+            if arriving and self._arriving.get(mid) is ticket:
+                del self._arriving[mid]
         if not fresh:
             self._release()
             log.info("%s: message %s was delivered again; ignored", msg.provider,
@@ -388,8 +388,8 @@ class IntakeQueue:
         ``orphan|<provider>|<chat>`` a stopping instance left the chat's messages to us;
         None: notes may have been missed (every waiting chat looks again)."""
         if payload is None:
-            for event in self._wake.values():
-                event.set()
+            for waiting in self._wake.values():
+                waiting.set()
             return
         kind, _, rest = payload.partition("|")
         if kind == "free":
@@ -455,14 +455,15 @@ class IntakeQueue:
                     return  # the rest is the others' (the chat is let go once ours is out)
                 try:
                     msg = message_from_dict(payload)
+                    message_id = _stored_id(msg)
                 except (TypeError, ValueError, KeyError) as e:
                     log.error("%s: a stored message of chat %s is unreadable (%s); skipped",
                               self.name, key, e)
                     await self.inbox.handled(self.name, str(payload.get("message_id")),
                                              {"type": "dropped", "reason": "unreadable"})
                     continue
-                ticket = self._ticket(queue, msg.message_id)
-                source = (self.name, msg.message_id)
+                ticket = self._ticket(queue, message_id)
+                source = (self.name, message_id)
                 self.shared.claimed(source, (lease, token))  # its run's writes: fenced
                 try:
                     outcome = await self.handler(msg if ticket is None or msg.shown
@@ -479,12 +480,11 @@ class IntakeQueue:
                 except Exception:
                     log.exception("%s: handling a message of chat %s failed", self.name, key)
                     outcome = Dropped("an internal error")
-                    await self.inbox.handled(self.name, msg.message_id,
-                                             outcome_to_dict(outcome))
+                    await self.inbox.handled(self.name, message_id, outcome_to_dict(outcome))
                 if ticket is not None:
                     self._settle(queue, ticket, outcome)
                 elif payload.get("via") not in (None, cluster.id):  # received elsewhere
-                    self._note(f"done|{self.name}|{msg.message_id}|"
+                    self._note(f"done|{self.name}|{message_id}|"
                                f"{json.dumps(outcome_to_dict(outcome))}")
                 try:
                     if isinstance(outcome, Accepted):  # the next message waits for this run
@@ -517,11 +517,11 @@ class IntakeQueue:
         finally:
             done.cancel()
 
-    def _ticket(self, queue: deque[Ticket], message_id: str) -> Ticket | None:
+    def _ticket(self, queue: deque[Ticket], message_id: str | None) -> Ticket | None:
         """The ticket of a message taken from the inbox: in the chat's queue, or still on its
         way there (its provider hands it over while the inbox records it)."""
         return next((t for t in queue if t.message.message_id == message_id),
-                    None) or self._arriving.get(message_id)
+                    None) or self._arriving.get(message_id or "")
 
     def _settle(self, queue: deque[Ticket], ticket: Ticket, outcome: Outcome) -> None:
         ticket.settle(outcome)
@@ -531,7 +531,7 @@ class IntakeQueue:
 
     async def _learn_outcomes(self, queue: deque[Ticket]) -> None:
         for ticket in list(queue):
-            found = await self.inbox.outcome(self.name, ticket.message.message_id)
+            found = await self.inbox.outcome(self.name, ticket.message.message_id or "")
             if found is not None and ticket in queue:  # (a note may have settled it meanwhile)
                 self._settle(queue, ticket, outcome_from_dict(found))
 
@@ -586,3 +586,10 @@ class IntakeQueue:
             log.warning("%s: %d chat(s) still had messages being handled at shutdown",
                         self.name, len(pending))
             await asyncio.wait(pending, timeout=5)
+
+
+def _stored_id(msg: IncomingMessage) -> str:
+    """The id a message of the inbox is kept under (only messages with one are recorded)."""
+    if not msg.message_id:
+        raise ValueError("a stored message without its id")
+    return msg.message_id

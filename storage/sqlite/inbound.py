@@ -17,11 +17,11 @@ import json
 import time
 from typing import Any
 
-from pluto.storage.sql import Engine
+from pluto.storage.sql import Engine, Migration
 from pluto.storage.sqlite.fencing import Claim, fence
 
 COMPONENT = "inbound"
-MIGRATIONS: list[str] = [
+MIGRATIONS: list[Migration] = [
     """
     CREATE TABLE inbound_seen (
         provider TEXT NOT NULL,
