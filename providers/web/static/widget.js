@@ -657,7 +657,7 @@
     if (!item || uploading !== item) { return; }
     item.state = "sending";
     var sock = ws;
-    item.file.arrayBuffer().then(function (bytes) {
+    readBytes(item.file).then(function (bytes) {
       var offset = 0;
       (function step() {
         if (uploading !== item || ws !== sock || !ready) { return; }
@@ -669,6 +669,15 @@
         if (offset < bytes.byteLength) { setTimeout(step, 20); }
       })();
     }, function () { fileRefused(id, item.name + " could not be read from your device."); });
+  }
+  function readBytes(file) {  // (File.arrayBuffer is missing from older Safari)
+    if (file.arrayBuffer) { return file.arrayBuffer(); }
+    return new Promise(function (resolve, reject) {
+      var reader = new FileReader();
+      reader.onload = function () { resolve(reader.result); };
+      reader.onerror = function () { reject(reader.error); };
+      reader.readAsArrayBuffer(file);
+    });
   }
   function fileReceived(id) {
     var item = fileById(id);
