@@ -142,6 +142,28 @@ def _claim_source(conn: Any, source: tuple[str, str] | None, run_id: str,
         raise RunTakenOver(f"message {source[1]} of {source[0]} is answered elsewhere")
 
 
+def _after(stmt: Statement, guard: str) -> Statement:
+    """(One statement of CTEs, PostgreSQL) ``stmt`` made to change nothing unless the CTE
+    ``guard`` returned a row: ``INSERT … VALUES (…)`` becomes ``INSERT … SELECT … FROM guard``,
+    ``UPDATE … WHERE …`` gets ``AND EXISTS (SELECT 1 FROM guard)``."""
+    sql, params = stmt
+    if sql.startswith("INSERT INTO "):
+        head, sep, values = sql.partition(" VALUES (")
+        if sep and values.endswith(")") and "?" in values:
+            return f"{head} SELECT {values[:-1]} FROM {guard}", params
+    elif sql.startswith("UPDATE ") and " WHERE " in sql:
+        return f"{sql} AND EXISTS (SELECT 1 FROM {guard})", params
+    raise ValueError(f"cannot guard {sql!r}")
+
+
+def _together(parts: list[tuple[str, Statement]], result: str) -> Statement:
+    """``WITH name AS (statement), … SELECT result``: data-modifying statements as one
+    statement — one round trip, atomic without BEGIN and COMMIT, each seeing the database as
+    it was before any of them (they change different rows)."""
+    return ("WITH " + ", ".join(f"{name} AS ({sql})" for name, (sql, _) in parts)
+            + f" SELECT {result}", tuple(p for _, (_, ps) in parts for p in ps))
+
+
 def _runs(stmts: list[Statement]) -> set[str]:
     """The runs whose events ``stmts`` write."""
     return {params[0] for sql, params in stmts if sql.startswith(_EVENT_INTO)}
@@ -379,16 +401,17 @@ class SqliteConversations:
             _message_stmt(session_id, message),
             _event_stmt(event)]
 
+        running: Statement = (
+            "INSERT INTO runs (id, session_id, agent, status, input, started_at, owner,"
+            " source_provider, source_id) VALUES (?,?,?,'running',?,?,?,?,?)"
+            " ON CONFLICT(id) DO UPDATE SET status = 'running',"
+            " session_id = excluded.session_id, agent = excluded.agent,"
+            " input = excluded.input, started_at = excluded.started_at,"
+            " owner = excluded.owner WHERE runs.status = 'queued'",
+            (run_id, session_id, agent, input_text, now, self.owner, *(source or (None, None))))
+
         def start(conn: Any) -> None:
-            if conn.execute(
-                    "INSERT INTO runs (id, session_id, agent, status, input, started_at, owner,"
-                    " source_provider, source_id) VALUES (?,?,?,'running',?,?,?,?,?)"
-                    " ON CONFLICT(id) DO UPDATE SET status = 'running',"
-                    " session_id = excluded.session_id, agent = excluded.agent,"
-                    " input = excluded.input, started_at = excluded.started_at,"
-                    " owner = excluded.owner WHERE runs.status = 'queued'",
-                    (run_id, session_id, agent, input_text, now, self.owner,
-                     *(source or (None, None)))).rowcount == 0:
+            if conn.execute(*running).rowcount == 0:
                 raise RunTakenOver(f"run {run_id} has ended (taken over) before it started")
             _claim_source(conn, source, run_id, claim)
             for stmt in stmts:
@@ -396,13 +419,42 @@ class SqliteConversations:
 
         claim = self._claimed(run_id, source)
         try:
-            await self.engine.transact(start)
+            if self.engine.dialect == "postgres":
+                await self._start_together(run_id, running, source, claim, stmts)
+            else:
+                await self.engine.transact(start)
         except RunTakenOver:
             self._forget(run_id)
             raise
         self._kept[run_id] = event.seq
         self._remember(session_id, message)
         return event
+
+    async def _start_together(self, run_id: str, running: Statement,
+                              source: tuple[str, str] | None, claim: Claim | None,
+                              stmts: list[Statement]) -> None:
+        """(PostgreSQL) :meth:`start_run`'s change as one statement: the run's row, then its
+        message marked handled (fenced by the chat's claim), then the rest — each only if the
+        one before changed its row."""
+        parts: list[tuple[str, Statement]] = [("r", (running[0] + " RETURNING 1", running[1]))]
+        guard = "r"
+        if source is not None:
+            sql, params = fence(_handled(source, run_id), claim)
+            parts.append(("h", (f"{sql} AND EXISTS (SELECT 1 FROM r) RETURNING 1", params)))
+            guard = "h"
+        parts += [(f"s{i}", _after(stmt, guard)) for i, stmt in enumerate(stmts)]
+        sql, params = _together(parts, "(SELECT count(*) FROM r), (SELECT count(*) FROM "
+                                       f"{guard})")
+        row = await self.engine.read(lambda conn: conn.execute(sql, params).fetchone())
+        if not row[0]:
+            raise RunTakenOver(f"run {run_id} has ended (taken over) before it started")
+        if not row[1]:  # its row says running, its message is another's: it ends here
+            await self.engine.write((
+                "UPDATE runs SET status = 'interrupted', error = ?, ended_at = ? WHERE id = ?"
+                " AND status = 'running' AND owner = ?",
+                ("its message is answered elsewhere", time.time(), run_id, self.owner)))
+            assert source is not None
+            raise RunTakenOver(f"message {source[1]} of {source[0]} is answered elsewhere")
 
     async def append_event(self, event: RunEvent, *, durable: bool = True) -> RunEvent:
         event = self._numbered(event)
@@ -536,6 +588,8 @@ class SqliteConversations:
                        " WHERE id = ? AND status = 'running'",
                        (json.dumps(usage), time.time(), run_id)), self._claims.get(run_id))
 
+        answer = [_message_stmt(session_id, message), _event_stmt(final), _event_stmt(end)]
+
         def complete(conn: Any) -> None:
             for stmt in behind:  # the previews before it, in its commit
                 conn.execute(*stmt)
@@ -543,12 +597,22 @@ class SqliteConversations:
             # there, and its answer here is refused rather than given twice
             if conn.execute(*ended).rowcount == 0:
                 raise RunTakenOver(f"run {run_id} was taken over by another instance")
-            for stmt in (_message_stmt(session_id, message), _event_stmt(final),
-                         _event_stmt(end)):
+            for stmt in answer:
                 conn.execute(*stmt)
 
+        async def together() -> None:  # (PostgreSQL: one statement, one round trip)
+            sql, params = _together(
+                [*((f"b{i}", stmt) for i, stmt in enumerate(behind)),
+                 ("done", (ended[0] + " RETURNING 1", ended[1])),
+                 *((f"a{i}", _after(stmt, "done")) for i, stmt in enumerate(answer))],
+                "count(*) FROM done")
+            if not (await self.engine.read(lambda conn: conn.execute(sql, params).fetchone()))[0]:
+                raise RunTakenOver(f"run {run_id} was taken over by another instance")
+
         try:
-            await self._in_order(_runs(behind) | {run_id}, lambda: self.engine.transact(complete))
+            await self._in_order(_runs(behind) | {run_id},
+                                 together if self.engine.dialect == "postgres"
+                                 else lambda: self.engine.transact(complete))
         finally:
             self._forget(run_id)
         self._remember(session_id, message)
