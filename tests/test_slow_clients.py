@@ -196,6 +196,28 @@ async def test_at_the_total_limit_the_longest_idle_makes_room_else_503(config_di
             assert await healthz(http2, gw) == 200
 
 
+async def test_a_connection_just_answered_is_spared_and_a_silent_one_goes(config_dir, data_dir):
+    async with served(config_dir, data_dir, http={"max_connections": 3,
+                                                  "header_timeout_seconds": 60}) as gw:
+        guard, port, loop = gw.http.guard, gw.http.port, asyncio.get_running_loop()
+        guard.min_idle = 60.0  # (1 s: a busy machine could take that long between the steps)
+        answered = await connect(port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        reply = b""
+        while not reply.endswith(b"}"):
+            reply += await asyncio.wait_for(loop.sock_recv(answered, 4096), 10)
+        silent = [await connect(port, PARTIAL) for _ in range(2)]
+        await wait_for(lambda: guard.open == 3)
+        newcomer = await connect(port, PARTIAL)
+        await wait_for(lambda: guard.counters.evicted == 1)
+        assert await read_all(silent[0]) == b""  # the oldest that never sent a request
+        assert not closed_by_peer(answered) and not closed_by_peer(silent[1])
+        await loop.sock_sendall(answered, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert (await asyncio.wait_for(loop.sock_recv(answered, 4096), 10)).startswith(
+            b"HTTP/1.1 200")  # kept alive, still served
+        for sock in (answered, *silent, newcomer):
+            sock.close()
+
+
 def closed_by_peer_soon(sock: socket.socket) -> bool:
     """(The server closed it in the same loop turn as it accepted the newcomer: the FIN is on
     loopback already.)"""

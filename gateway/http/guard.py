@@ -160,6 +160,7 @@ class ConnectionGuard:
         self.exempt = [ipaddress.ip_network(e, strict=False) for e in exempt]
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
+        self.min_idle = MIN_IDLE
         self.conns: dict[Any, _Conn] = {}  # by aiohttp's RequestHandler
         self.per_client: dict[str, int] = {}
         self._idle: OrderedDict[Any, None] = OrderedDict()  # oldest idle first
@@ -262,7 +263,7 @@ class ConnectionGuard:
             return False
         for handler in itertools.islice(idle, SCAN):
             conn = self.conns[handler]
-            if conn.requests == 0 or now - conn.idle_since >= MIN_IDLE:
+            if conn.requests == 0 or now - conn.idle_since >= self.min_idle:
                 self.counters.evicted += 1
                 log.info("http: at the connection limit (%s); closed the connection idle the "
                          "longest (%d so far)", "in total" if client is None else
