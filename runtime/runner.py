@@ -532,17 +532,17 @@ class Runner:
         second, and the last); not yielded: the watchers of the run feed show it."""
         last = [0.0]
 
-        async def progress(done: float, total: float | None = None,
-                           message: str | None = None) -> None:
+        async def report(progress: float, total: float | None = None,
+                         message: str | None = None) -> None:
             now = time.monotonic()
-            if now - last[0] < 0.5 and (total is None or done < total):
+            if now - last[0] < 0.5 and (total is None or progress < total):
                 return
             last[0] = now
             await self._commit(state, ToolProgress(
-                run_id=state.req.run_id, call_id=call.id, name=call.name, progress=done,
+                run_id=state.req.run_id, call_id=call.id, name=call.name, progress=progress,
                 total=total, message=message[:200] if message else None))
 
-        return progress
+        return report
 
     async def _commit(self, state: _RunState, event: RunEvent) -> RunEvent:
         # a batch of streamed text is a preview: committed behind us (the answer never is)

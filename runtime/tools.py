@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, Protocol, get_args, get_origin
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pluto.errors import PlutoError
 
@@ -38,7 +38,12 @@ class ToolResult:
     is_error: bool = False
 
 
-Progress = Callable[[float, "float | None", "str | None"], Awaitable[None]]
+class Progress(Protocol):
+    """How far a long call got (``tool.progress`` events); the parameters are named as MCP's
+    progress callback names them, so one is handed to an MCP server's call as it is."""
+
+    async def __call__(self, progress: float, total: float | None = None,
+                       message: str | None = None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, Literal
@@ -35,12 +35,11 @@ from mcp.client.subscriptions import ListenNotSupportedError
 import pluto
 from pluto.agents.toolspec import McpServerSpec
 from pluto.runtime.mcp import sandbox
-from pluto.runtime.tools import ToolError
+from pluto.runtime.tools import Progress, ToolError
 
 log = logging.getLogger(__name__)
 
 State = Literal["idle", "starting", "ready", "down", "stopped"]
-Progress = Callable[[float, float | None, str | None], Awaitable[None]]
 
 MAX_PAGES = 50  # tools/list pages read at most (a paginator that never ends cannot hang us)
 MAX_TOOLS = 1000
@@ -90,12 +89,16 @@ class McpConnection:
         if self.state == "ready":
             return True
         async with self._lock:
-            if self.state == "ready":
+            if self._ready():  # (started by another caller meanwhile)
                 return True
             if self.state == "stopped" or time.monotonic() < self.retry_at:
                 return False
             await self._start()
-            return self.state == "ready"
+            return self._ready()
+
+    def _ready(self) -> bool:
+        """The state now (it changes while a caller waits: read, not narrowed)."""
+        return self.state == "ready"
 
     async def _start(self) -> None:
         # what is left of an earlier connection goes away in the background
@@ -121,7 +124,7 @@ class McpConnection:
             self._failed(str(e))
         except Exception as e:
             self._failed(_describe(e))
-        if self.state != "ready":  # what is left of it goes away in the background
+        if not self._ready():  # what is left of it goes away in the background
             self._keep(asyncio.create_task(self._reap(self._detach(), connected=False)))
         else:
             log.info("mcp %s: started, %d tools", self.name, len(self.tools))
