@@ -127,6 +127,8 @@ def test_serve_refuses_an_example_secret_off_loopback(monkeypatch, config_dir: P
         refuse_off_loopback(config, "0.0.0.0")
     monkeypatch.setenv("PLUTO_WEB_SECRET", "3f9c2a8e1d7b4c6a9e0f1b2c3d4e5f60718293a4b5c6d7e8f9a0")
     assert refusal(config, "0.0.0.0") is None
+    monkeypatch.setenv("DATABASE_URL", "postgresql://pluto:changeme@db/pluto")  # not a secret
+    assert refusal(config, "0.0.0.0") is None  # of ours: the database's own password
     monkeypatch.setenv("PLUTO_ADMIN_KEY", "your-secret-admin-key-here")  # another example
     assert "$PLUTO_ADMIN_KEY" in (refusal(config, "10.1.2.3") or "")
 

@@ -43,6 +43,7 @@ def loopback(host: str) -> bool:
 def placeholder_secrets(config: PlutoConfig) -> list[str]:
     """The names of the secret variables that hold an example value."""
     names = dict.fromkeys([*config.secret_names(), *WELL_KNOWN])
+    names.pop(config.storage.url_env, None)  # a URL, whose password may read like anything
     return [n for n in names if looks_like_placeholder(os.environ.get(n, ""))]
 
 
