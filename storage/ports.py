@@ -151,10 +151,11 @@ class ConversationStore(RunReader, Protocol):
         ended (interrupted) and their messages go back to the inbox, ahead of later ones."""
         ...
 
-    async def orphaned_chats(self, alive: set[str], *, answered_in_feed: tuple[str, ...] = ()
-                             ) -> list[tuple[str, str]]:
+    async def orphaned_chats(self, alive: set[str] | None, *,
+                             answered_in_feed: tuple[str, ...] = ()) -> list[tuple[str, str]]:
         """(provider, chat) of unfinished runs whose instance is not among ``alive`` (or
-        answered with no reply in the outbox, but for the providers ``answered_in_feed``)."""
+        answered with no reply in the outbox, but for the providers ``answered_in_feed``);
+        ``alive`` None: the instances whose heartbeat lease is current, in the same query."""
         ...
 
     async def recent_runs(self, *, limit: int = 50, agent: str | None = None,
