@@ -52,6 +52,7 @@ from pluto.events import RunEvent
 from pluto.types import IncomingMessage
 from pluto.gateway.reload import ConfigWatcher, load_routes
 from pluto.gateway.schedules import wiring as schedules
+from pluto.gateway.schedules.tool import SCHEDULE_TOOLS
 from pluto.gateway.supervisor import TaskHealth, supervise
 from pluto.runtime.tracing import Tracing
 from pluto.runtime.usage import Prices, UsageMeter
@@ -84,7 +85,8 @@ class Gateway:
                  tools: Mapping[str, Tool] | None = None):
         self.config_dir = config_dir
         # the tools agents may name: the built-in and data tools, and any the embedder adds
-        self.tools: dict[str, Tool] = {**BUILTIN_TOOLS, **DATA_TOOLS, **(tools or {})}
+        self.tools: dict[str, Tool] = {**BUILTIN_TOOLS, **DATA_TOOLS, **SCHEDULE_TOOLS,
+                                       **(tools or {})}
         self.config = config or load_pluto_config(config_dir)
         self.data_dir = (data_dir or self.config.data_dir).resolve()  # one absolute path
         self.instance = new_instance_id()
@@ -375,11 +377,11 @@ class Gateway:
         while True:
             await asyncio.sleep(every)
             try:
-                alive = await self.cluster.alive()
                 in_feed = tuple(name for name, p in self.providers.items()
                                 if p.capabilities.answers_from_feed)
+                # (None: the instances alive are looked up by the same statement)
                 for provider, chat in await self.store.conversations.orphaned_chats(
-                        alive, answered_in_feed=in_feed):
+                        None, answered_in_feed=in_feed):
                     if (intake := self.intakes.get(provider)) is not None:
                         intake.kick(chat)
             except Exception as e:  # noqa: BLE001 - the database is away: next time
@@ -475,7 +477,8 @@ class Gateway:
         queue = self.intakes.get(provider.name)
         if queue is None:
             if self.shared and self._chat_sweep is None:
-                self._chat_sweep = ChatSweep(self.store.inbound, max(2.0, self.cluster.ttl / 2))
+                # (a chat whose receiver died waits a lease before anyone may take it)
+                self._chat_sweep = ChatSweep(self.store.inbound, max(2.0, self.cluster.ttl))
             shared = Shared(self.cluster, self._take_over_chat, self.pipeline.finished,
                             self.pipeline.urgent,  # a run's writes: fenced by its claim
                             claimed=self._claimed,

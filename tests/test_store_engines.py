@@ -276,6 +276,13 @@ async def test_an_answer_whose_instance_died_before_the_outbox_is_found(pg_url):
                                            RunEnd(run_id="r1", outcome="ok"), usage={})
         # a dies here, before its reply reached the outbox
         assert await b.conversations.orphaned_chats(alive={"b"}) == [("telegram", "c1")]
+        # the same, with the instances alive told by their heartbeat leases in one statement
+        assert await b.leases.acquire("instance:a", "a", 0.5) is not None
+        assert await b.leases.acquire("instance:b", "b", 60) is not None
+        assert await b.conversations.orphaned_chats(None) == []  # a's heartbeat is current
+        async with asyncio.timeout(10):  # until a's heartbeat runs out, on the database's clock
+            while await b.conversations.orphaned_chats(None) != [("telegram", "c1")]:
+                await asyncio.sleep(0.05)
         [(payload, final)] = await b.conversations.undelivered_in_chat("telegram", "c1")
         assert payload["text"] == "hi" and final.text == "hello" and final.run_id == "r1"
         await b.outbox.record([chunk("r1", 0, "hello", chat="c1")])  # b delivers it
