@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import resource
+import shutil
 import socket
 import statistics
 import sys
@@ -480,3 +482,29 @@ async def test_readyz_shows_the_connections(config_dir, data_dir):
             checks = (await r.json())["checks"]
         assert checks["http"] == {"open": 1, "limit": 77, "refused": 0, "evicted": 0,
                                   "header_timeouts": 0, "body_timeouts": 0}
+
+
+async def test_pluto_logs_follows_the_log_across_a_rotation(tmp_path, config_dir):
+    data = tmp_path / "data"
+    data.mkdir()
+    log = data / "pluto.log"
+    log.write_text("first\n")
+    exe = shutil.which("pluto")
+    cmd = [exe] if exe else [sys.executable, "-m", "pluto.gateway.cli"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLUTO_")}
+    follow = await asyncio.create_subprocess_exec(
+        *cmd, "logs", "-f", "--config", str(config_dir), "--data-dir", str(data),
+        stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+        env=env | {"PYTHONUNBUFFERED": "1"})
+    assert follow.stdout is not None
+    try:
+        assert await asyncio.wait_for(follow.stdout.readline(), 60) == b"first\n"
+        with open(log, "a") as f:
+            f.write("second\n")
+        assert await asyncio.wait_for(follow.stdout.readline(), 10) == b"second\n"
+        log.rename(data / "pluto.log.1")  # as RotatingFileHandler does
+        log.write_text("third, in the new file\n")
+        assert await asyncio.wait_for(follow.stdout.readline(), 10) == b"third, in the new file\n"
+    finally:
+        follow.kill()
+        await follow.wait()

@@ -112,6 +112,14 @@ def last_errors(log_file: Path, count: int = 5, scan_bytes: int = 2 * 2**20) -> 
 # ---- logs --------------------------------------------------------------------------------
 
 
+def _rotated(path: Path, f: Any) -> bool:
+    """Whether ``path`` is now another file than the one ``f`` reads (the log was rotated)."""
+    try:
+        return os.stat(path).st_ino != os.fstat(f.fileno()).st_ino
+    except FileNotFoundError:  # (between the rename and the new file)
+        return False
+
+
 def logs_command(args: argparse.Namespace, data_dir: Path) -> int:
     path = data_dir / LOG_FILE
     if not path.is_file():
@@ -131,7 +139,10 @@ def logs_command(args: argparse.Namespace, data_dir: Path) -> int:
                     sys.stdout.write(line.decode("utf-8", "replace"))
                     sys.stdout.flush()
                     continue
-                if path.stat().st_size < f.tell():  # rotated or truncated: start over
+                if _rotated(path, f):  # pluto.log -> pluto.log.1: follow the new pluto.log
+                    f.close()
+                    f = open(path, "rb")  # noqa: SIM115 - (closed at exit, as the first)
+                elif path.stat().st_size < f.tell():  # truncated: start over
                     f.seek(0)
                 time.sleep(0.25)
         except (KeyboardInterrupt, BrokenPipeError):
