@@ -61,11 +61,12 @@ async def test_a_run_on_one_instance_is_followed_live_on_another_and_after_a_rec
             break  # the widget's socket drops here; it reconnects to C with what it has
     async for event in c.feed.follow(outcome.run_id, after=seen[-1].seq):
         seen.append(event)
-    assert [e.seq for e in seen] == list(range(1, len(seen) + 1))  # no gap, no duplicate
+    stored = [e.seq for e in await b.store.conversations.events(outcome.run_id)]
+    # no gap, no duplicate
+    assert [e.seq for e in seen] == list(range(1, len(seen) + 1)), ([e.seq for e in seen], stored)
     assert isinstance(seen[-1], RunEnd) and seen[-1].outcome == "ok"
     assert any(isinstance(e, MessageDelta) for e in seen)
-    assert [e.seq for e in seen] == [e.seq for e in await b.store.conversations.events(
-        outcome.run_id)]
+    assert [e.seq for e in seen] == stored
 
 
 async def test_a_chat_whose_messages_reach_different_instances_is_answered_in_order(
