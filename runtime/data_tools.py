@@ -164,5 +164,7 @@ async def make_chart(ctx: ToolContext, sql: str,
         details={"image": str(path), "title": title.strip() or summary})
 
 
+from pluto.runtime.python.tool import run_python  # noqa: E402 - Python in the sandbox (issue 34)
+
 DATA_TOOLS: dict[str, Tool] = {t.name: t for t in (list_datasets, describe_dataset, run_sql,
-                                                    make_chart)}
+                                                    make_chart, run_python)}
