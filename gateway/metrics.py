@@ -74,6 +74,9 @@ class Metrics:
         self.provider_resets = Counter("pluto_provider_resets", "Clients rebuilt by the send "
                                        "watchdog (every send failed for a while), per provider.",
                                        ["provider"], registry=r)
+        self.schedule_firings = Counter("pluto_schedule_firings", "Scheduled firings, by "
+                                        "outcome (ran, quiet, failed, missed).", ["outcome"],
+                                        registry=r)
         self._started: dict[str, float] = {}
         self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}  # (metric, labels) -> child
 
@@ -102,6 +105,10 @@ class Metrics:
 
     def busy_refusal(self, reason: str) -> None:
         self._of(self.busy_refusals, reason).inc()
+
+    def schedule_firing(self, outcome: str) -> None:
+        """A scheduled firing ended so (docs/schedules.md)."""
+        self._of(self.schedule_firings, outcome).inc()
 
     def watch_usage(self, meter: UsageMeter) -> None:
         """Count what ``meter`` records and refuses."""

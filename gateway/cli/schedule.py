@@ -37,7 +37,7 @@ def add_parser(subs: Any) -> list[argparse.ArgumentParser]:
     add = acts.add_parser("add", help="schedule an agent to speak in a chat")
     add.add_argument("--agent", required=True, metavar="NAME", help="the agent that answers")
     add.add_argument("--to", required=True, metavar="PROVIDER:CHAT",
-                     help="where the answer goes, e.g. telegram:-100123")
+                     help="where the answer goes: a provider of pluto.yaml and a chat id")
     add.add_argument("--thread", metavar="ID", help="a thread of that chat")
     add.add_argument("--group", action="store_true", help="the chat is a group (not direct)")
     when = add.add_mutually_exclusive_group(required=True)
@@ -129,7 +129,8 @@ async def _add(schedules: Any, args: argparse.Namespace, config: PlutoConfig,
         return _fail(f"--agent: unknown agent '{args.agent}' (known: {known})")
     provider, _, chat = args.to.partition(":")
     if not provider or not chat:
-        return _fail(f"--to: '{args.to}' is not PROVIDER:CHAT (e.g. telegram:-100123)")
+        return _fail(f"--to: '{args.to}' is not PROVIDER:CHAT (a provider of pluto.yaml, a "
+                     "colon, a chat id)")
     try:
         tz = args.tz or load_schedules(args.config).settings.default_tz
     except ConfigError as e:

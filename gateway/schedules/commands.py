@@ -54,32 +54,12 @@ class ScheduleCommands:
                      self._schedules)
 
     async def _remind(self, msg: IncomingMessage, route: Route, args: str) -> str:
-        settings = self.scheduler.settings
-        store = self.scheduler.store
-        owner = (msg.provider, msg.user_id)
         if not args:
             return Failed("Say when and what, e.g. '/remind in 2h check the deploy' or "
                           "'/remind every weekday 9:00 sales summary'.")
-        have = await store.count(owner)
-        if have >= settings.max_per_user:
-            return Failed(f"You have {have} schedules, the most allowed here; cancel one "
-                          "first (/schedules lists them).")
-        try:
-            spec = parse_spec(args, settings.default_tz, await store.now())
-            gap = spec.when.interval()
-            if gap is not None and gap < settings.min_interval:
-                return Failed(f"Schedules here may repeat at most every "
-                              f"{format_duration(settings.min_interval)}; "
-                              f"{spec.when.describe()} is more often.")
-            made = await add_schedule(
-                store, source="user", owner=owner, provider=msg.provider, chat_id=msg.chat_id,
-                thread_id=msg.thread_id, is_direct=msg.is_direct, agent=route.agent,
-                prompt=spec.prompt, when=spec.when, created_by=f"{msg.provider}:{msg.user_id}")
-        except BadTime as e:
-            return Failed(str(e))
-        self.scheduler.wake()
-        return (f"Scheduled `{made.id}`: {spec.when.describe()}, next "
-                f"{when_text(made.next_due, made.tz)}. `/schedules cancel {made.id}` stops it.")
+        return await remind(self.scheduler, args, owner=(msg.provider, msg.user_id),
+                            chat_id=msg.chat_id, thread_id=msg.thread_id,
+                            is_direct=msg.is_direct, agent=route.agent)
 
     async def _schedules(self, msg: IncomingMessage, route: Route, args: str) -> str:
         store = self.scheduler.store
@@ -101,3 +81,31 @@ class ScheduleCommands:
         if len(mine) > MAX_LISTED:
             lines.append(f"(and {len(mine) - MAX_LISTED} more)")
         return "\n".join(lines)
+
+
+async def remind(scheduler: Scheduler, words: str, *, owner: tuple[str, str], chat_id: str,
+                 thread_id: str | None, is_direct: bool, agent: str) -> str:
+    """A schedule made by a person (``/remind``, the ``schedule`` tool) into the chat they
+    write from: checked against the limits; the answer, a :class:`Failed` when refused."""
+    settings = scheduler.settings
+    store = scheduler.store
+    have = await store.count(owner)
+    if have >= settings.max_per_user:
+        return Failed(f"You have {have} schedules, the most allowed here; cancel one "
+                      "first (/schedules lists them).")
+    try:
+        spec = parse_spec(words, settings.default_tz, await store.now())
+        gap = spec.when.interval()
+        if gap is not None and gap < settings.min_interval:
+            return Failed(f"Schedules here may repeat at most every "
+                          f"{format_duration(settings.min_interval)}; "
+                          f"{spec.when.describe()} is more often.")
+        made = await add_schedule(
+            store, source="user", owner=owner, provider=owner[0], chat_id=chat_id,
+            thread_id=thread_id, is_direct=is_direct, agent=agent, prompt=spec.prompt,
+            when=spec.when, created_by=f"{owner[0]}:{owner[1]}")
+    except BadTime as e:
+        return Failed(str(e))
+    scheduler.wake()
+    return (f"Scheduled `{made.id}`: {spec.when.describe()}, next "
+            f"{when_text(made.next_due, made.tz)}. `/schedules cancel {made.id}` stops it.")

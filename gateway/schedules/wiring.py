@@ -23,6 +23,7 @@ def attach(gw: Any) -> Scheduler:
         instance=gw.instance, metrics=gw.metrics,
         reload_interval=lambda: gw.config.gateway.reload_interval_seconds)
     ScheduleCommands(scheduler).register(gw.pipeline.commands)
+    gw.runner.services["schedules"] = scheduler  # the schedule tool's
     gw.health_reports["schedules"] = lambda: report(scheduler)
     return scheduler
 
