@@ -105,6 +105,7 @@ LOG_MAX_BYTES = 10 * 2**20  # pluto.log is rotated at this size ...
 LOG_BACKUPS = 5  # ... keeping pluto.log.1 … pluto.log.5
 
 
+EVERY_LINE = {"rate_limit": False}  # log.warning(..., extra=EVERY_LINE): never rate-limited
 _rate: RateLimit | None = None  # the one in use: its counts are logged at exit
 _flush_at_exit: list[object] = []
 
@@ -116,7 +117,9 @@ class RateLimit(logging.Filter):
     A kind is the logger, the level and the message before its arguments are filled in (its
     first line, numbers and addresses masked, for a message logged ready-made — asyncio's
     tracebacks): a flood of one error costs a few lines, not 45 MB. Put one instance on every
-    handler: a record is judged once and every handler follows that judgement."""
+    handler: a record is judged once and every handler follows that judgement. A line that
+    must be written every time (one an admin acts on, each naming its own item) is logged with
+    ``extra=EVERY_LINE``."""
 
     MAX_KINDS = 2000  # beyond this many kinds in one interval, all the others share one
 
@@ -143,8 +146,9 @@ class RateLimit(logging.Filter):
         judged = getattr(record, "_pluto_rate", None)
         if judged is not None:
             return bool(judged)
-        if getattr(self._passing_summary, "on", False):
-            return True
+        if getattr(self._passing_summary, "on", False) or \
+                getattr(record, "rate_limit", True) is False:
+            return True  # a summary, or a line that must never be cut (extra=EVERY_LINE)
         now = self.clock()
         due: list[tuple[list[Any], float]] = []
         with self._lock:
