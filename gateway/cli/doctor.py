@@ -70,6 +70,7 @@ def doctor_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path
         checks.append(asyncio.run(_storage(config, data_dir)))
         checks += _example_secrets(config)
         checks.append(_mcp_sandbox())
+        checks.append(_python_sandbox(args, config))
         checks += asyncio.run(_mcp_servers(args, config))
         checks += asyncio.run(_providers(args, config, data_dir))
         checks += asyncio.run(_models(args, config))
@@ -144,6 +145,30 @@ def _mcp_sandbox() -> Check:
         return Check("mcp sandbox", True, f"{bwrap_path()}: stdio MCP servers run in bubblewrap")
     return Check("mcp sandbox", os.geteuid() != 0,
                  (MISSING if bwrap_path() is None else UNUSABLE) + ".")
+
+
+def _python_sandbox(args: argparse.Namespace, config: PlutoConfig) -> Check:
+    """run_python needs bubblewrap (docs/python.md): without it the tool is off — a failure
+    when an agent lists it, a remark otherwise."""
+    from pluto.agents.registry import AgentRegistry
+    from pluto.runtime.catalog import standard_tools
+    from pluto.runtime.python.sandbox import unavailable
+
+    why = unavailable()
+    if why is None:
+        return Check("python sandbox", True, "run_python runs code in bubblewrap")
+    registry = AgentRegistry(args.config / "agents", config.data_dir / "agents",
+                             key_envs=config.agents.api_key_envs,
+                             known_tools=standard_tools().keys())
+    users = []
+    for name in registry.names():
+        try:
+            if "run_python" in registry.get(name).tools:
+                users.append(name)
+        except (PlutoError, LookupError):
+            continue
+    return Check("python sandbox", not users, why[0].upper() + why[1:] + (
+        f" (agents with run_python: {', '.join(users)})." if users else "."))
 
 
 async def _mcp_servers(args: argparse.Namespace, config: PlutoConfig) -> list[Check]:

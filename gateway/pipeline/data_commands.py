@@ -97,6 +97,9 @@ class DataCommands:
         commands.add("describe", "columns, statistics and sample rows of a dataset: "
                      "/describe NAME", self._describe)
         commands.add("sql", "run a read-only SQL query: /sql SELECT …", self._sql)
+        from pluto.gateway.pipeline.python_command import PythonCommand
+
+        PythonCommand(self).register(commands)  # /py: Python in the sandbox (issue 34)
 
     async def scope(self, route: Route) -> Scope:
         """What the chat may query (DuckDB and the agent's files are loaded off the loop)."""
