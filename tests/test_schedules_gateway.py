@@ -190,6 +190,9 @@ async def test_schedules_yaml_fires_and_a_bad_edit_keeps_the_last_good(
     try:
         row = await gw.store.schedules.get("file:sales")  # type: ignore[attr-defined]
         assert row is not None and row.next_due == START + 2 * 3600  # 11:00 Berlin = 10:00 UTC
+        await until(lambda: gw.scheduler.next_firing)  # /readyz shows it
+        assert gw.health_reports["schedules"]() == {"next_firing": START + 2 * 3600,
+                                                    "file": "ok"}
         await advance(gw, clock, 2 * 3600)
         assert (await p.wait_finals(1, chat="team")) == ["echo: sales summary"]
         watcher = gw.scheduler.watcher
@@ -198,6 +201,7 @@ async def test_schedules_yaml_fires_and_a_bad_edit_keeps_the_last_good(
         assert not await watcher.check(force=True)
         [(file, line, field, problem)] = watcher.state.problems
         assert (file.endswith("schedules.yaml"), line, field) == (True, 7, "schedules[0].cron")
+        assert gw.health_reports["schedules"]()["file"] == "refused"
         assert problem.startswith("'0 25 * * *' is not a cron expression I can use (bad hour)")
         kept = await gw.store.schedules.get("file:sales")  # type: ignore[attr-defined]
         assert kept is not None and kept.expr == "0 11 * * *" and kept.active
@@ -234,3 +238,4 @@ async def test_a_bad_cron_stops_the_start_naming_file_and_line(config_dir: Path,
         with pytest.raises(ConfigError) as e:
             await gw.start()
         assert field in str(e.value)
+
