@@ -25,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import aclosing
 from pathlib import Path
+from typing import Any
 
 from aiohttp import WSCloseCode, web
 
@@ -252,8 +253,9 @@ class WebProvider(Provider):
         before replies were taken from the feed) is shown to the chat as it was then."""
         if message.kind == "delta":
             return None  # progress comes from the run feed
-        run = {"id": f"{message.run_id}:{message.seq}", "run_id": message.run_id,
-               "seq": message.seq} if message.run_id is not None else {}
+        run: dict[str, Any] = {"id": f"{message.run_id}:{message.seq}",
+                               "run_id": message.run_id,
+                               "seq": message.seq} if message.run_id is not None else {}
         match message.kind:
             case "reply":
                 frame = protocol.frame("message.final", text=message.text,
