@@ -125,12 +125,14 @@ class Scheduler:
         while True:
             self._wake.clear()
             wait = self.max_wait
+            began = asyncio.get_running_loop().time()
             try:
                 now = await self.tick()
                 nxt = await self.store.next_due(list(self.providers))
                 self.next_firing = nxt
-                if nxt is not None:
-                    wait = min(self.max_wait, max(0.0, nxt - now))
+                if nxt is not None:  # (``now`` was read as the look began)
+                    spent = asyncio.get_running_loop().time() - began
+                    wait = min(self.max_wait, max(0.0, nxt - now - spent))
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - storage away: the next look tries again
