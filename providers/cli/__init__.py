@@ -333,9 +333,9 @@ class _TtyReader:
 
     def __init__(self, history_file: Path | None):
         from prompt_toolkit import PromptSession
-        from prompt_toolkit.history import FileHistory, InMemoryHistory
+        from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 
-        history = InMemoryHistory()
+        history: History = InMemoryHistory()
         if history_file is not None:
             history_file.parent.mkdir(parents=True, exist_ok=True)
             history = FileHistory(str(history_file))
