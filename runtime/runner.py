@@ -515,7 +515,7 @@ class Runner:
         req = state.req
         ctx = ToolContext(req.run_id, req.session.id, req.session.key, req.agent.name,
                           self.data_dir, self.services, req.agent.datasets,
-                          progress=self._progress_of(state, call))
+                          progress=self._progress_of(state, call), speaker=req.speaker)
         try:
             async with asyncio.timeout(max(0.0, state.deadline - time.monotonic())):
                 return await tool(ctx, args)

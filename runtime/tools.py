@@ -57,6 +57,9 @@ class ToolContext:
     datasets: tuple[str, ...] | str = ()  # global datasets the agent may query ("*": all)
     # a long call tells how far it got: await ctx.progress(done, total, "message")
     progress: Progress | None = None
+    # who wrote the message the run answers, and where (a runtime.memory.Speaker; None when
+    # the run answers no chat message): tools that act for that person (schedule) read it
+    speaker: Any = None
 
 
 ToolFn = Callable[..., Awaitable[ToolResult | str]]
