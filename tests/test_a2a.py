@@ -107,6 +107,18 @@ async def test_a_chart_is_a_file_artifact_fetched_with_the_same_key(config_dir, 
         assert str(data_dir) not in json.dumps(task)
         async with http.get(part["file"]["uri"], headers=AUTH) as resp:
             assert resp.status == 200 and (await resp.read())[:4] == b"\x89PNG"
+        # streamed: the chart is an artifact-update of its own, before the answer's
+        model.turns.extend([Scripted(tool_calls=[ToolCall("c2", "make_chart", json.dumps(
+            {"sql": SQL, "kind": "pie"}))]), Scripted(text="Again.")])
+        body = {"jsonrpc": "2.0", "id": 9, "method": "message/stream",
+                "params": message("once more", contextId=task["contextId"])}
+        async with http.post(target, json=body, headers=AUTH) as resp:
+            stream = (await resp.read()).decode()
+        updates = [json.loads(line[6:])["result"] for line in stream.splitlines()
+                   if line.startswith("data: ")]
+        files = [u["artifact"]["parts"][0] for u in updates if u["kind"] == "artifact-update"]
+        assert [f["kind"] for f in files] == ["file", "text"]
+        assert files[0]["file"]["mimeType"] == "image/png" and str(data_dir) not in stream
 
 
 async def test_message_stream_sends_the_task_then_updates_then_a_final_status(gw, http) -> None:

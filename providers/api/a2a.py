@@ -204,12 +204,10 @@ class A2A:
         if step.run_id is None:
             return  # answered without a run: the Task says it all
         ids = {"taskId": snapshot["id"], "contextId": task.id}
-        link = self.api._linker(task)
         error: str | None = None
         async with aclosing(self.api.feed.follow(step.run_id)) as events:
             async for event in events:
-                update = self._update(request, ids, event, link)
-                if update is not None:
+                for update in self._updates_of(request, ids, event):
                     yield update
                 match event:
                     case RunError(message=message):
@@ -218,25 +216,23 @@ class A2A:
                         yield _status(ids, _state_of(outcome), time.time(), error, final=True)
                         return
 
-    def _update(self, request: web.Request, ids: dict[str, str], event: RunEvent,
-                link: Any) -> dict[str, Any] | None:
+    def _updates_of(self, request: web.Request, ids: dict[str, str],
+                     event: RunEvent) -> list[dict[str, Any]]:
+        """What one run event shows an A2A client (often nothing)."""
         match event:
             case ToolStart(name=name):
-                return _status(ids, "working", event.ts, f"Using {name}…")
-            case ToolEnd(details=details):
-                files = [artifacts.artifact_at(p, self.api.files) for p in
-                         artifacts.paths_in(details)] if self.api.files is not None else []
-                found = [a for a in files if a is not None]
-                if not found:
-                    return None
-                return {"kind": "artifact-update", **ids,
-                        "artifact": _file_artifact(request, ids["contextId"], found[0]),
-                        "lastChunk": True}
+                return [_status(ids, "working", event.ts, f"Using {name}…")]
+            case ToolEnd(details=details) if self.api.files is not None:
+                found = [artifacts.artifact_at(p, self.api.files)
+                         for p in artifacts.paths_in(details)]
+                return [{"kind": "artifact-update", **ids, "lastChunk": True,
+                         "artifact": _file_artifact(request, ids["contextId"], a)}
+                        for a in found if a is not None]
             case MessageFinal(text=text):
-                return {"kind": "artifact-update", **ids, "lastChunk": True,
-                        "artifact": {"artifactId": "answer", "name": "answer",
-                                     "parts": [{"kind": "text", "text": text}]}}
-        return None
+                return [{"kind": "artifact-update", **ids, "lastChunk": True,
+                         "artifact": {"artifactId": "answer", "name": "answer",
+                                      "parts": [{"kind": "text", "text": text}]}}]
+        return []
 
     # tasks/get and tasks/cancel -----------------------------------------------------------
 
