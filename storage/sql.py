@@ -35,6 +35,15 @@ def run_statements(statements: tuple[Statement, ...]) -> Change:
     return change
 
 
+def together(parts: Sequence[tuple[str, Statement]], result: str) -> Statement:
+    """``WITH name AS (statement), … SELECT result`` (PostgreSQL): data-modifying statements
+    as one statement — one round trip, atomic without BEGIN and COMMIT. Each part sees the
+    database as it was before any of them, so they must change different rows; a part refers
+    to an earlier one by its name (``… FROM name``) to depend on it."""
+    return ("WITH " + ", ".join(f"{name} AS ({sql})" for name, (sql, _) in parts)
+            + f" SELECT {result}", tuple(p for _, (_, ps) in parts for p in ps))
+
+
 def migration_for(dialect: str, step: Migration) -> str:
     """One migration step as the engine ``dialect`` runs it."""
     if not isinstance(step, str):
@@ -73,6 +82,16 @@ class Engine(Protocol):
 
     async def write(self, *statements: Statement) -> int:
         """Statements as one atomic change; the row count of the last one."""
+        ...
+
+    async def write_together(self, *statements: Statement) -> int:
+        """:meth:`write` of statements that change different rows (``INSERT … VALUES`` or
+        ``UPDATE``, no ``RETURNING``): on PostgreSQL one statement (:func:`together`), a round
+        trip instead of one per statement plus BEGIN and COMMIT."""
+        ...
+
+    async def write_returning(self, statement: Statement) -> Any | None:
+        """One statement that changes data and returns a row, committed; that row."""
         ...
 
     def queue(self, change: Callable[[Any], T], *, hold: bool = False) -> asyncio.Future[T]:

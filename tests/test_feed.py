@@ -169,6 +169,8 @@ class NeverCommits:
         await asyncio.Event().wait()  # the crash comes first
         return 0
 
+    write_together = write
+
 
 @contextlib.asynccontextmanager
 async def opened(engine: str, where: str) -> AsyncIterator[SqlStore]:

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from pluto.errors import StorageError, StorageUnavailable
 from pluto.storage.health import StorageHealth
-from pluto.storage.sql import Migration, Statement, migration_for, run_statements
+from pluto.storage.sql import Migration, Statement, migration_for, run_statements, together
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +218,20 @@ class PostgresEngine:
         # one statement is atomic by itself: no BEGIN and COMMIT around it (two round trips)
         return await self._in_thread(self._run, run_statements(statements),
                                      len(statements) > 1)
+
+    async def write_together(self, *statements: Statement) -> int:
+        if len(statements) < 2:
+            return await self.write(*statements)
+        *first, (last, params) = statements
+        sql, values = together([*((f"w{i}", s) for i, s in enumerate(first)),
+                                ("last", (last + " RETURNING 1", params))], "count(*) FROM last")
+        row = await self.write_returning((sql, values))
+        return int(row[0]) if row is not None else 0
+
+    async def write_returning(self, statement: Statement) -> Any | None:
+        # one statement is atomic by itself (as :meth:`write` of one)
+        return await self._in_thread(self._run, lambda conn: conn.execute(*statement).fetchone(),
+                                     False)
 
     async def read(self, query: Callable[[Any], T]) -> T:
         return await self._in_thread(self._run, query, False)

@@ -25,7 +25,7 @@ from pluto.events import RunEnd, RunEvent, event_from_dict, event_to_dict
 from pluto.ids import new_id
 from pluto.storage.rows import (MessageRow, RunRow, SessionRow, estimate_tokens,
                                 sanitize_history)
-from pluto.storage.sql import Engine, Statement, run_statements
+from pluto.storage.sql import Engine, Statement, run_statements, together
 from pluto.storage.sqlite.fencing import Claim, fence
 
 log = logging.getLogger(__name__)
@@ -154,14 +154,6 @@ def _after(stmt: Statement, guard: str) -> Statement:
     elif sql.startswith("UPDATE ") and " WHERE " in sql:
         return f"{sql} AND EXISTS (SELECT 1 FROM {guard})", params
     raise ValueError(f"cannot guard {sql!r}")
-
-
-def _together(parts: list[tuple[str, Statement]], result: str) -> Statement:
-    """``WITH name AS (statement), … SELECT result``: data-modifying statements as one
-    statement — one round trip, atomic without BEGIN and COMMIT, each seeing the database as
-    it was before any of them (they change different rows)."""
-    return ("WITH " + ", ".join(f"{name} AS ({sql})" for name, (sql, _) in parts)
-            + f" SELECT {result}", tuple(p for _, (_, ps) in parts for p in ps))
 
 
 def _runs(stmts: list[Statement]) -> set[str]:
@@ -309,7 +301,7 @@ class SqliteConversations:
             event = self._numbered(event)
             stmts.append(fence(_event_stmt(event), claim))
         stmts = [*self._take_behind(), *stmts]
-        if await self._in_order(_runs(stmts), lambda: self.engine.write(*stmts)) == 0 \
+        if await self._in_order(_runs(stmts), lambda: self._write(stmts)) == 0 \
                 and claim is not None:
             raise RunTakenOver(f"run {run_id} was taken over by another instance")
         self._committed(stmts)
@@ -443,9 +435,10 @@ class SqliteConversations:
             parts.append(("h", (f"{sql} AND EXISTS (SELECT 1 FROM r) RETURNING 1", params)))
             guard = "h"
         parts += [(f"s{i}", _after(stmt, guard)) for i, stmt in enumerate(stmts)]
-        sql, params = _together(parts, "(SELECT count(*) FROM r), (SELECT count(*) FROM "
+        sql, params = together(parts, "(SELECT count(*) FROM r), (SELECT count(*) FROM "
                                        f"{guard})")
-        row = await self.engine.read(lambda conn: conn.execute(sql, params).fetchone())
+        row = await self.engine.write_returning((sql, params))
+        assert row is not None
         if not row[0]:
             raise RunTakenOver(f"run {run_id} has ended (taken over) before it started")
         if not row[1]:  # its row says running, its message is another's: it ends here
@@ -463,7 +456,7 @@ class SqliteConversations:
             # behind by a whole window, and a number shown must survive a crash)
             claim = self._claims.get(event.run_id)
             stmts = [*self._take_behind(), fence(_event_stmt(event), claim)]
-            if await self._in_order(_runs(stmts), lambda: self.engine.write(*stmts)) == 0 \
+            if await self._in_order(_runs(stmts), lambda: self._write(stmts)) == 0 \
                     and claim is not None:
                 raise RunTakenOver(f"run {event.run_id} was taken over by another instance")
             self._committed(stmts)
@@ -494,6 +487,11 @@ class SqliteConversations:
                 if self._tails.get(r) is mine:
                     del self._tails[r]
 
+    async def _write(self, stmts: list[Statement]) -> int:
+        """``stmts`` (events and messages: different rows) as one change; the row count of
+        the last (on PostgreSQL one statement)."""
+        return await self.engine.write_together(*stmts)
+
     def _take_behind(self) -> list[Statement]:
         """The preview events not yet handed to the engine: a write takes them along first."""
         if not self._behind:
@@ -505,7 +503,7 @@ class SqliteConversations:
         try:
             while stmts := self._take_behind():
                 try:
-                    await self._in_order(_runs(stmts), lambda: self.engine.write(*stmts))
+                    await self._in_order(_runs(stmts), lambda: self._write(stmts))
                 except Exception as e:  # noqa: BLE001 - previews only: the answer is durable
                     log.warning("storage: %d streamed preview event(s) were not kept: %s",
                                 len(stmts), e)
@@ -600,18 +598,19 @@ class SqliteConversations:
             for stmt in answer:
                 conn.execute(*stmt)
 
-        async def together() -> None:  # (PostgreSQL: one statement, one round trip)
-            sql, params = _together(
+        async def in_one() -> None:  # (PostgreSQL: one statement, one round trip)
+            sql, params = together(
                 [*((f"b{i}", stmt) for i, stmt in enumerate(behind)),
                  ("done", (ended[0] + " RETURNING 1", ended[1])),
                  *((f"a{i}", _after(stmt, "done")) for i, stmt in enumerate(answer))],
                 "count(*) FROM done")
-            if not (await self.engine.read(lambda conn: conn.execute(sql, params).fetchone()))[0]:
+            done = await self.engine.write_returning((sql, params))
+            if done is None or not done[0]:
                 raise RunTakenOver(f"run {run_id} was taken over by another instance")
 
         try:
             await self._in_order(_runs(behind) | {run_id},
-                                 together if self.engine.dialect == "postgres"
+                                 in_one if self.engine.dialect == "postgres"
                                  else lambda: self.engine.transact(complete))
         finally:
             self._forget(run_id)

@@ -322,6 +322,12 @@ class SqliteEngine:
         """Statements as one atomic change; returns the row count of the last one."""
         return await self.transact(run_statements(statements))
 
+    async def write_together(self, *statements: Statement) -> int:
+        return await self.write(*statements)  # (commits are grouped here already)
+
+    async def write_returning(self, statement: Statement) -> Any | None:
+        return await self.transact(lambda conn: conn.execute(*statement).fetchone())
+
     def _commit_next(self) -> None:
         """Hand what is pending to the database thread as one batch. Its end (a callback the
         thread schedules on the loop, not a task: a caller cancelled meanwhile never stops it)
