@@ -34,6 +34,7 @@ from pluto.errors import DeliveryRefused, PlutoError, ProviderError, RateLimited
 from pluto.gateway.delivery.flood import FloodControl
 from pluto.gateway.delivery.streaming import ChatOp, EditThrottle
 from pluto.gateway.delivery.watchdog import SendWatchdog
+from pluto.gateway.logs import EVERY_LINE
 from pluto.gateway.ports import Provider
 from pluto.storage.ports import OutboxStore
 from pluto.storage.rows import OutboxRow
@@ -358,7 +359,8 @@ class Outbox:
         counted = row.id in self._counted
         if row.attempts and not counted and not message.edit_of:  # (an edit is idempotent)
             log.warning("%s: chunk %d of reply %s may have been delivered before a crash; "
-                        "sending it again", provider.name, row.chunk, row.reply_id)
+                        "sending it again", provider.name, row.chunk, row.reply_id,
+                        extra=EVERY_LINE)  # (each is a possible duplicate: none goes unsaid)
         key = (provider.name, row.chat_id)
         failures = 0
         while True:
