@@ -41,6 +41,7 @@ from pluto.errors import ConfigError, UnknownAgent
 from pluto.jsonlimits import JsonTooDeep
 from pluto.gateway.http.admin_agents import (AgentFiles, BadRequest, a2a_refusal, agent_card,
                                              agent_view, delete, save)
+from pluto.gateway.http.admin_schedules import add_schedule_routes
 from pluto.gateway.http.admin_usage import add_usage_routes
 from pluto.runtime.tracing import trace_id_for
 from pluto.gateway.pipeline.explain import explain, message_from
@@ -127,6 +128,7 @@ def mount_admin(app: web.Application, gateway: Gateway) -> None:
     r.add_get("/runs", _runs)
     r.add_get("/runs/{run_id}", _run)
     add_usage_routes(r)  # /admin/usage...: the usage ledger and budgets (admin_usage.py)
+    add_schedule_routes(r)  # /admin/schedules...: schedules and firings (admin_schedules.py)
     app.add_subapp("/admin", admin)
     app.router.add_get("/agents/{name}/.well-known/agent.json", _card)
     app.router.add_get("/agents/{name}/.well-known/agent-card.json", _card)
