@@ -240,7 +240,12 @@ def work_files(blobs: list[bytes], notes: list[str]) -> list[dict[str, Any]]:
     cap, total_cap = int(LIMITS.get("file_mb", 16)) * 2**20, int(LIMITS.get("files_mb", 32)) * 2**20
     total, count_cap = 0, int(LIMITS.get("max_files", 10))
     for top, dirs, names in os.walk(WORK, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for d in dirs:
+            if os.path.islink(os.path.join(top, d)):
+                notes.append(f"{os.path.relpath(os.path.join(top, d), WORK)} is a link to a "
+                             "folder, not a regular file: not offered")
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")
+                         and not os.path.islink(os.path.join(top, d)))
         for name in sorted(names):
             path = os.path.join(top, name)
             shown = os.path.relpath(path, WORK)

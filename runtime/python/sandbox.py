@@ -410,7 +410,11 @@ class Sandbox:
         if time.monotonic() >= self._deadline_seen:
             return SandboxError(f"The code ran longer than {self.limits.timeout:g} s and was "
                                 "stopped. Work on less data, or simplify it.")
-        code = self.proc.poll()
+        try:
+            code = self.proc.wait(timeout=5)  # (bwrap exits 128 + the signal that killed it)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = None
         if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU) or code == -signal.SIGKILL:
             return SandboxError("The code used up its CPU time or memory and was stopped.")
         return SandboxError(f"The Python sandbox ended before answering (exit code {code}).")
