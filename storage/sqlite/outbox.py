@@ -197,7 +197,7 @@ class SqliteOutbox:
         if count is not None:  # the next chunk's call, counted before it is made
             changes.append(("UPDATE outbox SET attempts = attempts + 1, error = NULL,"
                             " updated_at = ? WHERE id = ?", (now, count)))
-        await self.engine.write(*changes)
+        await self.engine.write_together(*changes)  # (different rows: one statement)
 
     async def failed(self, row_ids: list[int], error: str) -> None:
         now = time.time()

@@ -207,8 +207,12 @@ class SqlUsage:
         """:meth:`record`, handed over without waiting and held to ride with the next commit
         (a run's answer, most often: one commit for both); the future settles once it is
         committed."""
-        return self.engine.queue(run_statements(
-            (*self._statements(call, periods), *_released(release))), hold=True)
+        statements = (*self._statements(call, periods), *_released(release))
+        if self.engine.dialect == "postgres" and release is None:
+            # (the ledger row and the counters: different rows, one statement, one round trip;
+            # a reservation given back changes the counters' rows again: a transaction)
+            return asyncio.ensure_future(self.engine.write_together(*statements))
+        return self.engine.queue(run_statements(statements), hold=True)
 
     async def reserve(self, claims: tuple[Claim, ...], tokens: int, cost: float,
                       prompt: int) -> int | None:
