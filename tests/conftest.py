@@ -78,10 +78,10 @@ socket.getaddrinfo = _getaddrinfo  # type: ignore[assignment]
 # Applied here, by path and by what a test uses, so a new test is marked without anyone
 # remembering to: `pytest -m "not slow"` is the fast subset (docs/tests.md).
 
-# Known long tests (seconds each on the 2-core machine; measured with --durations): whole
-# files, or single tests by their node id without parameters.
-SLOW = {
-}
+# Known long tests (tests/slow.txt: measured with --durations): whole files, or test
+# functions by their node id without parameters.
+SLOW = {line.split("#")[0].strip() for line in (ROOT / "tests" / "slow.txt").read_text()
+        .splitlines() if line.split("#")[0].strip()}
 # what a test that talks to PostgreSQL uses (tests/helpers/pg.py)
 _PG_WORDS = re.compile(r"\b(fresh_schema|url_with_schema|PG_URL)\b|(?<![\w.])_connect\(")
 _PG_PARAMS = {"postgres", "postgresql", "pg"}
