@@ -103,7 +103,7 @@ def test_doctor_passes_against_a_working_model(tmp_path: Path, fake) -> None:
     lines = out.stdout.splitlines()
     assert [ln.split(":")[0] for ln in lines[:-1]] == [
         "ok    config", "ok    data dir", "ok    open files", "ok    storage",
-        "ok    mcp sandbox", "ok    mcp cook/kitchen", "ok    provider web",
+        "ok    mcp sandbox", "ok    python sandbox", "ok    mcp cook/kitchen", "ok    provider web",
         "ok    provider api", "ok    model default"]
     assert lines[-1] == "All good. Start with: pluto chat (or pluto serve)."
     assert "open files" in lines[2] and "answers can stream at once" in lines[2]
