@@ -239,3 +239,19 @@ async def test_a_bad_cron_stops_the_start_naming_file_and_line(config_dir: Path,
             await gw.start()
         assert field in str(e.value)
 
+
+
+async def test_stop_stops_a_firing_run(config_dir: Path, data_dir: Path, clock: Clock):
+    """A firing's run is the chat's: /stop there stops it, and its history says so."""
+    model = ScriptedModel(Scripted(text="a long report " * 50, chunk=5, delay=0.05))
+    gw, p = await start(config_dir, data_dir, clock, model)
+    try:
+        sid = (await ask(p, "/remind in 1h the long report", chat="r1")).split("`")[1]
+        await advance(gw, clock, 3600)
+        await until(lambda: gw.pipeline.live or None)  # its run is going
+        assert await ask(p, "/stop", chat="r1") == "Stopped."
+        await until_async(lambda: _outcome(gw, sid, "stopped"))
+        await gw.settled()
+        assert not any("long report" in t for t in p.finals("r1"))
+    finally:
+        await gw.stop()

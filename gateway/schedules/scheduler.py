@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pluto.events import MessageDelta, MessageFinal, RunEnd, RunError, RunEvent
+from pluto.events import MessageDelta, MessageFinal, RunEnd, RunEvent
 from pluto.gateway.pipeline.routing import RoutingTable, session_key
 from pluto.gateway.schedules.config import ScheduleConfig, ScheduleFileWatcher, load_schedules
 from pluto.gateway.schedules.recurrence import BadTime, When
@@ -37,6 +37,7 @@ from pluto.types import Accepted, IncomingMessage, Route, SessionScope
 log = logging.getLogger(__name__)
 
 MAX_WAIT = 15.0  # seconds: the longest sleep between looks (schedules made elsewhere)
+ENDED = {"ok": "ran", "cancelled": "stopped"}  # a run's end -> its firing's outcome
 _QUIET = re.compile(r"^\W*(nothing to report)?\W*$", re.I)
 
 
@@ -211,7 +212,7 @@ class Scheduler:
     def _heartbeat(self, firing: Firing) -> Callable[[AsyncIterator[RunEvent]],
                                                      AsyncIterator[RunEvent]]:
         async def wrap(events: AsyncIterator[RunEvent]) -> AsyncIterator[RunEvent]:
-            outcome = "failed"
+            outcome: str | None = None
             try:
                 async for event in events:
                     match event:
@@ -220,14 +221,14 @@ class Scheduler:
                         case MessageFinal(text=text) if is_quiet(text):
                             outcome = "quiet"
                             continue
-                        case MessageFinal():
-                            outcome = "ran"
-                        case RunError():
-                            outcome = "failed"
-                        case RunEnd(outcome=ended) if ended != "ok" and outcome != "failed":
-                            outcome = "failed"
+                        case RunEnd(outcome=ended) if ended != "ok" or outcome is None:
+                            outcome = ENDED.get(ended, "failed")
                     yield event
+            except (asyncio.CancelledError, GeneratorExit):  # /stop, or the gateway stopping
+                outcome = outcome or "stopped"
+                raise
             finally:
+                outcome = outcome or "failed"
                 self._count(outcome)
                 try:
                     await self.store.fired(firing.id, outcome)

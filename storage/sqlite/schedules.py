@@ -64,8 +64,9 @@ MIGRATIONS: list[Any] = [
 ]
 
 # the outcomes a firing records: claimed (being fired), then ran, quiet (the agent had nothing
-# to report: nothing sent), failed; missed (too late: not run)
-OUTCOMES = ("claimed", "ran", "quiet", "failed", "missed")
+# to report: nothing sent), stopped (/stop, or the gateway stopped), failed; missed (too late:
+# not run)
+OUTCOMES = ("claimed", "ran", "quiet", "stopped", "failed", "missed")
 
 
 @dataclass(frozen=True, slots=True)
