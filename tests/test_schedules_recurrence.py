@@ -135,3 +135,14 @@ def test_the_shortest_gap_of_a_cron():
     assert When("cron", "0 9 * * 1-5").interval() == 86400.0
     assert When("every", "60.0").interval() == 60.0
     assert When("at", "1.0").interval() is None
+
+
+def test_a_zone_among_the_words_is_the_schedules():
+    now = berlin(2026, 11, 26, 10)
+    spec = parse_spec("every day 9:00 Europe/Berlin standup", "UTC", now)
+    assert (spec.when.tz, spec.when.expr, spec.prompt) == ("Europe/Berlin", "0 9 * * *",
+                                                           "standup")
+    spec = parse_spec("at 2026-12-01 09:00 America/New_York call", "UTC", now)
+    assert spec.when.first(now) == datetime(2026, 12, 1, 14, tzinfo=ZoneInfo("UTC")).timestamp()
+    spec = parse_spec("in 1h read a/b and Foo/Bar", "UTC", now)  # not zones: the prompt's
+    assert (spec.when.tz, spec.prompt) == ("UTC", "read a/b and Foo/Bar")

@@ -229,9 +229,26 @@ class Spec:
     prompt: str
 
 
+_ZONE_WORD = re.compile(r"^(UTC|[A-Z][A-Za-z_]+(/[A-Za-z0-9_+-]+)+)$")
+
+
 def parse_spec(text: str, tz: str, now: float) -> Spec:
     """``/remind``'s words: ``in 2h PROMPT``, ``every weekday 9:00 PROMPT``, ``at 2026-12-01
-    09:00 PROMPT`` (``at`` also takes ``+2h`` or a time of day today/tomorrow)."""
+    09:00 PROMPT`` (``at`` also takes ``+2h`` or a time of day today/tomorrow). A time zone
+    written among the words before the prompt (``every day 9:00 Europe/Berlin standup``) is
+    the schedule's; else ``tz``."""
+    words = text.split()
+    for i, word in enumerate(words[:8]):
+        if _ZONE_WORD.match(word):
+            try:
+                zone(word)
+            except BadTime:
+                continue
+            return _parse_spec(" ".join(words[:i] + words[i + 1:]), word, now)
+    return _parse_spec(text, tz, now)
+
+
+def _parse_spec(text: str, tz: str, now: float) -> Spec:
     s = text.strip()
     low = s.lower()
     if low.startswith("in "):
