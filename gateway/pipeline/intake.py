@@ -359,12 +359,13 @@ class IntakeQueue:
             await asyncio.shield(cluster.release(lease))
         if queue:  # ours that another instance handled before we held the chat
             await self._learn_outcomes(queue)
-        left = await self.inbox.unhandled_in_chat(self.name, key, 1)
-        if self._closed and left:  # stopping: the others take the chat's messages
-            self._note(f"orphan|{self.name}|{key}")
+        if self._closed:
+            if await self.inbox.unhandled_in_chat(self.name, key, 1):
+                self._note(f"orphan|{self.name}|{key}")  # stopping: the others take them
             return True
-        # a message recorded elsewhere just before we let go: ours to take as well
-        return not queue and not left and not queue  # (or one handed to us meanwhile)
+        # (a message recorded elsewhere after our last look: its receiver waits for the
+        # chat, woken by the release's note — or, were it to die meanwhile, the sweep)
+        return not queue  # (one handed to us meanwhile: ours to take)
 
     async def _noted(self, key: str, also: asyncio.Future[Any] | None = None) -> bool:
         """Wait for a note about chat ``key`` (or ``also`` to finish), at most
