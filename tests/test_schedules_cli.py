@@ -89,3 +89,24 @@ async def test_bad_options_are_one_sentence(config_dir: Path, data_dir: Path, ca
         code, _, err = await pluto(action, "nope")
         assert code == 1 and err.strip() == ("pluto schedule: there is no schedule 'nope' "
                                              "(pluto schedule list)")
+
+
+async def test_routes_check_knows_the_tool_and_checks_schedules_yaml(config_dir: Path,
+                                                                    data_dir: Path, capsys):
+    agent = config_dir / "agents" / "default" / "agent.yaml"
+    agent.write_text(agent.read_text().replace("tools: [current_time,",
+                                               "tools: [schedule, current_time,"))
+
+    def check() -> tuple[int, str]:
+        code = cli_main(["--config", str(config_dir), "--data-dir", str(data_dir), "routes",
+                         "check"])
+        out = capsys.readouterr()
+        return code, out.out + out.err
+    code, out = await asyncio.to_thread(check)
+    assert code == 0 and out.startswith("ok: "), out
+    (config_dir / "schedules.yaml").write_text(
+        "schedules:\n  - name: x\n    agent: default\n    to: test:c\n    cron: '0 9 * * 8'\n"
+        "    prompt: p\n")
+    code, out = await asyncio.to_thread(check)
+    assert code == 2 and "schedules.yaml:5: schedules[0].cron: '0 9 * * 8' is not a cron " \
+        "expression I can use (bad day-of-week)" in out, out

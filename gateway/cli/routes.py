@@ -12,6 +12,7 @@ from pluto.errors import ConfigError
 from pluto.gateway.cli.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from pluto.gateway.pipeline.explain import explain, message_from, unreachable
 from pluto.gateway.reload import load_routes
+from pluto.gateway.schedules.config import load_schedules
 from pluto.runtime.catalog import standard_tools
 from pluto.settings import PlutoConfig
 from pluto.storage.sqlite import approved_sync
@@ -28,6 +29,10 @@ def routes_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path
         return EXIT_CONFIG
     if args.routes_command == "check":
         problems = [p for e in registry.check_all() for p in e.problems]
+        try:  # schedules.yaml too: its agents, expressions and zones
+            load_schedules(args.config, set(registry.names()))
+        except ConfigError as e:
+            problems += e.problems
         if problems:
             _print_problems(problems)
             return EXIT_CONFIG

@@ -14,6 +14,7 @@ from typing import Any
 
 from pluto.gateway.schedules.commands import ScheduleCommands
 from pluto.gateway.schedules.scheduler import Scheduler
+from pluto.gateway.schedules.tool import ScheduleTools
 
 
 def attach(gw: Any) -> Scheduler:
@@ -23,7 +24,7 @@ def attach(gw: Any) -> Scheduler:
         instance=gw.instance, metrics=gw.metrics,
         reload_interval=lambda: gw.config.gateway.reload_interval_seconds)
     ScheduleCommands(scheduler).register(gw.pipeline.commands)
-    gw.runner.services["schedules"] = scheduler  # the schedule tool's
+    gw.runner.services["schedules"] = ScheduleTools(scheduler)  # the schedule tool's
     gw.health_reports["schedules"] = lambda: report(scheduler)
     return scheduler
 
