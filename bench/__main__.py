@@ -12,7 +12,8 @@ import time
 
 from bench.common import Report
 
-SECTIONS = ("startup", "roundtrip", "streaming", "statements", "memory", "data", "cluster")
+SECTIONS = ("startup", "roundtrip", "streaming", "statements", "memory", "data", "python",
+            "cluster")
 
 
 def main() -> int:
@@ -43,6 +44,9 @@ def main() -> int:
             case "data":
                 from bench import data
                 data.run(report, quick=args.quick)
+            case "python":
+                from bench import python
+                python.run(report, quick=args.quick)
             case "cluster":
                 from bench import cluster
                 cluster.run(report, quick=args.quick)
