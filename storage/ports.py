@@ -10,7 +10,8 @@ commits or rolls back anyone else's work. A component gets the part it needs (th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import builtins
+from collections.abc import Callable, Collection, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -21,6 +22,7 @@ from pluto.storage.rows import (Approval, MessageRow, OutboxRow, PairingRequest,
 if TYPE_CHECKING:  # the ledger's rows, shared by both engines (SqlUsage runs on each)
     from pluto.storage.sqlite.usage import Claim as BudgetClaim
     from pluto.storage.sqlite.usage import Reservation, UsageCall, UsageTotal
+    from pluto.storage.sqlite.schedules import Firing, Schedule
 
 # Several instances: the chat claim a message was taken under, (lease name, token); every
 # write of the run answering it is refused once the claim moved on (storage/sqlite/fencing.py).
@@ -532,6 +534,47 @@ class Bus(Protocol):
         ...
 
 
+class ScheduleStore(Protocol):
+    """Schedules and their firings (storage/sqlite/schedules.py: a firing is claimed by one
+    statement, on the database's clock)."""
+
+    clock: Callable[[], float] | None  # tests: now, instead of the database's clock
+
+    async def now(self) -> float: ...
+
+    async def add(self, schedule: Schedule) -> Schedule: ...
+
+    async def put(self, schedule: Schedule) -> None: ...
+
+    async def get(self, schedule_id: str) -> Schedule | None: ...
+
+    async def list(self, *, owner: tuple[str, str] | None = None, source: str | None = None,
+                   active: bool = True) -> builtins.list[Schedule]: ...
+
+    async def count(self, owner: tuple[str, str]) -> int: ...
+
+    async def cancel(self, schedule_id: str, *,
+                     owner: tuple[str, str] | None = None) -> bool: ...
+
+    async def remove(self, schedule_id: str) -> bool: ...
+
+    async def due_now(self, schedule_id: str) -> bool: ...
+
+    async def next_due(self, providers: Collection[str] | None = None) -> float | None: ...
+
+    async def due(self, limit: int = 100, *, providers: Collection[str] | None = None
+                  ) -> tuple[float, builtins.list[Schedule]]: ...
+
+    async def claim(self, schedule: Schedule, *, now: float, next_due: float | None,
+                    missed: bool, instance: str | None = None) -> Firing | None: ...
+
+    async def fired(self, firing_id: int, outcome: str | None, *, run_id: str | None = None,
+                    detail: str | None = None) -> None: ...
+
+    async def history(self, schedule_id: str | None = None,
+                      limit: int = 50) -> builtins.list[Firing]: ...
+
+
 class Store(Protocol):
     """One database: every part above, opened and closed together (``async with store``).
 
@@ -566,6 +609,9 @@ class Store(Protocol):
 
     @property
     def history(self) -> HistoryStore: ...
+
+    @property
+    def schedules(self) -> ScheduleStore: ...
 
     @property
     def notes(self) -> NotesStore: ...

@@ -56,7 +56,7 @@ async def start(config_dir: Path, data_dir: Path, clock: Clock,
                 model: ScriptedModel | None = None) -> tuple[Gateway, RecordingProvider]:
     gw = Gateway(config_dir, config=PlutoConfig(data_dir=data_dir),
                  model_factory=model or ScriptedModel())
-    gw.store.schedules.clock = clock  # type: ignore[attr-defined]
+    gw.store.schedules.clock = clock
     await gw.start()
     p = RecordingProvider(capabilities=Capabilities(max_message_length=4000, markup=MARKDOWN))
     gw.add_provider(p)
@@ -89,7 +89,7 @@ async def test_remind_fires_once_in_its_chat(config_dir: Path, data_dir: Path, c
         await advance(gw, clock, 3601)
         answers = await p.wait_finals(before + 1, chat="c7")
         assert answers[-1] == "echo: check the deploy"
-        history = await gw.store.schedules.history(sid)  # type: ignore[attr-defined]
+        history = await gw.store.schedules.history(sid)
         await until_async(lambda: _outcome(gw, sid, "ran"))
         assert len(history) == 1 and history[0].run_id is not None
         await advance(gw, clock, 86400)
@@ -103,7 +103,7 @@ async def test_remind_fires_once_in_its_chat(config_dir: Path, data_dir: Path, c
 
 
 async def _outcome(gw: Gateway, sid: str, outcome: str) -> bool:
-    found = await gw.store.schedules.history(sid)  # type: ignore[attr-defined]
+    found = await gw.store.schedules.history(sid)
     return bool(found) and found[0].outcome == outcome
 
 
@@ -136,7 +136,7 @@ async def test_people_see_and_cancel_only_their_own(config_dir: Path, data_dir: 
         assert other == f"You have no active schedule `{sid}`; /schedules lists yours."
         assert (await ask(p, "/schedules", user="u2")).startswith("You have no schedules")
         assert await ask(p, f"/schedules cancel {sid}", user="u1") == f"Cancelled `{sid}`."
-        row = await gw.store.schedules.get(sid)  # type: ignore[attr-defined]
+        row = await gw.store.schedules.get(sid)
         assert row is not None and row.chat_id == "c1" and not row.active
     finally:
         await gw.stop()
@@ -188,7 +188,7 @@ async def test_schedules_yaml_fires_and_a_bad_edit_keeps_the_last_good(
     (config_dir / "schedules.yaml").write_text(SCHEDULES)
     gw, p = await start(config_dir, data_dir, clock)
     try:
-        row = await gw.store.schedules.get("file:sales")  # type: ignore[attr-defined]
+        row = await gw.store.schedules.get("file:sales")
         assert row is not None and row.next_due == START + 2 * 3600  # 11:00 Berlin = 10:00 UTC
         await until(lambda: gw.scheduler.next_firing)  # /readyz shows it
         assert gw.health_reports["schedules"]() == {"next_firing": START + 2 * 3600,
@@ -203,11 +203,11 @@ async def test_schedules_yaml_fires_and_a_bad_edit_keeps_the_last_good(
         assert (file.endswith("schedules.yaml"), line, field) == (True, 7, "schedules[0].cron")
         assert gw.health_reports["schedules"]()["file"] == "refused"
         assert problem.startswith("'0 25 * * *' is not a cron expression I can use (bad hour)")
-        kept = await gw.store.schedules.get("file:sales")  # type: ignore[attr-defined]
+        kept = await gw.store.schedules.get("file:sales")
         assert kept is not None and kept.expr == "0 11 * * *" and kept.active
         (config_dir / "schedules.yaml").write_text("schedules: []\n")
         assert await watcher.check(force=True)
-        gone = await gw.store.schedules.get("file:sales")  # type: ignore[attr-defined]
+        gone = await gw.store.schedules.get("file:sales")
         assert gone is not None and not gone.active
     finally:
         await gw.stop()

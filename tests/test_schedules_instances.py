@@ -54,8 +54,8 @@ async def three(config_dir: Path, tmp_path: Path
 async def test_a_one_off_on_three_instances_is_sent_exactly_once(three) -> None:
     (a, _), (b, _), (c, _) = three
     providers = [p for _, p in three]
-    now = await b.store.schedules.now()  # type: ignore[attr-defined]  # the database's clock
-    made = await add_schedule(b.store.schedules, source="admin", owner=None,  # type: ignore[attr-defined]
+    now = await b.store.schedules.now()  # the database's clock
+    made = await add_schedule(b.store.schedules, source="admin", owner=None,
                               provider="telegram", chat_id="team", agent="default",
                               prompt="deploy check",
                               when=When("at", str(parse_at("+3s", "UTC", now))),
@@ -66,7 +66,7 @@ async def test_a_one_off_on_three_instances_is_sent_exactly_once(three) -> None:
     async def sent() -> bool:
         return sum(len(p.finals("team")) for p in providers) >= 1
     await until(sent)
-    history = b.store.schedules.history  # type: ignore[attr-defined]
+    history = b.store.schedules.history
 
     async def ran() -> bool:
         found = await history(made.id)
@@ -79,7 +79,7 @@ async def test_a_one_off_on_three_instances_is_sent_exactly_once(three) -> None:
     assert [p.finals("team") for p in providers if p.finals("team")] == [["echo: deploy check"]]
     [firing] = await history(made.id)
     assert firing.instance in {a.instance, b.instance, c.instance}
-    row = await a.store.schedules.get(made.id)  # type: ignore[attr-defined]
+    row = await a.store.schedules.get(made.id)
     assert row is not None and not row.active and row.next_due is None
 
 
@@ -102,7 +102,7 @@ async def test_every_minute_across_a_restart_once_a_minute_and_one_missed(
     async def run_for(minutes: int, skip: float = 0.0) -> None:
         gw = Gateway(config_dir, config=PlutoConfig(data_dir=data_dir),
                      model_factory=ScriptedModel())
-        gw.store.schedules.clock = clock  # type: ignore[attr-defined]
+        gw.store.schedules.clock = clock
         clock.t += skip  # the time it was down
         await gw.start()
         p = RecordingProvider("test")
@@ -125,7 +125,7 @@ async def test_every_minute_across_a_restart_once_a_minute_and_one_missed(
     await run_for(2)  # restarted at once: on with the next minute, none twice
     await run_for(2, skip=10 * 60)  # down for 10 minutes: one missed, then on time again
     async with Gateway(config_dir, config=PlutoConfig(data_dir=data_dir)) as gw:
-        history = list(reversed(await gw.store.schedules.history("file:tick")))  # type: ignore[attr-defined]
+        history = list(reversed(await gw.store.schedules.history("file:tick")))
     dues = [f.due for f in history]
     assert len(dues) == len(set(dues))  # none twice
     assert [f.outcome for f in history] == ["ran"] * 5 + ["missed"] + ["ran"] * 2

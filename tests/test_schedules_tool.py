@@ -37,7 +37,7 @@ async def test_an_agent_schedules_through_its_tool(config_dir: Path, data_dir: P
     try:
         assert await ask(p, "remind me today at 5pm to call the bank", chat="dm9",
                          user="u5") == "Done: I'll remind you at 17:00."
-        [made] = await gw.store.schedules.list(owner=("test", "u5"))  # type: ignore[attr-defined]
+        [made] = await gw.store.schedules.list(owner=("test", "u5"))
         assert (made.chat_id, made.agent, made.kind, made.prompt) == (
             "dm9", "default", "at", "Remind them to call the bank.")
         assert made.next_due == START + 9 * 3600  # 17:00 UTC

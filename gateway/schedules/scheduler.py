@@ -31,7 +31,8 @@ from pluto.gateway.pipeline.routing import RoutingTable, session_key
 from pluto.gateway.schedules.config import ScheduleConfig, ScheduleFileWatcher, load_schedules
 from pluto.gateway.schedules.recurrence import BadTime, When
 from pluto.ids import new_id
-from pluto.storage.sqlite.schedules import Firing, Schedule, SqlSchedules
+from pluto.storage.ports import ScheduleStore
+from pluto.storage.sqlite.schedules import Firing, Schedule
 from pluto.types import Accepted, IncomingMessage, Route, SessionScope
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def is_quiet(text: str) -> bool:
     return bool(_QUIET.match(text.strip()))
 
 
-async def add_schedule(store: SqlSchedules, *, source: str, owner: tuple[str, str] | None,
+async def add_schedule(store: ScheduleStore, *, source: str, owner: tuple[str, str] | None,
                        provider: str, chat_id: str, agent: str, prompt: str, when: When,
                        created_by: str, thread_id: str | None = None,
                        is_direct: bool = True) -> Schedule:
@@ -65,7 +66,7 @@ async def add_schedule(store: SqlSchedules, *, source: str, owner: tuple[str, st
 
 
 class Scheduler:
-    def __init__(self, store: SqlSchedules, *, pipeline: Any, providers: Mapping[str, Any],
+    def __init__(self, store: ScheduleStore, *, pipeline: Any, providers: Mapping[str, Any],
                  routes: Callable[[], RoutingTable], config_dir: Path | None = None,
                  agents: Callable[[], Collection[str]] = lambda: (), instance: str = "local",
                  reload_interval: Callable[[], float] = lambda: 0.0, metrics: Any = None):
