@@ -64,6 +64,7 @@ BASE_UID = 1_560_000  # root: sandbox n runs as uid BASE_UID + n (no such user e
 SLOTS = 64
 READY_TIMEOUT = 60.0  # seconds for a cold interpreter to import pandas and matplotlib
 HEADER_LIMIT = 4 * 2**20
+MAX_CODE = 100_000  # characters of code per run
 
 
 class SandboxError(PlutoError):
@@ -545,8 +546,15 @@ class Pool:
         why = await loop.run_in_executor(self._threads, unavailable)
         if why is not None:
             raise SandboxUnavailable(why)
+        if len(code) > MAX_CODE:
+            raise SandboxError(f"The code is longer than {MAX_CODE:,} characters; shorten it.")
         async with self._gates.setdefault(loop, asyncio.Semaphore(self.max_running)):
-            sandbox, warm = await loop.run_in_executor(self._threads, self._take)
+            taking = loop.run_in_executor(self._threads, self._take)
+            try:
+                sandbox, warm = await asyncio.shield(taking)
+            except asyncio.CancelledError:  # the sandbox still starting is closed once up
+                taking.add_done_callback(self._discard)
+                raise
             self.refill()
             try:
                 outcome = await loop.run_in_executor(self._threads, sandbox.run, code, datasets)
@@ -557,6 +565,10 @@ class Pool:
                 self._threads.submit(sandbox.close)
         outcome.warm = warm
         return outcome
+
+    def _discard(self, taking: asyncio.Future[tuple[Sandbox, bool]]) -> None:
+        if not taking.cancelled() and taking.exception() is None:
+            self._threads.submit(taking.result()[0].close)
 
     def _take(self) -> tuple[Sandbox, bool]:
         with self._lock:
