@@ -311,6 +311,9 @@ def _probe() -> str | None:
 # ---- one sandbox -------------------------------------------------------------------------
 
 
+_NO_ENV: dict[str, str] = {}  # nothing of the gateway's environment reaches bwrap
+
+
 class _Slots:
     def __init__(self) -> None:
         self.free = set(range(SLOTS - 1))  # the last one is the probe's
@@ -339,9 +342,9 @@ class Sandbox:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = ours
         try:
-            self.proc = subprocess.Popen(command(limits, self.slot), stdin=theirs,
+            self.proc = subprocess.Popen(command(limits, self.slot), stdin=theirs.fileno(),
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                         start_new_session=True, env={}, close_fds=True,
+                                         start_new_session=True, env=_NO_ENV, close_fds=True,
                                          umask=0o022)  # the mount points bwrap makes: 0755
         except BaseException:
             ours.close()

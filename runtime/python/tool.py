@@ -60,10 +60,10 @@ async def run_code(service: DataService, scope: Scope, run_id: str, code: str) -
             path.write_bytes(data)
             saved.files.append(path)
         for table in outcome.tables:
-            path = service.artifact(run_id, "table", ".csv") if table.csv is not None else None
-            if path is not None and table.csv is not None:
-                path.write_bytes(table.csv)
-            saved.csvs.append(path)
+            csv = service.artifact(run_id, "table", ".csv") if table.csv is not None else None
+            if csv is not None and table.csv is not None:
+                csv.write_bytes(table.csv)
+            saved.csvs.append(csv)
         made.extend([*saved.images, *saved.files, *(p for p in saved.csvs if p)])
 
     await asyncio.to_thread(write)
