@@ -174,3 +174,16 @@ async def test_three_instances_claim_a_due_firing_exactly_once():
         finally:
             for s in stores:
                 await s.close()
+
+
+async def test_put_keeps_the_due_time_when_told(store: SqlStore):
+    row = schedule("file:x", When("every", "60.0"), 120.0, source="file")
+    await store.schedules.put(row)
+    store.schedules.clock = lambda: 130.0
+    now, [seen] = await store.schedules.due()
+    assert await store.schedules.claim(seen, now=now, next_due=180.0, missed=False)
+    # an edit of the prompt, read before the claim moved next_due: it must not move it back
+    from dataclasses import replace
+    await store.schedules.put(replace(row, prompt="new words"), keep_due=True)
+    got = await store.schedules.get("file:x")
+    assert got is not None and (got.prompt, got.next_due) == ("new words", 180.0)

@@ -271,7 +271,10 @@ class Scheduler:
                 next_due=next_due if active else None, created_by=f"file:{config.source}",
                 created_at=old.created_at if old is not None else now, active=active)
             if old is None or replace(old, created_by=row.created_by) != row:
-                await self.store.put(row)
+                # (its due time untouched when only what it says changed: a firing being
+                # claimed meanwhile, here or on another instance, is not fired again)
+                await self.store.put(row, keep_due=old is not None and (
+                    old.next_due, old.active) == (row.next_due, row.active))
         for gone in existing.values():
             if gone.active:
                 await self.store.cancel(gone.id)

@@ -154,13 +154,14 @@ class SqlSchedules:
             f" ({', '.join('?' * len(_COLUMNS))})", values))
         return schedule
 
-    async def put(self, schedule: Schedule) -> None:
+    async def put(self, schedule: Schedule, *, keep_due: bool = False) -> None:
         """Insert or replace a schedule by id (schedules.yaml's, kept in step with the file);
-        its firings stay."""
+        its firings stay. ``keep_due``: an existing row keeps its ``next_due`` and ``active``
+        (only what it says changed: another instance may be claiming it meanwhile)."""
         values = tuple(int(v) if isinstance(v, bool) else v
                        for v in (getattr(schedule, c) for c in _COLUMNS))
-        updates = ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS if c not in
-                            ("id", "created_at"))
+        kept = ("id", "created_at") + (("next_due", "active") if keep_due else ())
+        updates = ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS if c not in kept)
         await self.engine.write((
             f"INSERT INTO schedules ({', '.join(_COLUMNS)}) VALUES"
             f" ({', '.join('?' * len(_COLUMNS))}) ON CONFLICT(id) DO UPDATE SET {updates}",
