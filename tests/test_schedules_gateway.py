@@ -255,3 +255,24 @@ async def test_stop_stops_a_firing_run(config_dir: Path, data_dir: Path, clock: 
         assert not any("long report" in t for t in p.finals("r1"))
     finally:
         await gw.stop()
+
+
+async def test_times_are_read_in_the_zone_of_where_they_are_written(
+        config_dir: Path, data_dir: Path, clock: Clock):
+    (config_dir / "schedules.yaml").write_text(
+        "settings:\n  zones:\n    test:berlin: Europe/Berlin\n    test: America/New_York\n")
+    gw, p = await start(config_dir, data_dir, clock)
+    try:
+        berlin = await ask(p, "/remind at 2027-01-15 12:00 lunch", chat="berlin")
+        assert "once at 2027-01-15 12:00 Europe/Berlin" in berlin
+        other = await ask(p, "/remind at 2027-01-15 12:00 lunch", chat="nyc")
+        assert "once at 2027-01-15 12:00 America/New_York" in other
+        dues = sorted(s.next_due for s in await gw.store.schedules.list())
+        assert [d - START for d in dues] == [3 * 3600.0, 9 * 3600.0]  # 11:00 and 17:00 UTC
+    finally:
+        await gw.stop()
+    (config_dir / "schedules.yaml").write_text(
+        "settings:\n  zones:\n    test: Mars/Base\n")
+    with pytest.raises(ConfigError, match=r"schedules.yaml:3: settings.zones.test: Value "
+                                          r"error, 'Mars/Base' is not a time zone I know"):
+        await start(config_dir, data_dir, clock)

@@ -7,6 +7,8 @@
       min_interval: 5m        # the shortest gap a user's recurring schedule may have
       misfire_grace: 5m       # a firing later than this is recorded missed, not run
       default_tz: UTC         # the zone of times people write without one
+      zones:                  # ... by where they write (PROVIDER:CHAT, or PROVIDER)
+        telegram: Europe/Berlin
     schedules:
       - name: sales-summary   # its id is file:sales-summary
         agent: analyst
@@ -30,9 +32,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from pluto.errors import ConfigError
 from pluto.gateway.schedules.recurrence import BadTime, When, check_cron, parse_at, \
@@ -53,6 +55,17 @@ def _seconds(v: Any) -> Any:
     return v
 
 
+def _known_zone(v: str) -> str:
+    try:
+        zone(v)
+    except BadTime as e:
+        raise ValueError(str(e)) from None
+    return v
+
+
+Zone = Annotated[str, AfterValidator(_known_zone)]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -62,6 +75,9 @@ class ScheduleSettings(Strict):
     min_interval: float = Field(default=300.0, ge=1)  # seconds (the file may say 5m)
     misfire_grace: float = Field(default=300.0, ge=0)
     default_tz: str = "UTC"
+    # the zone of times people write, by where they write: "PROVIDER:CHAT" or "PROVIDER"
+    # (the most specific wins; else default_tz)
+    zones: dict[str, Zone] = Field(default_factory=dict)
 
     _durations = field_validator("min_interval", "misfire_grace", mode="before")(_seconds)
 
@@ -73,6 +89,11 @@ class ScheduleSettings(Strict):
         except BadTime as e:
             raise ValueError(str(e)) from None
         return v
+
+    def zone_for(self, provider: str, chat_id: str) -> str:
+        """The zone of times written in this chat."""
+        return self.zones.get(f"{provider}:{chat_id}") or self.zones.get(provider) or \
+            self.default_tz
 
 
 class FileSchedule(Strict):
