@@ -80,7 +80,7 @@ class Limits:
     timeout: float = 30.0  # wall-clock seconds per run
     cpu_seconds: int = 30  # CPU time per process
     memory_mb: int = 1024  # address space beyond the warm interpreter's
-    processes: int = 32  # tasks (threads count) of the sandbox's user
+    processes: int = 16  # tasks (threads count) of the sandbox's user; each may use memory_mb
     open_files: int = 64
     file_mb: int = 16  # the largest file written; each file offered
     files_mb: int = 32  # all files offered together
