@@ -562,6 +562,9 @@ class ScheduleStore(Protocol):
 
     async def next_due(self, providers: Collection[str] | None = None) -> float | None: ...
 
+    async def soonest(self, providers: Collection[str] | None = None
+                      ) -> tuple[float, float | None]: ...
+
     async def due(self, limit: int = 100, *, providers: Collection[str] | None = None
                   ) -> tuple[float, builtins.list[Schedule]]: ...
 

@@ -187,3 +187,16 @@ async def test_put_keeps_the_due_time_when_told(store: SqlStore):
     await store.schedules.put(replace(row, prompt="new words"), keep_due=True)
     got = await store.schedules.get("file:x")
     assert got is not None and (got.prompt, got.next_due) == ("new words", 180.0)
+
+
+async def test_soonest_is_one_look(store: SqlStore):
+    store.schedules.clock = lambda: 50.0
+    assert await store.schedules.soonest(["telegram"]) == (50.0, None)
+    await store.schedules.add(schedule("a", When("every", "60.0"), 70.0))
+    await store.schedules.add(schedule("b", When("every", "60.0"), 65.0, provider="slack"))
+    assert await store.schedules.soonest(["telegram"]) == (50.0, 70.0)
+    assert await store.schedules.soonest(["telegram", "slack"]) == (50.0, 65.0)
+    assert await store.schedules.soonest([]) == (50.0, None)
+    store.schedules.clock = None
+    now, soonest = await store.schedules.soonest(None)
+    assert soonest == 65.0 and now > 1_700_000_000  # the database's clock

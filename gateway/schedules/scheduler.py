@@ -124,23 +124,27 @@ class Scheduler:
         self._wake.set()
 
     async def _run(self) -> None:
+        """Idle, one statement a look: now and the soonest due time; the due rows are read
+        (and claimed) only when one is due."""
+        loop = asyncio.get_running_loop()
         while True:
             self._wake.clear()
             wait = self.max_wait
-            began = asyncio.get_running_loop().time()
+            began = loop.time()
             try:
-                now = await self.tick()
-                nxt = await self.store.next_due(list(self.providers))
-                self.next_firing = nxt
-                if nxt is not None:  # (``now`` was read as the look began)
-                    spent = asyncio.get_running_loop().time() - began
-                    wait = min(self.max_wait, max(0.0, nxt - now - spent))
+                now, soonest = await self.store.soonest(list(self.providers))
+                self.next_firing = soonest
+                if soonest is not None and soonest <= now:
+                    await self.tick()
+                    continue  # (then look again: more may be due)
+                if soonest is not None:  # (``now`` was read as the look began)
+                    wait = min(self.max_wait, max(0.0, soonest - now - (loop.time() - began)))
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - storage away: the next look tries again
                 log.warning("scheduler: looking for due schedules failed: %s", e)
             if wait > 0:  # until woken, or the wait is over
-                timer = asyncio.get_running_loop().call_later(wait, self._wake.set)
+                timer = loop.call_later(wait, self._wake.set)
                 try:
                     await self._wake.wait()
                 finally:

@@ -221,6 +221,22 @@ class SqlSchedules:
             "UPDATE schedules SET next_due = ?, active = 1 WHERE id = ?",
             (now, schedule_id))) > 0
 
+    async def soonest(self, providers: Collection[str] | None = None
+                      ) -> tuple[float, float | None]:
+        """(now, the soonest due time of any active schedule into ``providers``), in one
+        statement: what an idle scheduler asks."""
+        params: tuple[Any, ...]
+        if self.clock is not None:
+            now_sql, params = "?", (self.clock(),)
+        else:
+            now_sql, params = self.engine.now_sql, ()
+        among, names = _among(providers)
+        row = await self.engine.fetchone(
+            f"SELECT {now_sql}, MIN(next_due) FROM schedules WHERE active = 1"
+            f" AND next_due IS NOT NULL{among}", (*params, *names))
+        assert row is not None  # (an aggregate: always one row)
+        return float(row[0]), (float(row[1]) if row[1] is not None else None)
+
     async def next_due(self, providers: Collection[str] | None = None) -> float | None:
         """The soonest due time of any active schedule (``providers``: into those only)."""
         among, params = _among(providers)
