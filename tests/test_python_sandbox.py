@@ -224,6 +224,27 @@ open("ok.txt", "w").write("fine")
     assert sum("not a regular file" in n for n in out.notes) == 4, out.notes
 
 
+async def test_no_new_namespaces_ptrace_or_io_uring(pool: Pool) -> None:
+    """seccomp (x86_64): the code cannot make a user namespace of its own (with one it would
+    hold every capability there), nor ptrace, nor reach io_uring or bpf; threads still work."""
+    out = await pool.run("""
+import ctypes, os, threading
+libc = ctypes.CDLL(None, use_errno=True)
+for name, call in [("unshare", lambda: libc.unshare(0x10000000)),
+                   ("ptrace", lambda: libc.ptrace(16, 1, 0, 0)),
+                   ("io_uring", lambda: libc.syscall(425, 8, ctypes.c_void_p(0))),
+                   ("bpf", lambda: libc.syscall(321, 0, 0, 0))]:
+    print(name, call(), ctypes.get_errno())
+done = []
+worker = threading.Thread(target=lambda: done.append(True))
+worker.start()
+worker.join()
+print("thread", done)
+""")
+    assert out.stdout.splitlines() == ["unshare -1 1", "ptrace -1 1", "io_uring -1 1",
+                                       "bpf -1 1", "thread [True]"]
+
+
 async def test_a_returned_object_never_runs_code_here(pool: Pool, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     out = await pool.run(f"""
