@@ -276,3 +276,40 @@ async def test_times_are_read_in_the_zone_of_where_they_are_written(
     with pytest.raises(ConfigError, match=r"schedules.yaml:3: settings.zones.test: Value "
                                           r"error, 'Mars/Base' is not a time zone I know"):
         await start(config_dir, data_dir, clock)
+
+
+async def test_a_firing_a_crash_left_claimed_runs_once_after_the_restart(
+        config_dir: Path, data_dir: Path, clock: Clock):
+    """The process died between claiming two firings and handing them over: after the
+    restart the one still within the grace runs (once), the other is recorded missed."""
+    from pluto.gateway.schedules.recurrence import When
+    from pluto.storage.sqlite import SqliteStore
+    from pluto.storage.sqlite.schedules import Schedule
+
+    async with SqliteStore(data_dir / "pluto.db") as store:
+        store.schedules.clock = clock
+        for sid, due in (("fresh", START + 10), ("stale", START - 1000)):
+            await store.schedules.add(Schedule(
+                id=sid, source="admin", owner_provider=None, owner_user=None, provider="test",
+                chat_id="crash", thread_id=None, is_direct=True, agent="default",
+                prompt=f"{sid} check", kind="at", expr=str(due), tz="UTC", next_due=due,
+                created_by="test", created_at=0.0, active=True))
+        clock.t = START + 10
+        now, due = await store.schedules.due()
+        for s in due:  # claimed by a process that then died
+            assert await store.schedules.claim(s, now=now, next_due=None, missed=False,
+                                               instance="gone")
+    clock.t = START + 70  # the restart, a minute later
+    gw, p = await start(config_dir, data_dir, clock)
+    try:
+        gw.scheduler.wake()
+        assert await p.wait_finals(1, chat="crash") == ["echo: fresh check"]
+        await until_async(lambda: _outcome(gw, "fresh", "ran"))
+        await until_async(lambda: _outcome(gw, "stale", "missed"))
+        assert await gw.scheduler.recover() == 0  # nothing left
+        await gw.settled()
+        assert p.finals("crash") == ["echo: fresh check"]
+        [fresh] = await gw.store.schedules.history("fresh")
+        assert fresh.instance == gw.instance
+    finally:
+        await gw.stop()

@@ -200,3 +200,25 @@ async def test_soonest_is_one_look(store: SqlStore):
     store.schedules.clock = None
     now, soonest = await store.schedules.soonest(None)
     assert soonest == 65.0 and now > 1_700_000_000  # the database's clock
+
+
+async def test_a_stranded_firing_is_adopted_once(store: SqlStore):
+    clock = [100.0]
+    store.schedules.clock = lambda: clock[0]
+    await store.schedules.add(schedule("s1", When("at", "90.0"), 90.0))
+    now, [seen] = await store.schedules.due()
+    firing = await store.schedules.claim(seen, now=now, next_due=None, missed=False,
+                                         instance="dead")
+    assert firing is not None
+    assert await store.schedules.stranded({"dead"}, 30.0) == []  # its instance lives
+    assert await store.schedules.stranded({"me"}, 30.0) == []  # too recent
+    clock[0] = 200.0
+    [(found, sched)] = await store.schedules.stranded({"me"}, 30.0, ["telegram"])
+    assert (found.id, sched.id) == (firing.id, "s1")
+    assert await store.schedules.stranded({"me"}, 30.0, ["slack"]) == []
+    wins = await asyncio.gather(*(store.schedules.adopt(found, i, now=200.0)
+                                  for i in ("me", "you", "them")))
+    assert sorted(wins) == [False, False, True]
+    assert await store.schedules.stranded({"me"}, 30.0) == []  # (now a live one's)
+    await store.schedules.fired(found.id, None, run_id="r1")
+    assert await store.schedules.stranded(set(), 0.0) == []  # handed over

@@ -11,8 +11,10 @@ for its agent — the answer goes out through the outbox like any answer. A firi
 :func:`heartbeat`: the answer is sent whole (no live preview), and an answer that is exactly
 "nothing to report" (or empty) is not sent at all.
 
-Crash window: a firing claimed by an instance that dies before it hands the message to its
-pipeline stays ``claimed`` in the history and is not run again (at most once, never twice).
+A crash between the claim and the hand-over leaves the firing ``claimed`` with no run: once its
+instance is no longer alive (and the claim is :data:`TAKEOVER_AFTER` old), a live instance
+takes it over with one statement and runs it — within the grace; later, it is recorded
+``missed`` (:meth:`Scheduler.recover`, at start and every minute).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,8 @@ from pluto.types import Accepted, IncomingMessage, Route, SessionScope
 log = logging.getLogger(__name__)
 
 MAX_WAIT = 15.0  # seconds: the longest sleep between looks (schedules made elsewhere)
+RECOVER_EVERY = 60.0  # seconds between looks for firings a stopped instance left
+TAKEOVER_AFTER = 30.0  # a firing claimed this long ago and never handed over is stranded
 ENDED = {"ok": "ran", "cancelled": "stopped"}  # a run's end -> its firing's outcome
 _QUIET = re.compile(r"^\W*(nothing to report)?\W*$", re.I)
 
@@ -69,7 +73,8 @@ class Scheduler:
     def __init__(self, store: ScheduleStore, *, pipeline: Any, providers: Mapping[str, Any],
                  routes: Callable[[], RoutingTable], config_dir: Path | None = None,
                  agents: Callable[[], Collection[str]] = lambda: (), instance: str = "local",
-                 reload_interval: Callable[[], float] = lambda: 0.0, metrics: Any = None):
+                 reload_interval: Callable[[], float] = lambda: 0.0, metrics: Any = None,
+                 alive: Callable[[], Awaitable[set[str]]] | None = None):
         self.store = store
         self.pipeline = pipeline
         self.providers = providers
@@ -78,6 +83,9 @@ class Scheduler:
         self.agents = agents
         self.instance = instance
         self.metrics = metrics
+        self.alive = alive  # the ids of the live instances (stranded firings are adopted)
+        self.takeover_after = TAKEOVER_AFTER
+        self._recovered_at = -RECOVER_EVERY
         self.config = ScheduleConfig()
         self.max_wait = MAX_WAIT
         self.watcher = ScheduleFileWatcher(config_dir, lambda: set(self.agents()),
@@ -132,6 +140,9 @@ class Scheduler:
             wait = self.max_wait
             began = loop.time()
             try:
+                if self.providers and began - self._recovered_at >= RECOVER_EVERY:
+                    self._recovered_at = began
+                    await self.recover()
                 now, soonest = await self.store.soonest(list(self.providers))
                 self.next_firing = soonest
                 if soonest is not None and soonest <= now:
@@ -149,6 +160,32 @@ class Scheduler:
                     await self._wake.wait()
                 finally:
                     timer.cancel()
+
+    async def recover(self) -> int:
+        """Firings claimed by an instance that stopped before it handed them over (a crash in
+        between): taken over by one statement each and run now — or, later than the grace,
+        recorded missed. How many were found."""
+        if self.alive is None or not self.providers:
+            return 0
+        alive = await self.alive() | {self.instance}
+        found = await self.store.stranded(alive, self.takeover_after, list(self.providers))
+        if not found:
+            return 0
+        now = await self.store.now()
+        grace = self.settings.misfire_grace
+        for firing, schedule in found:
+            if not await self.store.adopt(firing, self.instance, now=now):
+                continue  # another instance took it
+            if now - firing.due > grace:
+                await self.store.fired(firing.id, "missed", detail="its instance stopped "
+                                       "before running it, and the grace is over")
+                self._count("missed")
+                continue
+            log.warning("schedule %s: the firing due %.0f s ago was claimed by an instance "
+                        "that stopped before running it; running it now", schedule.id,
+                        now - firing.due)
+            await self._fire(schedule, replace(firing, instance=self.instance))
+        return len(found)
 
     async def tick(self) -> float:
         """One look: every due firing into this instance's providers claimed and handed over;

@@ -21,9 +21,11 @@ def attach(gw: Any) -> Scheduler:
     scheduler = Scheduler(
         gw.store.schedules, pipeline=gw.pipeline, providers=gw.providers,
         routes=lambda: gw.routes, config_dir=gw.config_dir, agents=gw.registry.names,
-        instance=gw.instance, metrics=gw.metrics,
+        instance=gw.instance, metrics=gw.metrics, alive=gw.cluster.alive,
         reload_interval=lambda: gw.config.gateway.reload_interval_seconds)
     ScheduleCommands(scheduler).register(gw.pipeline.commands)
+    # (a firing claimed by an instance is adopted only once that instance is surely gone)
+    scheduler.takeover_after = max(scheduler.takeover_after, 3 * gw.cluster.ttl)
     gw.runner.services["schedules"] = ScheduleTools(scheduler)  # the schedule tool's
     gw.health_reports["schedules"] = lambda: report(scheduler)
     return scheduler

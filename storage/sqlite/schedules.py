@@ -300,6 +300,36 @@ class SqlSchedules:
             " run_id = COALESCE(?, run_id),"
             " detail = COALESCE(?, detail) WHERE id = ?", (outcome, run_id, detail, firing_id)))
 
+    async def stranded(self, alive: Collection[str], older_than: float,
+                       providers: Collection[str] | None = None
+                       ) -> builtins.list[tuple[Firing, Schedule]]:
+        """Firings claimed by an instance that is no longer alive (``alive``: the ids that
+        are) and never handed over (no run), claimed more than ``older_than`` seconds ago:
+        what a crash between the claim and the hand-over left."""
+        params: tuple[Any, ...]
+        if self.clock is not None:
+            now_sql, params = "?", (self.clock(),)
+        else:
+            now_sql, params = self.engine.now_sql, ()
+        live = tuple(alive) or ("",)
+        among, names = _among(providers)
+        rows = await self.engine.fetchall(
+            f"SELECT {', '.join('f.' + c for c in _FIRING_COLUMNS)},"
+            f" {', '.join('s.' + c for c in _COLUMNS)} FROM schedule_firings f JOIN schedules s"
+            " ON s.id = f.schedule_id WHERE f.outcome = 'claimed' AND f.run_id IS NULL"
+            f" AND f.fired_at < {now_sql} - ? AND COALESCE(f.instance, '') NOT IN"
+            f" ({', '.join('?' * len(live))}){among.replace('provider', 's.provider')}"
+            " ORDER BY f.id", (*params, older_than, *live, *names))
+        n = len(_FIRING_COLUMNS)
+        return [(_firing(tuple(r)[:n]), _schedule(tuple(r)[n:])) for r in rows]
+
+    async def adopt(self, firing: Firing, instance: str, *, now: float) -> bool:
+        """Take over a stranded firing (one statement: of several instances, one wins)."""
+        return await self.engine.write((
+            "UPDATE schedule_firings SET instance = ?, fired_at = ? WHERE id = ?"
+            " AND outcome = 'claimed' AND run_id IS NULL AND COALESCE(instance, '') = ?",
+            (instance, now, firing.id, firing.instance or ""))) > 0
+
     async def history(self, schedule_id: str | None = None,
                       limit: int = 50) -> builtins.list[Firing]:
         """The newest firings first (of one schedule, or of all)."""
