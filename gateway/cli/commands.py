@@ -145,6 +145,7 @@ async def _run(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) ->
         print("pluto run: the message is empty", file=sys.stderr)
         return EXIT_CONFIG
     gw = _gateway(args, config, data_dir)
+    gw.scheduler.fires = False  # one turn: its output is that answer (schedules fire elsewhere)
     async with gw:
         chat = f"run:{args.session}" if args.session else f"run:{uuid.uuid4().hex[:12]}"
         provider = _terminal(gw, chat_id=chat, message=text.strip())

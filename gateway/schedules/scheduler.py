@@ -88,6 +88,8 @@ class Scheduler:
         self._recovered_at = -RECOVER_EVERY
         self.config = ScheduleConfig()
         self.max_wait = MAX_WAIT
+        # False: schedules are read and checked, never fired here (``pluto run``: one turn)
+        self.fires = True
         self.watcher = ScheduleFileWatcher(config_dir, lambda: set(self.agents()),
                                            self.apply_file, reload_interval) \
             if config_dir is not None else None
@@ -113,7 +115,7 @@ class Scheduler:
             await self.watcher.check()  # (its stamp of the file; applied already)
 
     def start(self, *, watch: bool = False) -> None:
-        if self._task is None:
+        if self._task is None and self.fires:
             self._task = asyncio.create_task(self._run(), name="scheduler")
         if watch and self.watcher is not None:
             self.watcher.start()
