@@ -202,6 +202,62 @@ open("/work/fine.txt", "w").write("ok")
     assert not (data_dir / "x").exists() and out.files == [("fine.txt", b"ok")]
 
 
+TAMPER = """
+import os, stat
+print(int(sql("SELECT sum(x) AS s FROM t").s[0]))
+for fd in range(3, 64):
+    try:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("t.duckdb"):
+            break
+    except OSError:
+        pass
+else:
+    fd = None
+targets = [f"/proc/self/fd/{fd}"] if fd is not None else []
+targets += ["/data/t.duckdb"] if os.path.exists("/data/t.duckdb") else []
+for path in targets:
+    try:
+        open(path, "r+b").write(b"x")
+        print(path, "WRITTEN")
+    except OSError as e:
+        print(path, "refused")
+    try:
+        os.chmod(path, 0o666)
+        print(path, "CHMOD")
+    except OSError:
+        print(path, "no chmod")
+if fd is not None:
+    try:
+        os.fchmod(fd, 0o666)
+        print("fd CHMOD")
+    except OSError:
+        print("fd no chmod")
+"""
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o666])
+async def test_the_datasets_cannot_be_changed(pool: Pool, tmp_path: Path, mode: int) -> None:
+    """Passed as fds (the gateway is root: the sandbox's uid owns nothing), or bound read-only
+    (a file others may write: like a gateway running as its own user, where the sandbox shares
+    its uid), a dataset can be read and never written, nor its mode changed."""
+    import duckdb
+    import hashlib
+
+    path = tmp_path / "t.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE t AS SELECT range AS x FROM range(10)")
+    path.chmod(mode)
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert sandbox.passable([("t", path)]) is (mode == 0o644)
+    out = await pool.run(TAMPER, [("t", path)])
+    print(out.stdout, out.error)
+    assert out.stdout.startswith("45\n") and out.error is None
+    assert "WRITTEN" not in out.stdout and "CHMOD" not in out.stdout
+    assert out.stdout.count("refused") >= 1
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+    assert path.stat().st_mode & 0o777 == mode
+
+
 async def test_links_to_outside_paths_are_never_offered(pool: Pool, data_dir: Path) -> None:
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "pluto.db").write_text("secret rows")

@@ -242,16 +242,20 @@ def _identity(slot: int) -> tuple[list[str], list[str]]:
         "--inh-caps=-all", "--bounding-set=-all", "--"]
 
 
-def command(limits: Limits, slot: int, *python: str) -> list[str]:
+def command(limits: Limits, slot: int, *python: str,
+            binds: Sequence[tuple[str, Path]] = ()) -> list[str]:
     """The full command line of sandbox number ``slot`` running ``python`` (arguments after
-    the interpreter; default: the runner)."""
+    the interpreter; default: the runner), with ``binds`` (datasets) read-only under /data."""
     bwrap = _which("bwrap")
     assert bwrap is not None
     ids, prefix = _identity(slot)
     work = str(limits.work_mb * 2**20)
+    data = ["--perms", "0755", "--dir", "/data"] if binds else []
+    for name, path in binds:
+        data += _ro(path, f"/data/{name}.duckdb")
     return [bwrap, "--die-with-parent", "--new-session", "--unshare-net", "--unshare-pid",
             "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox",
-            *_layout(), *ids,
+            *_layout(), *ids, *data,
             "--perms", "1777", "--size", work, "--tmpfs", "/tmp",
             "--perms", "1777", "--size", work, "--tmpfs", "/work", "--chdir", "/work",
             "--clearenv", "--setenv", "HOME", "/work", "--setenv", "TMPDIR", "/tmp",
@@ -336,13 +340,15 @@ _SLOTS = _Slots()
 class Sandbox:
     """One started interpreter, used for one run (blocking methods: call them in a thread)."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, binds: Sequence[tuple[str, Path]] = ()) -> None:
         self.limits = limits
+        self.binds = tuple(binds)  # datasets bound read-only at start, instead of passed fds
         self.slot = _SLOTS.take()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = ours
         try:
-            self.proc = subprocess.Popen(command(limits, self.slot), stdin=theirs.fileno(),
+            self.proc = subprocess.Popen(command(limits, self.slot, binds=self.binds),
+                                         stdin=theirs.fileno(),
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                          start_new_session=True, env=_NO_ENV, close_fds=True,
                                          umask=0o022)  # the mount points bwrap makes: 0755
@@ -371,9 +377,12 @@ class Sandbox:
         deadline = started + self.limits.timeout
         fds: list[int] = []
         try:
-            for _, path in datasets:
-                fds.append(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
-            request = json.dumps({"code": code, "datasets": [n for n, _ in datasets]}).encode()
+            bound = {name for name, _ in self.binds}
+            for name, path in datasets:
+                if name not in bound:
+                    fds.append(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+            request = json.dumps({"code": code, "datasets": [n for n, _ in datasets],
+                                  "bound": sorted(bound)}).encode()
             data = struct.pack(">I", len(request)) + request
             sent = self.sock.sendmsg([data[: 1 << 16]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                                           struct.pack(f"{len(fds)}i", *fds))]
@@ -521,6 +530,20 @@ def _cell(value: Any) -> Any:
     return str(value)[:1000]
 
 
+def passable(datasets: Sequence[tuple[str, Path]]) -> bool:
+    """Whether the datasets may go to a warm sandbox as open file descriptors: only when the
+    sandbox's user can neither change the files' mode nor reopen them for writing through
+    ``/proc/self/fd`` — the gateway runs as root (the sandbox as another uid, not the owner)
+    and no file is writable by others. Otherwise (a gateway running as its own user: the
+    sandbox shares its uid) they are bound read-only into a sandbox started for the run."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        return all(not os.stat(path).st_mode & 0o002 for _, path in datasets)
+    except OSError:
+        return False
+
+
 # ---- the pool ----------------------------------------------------------------------------
 
 
@@ -552,7 +575,8 @@ class Pool:
         if len(code) > MAX_CODE:
             raise SandboxError(f"The code is longer than {MAX_CODE:,} characters; shorten it.")
         async with self._gates.setdefault(loop, asyncio.Semaphore(self.max_running)):
-            taking = loop.run_in_executor(self._threads, self._take)
+            binds = tuple(datasets) if datasets and not passable(datasets) else ()
+            taking = loop.run_in_executor(self._threads, self._take, binds)
             try:
                 sandbox, warm = await asyncio.shield(taking)
             except asyncio.CancelledError:  # the sandbox still starting is closed once up
@@ -573,14 +597,14 @@ class Pool:
         if not taking.cancelled() and taking.exception() is None:
             self._threads.submit(taking.result()[0].close)
 
-    def _take(self) -> tuple[Sandbox, bool]:
+    def _take(self, binds: Sequence[tuple[str, Path]] = ()) -> tuple[Sandbox, bool]:
         with self._lock:
-            while self._idle:
+            while self._idle and not binds:
                 sandbox = self._idle.pop(0)
                 if sandbox.alive():
                     return sandbox, True
                 self._threads.submit(sandbox.close)
-        sandbox = Sandbox(self.limits)
+        sandbox = Sandbox(self.limits, binds)
         try:
             sandbox.wait_ready()
         except BaseException:
