@@ -225,6 +225,10 @@ class ScheduleFileWatcher:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
+    async def remember(self) -> None:
+        """The file as it is now counts as read (it was applied by the caller)."""
+        self._seen = await asyncio.to_thread(self._stamp)
+
     async def check(self, *, force: bool = False) -> bool:
         """Read the file if it changed (or ``force``); whether a new version was applied."""
         stamp = await asyncio.to_thread(self._stamp)

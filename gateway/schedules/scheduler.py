@@ -30,7 +30,8 @@ from typing import Any
 
 from pluto.events import MessageDelta, MessageFinal, RunEnd, RunEvent
 from pluto.gateway.pipeline.routing import RoutingTable, session_key
-from pluto.gateway.schedules.config import ScheduleConfig, ScheduleFileWatcher, load_schedules
+from pluto.gateway.schedules.config import (ScheduleConfig, ScheduleFileWatcher, ScheduleSettings,
+                                            load_schedules)
 from pluto.gateway.schedules.recurrence import BadTime, When
 from pluto.ids import new_id
 from pluto.storage.ports import ScheduleStore
@@ -95,11 +96,10 @@ class Scheduler:
             if config_dir is not None else None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._pending: set[asyncio.Task[None]] = set()
         self.next_firing: float | None = None  # the soonest due time seen (for /readyz)
 
     @property
-    def settings(self) -> Any:
+    def settings(self) -> ScheduleSettings:
         return self.config.settings
 
     async def load(self) -> None:
@@ -112,7 +112,7 @@ class Scheduler:
                                          set(self.agents()), now)
         await self.apply_file(config)
         if self.watcher is not None:
-            await self.watcher.check()  # (its stamp of the file; applied already)
+            await self.watcher.remember()  # (the version applied: read again once it changes)
 
     def start(self, *, watch: bool = False) -> None:
         if self._task is None and self.fires:
