@@ -575,8 +575,7 @@ class Pool:
         if len(code) > MAX_CODE:
             raise SandboxError(f"The code is longer than {MAX_CODE:,} characters; shorten it.")
         async with self._gates.setdefault(loop, asyncio.Semaphore(self.max_running)):
-            binds = tuple(datasets) if datasets and not passable(datasets) else ()
-            taking = loop.run_in_executor(self._threads, self._take, binds)
+            taking = loop.run_in_executor(self._threads, self._take, tuple(datasets))
             try:
                 sandbox, warm = await asyncio.shield(taking)
             except asyncio.CancelledError:  # the sandbox still starting is closed once up
@@ -597,7 +596,10 @@ class Pool:
         if not taking.cancelled() and taking.exception() is None:
             self._threads.submit(taking.result()[0].close)
 
-    def _take(self, binds: Sequence[tuple[str, Path]] = ()) -> tuple[Sandbox, bool]:
+    def _take(self, datasets: Sequence[tuple[str, Path]] = ()) -> tuple[Sandbox, bool]:
+        """A warm sandbox, or one started now (with the datasets bound, when they may not be
+        passed as fds)."""
+        binds = tuple(datasets) if datasets and not passable(datasets) else ()
         with self._lock:
             while self._idle and not binds:
                 sandbox = self._idle.pop(0)
