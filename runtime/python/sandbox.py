@@ -428,7 +428,8 @@ class Sandbox:
         except subprocess.TimeoutExpired:
             self.kill()
             code = None
-        if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU) or code == -signal.SIGKILL:
+        if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU, -signal.SIGKILL,
+                    128 + signal.SIGKILL):
             return SandboxError("The code used up its CPU time or memory and was stopped.")
         return SandboxError(f"The Python sandbox ended before answering (exit code {code}).")
 
@@ -438,6 +439,8 @@ class Sandbox:
         """One length-prefixed frame, or None (ended, timed out: the sandbox is killed)."""
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
+        poller = select.poll()  # (select() fails for descriptors past 1023: a busy gateway)
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         size = None
         buffer = bytearray()
         while True:
@@ -448,8 +451,7 @@ class Sandbox:
                     self._deadline_seen = deadline
                     self.kill()
                     return None
-                ready, _, _ = select.select([fd], [], [], min(left, 1.0))
-                if not ready:
+                if not poller.poll(min(left, 1.0) * 1000):
                     continue
                 chunk = os.read(fd, min(want - len(buffer), 1 << 20))
                 if not chunk:
