@@ -107,6 +107,23 @@ async def test_the_code_s_error_comes_back_without_the_runner_s_frames(pool: Poo
     assert "runner" not in out.error
 
 
+async def test_a_gateway_with_many_open_files_still_gets_the_reply(pool: Pool) -> None:
+    """The sandbox's pipe gets a descriptor past 1023 (select() would fail there)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        out = await run(pool, "21 * 2", timeout=20)  # a pool of its own: a new pipe
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert out.value == "42"
+
+
 # ---- escapes ---------------------------------------------------------------------------
 
 
