@@ -354,26 +354,36 @@ os.write(fd, struct.pack(">I", len(payload)) + payload)
         await pool.run(forge.format(payload="b'{\"blobs\": [4000000000]}'"))
 
 
-async def test_a_bounded_fork_bomb_stops_at_the_process_limit(pool: Pool) -> None:
-    """RLIMIT_NPROC binds the sandbox's user (root's would be ignored): a bounded check first."""
+async def test_no_process_can_be_made_and_threads_stop_at_the_limit(pool: Pool) -> None:
+    """seccomp refuses fork (each process would bring its own address-space allowance);
+    RLIMIT_NPROC, which binds the sandbox's user (root's would be ignored), caps threads."""
     out = await pool.run("""
-import os, time
+import os, subprocess, sys, threading
+try:
+    os.fork()
+    print("FORKED")
+except OSError as e:
+    print("fork refused", e.errno)
+try:
+    subprocess.run([sys.executable, "-c", "pass"])
+    print("SPAWNED")
+except OSError as e:
+    print("spawn refused", e.errno)
+stop = threading.Event()
 made = 0
 for _ in range(64):
     try:
-        pid = os.fork()
-    except OSError as e:
-        print("refused", e.errno)
+        threading.Thread(target=stop.wait).start()
+    except RuntimeError:
+        print("thread refused")
         break
-    if pid == 0:
-        time.sleep(20)
-        os._exit(0)
     made += 1
-print("made", made)
+stop.set()
+print("threads", made)
 """)
-    made = int(out.stdout.split("made ")[1])
-    assert "refused 11" in out.stdout and made < SMALL.processes  # EAGAIN
-    await until(lambda: max(sandbox_tasks().values(), default=0) <= 2)  # all killed after
+    lines = out.stdout.splitlines()
+    assert lines[:3] == ["fork refused 1", "spawn refused 1", "thread refused"], out.stdout
+    assert int(lines[3].split()[1]) < SMALL.processes
 
 
 async def test_a_fork_bomb_is_killed_with_its_namespace(pool: Pool) -> None:

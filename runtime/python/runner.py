@@ -101,14 +101,17 @@ _DENIED_CALLS = {
     "perf_event_open": 298, "io_uring_setup": 425, "io_uring_enter": 426,
     "io_uring_register": 427, "open_by_handle_at": 304, "kexec_load": 246, "init_module": 175,
     "finit_module": 313, "swapon": 167, "reboot": 169, "acct": 163}
-_CLONE, _CLONE3, _CLONE_NEWUSER = 56, 435, 0x10000000
+_DENIED_CALLS.update(fork=57, vfork=58)  # threads only: see deny_syscalls
+_CLONE, _CLONE3, _CLONE_NEWUSER, _CLONE_THREAD = 56, 435, 0x10000000, 0x00010000
 
 
 def deny_syscalls() -> bool:
-    """A seccomp filter (x86_64 only): the calls above fail with EPERM, clone with
-    CLONE_NEWUSER too (no new user namespace: the root case has none to stop it), clone3 with
-    ENOSYS (the C library then uses clone, which the filter can read), x32 calls and other
-    architectures' are refused. Set after the libraries are imported, before any code."""
+    """A seccomp filter (x86_64 only): the calls above fail with EPERM, and clone unless it
+    makes a thread (no new process: the address-space limit is per process, so each fork
+    would bring another gigabyte) or with CLONE_NEWUSER (no new user namespace: the root case
+    has none to stop it); clone3 answers ENOSYS (the C library then uses clone, whose flags
+    the filter can read); x32 calls and other architectures' are refused. Set after the
+    libraries are imported, before any code."""
     import ctypes
     import platform
 
@@ -120,8 +123,8 @@ def deny_syscalls() -> bool:
             (0x15, 0, 1, _CLONE3), (0x06, 0, 0, enosys)]
     for number in _DENIED_CALLS.values():
         prog += [(0x15, 0, 1, number), (0x06, 0, 0, eperm)]
-    prog += [(0x15, 0, 3, _CLONE), (0x20, 0, 0, 16), (0x45, 0, 1, _CLONE_NEWUSER),
-             (0x06, 0, 0, eperm), (0x06, 0, 0, allow)]
+    prog += [(0x15, 0, 4, _CLONE), (0x20, 0, 0, 16), (0x45, 1, 0, _CLONE_NEWUSER),
+             (0x45, 1, 0, _CLONE_THREAD), (0x06, 0, 0, eperm), (0x06, 0, 0, allow)]
 
     class Filter(ctypes.Structure):
         _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),

@@ -146,7 +146,8 @@ async def run_python(ctx: ToolContext, code: str) -> ToolResult:
     DataFrame); the name list is in datasets. A DataFrame or Series on the last line comes
     back as a table (show(df, "name") for more); figures you draw are sent to the user as
     images; files written to the current folder are offered as downloads. No network, no
-    packages beyond these, 30 s and 1 GB per run; nothing is kept between runs.
+    subprocesses, no packages beyond these, 30 s and 1 GB per run; nothing is kept between
+    runs.
 
     Args:
         code: The Python code, e.g. df = load("sales"); df.groupby("region")["amount"].sum()
