@@ -107,5 +107,6 @@ async def remind(scheduler: Scheduler, words: str, *, owner: tuple[str, str], ch
     except BadTime as e:
         return Failed(str(e))
     scheduler.wake()
-    return (f"Scheduled `{made.id}`: {spec.when.describe()}, next "
-            f"{when_text(made.next_due, made.tz)}. `/schedules cancel {made.id}` stops it.")
+    nxt = "" if made.kind == "at" else f", next {when_text(made.next_due, made.tz)}"
+    return (f"Scheduled `{made.id}`: {spec.when.describe()}{nxt}. `/schedules cancel "
+            f"{made.id}` stops it.")
