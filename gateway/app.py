@@ -96,7 +96,7 @@ class Gateway:
         self.shared = self.store.shared
         self.cluster = Cluster(self.store.leases if self.shared else None, self.instance,
                                ttl=self.config.storage.lease_seconds)
-        self.store.conversations.owner = self.instance  # type: ignore[attr-defined]
+        self.store.conversations.owner = self.instance
         self.registry = AgentRegistry(config_dir / "agents", self.data_dir / "agents",
                                       key_envs=self.config.agents.api_key_envs,
                                       known_tools=self._tool_names)
@@ -312,8 +312,8 @@ class Gateway:
         """Several instances: the notes between intakes (a message recorded, a chat let go,
         what became of a message) — sent by the statements that make the change."""
         channel = await bus.scoped(INTAKE)
-        self.store.inbound.notify = channel  # type: ignore[attr-defined]
-        self.store.leases.notify = channel  # type: ignore[attr-defined]
+        self.store.inbound.notify = channel
+        self.store.leases.notify = channel
         bus.subscribe(INTAKE, self._intake_note)
 
     def _intake_note(self, payload: str | None) -> None:
@@ -410,7 +410,7 @@ class Gateway:
         run feed has them there)."""
         if provider.capabilities.answers_from_feed:
             return
-        found = await self.store.conversations.undelivered_in_chat(  # type: ignore[attr-defined]
+        found = await self.store.conversations.undelivered_in_chat(
             provider.name, None)
         for payload, final in found:
             log.warning("delivering the answer of run %s, saved before the last shutdown but "
@@ -426,7 +426,7 @@ class Gateway:
         """A message taken from the inbox under a chat claim: what its handling writes is
         fenced by it (its run's writes, and its outcome)."""
         self.store.conversations.claim(source, claim)
-        self.store.inbound.claim(source, claim)  # type: ignore[attr-defined]
+        self.store.inbound.claim(source, claim)
 
     async def _publish_intake(self, payload: str) -> None:
         assert self.store.bus is not None

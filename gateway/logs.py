@@ -172,7 +172,7 @@ class RateLimit(logging.Filter):
             if now >= self._next_sweep:  # (at most once a second: it looks at every kind)
                 self._next_sweep = now + 1.0
                 due += self._sweep(now, key)
-        record._pluto_rate = verdict  # type: ignore[attr-defined]
+        record._pluto_rate = verdict
         for ended, span in due:
             self._summarize(ended, span)
         return verdict

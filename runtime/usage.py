@@ -224,7 +224,7 @@ class UsageMeter:
         give ``release`` back in the same transaction, tell the observers; the row as
         written."""
         call = await self.priced(call, models)
-        await self.store.record(call, self._periods(),  # type: ignore[call-arg]
+        await self.store.record(call, self._periods(),
                                 release=release)
         self._observed(call)
         return call
@@ -244,7 +244,7 @@ class UsageMeter:
         """Write a priced call with the next commit (one commit with the answer that follows
         it), giving ``release`` back in it; the observers are told once it is committed.
         Whoever holds the future awaits it (a failure is its to log)."""
-        written = self.store.record_soon(call, self._periods(),  # type: ignore[call-arg]
+        written = self.store.record_soon(call, self._periods(),
                                          release=release)
 
         def committed(f: asyncio.Future[Any]) -> None:
@@ -289,7 +289,7 @@ class UsageMeter:
         waited = 0.0
         while True:
             try:
-                full = await self.store.reserve(  # type: ignore[attr-defined]
+                full = await self.store.reserve(
                     held.claims, tokens, cost, prompt_tokens)
                 if full is None:
                     return held
@@ -313,7 +313,7 @@ class UsageMeter:
         if reservation is None:
             return
         try:
-            await self.store.release(reservation)  # type: ignore[attr-defined]
+            await self.store.release(reservation)
         except Exception:
             log.exception("a usage reservation could not be given back")
 

@@ -83,7 +83,7 @@ async def memory_command(args: argparse.Namespace, config: PlutoConfig, data_dir
         store = store_for(data_dir, url)
         await store.open()
         try:
-            return await _act(args, SharedMemoryBook(store.notes),  # type: ignore[attr-defined]
+            return await _act(args, SharedMemoryBook(store.notes),
                               _scope(args, config, data_dir))
         finally:
             await store.close()

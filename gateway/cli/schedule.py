@@ -69,7 +69,7 @@ async def schedule_command(args: argparse.Namespace, config: PlutoConfig, data_d
     store = store_for(data_dir, config.storage.url())
     await store.open()
     try:
-        schedules = store.schedules  # type: ignore[attr-defined]
+        schedules = store.schedules
         match args.schedule_command:
             case "list":
                 return await _list(schedules, args)

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 MIN_KEY_CHARS = 16
 KEY_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-CALLER: web.RequestKey[str | None] = web.RequestKey("pluto_api_caller", str)  # type: ignore[arg-type]
+CALLER: web.RequestKey[str | None] = web.RequestKey("pluto_api_caller", str)
 IS_ADMIN: web.RequestKey[bool] = web.RequestKey("pluto_api_admin", bool)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

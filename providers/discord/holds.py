@@ -43,7 +43,7 @@ def sending() -> Iterator[None]:
 class SendingHTTPClient(discord.http.HTTPClient):
     """discord.py's HTTP client whose 429 wait limit is :data:`NO_WAIT` inside :func:`sending`."""
 
-    @property  # type: ignore[override]
+    @property
     def max_ratelimit_timeout(self) -> float | None:
         if _sending.get():
             return NO_WAIT

@@ -72,7 +72,7 @@ else:
     from pluto.errors import PlutoError as _Root
 
 
-class DataError(_Root):  # type: ignore[valid-type,misc]
+class DataError(_Root):
     """Root of every error raised by `runtime.data`; messages are meant for the model."""
 
 

@@ -55,13 +55,13 @@ def _pg(sql: str) -> str:
     return sql.replace("%", "%%").replace("?", "%s")
 
 
-class Row(tuple):  # type: ignore[type-arg]
+class Row(tuple):
     """A result row readable by column name and by position, like ``sqlite3.Row``."""
 
     __slots__ = ()
     _index: dict[str, int]
 
-    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+    def __getitem__(self, key: Any) -> Any:
         if isinstance(key, str):
             return tuple.__getitem__(self, self._index[key])
         return tuple.__getitem__(self, key)

@@ -174,7 +174,7 @@ class SqliteInbound:
         """Forget old ids: those past ``max_age``, then all but the newest ``max_rows``."""
         self._since_prune = 0
 
-        def prune(conn) -> int:  # type: ignore[no-untyped-def]
+        def prune(conn) -> int:
             old = conn.execute(f"DELETE FROM inbound_seen WHERE seen_at < {self._now} - ?",
                                (*self._at(), self.max_age)).rowcount  # handled or not
             extra = conn.execute(
