@@ -110,3 +110,18 @@ async def test_routes_check_knows_the_tool_and_checks_schedules_yaml(config_dir:
     code, out = await asyncio.to_thread(check)
     assert code == 2 and "schedules.yaml:5: schedules[0].cron: '0 9 * * 8' is not a cron " \
         "expression I can use (bad day-of-week)" in out, out
+
+
+async def test_doctor_names_a_bad_schedules_yaml(config_dir: Path, data_dir: Path, capsys):
+    (config_dir / "schedules.yaml").write_text(
+        "schedules:\n  - name: x\n    agent: default\n    to: test:c\n    every: often\n"
+        "    prompt: p\n")
+
+    def doctor() -> tuple[int, str]:
+        code = cli_main(["--config", str(config_dir), "--data-dir", str(data_dir), "doctor",
+                         "--offline"])
+        out = capsys.readouterr()
+        return code, out.out + out.err
+    code, out = await asyncio.to_thread(doctor)
+    assert code == 2 and "schedules.yaml:5: schedules[0].every: 'often' is not a duration" \
+        in out, out

@@ -87,6 +87,7 @@ def doctor_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path
 def _config(config_dir: Path, config: PlutoConfig) -> Check:
     from pluto.agents.registry import AgentRegistry
     from pluto.gateway.reload import load_routes
+    from pluto.gateway.schedules.config import load_schedules
     from pluto.runtime.catalog import standard_tools
 
     try:
@@ -95,6 +96,10 @@ def _config(config_dir: Path, config: PlutoConfig) -> Check:
                                  known_tools=standard_tools().keys())
         table = load_routes(config_dir, registry)
         problems = [p for e in registry.check_all() for p in e.problems]
+        try:  # schedules.yaml (schedules and their limits; docs/schedules.md)
+            load_schedules(config_dir, set(registry.names()))
+        except ConfigError as e:
+            problems += e.problems
         if problems:
             raise ConfigError(problems)
     except ConfigError as e:
