@@ -147,5 +147,5 @@ def run(report: Report, quick: bool = False) -> None:
             note=f"p99 {percentile(gw.latencies, 99) * 1000:.0f} ms, gateway CPU "
                  f"{gw_cpu * 100:.0f}% of a core, errors {gw.errors}"
                  + (f"; missed by {(1 - gw.rate / 2000) * 100:.0f}%: the gateway is CPU-bound "
-                    "in its one event loop (see README, Performance)"
+                    "in its one event loop (see docs/performance.md)"
                     if sessions >= 100 and gw.rate < 2000 else "")))

@@ -181,7 +181,7 @@ async def test_three_instances_one_killed_every_message_answered_once_in_order(
 
             # rounds a second apart: a chat's order is the order its messages reach the inbox,
             # and two sent 0.3 s apart to different instances swapped on a saturated 2-core CI
-            # machine (a limit the README states)
+            # machine (a limit docs/instances.md states)
             for r in range(4):
                 await one_round(r)
                 await asyncio.sleep(1.0)

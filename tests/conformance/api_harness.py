@@ -55,7 +55,7 @@ class ApiHarness(ServedHarness):
     # no "redelivery": every POST of a step is a new step with its own id (the message id the
     # gateway dedupes by), so the API never hands the gateway the same message twice; no
     # groups, files or flood control on an HTTP API; no "serve": a run's answer is read from
-    # the run itself, not sent in chunks (see README.md)
+    # the run itself, not sent in chunks (see docs/api.md)
     features: frozenset[str] = frozenset()
     direct_chat: str = "direct"  # a label: the chat's task is made by its first message
     tasks: dict[str, str] = field(default_factory=dict)  # chat label → task id
