@@ -39,25 +39,38 @@ def _target(soft: int, hard: int, infinity: int) -> int:
     return soft if soft == infinity or soft >= ceiling else ceiling
 
 
-def http_connections(limit: int | None = None) -> int:
+def http_connections(limit: int | None = None, held: int | None = None) -> int:
     """How many HTTP connections the server keeps at once when ``http.max_connections`` is not
-    set: as many as answers can stream (each may need a model connection beside it), so a
-    flood of connections meets a 503 long before ``accept()`` meets EMFILE. ``limit``: the
-    soft open-files limit (default: the one in force)."""
+    set: as many as answers can stream (each may need a model connection beside it) in what
+    the process does not hold already, so a flood of connections meets a 503 long before
+    ``accept()`` meets EMFILE. ``limit``: the soft open-files limit (default: the one in
+    force); ``held``: descriptors open now (default: counted)."""
     if limit is None:
         limit = soft_limit()
-    return max(64, _answers(limit)) if limit is not None else 32_768
+    if limit is None:
+        return 32_768
+    return max(64, _answers(limit - (in_use() if held is None else held)))
+
+
+def in_use() -> int:
+    """Descriptors this process holds now (0 where that cannot be told)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
 
 
 def backlog(limit: int | None = None) -> int:
     """The listening socket's backlog: deep, so a burst of connections waits in the kernel's
     queue instead of losing SYNs (then a second or three of retransmission), but at most a
-    quarter of the open-files limit: asyncio accepts up to ``backlog`` connections at once,
-    each a descriptor before the connection guard can close one (the kernel caps it at
-    net.core.somaxconn)."""
+    eighth of the open-files limit: asyncio accepts up to ``backlog`` connections at each
+    readiness of the socket, each a descriptor for a few turns of the loop before the
+    connection guard can close one, and a flood makes it ready at every turn (three bursts
+    may be in flight at once: at a 1,024 limit, 3 × 256 on top of the connections held met
+    EMFILE; the kernel caps it at net.core.somaxconn)."""
     if limit is None:
         limit = soft_limit()
-    return 4096 if limit is None else max(128, min(4096, limit // 4))
+    return 4096 if limit is None else max(64, min(4096, limit // 8))
 
 
 def soft_limit() -> int | None:

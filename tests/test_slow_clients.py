@@ -362,7 +362,7 @@ async def test_more_sockets_than_open_files_never_reach_emfile(config_dir, data_
     path, rate = log_file
     async with served(config_dir, data_dir, http={"header_timeout_seconds": 5}) as gw:
         guard, port = gw.http.guard, gw.http.port
-        assert guard.max_total == 1024 // 2 - 50
+        assert guard.max_total <= 1024 // 2 - 50  # (less what the process holds already)
         flood = await run_flood(port, 1500)
         assert flood.stdout is not None
         opened = asyncio.create_task(flood.stdout.readline())
