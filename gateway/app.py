@@ -250,10 +250,37 @@ class Gateway:
             if self.serve:
                 self.watcher.start()
                 stack.push_async_callback(self.watcher.stop)
+                warm = asyncio.create_task(self._warm_python(), name="python:warm")
+                stack.push_async_callback(_cancel, warm)
         except BaseException:
             await stack.aclose()
             raise
         self._stack = stack
+
+    async def _warm_python(self) -> None:
+        """An agent the routes use lists ``run_python``: a sandbox started now, in the
+        background, so the first code a model writes does not wait for a cold one (about a
+        second and a half); it is stopped with the gateway."""
+        try:
+            for name in self.routes.agents():
+                if "run_python" in (await self.registry.load(name)).tools:
+                    break
+            else:
+                return
+            from pluto.runtime.python.sandbox import pool, unavailable
+            if await asyncio.to_thread(unavailable) is not None:
+                return  # (pluto doctor says why; the tool says so when called)
+            sandboxes = pool()
+            await asyncio.to_thread(sandboxes.refill)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - an optimisation: the first run starts cold
+            log.warning("python: no sandbox could be warmed at start: %s", e)
+            return
+        try:
+            await asyncio.Event().wait()  # until the gateway stops
+        finally:
+            await asyncio.shield(asyncio.to_thread(sandboxes.close))
 
     def _uses_litellm(self) -> bool:
         """Whether a model this gateway is configured to call goes through litellm."""

@@ -573,3 +573,19 @@ async def test_the_tool_is_off_without_bubblewrap(no_bwrap, tmp_path: Path) -> N
     result = await DATA_TOOLS["run_python"](ctx, {"code": "print(1)"})
     assert result.is_error and result.content.startswith(
         "bubblewrap (bwrap) is not installed, so run_python is off")
+
+
+async def test_serve_warms_a_sandbox_when_an_agent_lists_run_python(config_dir: Path,
+                                                                    data_dir: Path) -> None:
+    """The first code a model writes after a start does not wait for a cold sandbox: pluto serve
+    starts one in the background when a routed agent lists run_python, and stops it with
+    itself."""
+    write_agent(config_dir, "analyst", "tools: [run_python]\n")
+    (config_dir / "routes.yaml").write_text("default: analyst\n")
+    sandbox.pool().close()  # (a pool an earlier test left: this gateway's own)
+    async with Gateway(config_dir, config=PlutoConfig(data_dir=data_dir), serve=True,
+                       http_bind=("127.0.0.1", 0)):
+        await until(lambda: sandbox.pool()._idle, timeout=60)
+        warmed = sandbox.pool()
+        assert not warmed.closed
+    assert warmed.closed and not warmed._idle
