@@ -260,15 +260,21 @@ async def test_stop_stops_a_firing_run(config_dir: Path, data_dir: Path, clock: 
 async def test_times_are_read_in_the_zone_of_where_they_are_written(
         config_dir: Path, data_dir: Path, clock: Clock):
     (config_dir / "schedules.yaml").write_text(
-        "settings:\n  zones:\n    test:berlin: Europe/Berlin\n    test: America/New_York\n")
+        "settings:\n  zones:\n    test:berlin: Europe/Berlin\n    test: America/New_York\n"
+        "  user_zones:\n    test:traveller: Asia/Tokyo\n")
     gw, p = await start(config_dir, data_dir, clock)
     try:
         berlin = await ask(p, "/remind at 2027-01-15 12:00 lunch", chat="berlin")
         assert "once at 2027-01-15 12:00 Europe/Berlin" in berlin
         other = await ask(p, "/remind at 2027-01-15 12:00 lunch", chat="nyc")
         assert "once at 2027-01-15 12:00 America/New_York" in other
+        # a person's own zone wins over the chat's
+        tokyo = await ask(p, "/remind at 2027-01-16 12:00 lunch", chat="berlin",
+                          user="traveller")
+        assert "once at 2027-01-16 12:00 Asia/Tokyo" in tokyo
         dues = sorted(s.next_due for s in await gw.store.schedules.list())
-        assert [d - START for d in dues] == [3 * 3600.0, 9 * 3600.0]  # 11:00 and 17:00 UTC
+        # 11:00 and 17:00 UTC, and 03:00 UTC the next day
+        assert [d - START for d in dues] == [3 * 3600.0, 9 * 3600.0, 19 * 3600.0]
     finally:
         await gw.stop()
     (config_dir / "schedules.yaml").write_text(

@@ -94,7 +94,8 @@ async def remind(scheduler: Scheduler, words: str, *, owner: tuple[str, str], ch
         return Failed(f"You have {have} schedules, the most allowed here; cancel one "
                       "first (/schedules lists them).")
     try:
-        spec = parse_spec(words, settings.zone_for(owner[0], chat_id), await store.now())
+        spec = parse_spec(words, settings.zone_for(owner[0], chat_id, owner[1]),
+                          await store.now())
         gap = spec.when.interval()
         if gap is not None and gap < settings.min_interval:
             return Failed(f"Schedules here may repeat at most every "

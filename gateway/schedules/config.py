@@ -9,6 +9,8 @@
       default_tz: UTC         # the zone of times people write without one
       zones:                  # ... by where they write (PROVIDER:CHAT, or PROVIDER)
         telegram: Europe/Berlin
+      user_zones:             # ... by who writes (PROVIDER:USER): before the chat's
+        telegram:42: America/New_York
     schedules:
       - name: sales-summary   # its id is file:sales-summary
         agent: analyst
@@ -78,6 +80,8 @@ class ScheduleSettings(Strict):
     # the zone of times people write, by where they write: "PROVIDER:CHAT" or "PROVIDER"
     # (the most specific wins; else default_tz)
     zones: dict[str, Zone] = Field(default_factory=dict)
+    # a person's own zone, "PROVIDER:USER": it wins over the chat's and the platform's
+    user_zones: dict[str, Zone] = Field(default_factory=dict)
 
     _durations = field_validator("min_interval", "misfire_grace", mode="before")(_seconds)
 
@@ -90,9 +94,10 @@ class ScheduleSettings(Strict):
             raise ValueError(str(e)) from None
         return v
 
-    def zone_for(self, provider: str, chat_id: str) -> str:
-        """The zone of times written in this chat."""
-        return self.zones.get(f"{provider}:{chat_id}") or self.zones.get(provider) or \
+    def zone_for(self, provider: str, chat_id: str, user_id: str | None = None) -> str:
+        """The zone of times written in this chat (by this person: their own zone first)."""
+        return (user_id is not None and self.user_zones.get(f"{provider}:{user_id}")) or \
+            self.zones.get(f"{provider}:{chat_id}") or self.zones.get(provider) or \
             self.default_tz
 
 
