@@ -270,7 +270,7 @@ class Runner:
                     output_tokens=memory.usage.get("completion_tokens", 0),
                     latency=time.monotonic() - started, outcome="ok", route=req.who.route,
                     provider=req.who.provider, user_id=req.who.user_id,
-                    chat_id=req.who.chat_id, purpose="compaction"))
+                    chat_id=req.who.chat_id, purpose="compaction", origin=req.who.origin))
             except Exception:
                 log.exception("usage of the compaction of run %s not recorded", req.run_id)
         return memory
@@ -414,7 +414,7 @@ class Runner:
             input_tokens=int(usage.get("prompt_tokens", 0)),
             output_tokens=int(usage.get("completion_tokens", 0)),
             cached_tokens=int(usage.get("cached_tokens", 0)), estimated=estimated,
-            latency=time.monotonic() - started, outcome=outcome)
+            latency=time.monotonic() - started, outcome=outcome, origin=req.who.origin)
 
     async def _metered(self, state: _RunState, turn: ModelTurn, attempt: int,
                        started: float) -> ModelTurn:

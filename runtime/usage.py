@@ -57,6 +57,7 @@ class Attribution:
     chat_id: str = ""
     route: str = ""
     received: float = 0.0  # when the message arrived (time.time()), for its trace
+    origin: str = "message"  # message | schedule (a firing of a schedule: the gateway's own)
 
 
 # litellm's offline price list: read once per process, in a thread --------------------------

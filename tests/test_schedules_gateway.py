@@ -92,14 +92,26 @@ async def test_remind_fires_once_in_its_chat(config_dir: Path, data_dir: Path, c
         history = await gw.store.schedules.history(sid)
         await until_async(lambda: _outcome(gw, sid, "ran"))
         assert len(history) == 1 and history[0].run_id is not None
+        # the firing's model calls are in the usage ledger, marked as a schedule's
+        fired = history[0].run_id
+        calls = await until_async(lambda: gw.store.usage.calls(run_id=fired))
+        assert [c.origin for c in calls] == ["schedule"]  # type: ignore[attr-defined]
         await advance(gw, clock, 86400)
         await gw.scheduler.tick()
         await gw.settled()
         assert len(p.finals("c7")) == before + 1  # once, never again
         assert (await ask(p, "/schedules", chat="c7", user="u1")).startswith(
             "You have no schedules")
+        await p.say("hello", chat="c7", user="u1")  # a person's message: marked so
+        await p.wait_finals(before + 2, chat="c7")
+        await gw.settled()
+        await until_async(lambda: _origins(gw, ["message", "schedule"]))
     finally:
         await gw.stop()
+
+
+async def _origins(gw: Gateway, want: list[str]) -> bool:
+    return sorted(c.origin for c in await gw.store.usage.calls()) == want
 
 
 async def _outcome(gw: Gateway, sid: str, outcome: str) -> bool:

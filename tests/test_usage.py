@@ -214,6 +214,14 @@ async def test_the_ledger_matches_the_model_exactly_across_tools_retries_and_sto
     [row] = [line.split() for line in out.splitlines() if line.startswith("default")]
     assert row[:6] == ["default", "5", "350", "16", "100", "366"]
     assert row[6] == f"${expected:,.6f}"
+    # what started each call: here a person's messages (a schedule's firing says "schedule")
+    assert {c.origin for c in calls} == {"message"}
+    code = await asyncio.to_thread(cli_main, ["--config", str(config_dir), "--data-dir",
+                                              str(data_dir), "usage", "--by", "origin"])
+    out = capsys.readouterr().out
+    assert code == 0
+    [row] = [line.split() for line in out.splitlines() if line.startswith("message")]
+    assert row[:3] == ["message", "5", "350"]
 
 
 async def test_a_daily_user_budget_refuses_the_next_run_and_an_admin_resets_it(

@@ -71,6 +71,7 @@ class Job:
     # what the run's events pass through before delivery (a scheduled firing: an answer of
     # "nothing to report" is not sent)
     wrap: Callable[[AsyncIterator[RunEvent]], AsyncIterator[RunEvent]] | None = None
+    origin: str = "message"  # message | schedule: what started it (kept in the usage ledger)
 
     @property
     def source(self) -> tuple[str, str] | None:
@@ -184,17 +185,17 @@ class Pipeline:
                      | None = None) -> Outcome:
         """A message the gateway makes itself (a scheduled firing), routed already: into its
         session's lane like any other (access and commands were checked when it was made)."""
-        return await self._queue(msg, route, wrap)
+        return await self._queue(msg, route, wrap, origin="schedule")
 
     async def _queue(self, msg: IncomingMessage, route: Route,
                      wrap: Callable[[AsyncIterator[RunEvent]], AsyncIterator[RunEvent]]
-                     | None = None) -> Outcome:
+                     | None = None, *, origin: str = "message") -> Outcome:
         """Into the session's lane. A message that will wait is recorded as a queued run now;
         one that starts at once is recorded by its start (one commit fewer on the way)."""
         session = await self.conversations.session(route.session_key, route.agent)
         waiting = self.lanes.busy(route.session_key)
         job = Job(msg, route, new_id(), time.time(), session.id,
-                  None if waiting else session, wrap)
+                  None if waiting else session, wrap, origin)
         self.live[job.run_id] = msg.message_id
         if self.track_runs:
             self._unfinished[job.run_id] = asyncio.get_running_loop().create_future()
@@ -281,7 +282,7 @@ class Pipeline:
             return
         req = RunRequest(job.run_id, session, agent, text, route.tools, source=job.source,
                          who=Attribution(msg.provider, msg.user_id, msg.chat_id, route.rule,
-                                         job.received),
+                                         job.received, job.origin),
                          speaker=Speaker(msg.provider, msg.chat_id, msg.user_id, msg.is_direct,
                                          route.memory_in_groups),
                          notify=lambda line: self.delivery.reply(provider, msg, line,

@@ -86,6 +86,8 @@ MIGRATIONS: list[Any] = [
     ALTER TABLE usage_counters ADD COLUMN reserved_tokens INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE usage_counters ADD COLUMN reserved_cost REAL NOT NULL DEFAULT 0;
     """,
+    # what started the run: a person's message, or a schedule's firing
+    "ALTER TABLE usage_calls ADD COLUMN origin TEXT NOT NULL DEFAULT 'message'",
 ]
 
 # what a ledger can be grouped or budgeted by: the SQL expression of its key (never user input)
@@ -99,6 +101,7 @@ KEYS: Mapping[str, str] = {
     "run": "run_id",
     "purpose": "purpose",
     "outcome": "outcome",
+    "origin": "origin",
 }
 SCOPES = ("agent", "route", "user", "chat")  # what a budget limits (a counter each)
 
@@ -124,6 +127,7 @@ class UsageCall:
     cached_tokens: int = 0
     estimated: bool = False
     cost: float | None = None
+    origin: str = "message"  # message | schedule: what started the run
     ts: float = 0.0  # set by the database when recorded
 
     @property
@@ -177,7 +181,7 @@ class UsageTotal:
 
 _COLUMNS = ("run_id", "session_id", "agent", "route", "provider", "user_id", "chat_id", "model",
             "purpose", "attempt", "input_tokens", "output_tokens", "cached_tokens", "estimated",
-            "cost", "latency", "outcome")
+            "cost", "latency", "outcome", "origin")
 _SUMS = ("COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0),"
          " COALESCE(SUM(cached_tokens), 0), COALESCE(SUM(cost), 0),"
          " COALESCE(SUM(CASE WHEN cost IS NULL THEN 1 ELSE 0 END), 0)")
