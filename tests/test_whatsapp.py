@@ -338,6 +338,53 @@ async def test_a_refused_131047_is_permanent_and_logged_without_an_admin(
     assert "no admin_number is set" in caplog.text
 
 
+async def test_outside_the_window_a_reply_goes_out_as_the_window_template(
+        rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    """A scheduled answer days after the person last wrote: with providers.whatsapp.
+    window_template set, it reaches them as that approved template, the reply on one line in
+    its variable — known outside the window here, or refused by WhatsApp after the fact."""
+    provider = await rig.start(admin_number=ADMIN,
+                               window_template={"name": "pluto_update", "language": "en"})
+    await rig.fake.user_says(ADMIN, "I am the admin")
+    await rig.fake.user_says(ALICE, "hi")
+    rig.fake.age_window(ALICE, 25 * 3600)
+    provider._last_in[ALICE] = (0.0, "wamid.old")  # noqa: SLF001 - known closed here
+    with caplog.at_level(logging.INFO, logger="pluto.providers.whatsapp"):
+        assert await provider.send(OutgoingMessage(chat_id=ALICE,
+                                                   text="Sales summary:\n\n- up 4%\tweek"))
+    [sent] = rig.fake.messages_to(ALICE)
+    assert (sent.type, sent.text) == ("template", "Sales summary: - up 4% week")
+    assert sent.payload["template"]["name"] == "pluto_update"
+    assert "as the template pluto_update" in caplog.text
+    # not known here (a restart forgot when Alice wrote): sent as text, refused afterwards by a
+    # status (131047), then sent again as the template — the admin is not bothered
+    del provider._last_in[ALICE]  # noqa: SLF001
+    assert await provider.send(OutgoingMessage(chat_id=ALICE, text="x" * 2000))
+    await rig.fake.wait_until(lambda: len(rig.fake.messages_to(ALICE)) == 3, 5,
+                              "the template after the refused text")
+    text, again = rig.fake.messages_to(ALICE)[1:]
+    assert (text.type, again.type) == ("text", "template")
+    assert len(again.text) == 1024 and again.text.endswith("…")  # its variable's cap
+    assert rig.fake.messages_to(ADMIN) == []
+    # a template WhatsApp does not know: refused in one sentence, logged, never a crash
+    rig.fake.templates.clear()
+    provider._last_in[ALICE] = (0.0, "wamid.old")  # noqa: SLF001
+    with pytest.raises(DeliveryRefused, match="[Tt]emplate"):
+        await provider.send(OutgoingMessage(chat_id=ALICE, text="later"))
+
+
+def test_a_window_template_is_checked_when_loaded(fake: FakeWhatsApp, data_dir: Path) -> None:
+    app = web.Application()
+    for bad in ({"name": "Pluto Update"}, {"name": "ok", "language": "english"},
+                {"name": "ok", "max_chars": 5000}, {"language": "en"}):
+        config = {"enabled": True, "token_env": TOKEN_ENV, "app_secret_env": SECRET_ENV,
+                  "verify_token_env": VERIFY_ENV, "phone_number_id": "1",
+                  "window_template": bad}
+        with pytest.raises(ConfigError, match="providers.whatsapp.window_template"):
+            WhatsAppProvider.from_context(provider_context(ProviderConfig(**config), data_dir,
+                                                           app, name="whatsapp"))
+
+
 # through the gateway -----------------------------------------------------------------------------
 
 async def test_secrets_never_reach_the_log(config_dir: Path, data_dir: Path,

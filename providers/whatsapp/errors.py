@@ -45,7 +45,13 @@ PERMANENT = {OUTSIDE_WINDOW: "more than 24 hours have passed since the person la
              131009: "a parameter value is not valid",
              131008: "a required parameter is missing",
              100: "a parameter is not valid",
-             133010: "the phone number is not registered"}
+             133010: "the phone number is not registered",
+             # the window template (providers.whatsapp.window_template)
+             132000: "the message template expects another number of variables (the window "
+                     "template's body must have exactly one, {{1}})",
+             132001: "the message template does not exist in that language (the window "
+                     "template must be approved in WhatsApp Manager)",
+             132018: "the message template's variable was refused"}
 
 
 class GraphError(PlutoError):

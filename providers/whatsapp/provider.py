@@ -41,6 +41,7 @@ from pluto.types import Attachment, Capabilities, OutgoingMessage
 log = logging.getLogger(__name__)
 
 WINDOW = 24 * 3600.0
+SENT_KEPT = 1000  # texts remembered for a resend as the window template
 MAX_CAPTION = 1024
 TYPING_LASTS = 20.0  # WhatsApp shows it up to 25 s, or until the reply
 REMEMBERED = 4096  # message ids kept to recognise redeliveries before any work is done
@@ -64,6 +65,9 @@ class WhatsAppProvider(Provider):
         self._intake: Intake | None = None
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._last_in: dict[str, tuple[float, str]] = {}  # wa_id → (when they wrote, wamid)
+        # texts sent lately (wamid → (wa_id, text)): one WhatsApp reports outside the window
+        # afterwards goes out again as the window template, when one is set
+        self._sent_texts: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._typing: dict[str, tuple[str, float]] = {}  # wa_id → (wamid, when shown)
         self._told_admin: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -205,7 +209,11 @@ class WhatsAppProvider(Provider):
             return
         codes = [int(e.get("code") or 0) for e in status.errors if str(e.get("code", "")).isdigit()]
         if OUTSIDE_WINDOW in codes:
-            self._spawn(self._window_closed(status.recipient, status.message_id))
+            sent = self._sent_texts.pop(status.message_id, None)
+            if sent is not None and self.settings.window_template is not None:
+                self._spawn(self._as_template(*sent))
+            else:
+                self._spawn(self._window_closed(status.recipient, status.message_id))
         else:
             detail = "; ".join(str(e.get("title") or e.get("message") or e.get("code"))
                                for e in status.errors) or "no reason given"
@@ -251,6 +259,37 @@ class WhatsAppProvider(Provider):
             log.warning("whatsapp: could not tell the admin (%s): %s", admin,
                         provider_error(e, self.waits))
 
+    async def _as_template(self, wa_id: str, text: str) -> None:
+        """A text WhatsApp refused afterwards (the window had closed) sent as the template."""
+        try:
+            await self._send_template(wa_id, text)
+        except ProviderError as e:
+            log.warning("whatsapp: a reply to %s outside the 24-hour window could not go out as "
+                        "the window template either: %s", wa_id, e)
+
+    async def _send_template(self, wa_id: str, text: str) -> str:
+        """The reply as the window template's one variable: on one line (WhatsApp refuses a
+        variable with a newline, a tab or more than four spaces in a row), cut to its cap."""
+        template = self.settings.window_template
+        assert template is not None
+        line = " ".join(text.split())
+        if not line:
+            raise DeliveryRefused("WhatsApp's 24-hour window with this person is closed, and a "
+                                  "template carries text only")
+        if len(line) > template.max_chars:
+            line = line[:template.max_chars - 1].rstrip() + "…"
+        log.info("whatsapp: %s last wrote over 24 hours ago; the reply goes out as the template "
+                 "%s", wa_id, template.name)
+        try:
+            return await self.api.message(wa_id, "template", {
+                "name": template.name, "language": {"code": template.language},
+                "components": [{"type": "body",
+                                "parameters": [{"type": "text", "text": line}]}]})
+        except GraphError as e:
+            raise provider_error(e, self.waits) from None
+        except NETWORK as e:
+            raise provider_error(e, self.waits) from None
+
     # sending -----------------------------------------------------------------------------
 
     async def send(self, message: OutgoingMessage) -> str | None:
@@ -258,16 +297,25 @@ class WhatsAppProvider(Provider):
         if not to.isdigit():
             raise DeliveryRefused(f"{to!r} is not a WhatsApp number (wa_id)")
         if self._outside_window(to):
+            if self.settings.window_template is not None:
+                return await self._send_template(to, message.text)
             await self._window_closed(to, f"{message.kind} of run {message.run_id or '-'}")
             raise DeliveryRefused("WhatsApp's 24-hour window with this person is closed")
         try:
             if message.attachments:
                 return await self._send_files(message)
-            return await self.api.message(to, "text", {"body": message.text,
-                                                        "preview_url": False},
-                                          reply_to=message.reply_to)
+            wamid = await self.api.message(to, "text", {"body": message.text,
+                                                         "preview_url": False},
+                                           reply_to=message.reply_to)
+            if self.settings.window_template is not None:
+                self._sent_texts[wamid] = (to, message.text)
+                while len(self._sent_texts) > SENT_KEPT:
+                    self._sent_texts.popitem(last=False)
+            return wamid
         except GraphError as e:
             if e.code == OUTSIDE_WINDOW:
+                if self.settings.window_template is not None and not message.attachments:
+                    return await self._send_template(to, message.text)
                 await self._window_closed(to, f"{message.kind} of run {message.run_id or '-'}")
             raise provider_error(e, self.waits) from None
         except NETWORK as e:

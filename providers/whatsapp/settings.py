@@ -12,6 +12,9 @@ providers:
     api_base: https://graph.facebook.com   # another Graph API server: a proxy, a test fake
     api_version: v21.0
     admin_number: "4915123456789"          # told when a reply cannot be delivered (24-hour window)
+    window_template:                       # outside the 24-hour window, a reply goes out as this
+      name: pluto_update                   # approved template: its body's one {{1}} is the reply
+      language: en                         # (unset: such a reply is refused and logged)
     pair_rate_wait_seconds: 6              # 131056: one message per ~6 s to the same person
     throughput_wait_seconds: 1             # 130429: the number's messages-per-second limit
     max_download_mb: 100                   # documents users send, larger ones are refused
@@ -31,6 +34,18 @@ ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 FIELD = "providers.whatsapp"
 
 
+class WindowTemplate(BaseModel):
+    """An approved message template (WhatsApp Manager) whose body has one variable, ``{{1}}``:
+    what reaches a person once their 24-hour window has closed (a scheduled answer, most
+    often), the reply's text in place of the variable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[a-z0-9_]{1,512}$")
+    language: str = Field(default="en", pattern=r"^[a-z]{2,3}(_[A-Z]{2})?$")
+    max_chars: int = Field(default=1024, ge=16, le=1024)  # a variable's text, at most
+
+
 class WhatsAppSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -43,6 +58,7 @@ class WhatsAppSettings(BaseModel):
     api_base: str = "https://graph.facebook.com"
     api_version: str = Field(default="v21.0", pattern=r"^v[0-9]+\.[0-9]+$")
     admin_number: str | None = Field(default=None, pattern=r"^[0-9]{6,20}$")
+    window_template: WindowTemplate | None = None
     pair_rate_wait_seconds: float = Field(default=6.0, gt=0, le=3600)
     throughput_wait_seconds: float = Field(default=1.0, gt=0, le=3600)
     max_download_mb: float = Field(default=100, gt=0, le=1000)

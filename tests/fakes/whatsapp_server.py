@@ -182,11 +182,20 @@ class FakeWhatsApp(Controls):
             raise GraphFailure(100, "Invalid parameter 'to'")
         kind = p.get("type") or "text"
         content = p.get(kind)
-        if kind not in ("text", "image", "document") or not isinstance(content, dict):
+        if kind not in ("text", "image", "document", "template") or not isinstance(content, dict):
             raise GraphFailure(100, f"Invalid parameter type or missing {kind} object")
         failure = self._take_failure(p)
         if failure is not None:
             raise failure
+        if kind == "template":  # (reaches a person outside the 24-hour window too)
+            text = self._template(content)
+            wamid = self.wamid()
+            self.sent.append(Sent(wamid, to, kind, text, None, None, None, None,
+                                  copy.deepcopy(p)))
+            for status in ("sent", "delivered"):
+                self._status_later(wamid, to, status)
+            return {"messaging_product": "whatsapp", "contacts": [{"input": to, "wa_id": to}],
+                    "messages": [{"id": wamid}]}
         text, media_id, data, filename = self._content(kind, content)
         wamid = self.wamid()
         context = p.get("context") if isinstance(p.get("context"), dict) else {}
@@ -201,6 +210,27 @@ class FakeWhatsApp(Controls):
                 self._status_later(wamid, to, status)
         return {"messaging_product": "whatsapp", "contacts": [{"input": to, "wa_id": to}],
                 "messages": [{"id": wamid}]}
+
+    def _template(self, c: dict[str, Any]) -> str:
+        """An approved template (``self.templates``: name → language) with one body variable,
+        checked as WhatsApp checks it; the text the person reads."""
+        name = c.get("name")
+        language = (c.get("language") or {}).get("code") if isinstance(c.get("language"), dict) \
+            else None
+        if name not in self.templates or self.templates[name] != language:
+            raise GraphFailure(132001, f"Template name does not exist in the translation "
+                                       f"({name} / {language})")
+        components = c.get("components") or []
+        params = [prm for comp in components if isinstance(comp, dict) and comp.get("type") ==
+                  "body" for prm in comp.get("parameters") or []]
+        if len(params) != 1 or not isinstance(params[0], dict) or params[0].get("type") != "text":
+            raise GraphFailure(132000, "Number of parameters does not match the expected number "
+                                       "of params")
+        value = params[0].get("text")
+        if not isinstance(value, str) or not value.strip() or len(value) > 1024 or \
+                "\n" in value or "\t" in value or "     " in value:
+            raise GraphFailure(132018, "There was an issue with the parameters in your template.")
+        return value
 
     def _content(self, kind: str, c: dict[str, Any]
                  ) -> tuple[str, str | None, bytes | None, str | None]:

@@ -25,6 +25,9 @@ TITLES = {
     130429: "Rate limit hit",
     131026: "Message undeliverable",
     131053: "Media upload error",
+    132000: "Number of parameters does not match the expected number of params",
+    132001: "Template name does not exist in the translation",
+    132018: "There was an issue with the parameters in your template.",
 }
 
 
@@ -68,8 +71,8 @@ class Sent:
 
     id: str
     to: str
-    type: str  # text | image | document
-    text: str  # the body, or the caption
+    type: str  # text | image | document | template
+    text: str  # the body, the caption, or a template's variable
     media_id: str | None
     file_bytes: bytes | None
     filename: str | None
@@ -110,6 +113,8 @@ class Controls:
         self.deliveries: list[Delivery] = []
         self.users: dict[str, str] = {}  # wa_id → profile name
         self.last_inbound: dict[str, float] = {}  # wa_id → when they last wrote (time.time())
+        # the message templates the business has approved: name → language code
+        self.templates: dict[str, str] = {"pluto_update": "en"}
         self.inbound_ids: dict[str, str] = {}  # wamid → wa_id
         self.media: dict[str, tuple[bytes, str, str]] = {}  # id → (bytes, mime, filename)
         self._failures: list[tuple[Callable[[dict[str, Any]], bool], GraphFailure]] = []
