@@ -34,7 +34,7 @@ from pluto.gateway.schedules.config import (ScheduleConfig, ScheduleFileWatcher,
                                             load_schedules)
 from pluto.gateway.schedules.recurrence import BadTime, When
 from pluto.ids import new_id
-from pluto.storage.ports import ScheduleStore
+from pluto.storage.ports import ScheduleStore, TaskStore
 from pluto.storage.sqlite.schedules import Firing, Schedule
 from pluto.types import Accepted, IncomingMessage, Route, SessionScope
 
@@ -75,8 +75,10 @@ class Scheduler:
                  routes: Callable[[], RoutingTable], config_dir: Path | None = None,
                  agents: Callable[[], Collection[str]] = lambda: (), instance: str = "local",
                  reload_interval: Callable[[], float] = lambda: 0.0, metrics: Any = None,
-                 alive: Callable[[], Awaitable[set[str]]] | None = None):
+                 alive: Callable[[], Awaitable[set[str]]] | None = None,
+                 tasks: TaskStore | None = None):
         self.store = store
+        self.tasks = tasks  # the HTTP API's tasks: a firing into one is a step of it
         self.pipeline = pipeline
         self.providers = providers
         self.routes = routes
@@ -233,16 +235,35 @@ class Scheduler:
                               thread_id=schedule.thread_id, is_direct=schedule.is_direct,
                               mentions_bot=True)
         route = self._route(schedule, msg)
+        step = None
+        if schedule.provider == "api" and self.tasks is not None:
+            # (the API's chats are its tasks: the firing is a step of the task, so a client
+            # reading the task finds the answer among its steps, as it finds its own)
+            if await self.tasks.task(schedule.chat_id) is None:
+                await self.store.fired(firing.id, "failed", detail=f"the API task "
+                                       f"{schedule.chat_id} does not exist (any more)")
+                self._count("failed")
+                return
+            step = await self.tasks.add_step(schedule.chat_id, schedule.prompt,
+                                             {"schedule": schedule.id})
         try:
             outcome = await self.pipeline.submit(msg, route, wrap=self._heartbeat(firing))
         except Exception as e:  # noqa: BLE001 - recorded; the scheduler goes on
             log.exception("schedule %s: handing the firing over failed", schedule.id)
             await self.store.fired(firing.id, "failed", detail=str(e)[:500])
             self._count("failed")
+            if step is not None and self.tasks is not None:
+                await self.tasks.answered(step.id, error="The scheduled message could not be "
+                                          "handed over (a problem on our side).")
             return
         if isinstance(outcome, Accepted):
+            if step is not None and self.tasks is not None:
+                await self.tasks.started(step.id, outcome.run_id)
             await self.store.fired(firing.id, None, run_id=outcome.run_id)
         else:
+            if step is not None and self.tasks is not None:
+                await self.tasks.answered(step.id, error=f"The scheduled message was not "
+                                          f"taken: {outcome}")
             await self.store.fired(firing.id, "failed", detail=str(outcome)[:500])
             self._count("failed")
 

@@ -22,6 +22,7 @@ def attach(gw: Any) -> Scheduler:
         gw.store.schedules, pipeline=gw.pipeline, providers=gw.providers,
         routes=lambda: gw.routes, config_dir=gw.config_dir, agents=gw.registry.names,
         instance=gw.instance, metrics=gw.metrics, alive=gw.cluster.alive,
+        tasks=gw.store.tasks,
         reload_interval=lambda: gw.config.gateway.reload_interval_seconds)
     ScheduleCommands(scheduler).register(gw.pipeline.commands)
     # (a firing claimed by an instance is adopted only once that instance is surely gone)
