@@ -360,6 +360,11 @@ async def test_the_demo_page_and_the_widget_are_served_with_safe_headers(gw, htt
             assert resp.headers["X-Content-Type-Options"] == "nosniff"
     async with http.get(url(gw, "/widget.js")) as resp:
         assert "innerHTML" not in await resp.text()
+    # behind a TLS proxy the embed snippet names https; a header that is no scheme is ignored
+    host = url(gw, "").split("://", 1)[1].rstrip("/")
+    for sent, scheme in (("https", "https"), ("javascript", "http")):
+        async with http.get(url(gw, "/"), headers={"X-Forwarded-Proto": sent}) as resp:
+            assert f"{scheme}://{host}" in await resp.text()
 
 
 def test_the_signing_key_is_made_once_and_kept_private(tmp_path, monkeypatch):

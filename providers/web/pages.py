@@ -35,7 +35,12 @@ def mount(router: web.UrlDispatcher, provider: WebProvider) -> None:
         "{{widget_js}}", assets["widget.js"].url).replace("{{demo_css}}", assets["demo.css"].url)
 
     async def index(request: web.Request) -> web.Response:
-        origin = html.escape(f"{request.scheme}://{request.host}", quote=True)
+        # behind a TLS proxy (deploy/nginx.conf) the page was asked for over https: the embed
+        # snippet says so (the header only changes what this one page shows its asker)
+        scheme = request.headers.get("X-Forwarded-Proto", request.scheme).split(",")[0].strip()
+        if scheme not in ("http", "https"):
+            scheme = request.scheme
+        origin = html.escape(f"{scheme}://{request.host}", quote=True)
         return web.Response(body=demo.replace("{{origin}}", origin).encode(), headers={
             "Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-cache",
             "Content-Security-Policy": DEMO_CSP, "X-Content-Type-Options": "nosniff",
