@@ -161,6 +161,14 @@ def test_explaining_a_provider_that_does_not_exist_warns(tmp_path: Path) -> None
                          env=clean_env(PYTHONPATH=os.pathsep.join(sys.path)), timeout=60)
     assert out.stderr.startswith("warning: no provider named 'telgram' in pluto.yaml "
                                  "(configured: api, cli, web); did you mean 'telegram'?")
+    installed = subprocess.run([*pluto_cmd(), "routes", "explain", "--provider", "telegram",
+                                "--chat", "1", "--user", "2"], cwd=tmp_path, capture_output=True,
+                               text=True, env=clean_env(PYTHONPATH=os.pathsep.join(sys.path)),
+                               timeout=60)
+    # installed but not set up: said so, never "did you mean 'telegram'?" to 'telegram'
+    assert installed.stderr.startswith("warning: the provider 'telegram' is not in pluto.yaml "
+                                       "(configured: api, cli, web).")
+    assert "did you mean" not in installed.stderr
     known = subprocess.run([*pluto_cmd(), "routes", "explain", "--provider", "cli", "--chat",
                             "1", "--user", "2"], cwd=tmp_path, capture_output=True, text=True,
                            env=clean_env(PYTHONPATH=os.pathsep.join(sys.path)), timeout=60)

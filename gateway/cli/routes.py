@@ -61,6 +61,9 @@ def _unknown_provider(name: str, config: PlutoConfig) -> str | None:
     known = sorted({"cli", *config.providers})
     if name in known:
         return None
+    if name in declared():  # installed, just not set up here
+        return (f"the provider '{name}' is not in pluto.yaml (configured: "
+                f"{', '.join(known)}). Explaining it anyway.")
     close = difflib.get_close_matches(name, sorted({*known, *declared()}), n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     return (f"no provider named '{name}' in pluto.yaml (configured: {', '.join(known)}){hint} "
