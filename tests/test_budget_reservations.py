@@ -25,6 +25,7 @@ from pluto.settings import Budget
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.rows import estimate_tokens
 from pluto.storage.sqlite import SqlStore, SqliteStore
+from tests.helpers.inspect_store import reserved_tokens
 from tests.helpers.pg import fresh_schema
 
 LIMIT = 3_000
@@ -73,11 +74,10 @@ async def one_run(store: SqlStore, runner: Runner, tmp_path: Path, i: int) -> st
 
 async def spent_and_reserved(store: SqlStore, per: str = "user") -> tuple[int, int]:
     import time
-    row = await store.engine.fetchone(
-        "SELECT input_tokens + output_tokens, reserved_tokens FROM usage_counters"
-        " WHERE scope = ? AND key = ? AND period = 'day' AND start = ?",
-        (per, "test:one-key" if per == "user" else "a", period_start("day", time.time())))
-    return (int(row[0]), int(row[1])) if row else (0, 0)
+    key, start = "test:one-key" if per == "user" else "a", period_start("day", time.time())
+    spent = await store.usage.spent(per, key, "day", start)
+    return (spent.input_tokens + spent.output_tokens,
+            await reserved_tokens(store, per, key, "day", start))
 
 
 async def fifty_in_parallel(stores: list[SqlStore], tmp_path: Path, per: str = "user") -> None:
