@@ -12,6 +12,8 @@ from pluto.settings import PlutoConfig
 from pluto.gateway.supervisor import TaskHealth, supervise
 from pluto.runtime.testing import Scripted, ScriptedModel
 from tests.helpers.gateway import RecordingProvider
+from tests.helpers.inspect_store import runs
+from tests.helpers.served import wait_for
 
 
 class CountingModel(ScriptedModel):
@@ -75,13 +77,12 @@ async def test_stop_cancels_the_running_run_and_drops_the_queue(gw):
     p = await start(gw)
     await p.say("long one")
     await p.say("queued")
-    await asyncio.sleep(0.1)
+    await wait_for(lambda: gw.model.active == 1)  # the first is being answered
     await p.say("/stop")
     assert (await p.wait_finals(1))[0] == "Stopped and dropped 1 waiting message(s)."
-    await asyncio.sleep(0.1)
-    runs = await gw.store.engine.fetchall("SELECT status, error FROM runs ORDER BY started_at")
-    assert [tuple(r) for r in runs] == [("cancelled", "stopped by the user"),
-                                        ("cancelled", "dropped by /stop before it ran")]
+    await gw.settled()
+    assert [(r["status"], r["error"]) for r in await runs(gw.store)] == [
+        ("cancelled", "stopped by the user"), ("cancelled", "dropped by /stop before it ran")]
     await p.say("/stop")
     assert (await p.wait_finals(2))[1] == "Nothing to stop."
 
@@ -121,7 +122,7 @@ async def test_denied_and_unrouted_messages_get_nothing(config_dir, data_dir):
         await other.say("anyone?")
         await p.say("hi", user="friend")
         assert await p.wait_finals(1) == ["re: hi"]
-        await asyncio.sleep(0.1)
+        await gw.settled()  # every message handed over was handled: the others got nothing
         assert p.finals() == ["re: hi"] and other.sent == [] and len(model.calls) == 1
 
 
@@ -129,7 +130,7 @@ async def test_long_replies_are_split_for_the_platform(gw):
     gw.model.fallback = lambda m: Scripted(text=("word " * 100).strip())
     p = await start(gw)
     await p.say("talk a lot")
-    await asyncio.sleep(0.3)
+    await gw.settled()
     chunks = p.finals()
     assert len(chunks) >= 3 and all(len(c) <= 200 for c in chunks)
     assert " ".join(chunks).split() == ["word"] * 100
@@ -151,12 +152,11 @@ async def test_shutdown_cancels_runs_after_grace_and_records_them(config_dir, da
     await gw.start()
     p = await start(gw)
     await p.say("a slow question")
-    await asyncio.sleep(0.1)
+    await wait_for(lambda: model.active == 1)  # the run is under way when the gateway stops
     await gw.stop()
     gw2 = Gateway(config_dir, config=cfg, model_factory=model)
     async with gw2:
-        runs = await gw2.store.engine.fetchall("SELECT status FROM runs")
-        assert [r[0] for r in runs] == ["cancelled"]
+        assert [r["status"] for r in await runs(gw2.store)] == ["cancelled"]
 
 
 async def test_supervisor_restarts_a_crashing_provider():
