@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
+import asyncio
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -14,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from pluto.events import MessageDelta, RunEnd, RunEvent
 from pluto.runtime.model import OFFLINE_REPLY
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+from tests.helpers.inspect_store import opened, runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -151,6 +152,13 @@ def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(model_env, config_dir, fake
     assert "Traceback" not in err
 
 
+async def runs_and_first_events(data_dir: Path) -> tuple[list[str], list[RunEvent]]:
+    """The runs' statuses, oldest first, and the first run's events, as stored."""
+    async with opened(data_dir) as store:
+        found = await runs(store)
+        return [r["status"] for r in found], await store.conversations.events(found[0]["id"])
+
+
 def test_killed_mid_run_leaves_a_session_the_next_start_continues(model_env, config_dir,
                                                                 fake, data_dir) -> None:
     fake.script(Reply(tool_calls=[ToolCall("current_time", {})]),
@@ -169,15 +177,10 @@ def test_killed_mid_run_leaves_a_session_the_next_start_continues(model_env, con
     sent = fake.requests[-1]["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "user"]
     assert sent[1]["content"] == "first question" and sent[-1]["content"] == "second question"
-    db = sqlite3.connect(data_dir / "pluto.db")
-    statuses = [r[0] for r in db.execute("SELECT status FROM runs ORDER BY started_at")]
+    statuses, first_events = asyncio.run(runs_and_first_events(data_dir))
     assert statuses == ["interrupted", "ok"]
-    last = db.execute("SELECT data FROM run_events WHERE run_id = (SELECT id FROM runs ORDER BY "
-                      "started_at LIMIT 1) ORDER BY seq DESC LIMIT 1").fetchone()[0]
-    assert json.loads(last)["outcome"] == "interrupted"
-    kept = "".join(json.loads(data)["text"] for (data,) in db.execute(
-        "SELECT data FROM run_events WHERE type = 'message.delta' AND run_id = (SELECT id FROM "
-        "runs ORDER BY started_at LIMIT 1) ORDER BY seq"))
+    assert isinstance(first_events[-1], RunEnd) and first_events[-1].outcome == "interrupted"
+    kept = "".join(e.text for e in first_events if isinstance(e, MessageDelta))
     # previews are committed behind the screen: a kill loses at most the last ones, so what is
     # on disk is what the user saw, up to its last words
     assert len(kept) >= 10 and shown.startswith(kept[:len(shown)])
