@@ -71,7 +71,8 @@ async def test_five_kills_during_traffic_leave_one_complete_answer_each_in_order
                 fake.inject_message(chat, text)
 
         def complete() -> bool:
-            return all(shown(fake, c) == [answer(t) for t in asked[c]] for c in CHATS)
+            return all(not problems(shown(fake, c), [answer(t) for t in asked[c]],
+                                    partial_ok=True) for c in CHATS)
 
         try:
             for kill in range(5):
@@ -83,15 +84,21 @@ async def test_five_kills_during_traffic_leave_one_complete_answer_each_in_order
                 sends = len(fake.sent)  # killed once answers are on their way, at a random moment
                 await fake.wait_until(lambda: len(fake.sent) > sends, timeout=60,
                                       what="answers to be on their way")
+                # the kill moment itself, the scenario (not a wait for anything)
                 await asyncio.sleep(rng.uniform(0.0, 1.5))
                 assert await serve.stop(signal.SIGKILL) == -signal.SIGKILL
             await serve.start()
             ask(10)
             try:
                 await fake.wait_until(complete, timeout=150, what="every message answered")
+                # a barrier: one more message in every chat; a chat answers in order, so once
+                # these are answered anything sent twice or late would show
+                for chat in CHATS:
+                    asked[chat].append(f"c{chat}m{len(asked[chat])}")
+                    fake.inject_message(chat, asked[chat][-1])
+                await fake.wait_until(complete, timeout=60, what="the last messages answered")
             except TimeoutError:
                 pass  # said below, chat by chat
-            await asyncio.sleep(1.0)  # anything sent twice or late would show by now
             # Telegram has no idempotency key: a preview sent in the moment before the kill,
             # its id not yet kept, stays as it was (the answer comes complete in a new message)
             wrong = {c: problems(shown(fake, c), [answer(t) for t in asked[c]],

@@ -339,20 +339,27 @@ def test_callers_on_many_loops_share_one_import_in_a_thread(slow_import) -> None
     asyncio.run(warm_litellm())  # starts it, does not wait for it
     assert time.perf_counter() - started < 0.5 and threads == ["litellm-import"]
 
+    waiting = threading.Semaphore(0)  # one per loop whose caller awaits the import
+
     async def cancelled_then_awaited() -> str:
         waiter = asyncio.create_task(imported_litellm())
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # one turn of the loop: the waiter runs until it awaits the import
+        assert not waiter.done()
         waiter.cancel()  # e.g. Ctrl+C: the waiter goes at once, the import goes on
         with contextlib.suppress(asyncio.CancelledError):
             await waiter
-        return await imported_litellm()
+        caller = asyncio.create_task(imported_litellm())
+        await asyncio.sleep(0)  # the caller awaits the import
+        waiting.release()
+        return await caller
 
     got: list[str] = []
     loops = [threading.Thread(target=lambda: got.append(asyncio.run(cancelled_then_awaited())))
              for _ in range(4)]
     for t in loops:
         t.start()
-    time.sleep(0.2)
+    for _ in loops:  # every loop's caller waits on the one import before it ends
+        assert waiting.acquire(timeout=10)
     release.set()
     for t in loops:
         t.join(10)

@@ -450,19 +450,26 @@ async def _unhandled_ids(inbox: SqliteInbound) -> list[str]:
     return [m["message_id"] for m in await inbox.unhandled_in_chat("p", "1")]
 
 
-async def test_a_full_intake_pushes_back_and_drops_nothing(store):
+async def test_a_full_intake_pushes_back_and_drops_nothing(store, monkeypatch):
     release = asyncio.Event()
+    taken: list[str] = []  # messages handed to the inbox
+    accept = store.inbound.accept
 
     async def handle(msg: IncomingMessage) -> Outcome:
         await release.wait()
         return Accepted("run")
 
+    async def recorded(provider: str, message_id: str, payload: dict) -> bool:
+        taken.append(message_id)
+        return await accept(provider, message_id, payload)
+
+    monkeypatch.setattr(store.inbound, "accept", recorded)
     queue = IntakeQueue("p", handle, store.inbound, capacity=2)
     tickets = [await queue.submit(incoming(str(i), chat=str(i))) for i in range(2)]
     assert await queue.offer(incoming("x", chat="x")) is None  # a webhook answers 503
     waiting = asyncio.create_task(queue.submit(incoming("y", chat="y")))
-    await asyncio.sleep(0.05)
-    assert not waiting.done()  # back-pressure: long polling waits for room
+    await asyncio.sleep(0)  # one turn of the loop: the submit runs until it waits
+    assert taken == ["0", "1"] and not waiting.done()  # back-pressure: long polling waits for room
     release.set()
     tickets.append(await waiting)
     assert [type(await t.outcome()) for t in tickets] == [Accepted] * 3

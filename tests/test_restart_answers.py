@@ -3,7 +3,6 @@ once; a one-shot terminal command does not answer the last one's leftovers."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from pluto.events import MessageFinal, RunEnd, RunStart
@@ -12,11 +11,12 @@ from pluto.gateway.pipeline.intake import message_to_dict
 from pluto.runtime.testing import ScriptedModel
 from pluto.settings import PlutoConfig
 from pluto.storage.sqlite import SqliteStore
-from pluto.types import MARKDOWN, Capabilities
+from pluto.types import MARKDOWN, Capabilities, IncomingMessage
 from tests.helpers.gateway import RecordingProvider
+from tests.helpers.served import wait_for
 
 
-async def crashed_mid_run(data_dir: Path, provider: RecordingProvider) -> None:
+async def crashed_mid_run(data_dir: Path, provider: RecordingProvider) -> IncomingMessage:
     """What a process killed during a run leaves: the message taken, its run running."""
     msg = provider.msg("what was I asking?", chat="c9")
     async with SqliteStore(data_dir / "pluto.db") as store:
@@ -26,6 +26,7 @@ async def crashed_mid_run(data_dir: Path, provider: RecordingProvider) -> None:
             "dead-run", session.id, "default", msg.text,
             RunStart(run_id="dead-run", session_id=session.id, agent="default"),
             source=(msg.provider, msg.message_id))
+    return msg
 
 
 async def test_serve_answers_a_message_its_crash_left_unanswered(config_dir, data_dir):
@@ -37,10 +38,8 @@ async def test_serve_answers_a_message_its_crash_left_unanswered(config_dir, dat
     try:
         gw.add_provider(provider)
         await provider.running.wait()
-        for _ in range(200):  # replayed at the provider's start, answered behind it
-            if provider.sent:
-                break
-            await asyncio.sleep(0.05)
+        # replayed at the provider's start, answered behind it
+        await wait_for(lambda: provider.sent)
         assert [m.text for m in provider.sent] == ["echo: what was I asking?"]
         assert (await gw.store.conversations.run("dead-run")).status == "interrupted"
     finally:
@@ -53,9 +52,10 @@ async def test_a_terminal_command_does_not_answer_the_last_ones_leftovers(config
     async with Gateway(config_dir, config=PlutoConfig(data_dir=data_dir),
                        model_factory=ScriptedModel()) as gw:
         gw.add_provider(provider)
-        await provider.running.wait()
-        await asyncio.sleep(0.3)  # time enough to answer, were it going to
-        assert provider.sent == []
+        # a barrier: a new message in the chat is answered after anything queued there before
+        await provider.say("and now?", chat="c9")
+        assert await provider.wait_finals(1) == ["echo: and now?"]
+        assert [m.text for m in provider.sent] == ["echo: and now?"]  # the leftover: no answer
         assert (await gw.store.conversations.run("dead-run")).status == "interrupted"
 
 
@@ -63,19 +63,16 @@ async def test_the_new_answer_replaces_the_preview_the_cut_off_run_had_shown(con
                                                                              data_dir):
     provider = RecordingProvider(capabilities=Capabilities(
         max_message_length=200, can_edit=True, markup=MARKDOWN))
-    await crashed_mid_run(data_dir, provider)
+    msg = await crashed_mid_run(data_dir, provider)
     async with SqliteStore(data_dir / "pluto.db") as store:  # it had shown "Let me th"
-        await store.engine.write(("UPDATE inbound_seen SET preview = '41'", ()))
+        await store.inbound.keep_preview(msg.provider, msg.message_id, "41")
     gw = Gateway(config_dir, config=PlutoConfig(data_dir=data_dir), model_factory=ScriptedModel(),
                  serve=True, http_bind=("127.0.0.1", 0))
     await gw.start()
     try:
         gw.add_provider(provider)
         await provider.running.wait()
-        for _ in range(200):
-            if any(e.text == "echo: what was I asking?" for e in provider.edits):
-                break
-            await asyncio.sleep(0.05)
+        await wait_for(lambda: any(e.text == "echo: what was I asking?" for e in provider.edits))
         assert provider.sent == []  # nothing new: the old preview became the answer
         assert provider.edits[-1].edit_of == "41"
         assert provider.edits[-1].text == "echo: what was I asking?"
@@ -108,10 +105,7 @@ async def test_an_answer_saved_but_not_yet_handed_to_the_outbox_is_sent_after_a_
     try:
         gw.add_provider(provider)
         await provider.running.wait()
-        for _ in range(200):
-            if provider.edits:
-                break
-            await asyncio.sleep(0.05)
+        await wait_for(lambda: provider.edits)
         await gw.outbox.idle()
         assert [(e.edit_of, e.text) for e in provider.edits] == [("41", "Let me think: 42.")]
         assert provider.sent == [] and model.calls == []  # not answered again
@@ -123,8 +117,12 @@ async def test_an_answer_saved_but_not_yet_handed_to_the_outbox_is_sent_after_a_
     try:  # and never again
         again = RecordingProvider(capabilities=provider.capabilities)
         gw.add_provider(again)
-        await again.running.wait()
-        await asyncio.sleep(0.3)  # time enough to send it, were it going to
-        assert again.edits == [] and again.sent == []
+        # a barrier: a new message in the chat is answered after anything queued there before
+        await again.say("and now?", chat="c9")  # (its preview, then the answer over it)
+        await wait_for(lambda: [e for e in again.edits if e.kind == "reply"])
+        assert [(m.kind, m.text) for m in again.sent] == [("delta", "echo: and now?")]
+        assert [(e.kind, e.text) for e in again.edits] == [("reply", "echo: and now?")]
+        assert all(m.answers != msg.message_id and m.edit_of != "41"  # nothing of the old one
+                   for m in again.sent + again.edits)
     finally:
         await gw.stop()
