@@ -86,6 +86,10 @@ class IncomingMessage:
     # A message answered again after its run was cut off (a crash, an instance that died): the
     # platform id of the preview that run had shown, which the new answer replaces
     shown: str | None = None
+    # A message the gateway made itself for a schedule's firing (the firing's id): it enters
+    # its chat's inbox like any message, so the chat's holder answers it in its turn — never
+    # beside a person's message in that chat. No provider sets it.
+    firing: int | None = None
 
 
 SessionScope = Literal["chat", "user", "thread", "shared"]

@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pluto.gateway.app import Gateway
 from pluto.gateway.schedules.recurrence import When, parse_at
 from pluto.gateway.schedules.scheduler import add_schedule
+from pluto.runtime.model import ModelTurn
 from pluto.runtime.testing import ScriptedModel
 from pluto.settings import PlutoConfig, StorageConfig
 from pluto.storage.postgres import PostgresStore
@@ -133,3 +135,94 @@ async def test_every_minute_across_a_restart_once_a_minute_and_one_missed(
     start = 1_800_000_000.0
     assert dues[:5] == [start + 60 * i for i in range(1, 6)]
     assert all(d % 60 == 0 for d in dues)
+
+
+class GatedModel:
+    """Echoes; the message ``long question`` waits for ``gate``. Counts runs going on at once
+    (the gateways share it: one process, two instances)."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.started = asyncio.Event()
+        self.asked: list[str] = []
+        self.active = 0
+        self.most = 0
+
+    def __call__(self, settings: object) -> GatedModel:
+        return self
+
+    async def stream(self, messages: list[dict[str, Any]], tools: object,
+                     settings: object) -> AsyncIterator[str | ModelTurn]:
+        text = str(messages[-1]["content"])
+        self.asked.append(text)
+        self.active += 1
+        self.most = max(self.most, self.active)
+        try:
+            if text == "long question":
+                self.started.set()
+                await self.gate.wait()
+            yield f"echo: {text}"
+            yield ModelTurn(f"echo: {text}", [], {"prompt_tokens": 1, "completion_tokens": 1},
+                            "stop")
+        finally:
+            self.active -= 1
+
+
+@pytest.mark.postgres
+async def test_a_firing_waits_for_the_run_a_person_started_in_its_chat_elsewhere(
+        config_dir: Path, tmp_path: Path) -> None:
+    """A person's message runs on A (A holds the chat); the firing into that chat is claimed on
+    B: it waits in the chat's inbox and runs after the person's answer — never beside it."""
+    model = GatedModel()
+    with fresh_schema() as url:
+        pair: list[tuple[Gateway, RecordingProvider]] = []
+        try:
+            for i in range(2):
+                gw = Gateway(config_dir, config=PlutoConfig(
+                    data_dir=tmp_path / f"data{i}", storage=StorageConfig(lease_seconds=5)),
+                    model_factory=model, store=PostgresStore(url))
+                await gw.start()
+                provider = RecordingProvider("telegram")
+                gw.add_provider(provider)
+                await provider.running.wait()
+                pair.append((gw, provider))
+            (a, pa), (b, pb) = pair
+            await a.scheduler.stop()  # (only B fires: the firing is claimed there)
+            asking = asyncio.create_task(pa.say("long question", chat="team"))
+            await asyncio.wait_for(model.started.wait(), 10)  # A holds the chat, running
+            now = await b.store.schedules.now()
+            made = await add_schedule(b.store.schedules, source="admin", owner=None,
+                                      provider="telegram", chat_id="team", agent="default",
+                                      prompt="deploy check",
+                                      when=When("at", str(parse_at("+1s", "UTC", now))),
+                                      created_by="test")
+            b.scheduler.wake()
+
+            async def handed_over() -> bool:
+                found = await b.store.schedules.history(made.id)
+                return bool(found) and found[0].outcome == "queued"
+            await until(handed_over)
+            assert b.intakes["telegram"].waiting == 1  # in the chat's queue, behind A's run
+            assert model.asked == ["long question"]
+            model.gate.set()
+
+            async def both() -> bool:
+                return len(pa.finals("team") + pb.finals("team")) >= 2
+            await until(both)
+            await asking
+
+            async def ran() -> bool:
+                found = await b.store.schedules.history(made.id)
+                return found[0].outcome == "ran"
+            await until(ran)
+            assert model.asked == ["long question", "deploy check"]
+            assert model.most == 1  # never two runs at once in the chat
+            # (the chat's holder answered both, in order)
+            assert pa.finals("team") + pb.finals("team") == ["echo: long question",
+                                                             "echo: deploy check"]
+            for gw, _ in pair:
+                await gw.settled()
+            assert len(pa.finals("team") + pb.finals("team")) == 2  # and nothing twice
+        finally:
+            for gw, _ in pair:
+                await gw.stop()

@@ -120,6 +120,9 @@ class Pipeline:
         # sweep leaves these alone); told when a run could not even be ended (storage failed)
         self.live: dict[str, str | None] = {}
         self.on_stranded: Callable[[str, str, IncomingMessage], None] = lambda *a: None
+        # a schedule's firing, its chat's turn come (the scheduler starts it): None, no
+        # scheduler here — such a message is dropped, the firing recorded by whoever has one
+        self.scheduled: Callable[[IncomingMessage], Awaitable[Outcome]] | None = None
         self.commands = Commands(registry, conversations, self.stop)
         data.register(self.commands)
         access.is_command = self.commands.knows
@@ -153,6 +156,10 @@ class Pipeline:
             fut.set_result(None)
 
     async def _handle(self, msg: IncomingMessage) -> Outcome:
+        if msg.firing is not None:  # made by the gateway (checked when the schedule was made)
+            if self.scheduled is None:
+                return Dropped("no scheduler runs here")
+            return await self.scheduled(msg)
         provider = self.providers.get(msg.provider)
         self.metrics.message_in(msg.provider)
         if provider is None:

@@ -35,8 +35,8 @@ from pluto.gateway.schedules.config import (ScheduleConfig, ScheduleFileWatcher,
 from pluto.gateway.schedules.recurrence import BadTime, When
 from pluto.ids import new_id
 from pluto.storage.ports import ScheduleStore, TaskStore
-from pluto.storage.sqlite.schedules import Firing, Schedule
-from pluto.types import Accepted, IncomingMessage, Route, SessionScope
+from pluto.storage.sqlite.schedules import PENDING, Firing, Schedule
+from pluto.types import Accepted, Dropped, IncomingMessage, Outcome, Route, SessionScope
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,11 @@ class Scheduler:
                  agents: Callable[[], Collection[str]] = lambda: (), instance: str = "local",
                  reload_interval: Callable[[], float] = lambda: 0.0, metrics: Any = None,
                  alive: Callable[[], Awaitable[set[str]]] | None = None,
-                 tasks: TaskStore | None = None):
+                 tasks: TaskStore | None = None, intakes: Mapping[str, Any] | None = None):
         self.store = store
+        # each provider's intake (a firing enters its chat's inbox like a message); None or
+        # missing: straight into the pipeline (the chat's order is then the session lane's)
+        self.intakes: Mapping[str, Any] = intakes if intakes is not None else {}
         self.tasks = tasks  # the HTTP API's tasks: a firing into one is a step of it
         self.pipeline = pipeline
         self.providers = providers
@@ -226,14 +229,46 @@ class Scheduler:
                                       instance=self.instance)
 
     async def _fire(self, schedule: Schedule, firing: Firing) -> None:
+        """Hand the firing over: into its chat's inbox as a message, so whoever holds the chat
+        (this instance or another) runs it in its turn — after what people sent before it,
+        never beside it (:meth:`take`). The API's chats are its tasks: there it is a step."""
         if schedule.provider not in self.providers:  # (removed meanwhile)
             await self.store.fired(firing.id, "failed", detail=f"the provider "
                                    f"{schedule.provider} is not running")
             return
         msg = IncomingMessage(provider=schedule.provider, chat_id=schedule.chat_id,
                               user_id=schedule.owner_user or "scheduler", text=schedule.prompt,
-                              thread_id=schedule.thread_id, is_direct=schedule.is_direct,
-                              mentions_bot=True)
+                              message_id=f"schedule:{firing.id}", thread_id=schedule.thread_id,
+                              is_direct=schedule.is_direct, mentions_bot=True, firing=firing.id)
+        intake = self.intakes.get(schedule.provider)
+        if schedule.provider == "api" or intake is None:  # (no inbox: no message id)
+            await self._start(schedule, firing, replace(msg, message_id=None))
+            return
+        try:
+            ticket = await intake.submit(msg)  # (recorded in the inbox: a crash loses nothing)
+        except Exception as e:  # noqa: BLE001 - storage away: claimed, adopted later
+            log.warning("schedule %s: handing the firing over failed (%s); it is taken up "
+                        "again once its claim is stale", schedule.id, e)
+            return
+        if ticket.done() and isinstance(stopping := await ticket.outcome(), Dropped):
+            log.warning("schedule %s: the firing was not handed over (%s)", schedule.id,
+                        stopping.reason)  # (left claimed: taken up once this one is gone)
+            return
+        await self.store.queued(firing.id)  # (Duplicate: handed over before a crash)
+
+    async def take(self, msg: IncomingMessage) -> Outcome:
+        """A firing's message, its chat's turn come (on whichever instance holds the chat,
+        also after a restart): started in the schedule's session."""
+        firing = await self.store.firing(msg.firing) if msg.firing is not None else None
+        schedule = await self.store.get(firing.schedule_id) if firing is not None else None
+        if firing is None or schedule is None:
+            return Dropped("the schedule's firing is gone")
+        if firing.outcome not in PENDING:
+            return Dropped(f"the schedule's firing is over ({firing.outcome})")
+        return await self._start(schedule, firing, msg)
+
+    async def _start(self, schedule: Schedule, firing: Firing,
+                     msg: IncomingMessage) -> Outcome:
         route = self._route(schedule, msg)
         step = None
         if schedule.provider == "api" and self.tasks is not None:
@@ -243,7 +278,7 @@ class Scheduler:
                 await self.store.fired(firing.id, "failed", detail=f"the API task "
                                        f"{schedule.chat_id} does not exist (any more)")
                 self._count("failed")
-                return
+                return Dropped("the API task is gone")
             step = await self.tasks.add_step(schedule.chat_id, schedule.prompt,
                                              {"schedule": schedule.id})
         try:
@@ -255,7 +290,7 @@ class Scheduler:
             if step is not None and self.tasks is not None:
                 await self.tasks.answered(step.id, error="The scheduled message could not be "
                                           "handed over (a problem on our side).")
-            return
+            return Dropped("the firing could not be handed over")
         if isinstance(outcome, Accepted):
             if step is not None and self.tasks is not None:
                 await self.tasks.started(step.id, outcome.run_id)
@@ -266,6 +301,7 @@ class Scheduler:
                                           f"taken: {outcome}")
             await self.store.fired(firing.id, "failed", detail=str(outcome)[:500])
             self._count("failed")
+        return outcome
 
     def _route(self, schedule: Schedule, msg: IncomingMessage) -> Route:
         """The chat's own route when it goes to the schedule's agent (its session, tools and

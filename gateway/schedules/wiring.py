@@ -22,9 +22,10 @@ def attach(gw: Any) -> Scheduler:
         gw.store.schedules, pipeline=gw.pipeline, providers=gw.providers,
         routes=lambda: gw.routes, config_dir=gw.config_dir, agents=gw.registry.names,
         instance=gw.instance, metrics=gw.metrics, alive=gw.cluster.alive,
-        tasks=gw.store.tasks,
+        tasks=gw.store.tasks, intakes=gw.intakes,
         reload_interval=lambda: gw.config.gateway.reload_interval_seconds)
     ScheduleCommands(scheduler).register(gw.pipeline.commands)
+    gw.pipeline.scheduled = scheduler.take  # a firing's message, its chat's turn come
     # (a firing claimed by an instance is adopted only once that instance is surely gone)
     scheduler.takeover_after = max(scheduler.takeover_after, 3 * gw.cluster.ttl)
     gw.runner.services["schedules"] = ScheduleTools(scheduler)  # the schedule tool's

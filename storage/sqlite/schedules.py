@@ -63,10 +63,11 @@ MIGRATIONS: list[Any] = [
     """,
 ]
 
-# the outcomes a firing records: claimed (being fired), then ran, quiet (the agent had nothing
-# to report: nothing sent), stopped (/stop, or the gateway stopped), failed; missed (too late:
-# not run)
-OUTCOMES = ("claimed", "ran", "quiet", "stopped", "failed", "missed")
+# the outcomes a firing records: claimed (being fired), queued (in its chat's inbox: the chat's
+# holder runs it in its turn), then ran, quiet (the agent had nothing to report: nothing sent),
+# stopped (/stop, or the gateway stopped), failed; missed (too late: not run)
+OUTCOMES = ("claimed", "queued", "ran", "quiet", "stopped", "failed", "missed")
+PENDING = ("claimed", "queued")  # not over yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +300,16 @@ class SqlSchedules:
             "UPDATE schedule_firings SET outcome = COALESCE(?, outcome),"
             " run_id = COALESCE(?, run_id),"
             " detail = COALESCE(?, detail) WHERE id = ?", (outcome, run_id, detail, firing_id)))
+
+    async def queued(self, firing_id: int) -> None:
+        """The claimed firing is in its chat's inbox (an outcome recorded meanwhile stays)."""
+        await self.engine.write((
+            "UPDATE schedule_firings SET outcome = 'queued' WHERE id = ? AND outcome = 'claimed'",
+            (firing_id,)))
+
+    async def firing(self, firing_id: int) -> Firing | None:
+        rows = await self.engine.fetchall(f"{_SELECT_FIRING} WHERE id = ?", (firing_id,))
+        return _firing(rows[0]) if rows else None
 
     async def stranded(self, alive: Collection[str], older_than: float,
                        providers: Collection[str] | None = None
