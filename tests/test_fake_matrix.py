@@ -54,8 +54,9 @@ async def test_sync_resumes_from_its_token_and_long_polls(fake: FakeMatrix,
     since = first["next_batch"]
     waiting = asyncio.create_task(call(client, "GET", "client/v3/sync",
                                        params={"since": since, "timeout": "5000"}))
-    await asyncio.sleep(0.1)
-    assert not waiting.done()  # nothing new yet: it waits
+    [held] = await fake.wait_until(lambda: [c for c in fake.calls if c.path == "client/v3/sync"
+                                            and c.query.get("since") == since])
+    assert held.status == 0 and not waiting.done()  # the server has it: nothing new yet, it waits
     event = fake.user_says(DM, "hello")
     _, second = await waiting
     [got] = second["rooms"]["join"][DM]["timeline"]["events"]

@@ -103,7 +103,8 @@ async def test_long_polling_delivers_confirms_and_redelivers(fake):
             fake.inject_message(CHAT, "/start")                 # bot_command entity detected, like Telegram
             sent = await fake.wait_for_messages(CHAT, 1)
             assert sent[0].text == "welcome"
-            await asyncio.sleep(0.2)
+            await fake.wait_until_confirmed()                   # /start confirmed too: the bot
+                                                                # polls past every update it had
             assert len(seen) == 1                               # confirmed: never delivered again
             fake.redeliver(first["update_id"])                  # ...unless Telegram delivers it twice
             await fake.wait_until(lambda: len(seen) == 2, what="the redelivery")
@@ -129,8 +130,9 @@ async def test_get_updates_offset_semantics(fake, bot):
     [last] = await bot.get_updates(offset=-1)               # the rest is forgotten
     assert last.message.text == "z"
     # long polling returns as soon as an update is queued
+    polls = len(fake.calls_to("getUpdates"))
     poll = asyncio.create_task(bot.get_updates(offset=last.update_id + 1, timeout=5))
-    await asyncio.sleep(0.1)
+    await fake.wait_for_calls("getUpdates", polls + 1, answered=False)  # the poll is waiting
     fake.inject_message(CHAT, "late")
     started = time.monotonic()
     updates = await asyncio.wait_for(poll, 2)
