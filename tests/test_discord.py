@@ -90,6 +90,17 @@ class Running:
         await self.fake.wait_until(lambda: len(self.got) >= n, what=f"{n} message(s)")
         return self.got
 
+    async def after_marker(self, dm: int) -> list[IncomingMessage]:
+        """What was handed over before a direct message sent last: the provider hands messages
+        over one at a time in the order they came, so once that one is here every earlier
+        event has been handled (taken or ignored)."""
+        marker = self.fake.inject_message(dm, "a last message, to know the others were handled")
+        await self.fake.wait_until(lambda: any(m.message_id == marker["id"] for m in self.got),
+                                   what="the last message")
+        *before, last = self.got
+        assert last.message_id == marker["id"], [m.text for m in self.got]
+        return before
+
 
 # receiving ---------------------------------------------------------------------------------
 
@@ -126,8 +137,8 @@ async def test_in_servers_mentions_and_replies_by_id_count(fake, world, data_dir
             ("a reply without a ping", {"reply_to": int(mine), "reply_mention": False}),
         ]:
             fake.inject_message(world["general"], text, author=world["alice"], **kwargs)
-        got = await r.wait(3)
-        await asyncio.sleep(0.1)
+        await r.wait(3)
+        got = await r.after_marker(world["dm"])
     assert [m.text for m in got] == ["mentioned in the array", "hey @Bob, ask",
                                      "a reply without a ping"]
     assert all(m.mentions_bot and not m.is_direct for m in got)
@@ -149,9 +160,9 @@ async def test_own_and_other_bots_messages_and_empty_ones_are_ignored(fake, worl
         fake.inject_message(world["general"], f"{fake.bot_mention} beep", author=robot["id"])
         fake.inject_message(world["general"], fake.bot_mention)  # a mention and nothing else
         fake.inject_message(world["dm"], "a real one")
-        [got] = await r.wait(1)
-        await asyncio.sleep(0.1)
-    assert got.text == "a real one" and len(r.got) == 1
+        await r.wait(1)
+        [got] = await r.after_marker(world["dm"])
+    assert got.text == "a real one"
 
 
 async def test_without_the_content_intent_mentions_and_dms_still_arrive(fake, world, data_dir):
@@ -160,8 +171,8 @@ async def test_without_the_content_intent_mentions_and_dms_still_arrive(fake, wo
         fake.inject_message(world["general"], "unreadable without the intent")
         fake.inject_message(world["general"], f"{fake.bot_mention} readable")
         fake.inject_message(world["dm"], "private")
-        got = await r.wait(2)
-        await asyncio.sleep(0.1)
+        await r.wait(2)
+        got = await r.after_marker(world["dm"])
     assert [m.text for m in got] == ["readable", "private"]
     assert not fake.identifies[-1].intents & INTENT_MESSAGE_CONTENT
 
@@ -415,7 +426,7 @@ async def test_a_resume_replays_missed_events_without_a_second_reply(harness, ca
     await fake.wait_for_resumes(2)
     await harness.user_says("three")  # after the replays: any duplicate reply comes first
     await harness.wait_texts(["echo: one", "echo: two", "echo: three"])
-    await asyncio.sleep(0.3)
+    await harness.settled()
     assert texts(harness) == ["echo: one", "echo: two", "echo: three"]
     assert [call[-1]["content"] for call in harness.model.calls] == ["one", "two", "three"]
     [seq] = [f["s"] for f in fake.sessions[0].log
@@ -438,7 +449,7 @@ async def test_op7_reconnect_resumes_without_a_second_reply(harness):
     await harness.wait_texts(["echo: one", "echo: two"])
     await harness.user_says("three")
     await harness.wait_texts(["echo: one", "echo: two", "echo: three"])
-    await asyncio.sleep(0.3)
+    await harness.settled()
     assert len(harness.model.calls) == 3 and len(harness.shown()) == 3
 
 
@@ -452,7 +463,7 @@ async def test_an_invalid_session_identifies_anew_without_a_second_reply(harness
     await fake.wait_for_identifies(2, timeout=20)  # discord.py waits 5 s before IDENTIFY
     await harness.user_says("two")
     await harness.wait_texts(["echo: one", "echo: two"])
-    await asyncio.sleep(0.3)
+    await harness.settled()
     assert texts(harness) == ["echo: one", "echo: two"] and len(harness.model.calls) == 2
 
 
@@ -464,7 +475,7 @@ async def test_a_replay_after_a_restart_is_caught_by_the_gateway(harness):
     await harness.redeliver(first)
     await harness.user_says("and again")
     await harness.wait_texts(["echo: once", "echo: and again"])
-    await asyncio.sleep(0.2)
+    await harness.settled()
     # the gateway's inbox recognised it: it never reached the pipeline a second time
     assert [m.message_id for m in harness.received].count(str(first.ref)) == 1
     assert texts(harness) == ["echo: once", "echo: and again"]

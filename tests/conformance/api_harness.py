@@ -66,6 +66,7 @@ class ApiHarness(ServedHarness):
     _backlog: list[Posted] = field(default_factory=list)  # answered 503: posted again, in order
     _retrier: asyncio.Task[None] | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _passes: int = 0  # the poller's full passes over every chat's steps
 
     def providers_config(self) -> dict[str, Any]:
         return {"api": {"enabled": True, "keys_env": KEYS_ENV}}
@@ -175,6 +176,7 @@ class ApiHarness(ServedHarness):
                     if steps != self.steps.get(task):
                         self.steps[task] = steps
                         self._changed.set()
+                self._passes += 1
             await asyncio.sleep(POLL_SECONDS)
 
     async def _follow(self, run: str) -> None:
@@ -247,6 +249,15 @@ class ApiHarness(ServedHarness):
                 out.append(Shown(id=step["step_id"], text=text, raw=text, code=code_of(text)))
         assert not self.violations, f"api: the HTTP API broke its contract: {self.violations}"
         return out
+
+    async def caught_up(self) -> None:
+        """A pass of the poller that began after now has read every chat's steps, and every
+        run it follows has given its events up to its ``run.end``."""
+        after = self._passes + 1  # (a pass under way may have read a chat before now)
+        while self._passes <= after or any(
+                not got or got[-1]["event"] != "run.end" for got in
+                (self.events.get(run) for run in self._followers)):
+            await asyncio.sleep(POLL_SECONDS)
 
     async def changed(self) -> None:
         self._changed.clear()

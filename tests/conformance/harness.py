@@ -166,6 +166,25 @@ class Harness(abc.ABC):
 
     # waiting ------------------------------------------------------------------------------
 
+    async def settled(self, timeout: float = 15) -> None:
+        """Nothing more is on its way: the gateway has handled every message handed over,
+        its runs have ended and every reply was sent; then the client has caught up with what
+        was sent. What :meth:`shown` says after this is all a scenario's messages brought (a
+        positive barrier for "nothing more arrives", instead of a pause)."""
+        assert self.gateway is not None, "not started"
+        try:
+            await asyncio.wait_for(self.gateway.settled(), timeout)
+            await asyncio.wait_for(self.caught_up(), timeout)
+        except TimeoutError:
+            raise AssertionError(f"{self.name}: the gateway did not settle in {timeout} s; "
+                                 f"shown: {[s.text[:80] for s in self.shown()]}") from None
+
+    async def caught_up(self) -> None:
+        """Return once the client shows what the gateway has sent so far. A fake platform
+        records a message before it answers the provider's call: nothing to wait for; a
+        client that reads the gateway (a socket, a poll) waits for its reading to come in."""
+        return None
+
     async def wait_shown(self, predicate: Callable[[list[Shown]], bool], *,
                          chat: str | None = None, timeout: float = 15,
                          what: str = "the expected messages") -> list[Shown]:

@@ -91,7 +91,7 @@ async def test_long_reply_is_split_at_the_limit(harness: Harness) -> None:
     expected = render_chunks(reply, harness.caps.markup, harness.caps.max_message_length)
     assert len(expected) >= 3 or harness.caps.max_message_length > len(reply)
     await harness.wait_texts(expected, raw=True)
-    await asyncio.sleep(0.2)  # nothing more arrives
+    await harness.settled()  # nothing more is on its way
     shown = harness.shown()
     assert [s.raw for s in shown] == expected
     assert all(len(s.raw) <= harness.caps.max_message_length for s in shown)
@@ -143,7 +143,7 @@ async def test_redelivered_message_gets_one_reply(harness: Harness) -> None:
     await harness.redeliver(first)
     await harness.user_says("and again")  # handled after the redelivery
     await harness.wait_texts(["echo: hello once", "echo: and again"])
-    await asyncio.sleep(0.2)
+    await harness.settled()
     assert texts(harness) == ["echo: hello once", "echo: and again"]
     assert len(harness.model.calls) == 2
 
@@ -162,7 +162,7 @@ async def test_restart_delivers_the_unsent_outbox_exactly_once(harness: Harness)
     assert len(harness.shown()) == 1  # the first chunk went out; the others wait
     await harness.restart()  # the reply is still being delivered: its delivery is cancelled
     shown = await harness.wait_texts(expected, raw=True)  # every chunk once, in order
-    await asyncio.sleep(0.3)
+    await harness.settled()
     assert [s.raw for s in harness.shown()] == expected
     assert len(harness.accepted_sends()) == len(expected)  # and none twice
     [refused] = harness.refused_sends()  # the restarted gateway kept the platform's window
@@ -196,7 +196,7 @@ async def test_groups_answer_mentions_and_replies_only(harness: Harness) -> None
     await harness.user_says("not for you either", chat=group)
     await harness.user_says("tell me more", chat=group, reply_to=answer)
     await harness.wait_texts(["echo: hello bot", "echo: tell me more"], chat=group)
-    await asyncio.sleep(0.2)
+    await harness.settled()
     assert texts(harness, group) == ["echo: hello bot", "echo: tell me more"]
     assert [call[-1]["content"] for call in harness.model.calls] == ["hello bot",
                                                                       "tell me more"]

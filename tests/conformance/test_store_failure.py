@@ -106,7 +106,7 @@ async def _scenario(harness: Harness, lines: Lines) -> None:
                              what="one answer to each message")
     await until(lambda: all(harness.confirmed(m) is not False for m in said),
                 "the platform to see every message confirmed")
-    await asyncio.sleep(0.3)  # nothing more arrives
+    await harness.settled()  # nothing more is on its way
     assert sorted(m.text for m in harness.shown()) == expected  # each once
     assert sorted(m.text for m in harness.received) == sorted(MESSAGES)
     assert len(harness.model.calls) == len(MESSAGES)

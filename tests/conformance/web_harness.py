@@ -409,6 +409,12 @@ class WebHarness(ServedHarness):
         assert not self.violations, f"web: the chat socket broke its protocol: {self.violations}"
         return self.tab.shown() if self.tab is not None else []
 
+    async def caught_up(self) -> None:
+        """The tab has every run it was shown up to its final text (the socket carries a
+        run's frames in order; a run redrawn from the history is final)."""
+        while self.tab is None or not all(b.final for b in self.tab.runs.values()):
+            await self.changed()
+
     async def changed(self) -> None:
         self._changed.clear()
         with contextlib.suppress(TimeoutError):
