@@ -183,6 +183,8 @@ async def test_typing_is_repeated_while_the_run_works(delivery):
     await delivery.run(p, message(), events(until(lambda: len(p.typing_calls) >= 3),
                                             final("done")))
     typed = len(p.typing_calls)
+    # five typing intervals (0.01 s) pass: the clock passing is what is checked — a running
+    # indicator would have ticked meanwhile — not a wait for something to happen
     await asyncio.sleep(0.05)
     assert typed >= 3 and len(p.typing_calls) == typed  # stopped with the final reply
 

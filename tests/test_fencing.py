@@ -174,6 +174,8 @@ async def test_a_runs_previews_and_typing_stop_once_its_fence_closes(store, data
         open_[0] = False  # the instance was paused past its lease: another took the chat
         typed = len(p.typing_calls)
         yield MessageDelta(run_id="r", text=" answer that goes on")
+        # five typing intervals pass: the clock passing is the check (an indicator or a
+        # preview still going would have shown by then), not a wait for an event
         await asyncio.sleep(0.05)
         assert len(p.typing_calls) == typed and p.edits == []
         yield RunEnd(run_id="r", outcome="cancelled")
