@@ -20,6 +20,7 @@ from tests.conformance.conftest import harnesses
 from tests.conformance.harness import Harness
 from tests.conformance.test_scenarios import long_text
 from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.helpers.inspect_store import nothing_left_to_deliver, opened
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,11 +97,12 @@ async def test_sigkill_mid_reply_then_each_chunk_exactly_once(harness: Harness, 
         await serve.start("--verbose")  # debug logs too must not show the token
         await harness.connected(timeout=60)
         await harness.wait_texts(expected, raw=True, timeout=60)
-        await asyncio.sleep(0.5)  # anything sent twice would show up by now
+        assert await serve.stop() == 0  # once it is gone, what the platform shows is final
+        async with opened(harness.data_dir) as store:  # and nothing was left to send later
+            assert await nothing_left_to_deliver(store)
         assert [s.raw for s in harness.shown()] == expected
         assert len(harness.accepted_sends()) == len(expected)
         assert len(model_server.requests) == 1  # type: ignore[attr-defined]
-        assert await serve.stop() == 0
     except BaseException:
         print(serve.tail())
         raise
