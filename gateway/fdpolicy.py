@@ -73,6 +73,20 @@ def backlog(limit: int | None = None) -> int:
     return 4096 if limit is None else max(64, min(4096, limit // 8))
 
 
+def listen_backlog() -> int:
+    """The listening socket's backlog when the connection guard accepts (gateway/http/guard.py):
+    as deep as the kernel allows (``net.core.somaxconn``, 4,096 by default since Linux 5.4).
+    A full queue drops new connections' SYNs — a second, then three, of retransmission for
+    every client, a health probe too — and the guard takes only a bounded batch of them at
+    each turn of the loop, closing one to make room before it takes the next, so a deep queue
+    costs no descriptors."""
+    try:
+        with open("/proc/sys/net/core/somaxconn") as f:
+            return max(128, int(f.read().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return 4096
+
+
 def soft_limit() -> int | None:
     """The soft open-files limit in force (None where there is none, or no such platform)."""
     try:

@@ -7,17 +7,29 @@
   timeout; a request body that stalls is answered 408; connections are limited in total (below
   the open-files limit) and per client address. At a limit the connection idle the longest
   makes room; when every one is busy the newcomer gets a 503 and is closed at once.
+
+The guard accepts connections itself (:meth:`ConnectionGuard.listen`) and holds each one as a
+bare socket until its first request's head is whole; only then does aiohttp see it. A
+connection costs aiohttp a few hundred microseconds of the event loop to set up, asyncio's own
+accept loop sets up a whole burst in one turn (5,000 slowloris sockets stalled the loop — and
+``/healthz`` — for 1–2 s), and the kernel's queue of connections not yet accepted is first in,
+first out: a health probe waits behind every attacker ahead of it. A bare socket costs a few
+microseconds, so the queue is drained as fast as an attacker fills it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import itertools
 import logging
+import os
+import select
+import socket
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +45,10 @@ BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n
         b"Retry-After: 5\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s")
 BUSY_BODY = (b'{"error": "The server has too many connections open; try again in a few '
              b'seconds."}')
+ACCEPT_BATCH = 256  # connections accepted at one readiness of the listening socket (a few ms)
+HEAD_MAX = 65_536  # a head not whole by this many bytes is handed to aiohttp (it answers 4xx)
+ACCEPT_RETRY = 1.0  # after accept() failed for want of descriptors or memory (as asyncio does)
+SWEEP = 0.25  # how often connections without a whole head are checked against the timeout
 
 
 # ---- Host --------------------------------------------------------------------------------
@@ -127,9 +143,21 @@ def host_refusal(host: str) -> web.Response:
 # ---- connections -------------------------------------------------------------------------
 
 
+class _Pending:
+    """A connection accepted but not yet handed to aiohttp: its descriptor, the listening
+    socket it came from, and what it sent (not yet a whole request head)."""
+
+    __slots__ = ("fd", "listening", "buf")
+
+    def __init__(self, fd: int, listening: socket.socket):
+        self.fd = fd
+        self.listening = listening
+        self.buf = bytearray()
+
+
 @dataclass(eq=False, slots=True)
 class _Conn:
-    transport: Any
+    transport: Any  # (a _Pending's is the _Pending)
     client: str | None  # None: exempt from the per-client limit
     opened: float
     busy: int = 0  # requests in progress
@@ -166,6 +194,14 @@ class ConnectionGuard:
         self._idle: OrderedDict[Any, None] = OrderedDict()  # oldest idle first
         self._idle_of: dict[str, OrderedDict[Any, None]] = {}
         self.counters = Counters()
+        self._listening: list[socket.socket] = []
+        self._factory: Callable[[], asyncio.Protocol] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._epoll: Any = None  # (select.epoll: Linux only)
+        self._pending: OrderedDict[_Pending, None] = OrderedDict()  # oldest first
+        self._by_fd: dict[int, _Pending] = {}
+        self._sweeper: asyncio.Handle | None = None
+        self._clients: dict[Any, str | None] = {}  # address -> _client() (a cache)
 
     @property
     def open(self) -> int:
@@ -192,12 +228,179 @@ class ConnectionGuard:
 
         server.connection_made = connection_made  # type: ignore[method-assign]
         server.connection_lost = connection_lost  # type: ignore[method-assign]
+        self._factory = server  # type: ignore[assignment]
+
+    # accepting -------------------------------------------------------------------------
+
+    @staticmethod
+    def can_listen(loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether :meth:`listen` works on this loop (asyncio's selector loop on Linux);
+        elsewhere aiohttp's own site serves, with the guard attached all the same."""
+        return hasattr(select, "epoll") and isinstance(
+            loop, asyncio.selector_events.BaseSelectorEventLoop)
+
+    def listen(self, socks: list[socket.socket]) -> None:
+        """Accept connections on ``socks`` (bound and listening; after :meth:`attach`).
+
+        A connection not yet handed to aiohttp is a bare descriptor watched by an epoll of the
+        guard's own (one descriptor in the event loop's): taken, read and closed a bounded
+        batch at each turn of the loop, whatever a flood makes ready at once."""
+        self._loop = asyncio.get_running_loop()
+        self._epoll = select.epoll()
+        self._loop.add_reader(self._epoll.fileno(), self._ready)
+        self._listening = list(socks)
+        for sock in socks:
+            sock.setblocking(False)
+            self._loop.add_reader(sock.fileno(), self._accept, sock)
+
+    def stop_listening(self) -> None:
+        """Close the listening sockets and every connection not yet handed to aiohttp (those
+        aiohttp holds, it closes itself)."""
+        if self._loop is None:
+            return
+        for sock in self._listening:
+            self._loop.remove_reader(sock.fileno())
+            sock.close()
+        self._listening = []
+        for pending in list(self._pending):
+            self._close_pending(pending)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        if self._epoll is not None:
+            self._loop.remove_reader(self._epoll.fileno())
+            self._epoll.close()
+            self._epoll = None
+
+    def _accept(self, listening: socket.socket) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                fd, addr = listening._accept()  # type: ignore[attr-defined]  # (no socket object)
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as e:
+                if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    raise
+                log.warning("http: accept() failed (%s); accepting again in %g s", e,
+                            ACCEPT_RETRY)
+                assert self._loop is not None
+                self._loop.remove_reader(listening.fileno())
+                self._loop.call_later(ACCEPT_RETRY, self._resume, listening)
+                return
+            os.set_blocking(fd, False)
+            pending = _Pending(fd, listening)
+            if not self._admit(pending, addr, pending):
+                continue
+            self._pending[pending] = None
+            self._by_fd[fd] = pending
+            if not self._read_head(pending):  # (most clients' request is there already)
+                assert self._epoll is not None
+                self._epoll.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
+            if self._sweeper is None and pending in self._pending:
+                self._sweep_later()
+
+    def _resume(self, listening: socket.socket) -> None:
+        if listening in self._listening and self._loop is not None:
+            self._loop.add_reader(listening.fileno(), self._accept, listening)
+
+    def _ready(self) -> None:
+        """The guard's epoll is ready: read what the connections it watches sent (a bounded
+        batch; the rest at the next turn)."""
+        if self._epoll is None:
+            return
+        for fd, _ in self._epoll.poll(0, ACCEPT_BATCH):
+            pending = self._by_fd.get(fd)
+            if pending is not None:
+                self._read_head(pending)
+
+    def _read_head(self, pending: _Pending) -> bool:
+        """Read what a connection sent before its first request's head was whole; once it is,
+        the connection is aiohttp's. A peer gone meanwhile is forgotten (it was never a
+        request). Whether it is no longer pending."""
+        try:
+            data = os.read(pending.fd, HEAD_MAX)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self._close_pending(pending)
+            return True
+        seen = len(pending.buf)
+        pending.buf += data
+        tail = pending.buf[max(0, seen - 3):]
+        if b"\n\r\n" in tail or b"\n\n" in tail or len(pending.buf) >= HEAD_MAX:
+            self._hand_over(pending)
+            return True
+        return False
+
+    def _forget(self, pending: _Pending) -> None:
+        if self._by_fd.get(pending.fd) is pending:
+            del self._by_fd[pending.fd]
+            if self._epoll is not None:
+                try:
+                    self._epoll.unregister(pending.fd)
+                except OSError:  # (never registered: read whole at once)
+                    pass
+        self._pending.pop(pending, None)
+        self._closed(pending)
+
+    def _close_pending(self, pending: _Pending) -> None:
+        self._forget(pending)
+        os.close(pending.fd)
+
+    def _hand_over(self, pending: _Pending) -> None:
+        """The connection to aiohttp, with what it sent so far: a transport on its socket (the
+        selector loop's own kind, as its accept loop makes them)."""
+        self._forget(pending)  # (counted again, as aiohttp's, when it sees it open)
+        assert self._factory is not None and self._loop is not None
+        lsock = pending.listening
+        sock = socket.socket(lsock.family, lsock.type, lsock.proto, fileno=pending.fd)
+        protocol = self._factory()
+        transport = getattr(self._loop, "_make_socket_transport")(sock, protocol)
+        # (after connection_made, which the transport has scheduled; before any read)
+        self._loop.call_soon(_feed, protocol, transport, bytes(pending.buf))
+
+    def _sweep_later(self) -> None:
+        assert self._loop is not None
+        self._sweeper = self._loop.call_later(min(SWEEP, self.header_timeout / 4), self._sweep)
+
+    def _sweep(self) -> None:
+        """Close the connections that sent no whole request head within the header timeout
+        (a bounded batch at a time: 5,000 opened in a second time out in a second)."""
+        self._sweeper = None
+        deadline = time.monotonic() - self.header_timeout
+        for n, pending in enumerate(list(itertools.islice(self._pending, ACCEPT_BATCH))):
+            conn = self.conns.get(pending)
+            if conn is not None and conn.opened > deadline:
+                break
+            if conn is not None:
+                self._timed_out_head()
+            self._close_pending(pending)
+        else:
+            if self._pending and self._loop is not None:  # (more may be overdue: at once)
+                self._sweeper = self._loop.call_soon(self._sweep)
+                return
+        if self._pending:
+            self._sweep_later()
 
     # connections -----------------------------------------------------------------------
 
-    def _client(self, transport: Any) -> str | None:
-        peer = transport.get_extra_info("peername")
+    def _client(self, peer: Any) -> str | None:
+        """The address ``peer`` is counted under (None: exempt), remembered by address."""
         if not isinstance(peer, tuple) or not peer:
+            return None  # (a Unix socket)
+        try:
+            return self._clients[peer[0]]
+        except KeyError:
+            pass
+        if len(self._clients) >= 10_000:
+            self._clients.clear()
+        client = self._clients[peer[0]] = self._classify(peer)
+        return client
+
+    def _classify(self, peer: tuple[Any, ...]) -> str | None:
+        if not peer:
             return None  # (a Unix socket)
         try:
             ip = ipaddress.ip_address(str(peer[0]).split("%")[0])
@@ -210,23 +413,30 @@ class ConnectionGuard:
         return str(ip)
 
     def _opened(self, handler: Any, transport: Any) -> None:
+        self._admit(handler, transport.get_extra_info("peername"), transport)
+
+    def _admit(self, key: Any, peer: Any, transport: Any) -> bool:
+        """Count a new connection (``key``: aiohttp's handler, or a :class:`_Pending`), making
+        room at a limit, or refuse it (503). ``peer``: its address. Whether it was taken."""
         now = time.monotonic()
-        client = self._client(transport)
+        client = self._client(peer)
         if self.open >= self.max_total and not self._evict(None, now):
             self._refuse(transport, "total")
-            return
+            return False
         if client is not None and self.max_per_client and \
                 self.per_client.get(client, 0) >= self.max_per_client and \
                 not self._evict(client, now):
             self._refuse(transport, "client")
-            return
+            return False
         conn = _Conn(transport, client, now, idle_since=now)
-        conn.timer = asyncio.get_running_loop().call_later(
-            self.header_timeout, self._header_timeout, handler)
-        self.conns[handler] = conn
+        if not isinstance(key, _Pending):  # (those: swept, see _sweep)
+            conn.timer = asyncio.get_running_loop().call_later(
+                self.header_timeout, self._header_timeout, key)
+        self.conns[key] = conn
         if client is not None:
             self.per_client[client] = self.per_client.get(client, 0) + 1
-        self._set_idle(handler, conn)
+        self._set_idle(key, conn)
+        return True
 
     def _closed(self, handler: Any) -> None:
         conn = self.conns.pop(handler, None)
@@ -279,17 +489,26 @@ class ConnectionGuard:
         log.warning("http: too many connections (%s); a new one was answered 503 (%d open, "
                     "%d refused so far)", "in total" if which == "total" else "from one address",
                     self.open, self.counters.refused)
+        if isinstance(transport, _Pending):  # (a bare socket: its first bytes fit its buffer)
+            try:
+                os.write(transport.fd, BUSY % (len(BUSY_BODY), BUSY_BODY))
+            except OSError:
+                pass
+            os.close(transport.fd)
+            return
         try:
             transport.write(BUSY % (len(BUSY_BODY), BUSY_BODY))
         finally:
             transport.close()  # (once written; a peer that never reads it is cut after 5 s)
             asyncio.get_running_loop().call_later(5, transport.abort)
 
-    @staticmethod
-    def _close(handler: Any, conn: _Conn) -> None:
+    def _close(self, handler: Any, conn: _Conn) -> None:
         if conn.timer is not None:
             conn.timer.cancel()
             conn.timer = None
+        if isinstance(handler, _Pending):  # (no callback will say it closed: forget it now)
+            self._close_pending(handler)
+            return
         handler.force_close()  # aiohttp's own way: stops its request loop, closes the socket
         conn.transport.abort()  # ... at once, even with unsent bytes for a peer that is gone
 
@@ -298,10 +517,13 @@ class ConnectionGuard:
         if conn is None or conn.requests:
             return
         conn.timer = None
+        self._timed_out_head()
+        self._close(handler, conn)
+
+    def _timed_out_head(self) -> None:
         self.counters.header_timeouts += 1
         log.info("http: closed a connection that sent no whole request in %g s (%d so far)",
                  self.header_timeout, self.counters.header_timeouts)
-        self._close(handler, conn)
 
     # requests --------------------------------------------------------------------------
 
@@ -359,6 +581,11 @@ class ConnectionGuard:
             pass
         request.protocol.force_close()
         return response
+
+
+def _feed(protocol: asyncio.Protocol, transport: asyncio.Transport, head: bytes) -> None:
+    if not transport.is_closing():  # (refused at a limit meanwhile: nothing to read)
+        protocol.data_received(head)
 
 
 class _BodyWatch:

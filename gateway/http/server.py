@@ -3,11 +3,13 @@ the HTTP API, the admin API, platform webhooks, health and metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import logging
 import os
 import re
+import socket
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -57,10 +59,17 @@ class HttpServer:
         await self._runner.setup()
         assert self._runner.server is not None
         self.guard.attach(self._runner.server)
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=fdpolicy.backlog())
-        await site.start()
-        if self.port == 0:  # an ephemeral port: find out which one we got
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        if ConnectionGuard.can_listen(asyncio.get_running_loop()):
+            # the guard accepts: a burst of connections is drained from the kernel's queue
+            # as fast as it comes (gateway/http/guard.py)
+            socks = await _listening_sockets(self.host, self.port, fdpolicy.listen_backlog())
+            self.guard.listen(socks)
+            self.port = socks[0].getsockname()[1]
+        else:  # (asyncio accepts up to `backlog` connections at once: kept shallow)
+            site = web.TCPSite(self._runner, self.host, self.port, backlog=fdpolicy.backlog())
+            await site.start()
+            if self.port == 0:  # an ephemeral port: find out which one we got
+                self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         log.info("http: listening on %s (at most %d connections at once; host names: %s)",
                  self.url, self.guard.max_total, ", ".join(self.hosts.entries))
         if self.hosts.entries == default_hosts("") and not _loopback(self.host):
@@ -82,6 +91,7 @@ class HttpServer:
         return await handler(request)
 
     async def stop(self) -> None:
+        self.guard.stop_listening()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -119,6 +129,37 @@ class HttpServer:
         return web.json_response({"status": "ready" if ready else "not ready",
                                   "instance": gw.instance, **body},
                                  status=200 if ready else 503)
+
+
+async def _listening_sockets(host: str, port: int, backlog: int) -> list[socket.socket]:
+    """Listening sockets on every address ``host`` names (all interfaces for ``""``), as
+    asyncio's ``create_server`` binds them; port 0: one ephemeral port, the same for all."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    socks: list[socket.socket] = []
+    try:
+        for family, type_, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, type_, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(socks) > 1:
+                address = (address[0], socks[0].getsockname()[1], *address[2:])
+            try:
+                sock.bind(address)
+            except OSError as e:
+                raise OSError(e.errno, f"error while attempting to bind on address "
+                                       f"{address!r}: {e.strerror}") from None
+            sock.listen(backlog)
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    if not socks:
+        raise OSError(f"no address to listen on for {host!r}")
+    return socks
 
 
 def _loopback(host: str) -> bool:
