@@ -71,3 +71,11 @@ def test_a_low_hard_limit_is_said_and_the_table_grown_as_far_as_it_allows():
     assert seen["leaked"] == 0
     assert "open files are limited to 1024 (ulimit -n)" in said
     assert "about 462 answers can stream at once" in said
+
+
+def test_the_listen_backlog_is_as_deep_as_the_kernel_allows():
+    """The connection guard drains the queue itself in bounded batches, so the queue is as deep
+    as net.core.somaxconn: a burst waits in it rather than losing SYNs (1 s, 3 s retries)."""
+    with open("/proc/sys/net/core/somaxconn") as f:
+        somaxconn = int(f.read())
+    assert fdpolicy.listen_backlog() == max(128, somaxconn)
