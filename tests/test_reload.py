@@ -100,7 +100,7 @@ async def test_an_edit_applies_live_and_no_message_is_dropped(config: Path, data
                 await asyncio.sleep(0.01)
 
         talker = asyncio.create_task(keep_talking())
-        await asyncio.sleep(0.2)
+        await until(lambda: p.finals("c0"))  # messages are being answered (the first by alpha)
         edited = time.monotonic()
         write(config / "routes.yaml", TO_BETA)
         await until(lambda: gw.routes.route(p.msg("x")).agent == "beta")  # type: ignore

@@ -41,7 +41,7 @@ async def refuse(ctx: ToolContext, why: str) -> str:
 @tool
 async def slow(ctx: ToolContext, seconds: float) -> str:
     """Sleeps."""
-    await asyncio.sleep(seconds)
+    await asyncio.sleep(seconds)  # (a slow tool: the scenario, not a wait)
     return "done"
 
 
@@ -249,7 +249,7 @@ async def _source(pieces: list[str], *, delay: float = 0.01, error: Exception | 
                   closed: list[bool] | None = None):
     try:
         for piece in pieces:
-            await asyncio.sleep(delay)
+            await asyncio.sleep(delay)  # (a model streaming slowly: the scenario)
             yield piece
         if error is not None:
             raise error
@@ -329,6 +329,17 @@ async def test_previews_alone_are_committed_soon(store, tmp_path):
     assert (await store.events("r-alone"))[-1].text == "partial"
 
 
+class _ReadToTheEnd(ScriptedModel):
+    """A scripted model that says when its answer was read to the end."""
+
+    read = False
+
+    async def stream(self, messages, tools, settings):  # type: ignore[no-untyped-def]
+        async for item in super().stream(messages, tools, settings):
+            yield item
+        self.read = True
+
+
 class _SlowStart:
     """The store, with each run's start held until ``go`` is set (or failing with ``error``)."""
 
@@ -348,16 +359,15 @@ class _SlowStart:
 async def test_the_model_is_called_while_the_start_is_committed_and_nothing_shows_before_it(
         store, tmp_path):
     slow = _SlowStart(store)
-    model = ScriptedModel(Scripted(text="Hello there.", chunk=4))
+    model = _ReadToTheEnd(Scripted(text="Hello there.", chunk=4))
     runner = Runner(slow, models={}, tools=TOOLS, data_dir=Path("."), model_factory=model)
     session = await store.session("overlap", "a")
     observed: list = []
     events = runner.run(RunRequest("r-ov", session, agent(tmp_path), "hi"), observed.append)
     first = asyncio.ensure_future(events.__anext__())
     async with asyncio.timeout(5):
-        while not model.calls:  # the model is asked before the start is on disk
-            await asyncio.sleep(0.005)
-    await asyncio.sleep(0.05)
+        while not model.read:  # the model is asked, its whole answer read, before the start
+            await asyncio.sleep(0.005)  # is on disk ...
     assert not first.done() and observed == []  # ... and nothing is shown or observed
     slow.go.set()
     rest = [await first] + [e async for e in events]

@@ -56,7 +56,7 @@ async def http(config_dir: Path, data_dir: Path) -> AsyncIterator[SlackHttpHarne
 async def settled(h: SlackHarness) -> None:
     """Until Slack stopped delivering (every delivery acknowledged or given up)."""
     await h.fake.wait_until(lambda: all(d.done for d in h.fake.deliveries), 10, "deliveries")
-    await asyncio.sleep(0.2)  # and anything they caused has happened
+    await h.settled()  # and anything they caused has happened (the gateway is idle)
 
 
 # ---------------------------------------------------------------- redelivery
@@ -192,7 +192,7 @@ async def test_forged_stale_and_malformed_posts_are_refused(http) -> None:
     assert status == 400 and "Traceback" not in text
     assert (await http.fake.post_signed(url, "[1, 2]"))[0] == 400
     assert (await http.fake.post_signed(url, "x" * (1024 * 1024 + 10)))[0] == 413
-    await asyncio.sleep(0.3)
+    await http.settled()  # whatever the posts could have caused has happened
     assert http.received == [] and http.model.calls == [] and http.fake.posts() == []
 
 

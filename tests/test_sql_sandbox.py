@@ -35,6 +35,7 @@ from pluto.runtime.data import (
     write_csv,
 )
 from pluto.runtime.data import child, sandbox
+from tests.helpers.served import wait_for
 
 MARK = f"pluto_escape_{uuid.uuid4().hex[:8]}"  # in every path the corpus tries to write
 
@@ -311,7 +312,7 @@ async def test_a_huge_cross_join_is_stopped_by_the_timeout(env: Env) -> None:
 
 async def test_cancelling_the_task_stops_the_query(env: Env) -> None:
     task = asyncio.create_task(env.wh.query(CROSS_JOIN, timeout=60))
-    await asyncio.sleep(1.0)
+    await wait_for(sandbox_children)  # the query's sandbox runs it (for minutes)
     assert len(sandbox_children()) == 1
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -16,7 +16,7 @@ import pytest
 
 from pluto.agents.spec import AgentSpec, HistoryWindow
 from pluto.agents.spec import Budget as AgentBudget
-from pluto.events import MessageFinal, RunEnd, RunError, ToolEnd
+from pluto.events import MessageDelta, MessageFinal, RunEnd, RunError, ToolEnd
 from pluto.gateway.app import Gateway
 from pluto.gateway.cli import main as cli_main
 from pluto.runtime.model import ModelSettings, ModelTurn
@@ -142,6 +142,13 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
     await close_sessions()
 
 
+async def _streamed(gw: Gateway) -> bool:
+    """The latest run has shown some of its answer."""
+    runs = await gw.store.conversations.recent_runs(limit=1)
+    return bool(runs) and any(isinstance(e, MessageDelta)
+                              for e in await gw.store.conversations.events(runs[0]["id"]))
+
+
 async def started(gw: Gateway) -> RecordingProvider:
     p = RecordingProvider()
     gw.add_provider(p)
@@ -182,7 +189,8 @@ async def test_the_ledger_matches_the_model_exactly_across_tools_retries_and_sto
         async with asyncio.timeout(5):  # (bounded: a run that ended unseen fails, never hangs)
             while not gw.metrics.runs_active._value.get():
                 await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)  # some of it streamed
+            while not await _streamed(gw):  # some of it streamed
+                await asyncio.sleep(0.01)
         await p.say("/stop")
         await p.wait_finals(2)
         await p.say("still there?")

@@ -117,7 +117,10 @@ async def test_a_visitor_only_ever_sees_their_own_session(gw, http):
     # ... and nothing of what Bob says reaches Alice's tab
     await bob.ask("hello from bob")
     await bob.until("run.end")
-    await asyncio.sleep(0.05)
+    # a barrier: Alice's socket is read through her next answer, which comes after anything
+    # of Bob's the gateway could have pushed to her
+    mine = await alice.ask("anything new?")
+    await alice.until("run.end", lambda f: f["run_id"] == mine["run_id"])
     assert not any("bob" in str(f.get("text", "")) for f in alice.frames)
 
 
@@ -134,8 +137,14 @@ async def test_every_tab_of_a_session_gets_the_conversation(gw, http):
     await two.until("run.end")
     assert [f["id"] for f in one.frames if f.get("run_id")] == \
         [f["id"] for f in two.frames if f.get("run_id")]
-    await asyncio.sleep(0.05)
-    assert [f["type"] for f in other.frames] == ["ready", "history"]
+    # a barrier: the other session's socket is read through its own answer, which comes after
+    # anything of the first session's the gateway could have pushed to it
+    mine = await other.ask("and here?")
+    await other.until("run.end", lambda f: f["run_id"] == mine["run_id"])
+    theirs = {f["run_id"] for f in one.frames if f.get("run_id")}
+    assert [f["type"] for f in other.frames[:2]] == ["ready", "history"]
+    assert not any(f.get("run_id") in theirs or "from tab one" in str(f.get("text", ""))
+                   for f in other.frames)
 
 
 async def test_commands_answer_at_once_without_a_run(gw, http, model):
