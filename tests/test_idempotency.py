@@ -23,6 +23,10 @@ from pluto.runtime.testing import Scripted, ScriptedModel
 from pluto.settings import PlutoConfig
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.sqlite import SqliteStore, SqlStore
+from tests.helpers.inspect_store import runs
+from tests.helpers.inspect_store2 import (age_idempotency_keys, end_idempotency_holds,
+                                          idempotency_key)
+from tests.helpers.inspect_store2 import idempotency_keys as keys_of
 from tests.helpers.pg import fresh_schema
 from tests.helpers.served import API_KEY, served, url, wait_for
 
@@ -76,14 +80,7 @@ async def reset_after_sending(gw: Gateway, path: str, body: Any, key: str) -> No
 
 
 async def _holding(store: SqlStore, key: str) -> bool:
-    return await store.engine.fetchone("SELECT 1 FROM idempotency_keys WHERE key = ?",
-                                       (key,)) is not None
-
-
-async def keys_of(store: SqlStore) -> list[tuple[Any, ...]]:
-    rows = await store.engine.fetchall(
-        "SELECT scope, key, status, resource FROM idempotency_keys ORDER BY created_at")
-    return [tuple(r) for r in rows]
+    return await idempotency_key(store, key) is not None
 
 
 async def steps_of(gw: Gateway, task_id: str) -> list[str]:
@@ -116,8 +113,7 @@ async def test_a_step_retried_after_a_connection_reset_is_taken_once(config_dir,
         assert (status, again) == (201, step)
         assert await steps_of(gw, task["task_id"]) == ["first", "second"]
         assert model.asked == ["first", "second"]  # one run, not two
-        runs = await gw.store.engine.fetchall("SELECT input FROM runs WHERE input = 'second'")
-        assert len(runs) == 1
+        assert [r["input"] for r in await runs(gw.store)].count("second") == 1
 
         # the first task's POST, retried, is the same task
         status, same, headers = await post(http, gw, "/api/v1/agent/tasks?wait=10",
@@ -128,9 +124,8 @@ async def test_a_step_retried_after_a_connection_reset_is_taken_once(config_dir,
 
 
 async def _answered(store: SqlStore, key: str) -> tuple[Any, ...] | None:
-    row = await store.engine.fetchone(
-        "SELECT scope, key, status, resource FROM idempotency_keys WHERE key = ?", (key,))
-    return tuple(row) if row is not None and row[2] is not None else None
+    row = await idempotency_key(store, key)
+    return row if row is not None and row[2] is not None else None
 
 
 async def _get(http: aiohttp.ClientSession, gw: Gateway, path: str) -> tuple[int, Any]:
@@ -204,12 +199,10 @@ async def test_a_key_is_forgotten_after_24_hours(config_dir, data_dir, keys):
         _, task, _ = await post(http, gw, "/api/v1/agent/tasks?wait=10", {"input": "a"}, None)
         path = f"/api/v1/agent/tasks/{task['task_id']}/steps?wait=10"
         _, first, _ = await post(http, gw, path, {"input": "b"}, "daily")
-        await gw.store.engine.write(("UPDATE idempotency_keys SET created_at = created_at - ?",
-                                     (DAY - 60,)))  # a minute short of a day: still kept
+        await age_idempotency_keys(gw.store, DAY - 60)  # a minute short of a day: still kept
         status, replay, headers = await post(http, gw, path, {"input": "b"}, "daily")
         assert (status, replay, headers["Idempotent-Replayed"]) == (201, first, "true")
-        await gw.store.engine.write(("UPDATE idempotency_keys SET created_at = created_at - ?",
-                                     (120,)))  # now past 24 h: a new request
+        await age_idempotency_keys(gw.store, 120)  # now past 24 h: a new request
         status, second, headers = await post(http, gw, path, {"input": "b"}, "daily")
         assert status == 201 and second["step_id"] != first["step_id"]
         assert "Idempotent-Replayed" not in headers
@@ -257,17 +250,14 @@ async def test_the_store_claims_answers_replays_expires_and_prunes(store):
 
     # a dead attempt (its hold ran out) that made nothing: the same request takes it over
     assert await keys.begin("alice", "dead", "fp", "t9", lock=60) is None
-    await store.engine.write(("UPDATE idempotency_keys SET locked_until = locked_until - 120"
-                              " WHERE key = 'dead'", ()))
+    await end_idempotency_holds(store, key="dead", by=120)
     assert not (await keys.begin("alice", "dead", "other", "t10", lock=60)).same
     assert await keys.begin("alice", "dead", "fp", "t11", lock=60) is None
     assert not await keys.answered("alice", "dead", "t9", 201, "{}")  # fenced: not t9's
 
-    await store.engine.write(("UPDATE idempotency_keys SET created_at = created_at - ?"
-                              " WHERE scope = 'alice' AND key = 'k'", (DAY + 1,)))
+    await age_idempotency_keys(store, DAY + 1, scope="alice", key="k")
     assert await keys.begin("alice", "k", "fp2", "t12", lock=60) is None  # expired: new
-    await store.engine.write(("UPDATE idempotency_keys SET created_at = created_at - ?"
-                              " WHERE scope = 'bob'", (DAY + 1,)))
+    await age_idempotency_keys(store, DAY + 1, scope="bob")
     assert await keys.prune() == 1
     assert sorted(r[:2] for r in await keys_of(store)) == [
         ("alice", "dead"), ("alice", "free"), ("alice", "k")]
@@ -316,8 +306,7 @@ async def test_the_api_prunes_keys_past_24_hours_while_it_runs(config_dir, data_
             aiohttp.ClientSession() as http:
         for key in ("old", "new"):
             assert (await post(http, gw, "/api/v1/agent/tasks", {"input": key}, key))[0] == 201
-        await gw.store.engine.write(("UPDATE idempotency_keys SET created_at = created_at - ?"
-                                     " WHERE key = 'old'", (DAY + 1,)))
+        await age_idempotency_keys(gw.store, DAY + 1, key="old")
         await wait_for(lambda: _only_new(gw.store))
 
 
@@ -341,7 +330,7 @@ async def test_an_answer_that_cannot_be_kept_is_given_all_the_same(config_dir, d
         assert "could not be kept for its retries: disk full" in caplog.text
         status, error, _ = await post(http, gw, "/api/v1/agent/tasks", {"input": "x"}, "k")
         assert status == 409  # held until its hold runs out: never made twice
-        await gw.store.engine.write(("UPDATE idempotency_keys SET locked_until = 0", ()))
+        await end_idempotency_holds(gw.store)
         del store.answered
         status, again, headers = await post(http, gw, "/api/v1/agent/tasks", {"input": "x"},
                                             "k")

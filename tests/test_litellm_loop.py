@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from pluto.settings import PlutoConfig
 from pluto.events import MessageDelta, RunError, ToolStart
 from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 from tests.helpers.gateway import RecordingProvider
+from tests.helpers.inspect_store import runs
 
 
 @pytest.fixture
@@ -39,17 +39,17 @@ async def setup(fake: FakeOpenAI, config_dir: Path, data_dir: Path,
 
 async def ended_usage(gw: Gateway) -> dict:
     for _ in range(100):
-        rows = await gw.store.engine.fetchall("SELECT usage FROM runs WHERE ended_at IS NOT NULL")
-        if rows:
-            return json.loads(rows[0][0])
+        ended = [r for r in await runs(gw.store) if r["ended_at"] is not None]
+        if ended:
+            return ended[0]["usage"]
         await asyncio.sleep(0.02)
     raise AssertionError("the run never ended")
 
 
 async def run_events(gw: Gateway) -> list:
     """The events of the last run, as the run feed gives them to watchers."""
-    [row] = await gw.store.engine.fetchall("SELECT id FROM runs ORDER BY started_at DESC LIMIT 1")
-    return await gw.store.conversations.events(row[0])
+    [row] = await gw.store.conversations.recent_runs(limit=1)
+    return await gw.store.conversations.events(row["id"])
 
 
 async def ask(provider: RecordingProvider, text: str, n: int = 1) -> list[str]:

@@ -19,6 +19,7 @@ from pluto.runtime.testing import Scripted, ScriptedModel
 from pluto.settings import PlutoConfig
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.sqlite import SqliteStore
+from tests.helpers.inspect_store2 import outbox_claims, outbox_rows
 from tests.helpers.pg import fresh_schema
 from tests.helpers.served import API_KEY, Tab, served, url, wait_for
 
@@ -39,9 +40,7 @@ async def http():
 
 
 async def _outbox(gw: Any, provider: str) -> list[tuple[Any, ...]]:
-    rows = await gw.store.engine.fetchall(
-        "SELECT run_id, kind, text FROM outbox WHERE provider = ? ORDER BY id", (provider,))
-    return [tuple(r) for r in rows]
+    return await outbox_rows(gw.store, provider)
 
 
 async def _settled(gw: Any) -> None:
@@ -69,7 +68,7 @@ async def test_widget_and_api_runs_leave_no_outbox_row_and_commands_still_do(
         assert step["output"] == "You said: a question" and step["outcome"] == "ok"
         await _settled(gw)
         assert await _outbox(gw, "web") == [] and await _outbox(gw, "api") == []
-        assert await gw.store.engine.fetchall("SELECT * FROM outbox_claims") == []
+        assert await outbox_claims(gw.store) == []
         # an answer without a run has no run events to replay: it is recorded in the outbox
         helped = await tab.ask("/help")
         assert helped["run_id"] is None and "/new" in helped["text"]
@@ -123,9 +122,8 @@ async def test_an_answer_given_while_the_tab_was_closed_is_shown_on_reconnect(
         await tab.send(type="message", id="m1", text="answer while I am away")
         await tab.until("ack")
         await tab.ws.close()  # nobody is watching when the answer comes
-        runs = await wait_for(lambda: gw.store.engine.fetchall(
-            "SELECT id FROM runs WHERE status = 'ok'"))
-        run_id = runs[0][0]
+        runs = await wait_for(lambda: gw.store.conversations.recent_runs(status="ok"))
+        run_id = runs[0]["id"]
         await _settled(gw)
         await wait_for(lambda: not gw.providers["web"]._follows)
         back = await Tab.open(http, gw, token=tab.ready["token"])

@@ -23,6 +23,7 @@ from pluto.storage.sqlite.inbound import SqliteInbound
 from pluto.types import (Accepted, Attachment, Dropped, Duplicate, IncomingMessage,
                          OutgoingMessage, Outcome)
 from tests.helpers.gateway import RecordingProvider
+from tests.helpers.inspect_store2 import age_inbound, age_outbox
 
 
 @pytest.fixture
@@ -68,10 +69,10 @@ def chunks(*texts: str, chat: str = "c1") -> list[OutgoingMessage]:
     return [OutgoingMessage(chat_id=chat, text=t, markup="markdown") for t in texts]
 
 
-async def statuses(store: SqliteStore) -> list[tuple[int, str, str | None]]:
-    rows = await store.engine.fetchall(
-        "SELECT chunk, status, platform_id FROM outbox ORDER BY reply_id, chunk")
-    return [(r[0], r[1], r[2]) for r in rows]
+async def statuses(store: SqliteStore, *replies: str) -> list[tuple[int, str, str | None]]:
+    """(chunk, status, platform_id) of each reply's chunks, reply by reply."""
+    return [(r.chunk, r.status, r.platform_id) for reply in replies
+            for r in await store.outbox.reply(reply)]
 
 
 async def sent(outbox: Outbox, provider: Provider, reply_id: str,
@@ -84,7 +85,7 @@ async def test_chunks_are_recorded_then_sent_and_marked(outbox, store, providers
     provider = running(providers, RecordingProvider())
     assert await sent(outbox, provider, "run1", chunks("one", "two"))
     assert [m.text for m in provider.sent] == ["one", "two"]
-    assert await statuses(store) == [(0, "sent", "1"), (1, "sent", "2")]
+    assert await statuses(store, "run1") == [(0, "sent", "1"), (1, "sent", "2")]
     # the same reply again (a retried delivery): nothing is sent twice
     assert await sent(outbox, provider, "run1", chunks("one", "two"))
     assert len(provider.sent) == 2
@@ -101,9 +102,9 @@ async def test_deliver_returns_once_recorded_and_sends_behind_the_caller(outbox,
 
     provider = running(providers, Slow())
     done = await outbox.deliver(provider, "run1", chunks("hello"))
-    assert not done.done() and await statuses(store) == [(0, "pending", None)]
+    assert not done.done() and await statuses(store, "run1") == [(0, "pending", None)]
     release.set()
-    assert await done and await statuses(store) == [(0, "sent", "1")]
+    assert await done and await statuses(store, "run1") == [(0, "sent", "1")]
 
 
 async def test_a_flood_controlled_chat_never_holds_up_another(outbox, store, providers):
@@ -158,8 +159,7 @@ async def test_retry_after_is_honoured_and_other_errors_back_off(outbox, store, 
     assert await sent(outbox, provider, "run1", chunks("hello"))
     assert sleeps == [7, 1.0]  # the platform's wait, then backoff (0.5 * 2 ** 1)
     assert [m.text for m in provider.sent] == ["hello"]
-    rows = await store.engine.fetchall("SELECT attempts, error FROM outbox")
-    assert [(r[0], r[1]) for r in rows] == [(3, None)]
+    assert [(r.attempts, r.error) for r in await store.outbox.reply("run1")] == [(3, None)]
 
 
 async def test_a_rate_limit_holds_the_chats_edits_too(outbox, store, providers, sleeps):
@@ -193,9 +193,8 @@ async def test_a_permanent_error_stops_the_reply_and_is_recorded(outbox, store, 
     provider.fail_next(DeliveryRefused("bot was blocked by the user"))
     assert not await sent(outbox, provider, "run1", chunks("a", "b", "c"))
     assert sleeps == []
-    rows = await store.engine.fetchall(
-        "SELECT status, error FROM outbox WHERE reply_id = 'run1' ORDER BY chunk")
-    assert [(r[0], r[1]) for r in rows] == [("failed", "bot was blocked by the user")] * 3
+    rows = await store.outbox.reply("run1")
+    assert [(r.status, r.error) for r in rows] == [("failed", "bot was blocked by the user")] * 3
     assert await outbox.flush(provider) == 0  # failed chunks are not retried later
     assert [m.text for m in provider.sent] == ["earlier"]
 
@@ -206,8 +205,8 @@ async def test_out_of_retries_the_reply_rests_until_the_next_sweep(outbox, store
     assert await sent(outbox, provider, "run1", chunks("first"))
     provider.fail_next(ProviderError("platform down"), times=3)
     assert not await sent(outbox, provider, "run2", chunks("a", "b"))
-    assert await statuses(store) == [(0, "sent", "1"), (0, "pending", None),
-                                     (1, "pending", None)]
+    assert await statuses(store, "run1", "run2") == [(0, "sent", "1"), (0, "pending", None),
+                                                     (1, "pending", None)]
     assert await outbox.flush(provider) == 2
     await outbox.idle()
     assert [m.text for m in provider.sent] == ["first", "a", "b"]
@@ -291,9 +290,9 @@ async def test_a_provider_bug_is_a_permanent_failure(outbox, store, providers):
             raise KeyError("oops")
 
     assert not await sent(outbox, running(providers, Broken()), "run1", chunks("x"))
-    assert await statuses(store) == [(0, "failed", None)]
-    rows = await store.engine.fetchall("SELECT error FROM outbox")
-    assert rows[0][0] == "the provider failed: KeyError"
+    assert await statuses(store, "run1") == [(0, "failed", None)]
+    [row] = await store.outbox.reply("run1")
+    assert row.error == "the provider failed: KeyError"
 
 
 async def test_a_provider_that_is_not_running_gets_its_replies_when_it_starts(outbox, store,
@@ -324,8 +323,7 @@ async def test_old_rows_are_pruned_recent_pending_ones_kept(outbox, store, sleep
     for reply in ("stale", "waiting"):
         assert not await sent(outbox, provider, reply, chunks("y"))
     month_ago = time.time() - 30 * 86400
-    await store.engine.write(("UPDATE outbox SET updated_at = ?, created_at = ? WHERE reply_id"
-                              " != 'waiting'", (month_ago, month_ago)))
+    await age_outbox(store, month_ago, except_reply="waiting")
     assert await outbox.rows.prune(7 * 86400) == 1  # the delivered one
     assert [r.reply_id for r in await outbox.rows.pending("test")] == ["waiting"]
     [stale] = await outbox.rows.reply("stale")
@@ -491,5 +489,5 @@ async def test_the_inbox_is_bounded(store):
     for i in range(12):
         assert await seen.first_time("p", str(i))
     assert await seen.count() <= 5 + 3
-    await store.engine.write(("UPDATE inbound_seen SET seen_at = 0", ()))
+    await age_inbound(store)
     assert await seen.prune() > 0 and await seen.count() == 0

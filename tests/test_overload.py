@@ -18,6 +18,7 @@ from pluto.runtime.testing import Scripted, ScriptedModel
 from pluto.settings import GatewayLimits, PlutoConfig, load_pluto_config
 from pluto.types import Accepted, Answered, Dropped, IncomingMessage, Outcome
 from tests.helpers.gateway import RecordingProvider
+from tests.helpers.inspect_store import runs
 from tests.helpers.served import served, url, wait_for
 
 
@@ -93,9 +94,8 @@ async def test_beyond_the_slots_and_the_line_a_message_gets_the_busy_notice(
         assert model.started[2] == "hello c"  # it waited for a slot, then ran
         await gw.settled()
         assert (gw.load.running, gw.load.waiting) == (0, 0)
-        runs = await gw.store.engine.fetchall("SELECT input, status FROM runs")
-        assert sorted(tuple(r) for r in runs) == [("hello a", "ok"), ("hello b", "ok"),
-                                                  ("hello c", "ok")]
+        assert sorted((r["input"], r["status"]) for r in await runs(gw.store)) == [
+            ("hello a", "ok"), ("hello b", "ok"), ("hello c", "ok")]
         assert sent_to(p, "d") == sent_to(p, "e") == [("notice", BUSY_GATEWAY)]
         warnings = [r for r in caplog.records if r.name.endswith("overload")]
         assert len(warnings) == 1 and "busy notice" in warnings[0].getMessage()
@@ -122,8 +122,7 @@ async def test_stop_of_a_waiting_run_frees_its_place(config_dir, data_dir):
         assert await p.wait_finals(1, chat="c") == ["re: four"]
         await gw.settled()
         assert (gw.load.running, gw.load.waiting) == (0, 0)
-        runs = await gw.store.engine.fetchall("SELECT input, status, error FROM runs")
-        assert sorted(tuple(r) for r in runs) == [
+        assert sorted((r["input"], r["status"], r["error"]) for r in await runs(gw.store)) == [
             ("four", "ok", None), ("one", "ok", None),
             ("two", "cancelled", "dropped by /stop before it ran")]
         assert model.started == ["one", "four"]
@@ -142,11 +141,9 @@ async def test_shutdown_cancels_a_waiting_run_and_gives_its_place_back(config_di
         await wait_for(lambda: model.started)
         await gw.pipeline.close(0)  # no grace: the running run is stopped, the waiting dropped
         assert (gw.load.running, gw.load.waiting) == (0, 0)
-        runs = await gw.store.engine.fetchall("SELECT input, status, error FROM runs")
-        assert sorted(tuple(r)[:2] for r in runs) == [("one", "cancelled"),
-                                                      ("two", "cancelled")]
-        assert ("two", "cancelled", "the gateway stopped before it ran") in [
-            tuple(r) for r in runs]
+        ended = [(r["input"], r["status"], r["error"]) for r in await runs(gw.store)]
+        assert sorted(r[:2] for r in ended) == [("one", "cancelled"), ("two", "cancelled")]
+        assert ("two", "cancelled", "the gateway stopped before it ran") in ended
     finally:
         await gw.stop()
 

@@ -34,6 +34,7 @@ from pluto.storage.sqlite.usage import UsageCall
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.openai_server import ToolCall as FakeCall
 from tests.helpers.gateway import RecordingProvider
+from tests.helpers.inspect_store2 import break_usage_ledger
 from tests.helpers.pg import fresh_schema
 
 ADMIN_KEY = "a-very-long-admin-key-for-usage"
@@ -418,8 +419,7 @@ async def test_a_ledger_that_cannot_be_read_never_stops_an_answer(tmp_path, capl
         meter = UsageMeter(store.usage, budgets=lambda: [Budget(per="user", tokens=10)])
         runner = Runner(store.conversations, models={}, tools=BUILTIN_TOOLS, data_dir=tmp_path,
                         model_factory=ScriptedModel(Scripted(text="fine")), usage=meter)
-        await store.engine.write(("DROP TABLE usage_calls", ()),
-                                 ("DROP TABLE usage_counters", ()))
+        await break_usage_ledger(store)
         events = await run_once(store, runner, tmp_path)
     assert isinstance(events[-2], MessageFinal) and events[-2].text == "fine"
     assert "could not be checked" in caplog.text and "not recorded" in caplog.text
