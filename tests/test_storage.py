@@ -90,13 +90,34 @@ async def test_a_batch_runs_together_and_again_change_by_change_only_when_one_fa
         "a", "b", "c", "d", "f"]
 
 
-async def test_a_paused_multi_statement_write_is_neither_half_committed_nor_undone(store):
+async def until(condition, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
+def queued(store: SqliteStore, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The changes handed to the writer from now on (committed in that order)."""
+    changes: list[object] = []
+    queue = store.engine.queue
+
+    def recorded(change, **kw):  # type: ignore[no-untyped-def]
+        changes.append(change)
+        return queue(change, **kw)
+
+    monkeypatch.setattr(store.engine, "queue", recorded)
+    return changes
+
+
+async def test_a_paused_multi_statement_write_is_neither_half_committed_nor_undone(
+        store, monkeypatch):
     """Caller A's change pauses half-way (one row written, one to go) while caller B's write
     lands: nobody sees A's half, B's write is not lost when A fails, and A's whole change
     commits when it finishes."""
     engine = store.engine
     halfway, go_on = threading.Event(), threading.Event()
     fail = {"value": True}
+    in_line = queued(store, monkeypatch)
 
     def change_a(conn: sqlite3.Connection) -> str:
         conn.execute(SESSION, ("a-1", "ka-1", "a", 1.0, 1.0))
@@ -111,7 +132,7 @@ async def test_a_paused_multi_statement_write_is_neither_half_committed_nor_undo
     a = asyncio.create_task(engine.transact(change_a))
     await asyncio.to_thread(halfway.wait, 10)
     b = asyncio.create_task(engine.write((SESSION, ("b-1", "kb-1", "a", 1.0, 1.0))))
-    await asyncio.sleep(0.05)  # B is queued behind A's change
+    await until(lambda: len(in_line) == 2)  # B is queued behind A's change
     reader = other_connection(store)
     try:
         assert session_ids(reader) == []  # A's first row is not visible half-way
@@ -128,7 +149,7 @@ async def test_a_paused_multi_statement_write_is_neither_half_committed_nor_undo
         a = asyncio.create_task(engine.transact(change_a))
         await asyncio.to_thread(halfway.wait, 10)
         b = asyncio.create_task(engine.write((SESSION, ("b-2", "kb-2", "a", 1.0, 1.0))))
-        await asyncio.sleep(0.05)
+        await until(lambda: len(in_line) == 4)  # B is queued behind A's change
         assert session_ids(reader) == ["b-1"]
         go_on.set()
         assert await a == "a done" and await b == 1
@@ -244,7 +265,7 @@ async def test_a_read_never_waits_for_a_commit_in_progress(store):
         await engine.read(lambda conn: conn.execute(SESSION, ("s-2", "k-2", "a", 1.0, 1.0)))
 
 
-async def test_a_new_session_is_used_before_its_row_is_committed(store):
+async def test_a_new_session_is_used_before_its_row_is_committed(store, monkeypatch):
     """A new chat's session comes without waiting for a commit; what uses it next (its run's
     start) is committed after the session's row, and every lookup meanwhile finds the same
     session, never a second one."""
@@ -255,11 +276,12 @@ async def test_a_new_session_is_used_before_its_row_is_committed(store):
         assert await conversations.session("chat-1", "a") is session
         conversations._sessions.clear()  # the cache let go of it: still the same session
         assert (await conversations.session("chat-1", "a")).id == session.id
+        in_line = queued(store, monkeypatch)
         start = asyncio.create_task(conversations.start_run(
             "r1", session.id, "a", "hi", RunStart(run_id="r1", session_id=session.id,
                                                   agent="a")))
-        await asyncio.sleep(0.05)
-        assert not start.done()
+        await until(lambda: in_line)  # the start is queued (behind the session's row) ...
+        assert not start.done()  # ... and waits for its commit
     finally:
         release.set()
     await held
