@@ -44,7 +44,6 @@ from pluto.gateway.http.admin_agents import (AgentFiles, BadRequest, a2a_refusal
 from pluto.gateway.http.admin_schedules import add_schedule_routes
 from pluto.gateway.http.admin_usage import add_usage_routes
 from pluto.runtime.tracing import trace_id_for
-from pluto.gateway.pipeline.explain import explain, message_from
 from pluto.gateway.http.server import GATEWAY_KEY
 from pluto.events import event_to_dict
 from pluto.storage.rows import PairingError
@@ -221,6 +220,8 @@ async def _explain(request: web.Request) -> web.Response:
     missing = [k for k in ("provider", "chat", "user") if not isinstance(body.get(k), (str, int))]
     if missing:
         raise BadRequest(f"missing or not a string: {', '.join(missing)}")
+    from pluto.gateway.pipeline.explain import explain, message_from  # (admin API only)
+
     m = message_from(str(body["provider"]), str(body["chat"]), str(body["user"]),
                      group=bool(body.get("group")), mention=bool(body.get("mention")),
                      thread=_opt_str(body, "thread"), guild=_opt_str(body, "guild"),
