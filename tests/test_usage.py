@@ -188,7 +188,7 @@ async def test_the_ledger_matches_the_model_exactly_across_tools_retries_and_sto
         await p.say("count to a thousand")
         await fake.wait_for_requests(4)
         async with asyncio.timeout(5):  # (bounded: a run that ended unseen fails, never hangs)
-            while not gw.metrics.runs_active._value.get():
+            while not gw.load.running:
                 await asyncio.sleep(0.01)
             while not await _streamed(gw):  # some of it streamed
                 await asyncio.sleep(0.01)
