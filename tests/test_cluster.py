@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,13 @@ import aiohttp
 import pytest
 import yaml
 
+from pluto.storage.sqlite import SqlStore
 from tests.conformance.test_kill import Serve
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
 from tests.helpers.balancer import Balancer
+from tests.helpers.inspect_store import opened, until_nothing_left_to_deliver
 from tests.helpers.pg import fresh_schema
 
 CHATS = 15  # per platform
@@ -111,15 +114,9 @@ async def wait_ready(port: int, timeout: float = 90) -> None:
     raise AssertionError(f"the instance on port {port} did not become ready")
 
 
-async def lease_holder(url: str, name: str) -> str | None:
-    import psycopg
-
-    async with await psycopg.AsyncConnection.connect(url) as conn:
-        cur = await conn.execute(
-            "SELECT owner FROM leases WHERE name = %s AND until >= extract(epoch from"
-            " clock_timestamp())", (name,))
-        row = await cur.fetchone()
-        return row[0] if row else None
+async def lease_holder(store: SqlStore, name: str) -> str | None:
+    lease = await store.leases.holder(name)
+    return lease.owner if lease is not None else None
 
 
 @pytest.mark.timeout(600)
@@ -169,11 +166,14 @@ async def test_three_instances_one_killed_every_message_answered_once_in_order(
             instances.append(serve)
         expected = {name: [answer_to(f"{name} m{r}") for r in range(ROUNDS)]
                     for name in chats.names()}
+        closing = AsyncExitStack()
         try:
             for serve, port in zip(instances, ports):
                 await serve.start("--port", str(port))
             for port in ports:
                 await wait_ready(port)
+            # the database as the instances share it, opened once (a look at it is one query)
+            store = await closing.enter_async_context(opened(db_url))
 
             async def one_round(r: int) -> None:
                 await asyncio.gather(*(chats.say(name, f"{name} m{r}")
@@ -190,7 +190,7 @@ async def test_three_instances_one_killed_every_message_answered_once_in_order(
             await model.wait_for_requests(60, timeout=60)
             victim = 0
             if telegram_mode == "polling":
-                holder = await lease_holder(db_url, "provider:telegram")
+                holder = await lease_holder(store, "provider:telegram")
                 assert holder is not None and holder.startswith("instance-")
                 victim = int(holder.removeprefix("instance-").partition(".")[0])
             killed_at = time.monotonic()
@@ -201,8 +201,9 @@ async def test_three_instances_one_killed_every_message_answered_once_in_order(
                 instances[victim].proc.send_signal(signal.SIGSTOP)
             for r in range(4, ROUNDS):
                 await one_round(r)
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(1.0)  # the rounds' spacing (above) is the scenario
             if fault == "pause":  # 25 s after it stopped, it goes on where it was
+                # (the 25 s the process stays stopped is the fault itself, not a wait)
                 await asyncio.sleep(max(0.0, killed_at + 25 - time.monotonic()))
                 assert instances[victim].proc is not None
                 instances[victim].proc.send_signal(signal.SIGCONT)
@@ -216,7 +217,7 @@ async def test_three_instances_one_killed_every_message_answered_once_in_order(
                 if all(len(complete(n)) >= ROUNDS for n in chats.names()):
                     break
                 await asyncio.sleep(0.5)
-            await asyncio.sleep(2)  # anything sent twice would show by now
+            await until_nothing_left_to_deliver(store)  # nothing left to send twice later
             missing = {n: ROUNDS - len(complete(n)) for n in chats.names()
                        if len(complete(n)) < ROUNDS}
             assert not missing, f"chats still missing answers: {missing}"
@@ -254,7 +255,7 @@ async def test_three_instances_one_killed_every_message_answered_once_in_order(
             assert resent <= flagged, (resent, flagged)
             assert sum(len(v) for v in expected.values()) == 2 * CHATS * ROUNDS == 300
             if telegram_mode == "polling":
-                holder = await lease_holder(db_url, "provider:telegram")
+                holder = await lease_holder(store, "provider:telegram")
                 assert holder is not None and not holder.startswith(f"instance-{victim}.")
                 polls = [c for c in telegram.calls_to("getUpdates") if c.time > killed_at]
                 assert polls, "nobody polls Telegram after the kill"
@@ -274,6 +275,7 @@ async def test_three_instances_one_killed_every_message_answered_once_in_order(
                 print(f"--- instance {i} ---\n{serve.tail()}")
             raise
         finally:
+            await closing.aclose()
             for serve in instances:
                 if serve.proc is not None and serve.proc.returncode is None:
                     serve.proc.kill()

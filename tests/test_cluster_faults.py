@@ -34,6 +34,7 @@ from tests.conformance.test_kill import Serve
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.telegram_server import FakeTelegram
 from tests.helpers.balancer import Balancer
+from tests.helpers.inspect_store import opened, until_nothing_left_to_deliver
 from tests.helpers.pg import _connect, fresh_schema
 from tests.helpers.tcp_proxy import TcpProxy
 from tests.test_cluster import answer_to, free_port, last_user_text, wait_ready
@@ -144,10 +145,12 @@ async def outage(cluster: Cluster, db_url: str) -> dict[str, object]:
     terminated = []
     for _ in range(4):
         terminated.append(terminate_backends(cluster.proxy.upstream_ports()))
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # connections killed once a second: the fault's own pace
     refusing = asyncio.create_task(cluster.proxy.refuse(10.0))
-    await asyncio.sleep(4.0)  # (a renewal every lease / 3: each instance has met it by now)
     during = [await readyz(p) for p in cluster.ports]
+    while not refusing.done() and not all(status == 503 for status in during):
+        await asyncio.sleep(0.2)  # (a renewal every lease / 3: each instance meets the outage)
+        during = [await readyz(p) for p in cluster.ports]
     await refusing
     return {"terminated": terminated, "readyz during the outage": during}
 
@@ -187,7 +190,7 @@ async def test_three_instances_under_a_fault_answer_every_message_once_in_order(
                 for r in range(rounds):
                     for c in chats:
                         cluster.telegram.inject_message(c, f"tg{c} m{r}")
-                    await asyncio.sleep(1.0)
+                    await asyncio.sleep(1.0)  # a round a second: the traffic's pace
 
             sending = asyncio.create_task(traffic())
             seen: dict[str, object] = {}
@@ -204,7 +207,8 @@ async def test_three_instances_under_a_fault_answer_every_message_once_in_order(
             while time.monotonic() < deadline and not all(
                     len(complete(c)) >= rounds for c in chats):
                 await asyncio.sleep(0.5)
-            await asyncio.sleep(3)  # anything sent twice would show by now
+            async with opened(db_url) as store:  # nothing left that could be sent twice later
+                await until_nothing_left_to_deliver(store)
             missing = {c: rounds - len(complete(c)) for c in chats if len(complete(c)) < rounds}
             assert not missing, f"chats still missing answers: {missing}"
             duplicated = sum(len(complete(c)) - len(set(complete(c))) for c in chats)
