@@ -17,6 +17,7 @@ from pluto.storage.postgres import PostgresStore
 from pluto.storage.sqlite import SqliteStore, SqlStore
 from pluto.storage.sqlite.conversations import PREVIEWS_AHEAD
 from tests.helpers.pg import fresh_schema
+from tests.helpers.served import wait_for
 
 
 class Runs:
@@ -44,7 +45,7 @@ async def follow(feed: LocalRunFeed, run_id: str = "r", **kw) -> list[RunEvent]:
 
 
 async def publish_soon(feed: LocalRunFeed, evs: list[RunEvent]) -> None:
-    await asyncio.sleep(0.01)  # the watcher is subscribed by then
+    await wait_for(lambda: feed.watched(evs[0].run_id))  # the watcher is subscribed
     for e in evs:
         feed.publish(e)
         await asyncio.sleep(0)
