@@ -334,10 +334,10 @@ class ConnectionGuard:
             return True
         return False
 
-    def _forget(self, pending: _Pending) -> None:
+    def _forget(self, pending: _Pending, closing: bool = False) -> None:
         if self._by_fd.get(pending.fd) is pending:
             del self._by_fd[pending.fd]
-            if self._epoll is not None:
+            if self._epoll is not None and not closing:  # (closing it leaves the epoll too)
                 try:
                     self._epoll.unregister(pending.fd)
                 except OSError:  # (never registered: read whole at once)
@@ -346,7 +346,7 @@ class ConnectionGuard:
         self._closed(pending)
 
     def _close_pending(self, pending: _Pending) -> None:
-        self._forget(pending)
+        self._forget(pending, closing=True)
         os.close(pending.fd)
 
     def _hand_over(self, pending: _Pending) -> None:
@@ -370,18 +370,21 @@ class ConnectionGuard:
         (a bounded batch at a time: 5,000 opened in a second time out in a second)."""
         self._sweeper = None
         deadline = time.monotonic() - self.header_timeout
-        for n, pending in enumerate(list(itertools.islice(self._pending, ACCEPT_BATCH))):
+        closed = 0
+        for pending in list(itertools.islice(self._pending, ACCEPT_BATCH)):
             conn = self.conns.get(pending)
             if conn is not None and conn.opened > deadline:
                 break
-            if conn is not None:
-                self._timed_out_head()
+            closed += conn is not None
             self._close_pending(pending)
         else:
             if self._pending and self._loop is not None:  # (more may be overdue: at once)
                 self._sweeper = self._loop.call_soon(self._sweep)
-                return
-        if self._pending:
+        if closed:  # (one line for the batch)
+            self.counters.header_timeouts += closed
+            log.info("http: closed %d connection(s) that sent no whole request in %g s (%d so "
+                     "far)", closed, self.header_timeout, self.counters.header_timeouts)
+        if self._pending and self._sweeper is None:
             self._sweep_later()
 
     # connections -----------------------------------------------------------------------
@@ -517,13 +520,10 @@ class ConnectionGuard:
         if conn is None or conn.requests:
             return
         conn.timer = None
-        self._timed_out_head()
-        self._close(handler, conn)
-
-    def _timed_out_head(self) -> None:
         self.counters.header_timeouts += 1
         log.info("http: closed a connection that sent no whole request in %g s (%d so far)",
                  self.header_timeout, self.counters.header_timeouts)
+        self._close(handler, conn)
 
     # requests --------------------------------------------------------------------------
 
