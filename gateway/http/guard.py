@@ -9,12 +9,13 @@
   makes room; when every one is busy the newcomer gets a 503 and is closed at once.
 
 The guard accepts connections itself (:meth:`ConnectionGuard.listen`) and holds each one as a
-bare socket until its first request's head is whole; only then does aiohttp see it. A
+bare descriptor until its first request's head is whole; only then does aiohttp see it. A
 connection costs aiohttp a few hundred microseconds of the event loop to set up, asyncio's own
 accept loop sets up a whole burst in one turn (5,000 slowloris sockets stalled the loop — and
-``/healthz`` — for 1–2 s), and the kernel's queue of connections not yet accepted is first in,
-first out: a health probe waits behind every attacker ahead of it. A bare socket costs a few
-microseconds, so the queue is drained as fast as an attacker fills it.
+``/healthz`` — for 1–3 s), and the kernel's queue of connections not yet accepted is first in,
+first out: a health probe waits behind every attacker ahead of it. A bare descriptor costs
+about 40 µs to accept, so the queue is drained about as fast as an attacker fills it
+(docs/security.md, "Slow and idle clients").
 """
 
 from __future__ import annotations
