@@ -197,6 +197,11 @@ class OutboxStore(Protocol):
 
     async def release(self, reply_id: str, owner: str) -> None: ...
 
+    @property
+    def shared(self) -> bool:
+        """Several instances send from it (a claim then lasts as long as its owner lives)."""
+        ...
+
     async def attempted(self, row_id: int) -> None:
         """Counted before each platform call (a later failure sets ``error``)."""
         ...

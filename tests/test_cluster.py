@@ -38,6 +38,7 @@ from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
 from tests.helpers.balancer import Balancer
 from tests.helpers.inspect_store import opened, until_nothing_left_to_deliver
+from tests.helpers.inspect_store2 import platform_messages
 from tests.helpers.pg import fresh_schema
 
 CHATS = 15  # per platform
@@ -85,12 +86,21 @@ class Chats:
         else:
             await self.slack.user_message(name[2:], text)
 
+    def shown_with_ids(self, name: str) -> list[tuple[str, str]]:
+        """(text, platform id) of each message the bot has in the chat now, in order."""
+        if not name.startswith("tg"):
+            return [(text, "") for text in self.shown(name)]
+        chat = int(name[2:])
+        return [(str(m.get("text") or ""), str(s.message_id)) for s in self.telegram.messages(chat)
+                if (m := self.telegram.message(chat, s.message_id)) is not None]
+
     def shown(self, name: str) -> list[str]:
-        """The text of each message the bot has in the chat now (after edits), in order."""
+        """The text of each message the bot has in the chat now (after edits; one it deleted is
+        gone), in order."""
         if name.startswith("tg"):
             chat = int(name[2:])
-            return [(self.telegram.message(chat, s.message_id) or {}).get("text") or ""
-                    for s in self.telegram.messages(chat)]
+            return [str(m.get("text") or "") for s in self.telegram.messages(chat)
+                    if (m := self.telegram.message(chat, s.message_id)) is not None]
         found: list[dict[str, Any]] = []
         for top in self.slack.history(name[2:]):
             found.append(top)
@@ -193,9 +203,10 @@ async def test_three_instances_one_killed_every_message_answered_once_in_order(
                 holder = await lease_holder(store, "provider:telegram")
                 assert holder is not None and holder.startswith("instance-")
                 victim = int(holder.removeprefix("instance-").partition(".")[0])
-            killed_at = time.monotonic()
+            killed_at = dead_at = time.monotonic()
             if fault == "kill":
                 assert await instances[victim].stop(signal.SIGKILL) == -signal.SIGKILL
+                dead_at = time.monotonic()
             else:
                 assert instances[victim].proc is not None
                 instances[victim].proc.send_signal(signal.SIGSTOP)
@@ -208,9 +219,12 @@ async def test_three_instances_one_killed_every_message_answered_once_in_order(
                 assert instances[victim].proc is not None
                 instances[victim].proc.send_signal(signal.SIGCONT)
 
+            orphans: set[tuple[str, str]] = set()
+
             def complete(name: str) -> list[str]:
                 want = set(expected[name])
-                return [t for t in chats.shown(name) if t in want]
+                return [t for t, mid in chats.shown_with_ids(name)
+                        if t in want and (name, mid) not in orphans]
 
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline:
@@ -218,6 +232,18 @@ async def test_three_instances_one_killed_every_message_answered_once_in_order(
                     break
                 await asyncio.sleep(0.5)
             await until_nothing_left_to_deliver(store)  # nothing left to send twice later
+            if fault == "kill":
+                # A preview the killed instance had shown but not yet recorded (killed between
+                # the platform's answer and the commit of its id) is known to nobody: the chat's
+                # taker answers in a message of its own, and the preview stays as it was. It
+                # may hold the whole answer (its last edit before the kill). Such a message —
+                # no recorded reply made or edited it, and it did not change after the kill —
+                # is counted as a leftover preview, not as an answer.
+                known = await platform_messages(store, "telegram")
+                orphans = {(n, mid) for n in chats.names() if n.startswith("tg")
+                           for _, mid in chats.shown_with_ids(n)
+                           if (n[2:], mid) not in known
+                           and telegram.last_change(int(n[2:]), int(mid)) <= dead_at}
             missing = {n: ROUNDS - len(complete(n)) for n in chats.names()
                        if len(complete(n)) < ROUNDS}
             assert not missing, f"chats still missing answers: {missing}"
@@ -245,8 +271,11 @@ async def test_three_instances_one_killed_every_message_answered_once_in_order(
                     late += 1
                     continue
                 assert complete(name) == expected[name], (name, chats.shown(name))  # once, in order
-                for text in chats.shown(name):
-                    if text not in expected[name]:  # a preview cut off by the kill
+                for text, mid in chats.shown_with_ids(name):
+                    if (name, mid) in orphans:  # the killed instance's unrecorded preview
+                        assert any(a.startswith(text) for a in expected[name]), (name, text)
+                        leftovers += 1
+                    elif text not in expected[name]:  # a preview cut off by the kill
                         assert any(a.startswith(text) for a in expected[name]), (name, text)
                         leftovers += 1
             if resent > flagged:
@@ -269,7 +298,8 @@ async def test_three_instances_one_killed_every_message_answered_once_in_order(
             print(f"cluster ({telegram_mode}, {fault}): 300 answered, in order but in {late} "
                   f"Slack chat(s) whose event reached the stopped instance; {resent} sent "
                   f"again after an unknown outcome ({flagged} flagged); {leftovers} partial "
-                  f"preview(s) left by the stopped instance")
+                  f"preview(s) left by the stopped instance, {len(orphans)} of them never "
+                  f"recorded (shown, then killed before the commit of its id)")
         except BaseException:
             for i, serve in enumerate(instances):
                 print(f"--- instance {i} ---\n{serve.tail()}")

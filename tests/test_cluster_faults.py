@@ -116,8 +116,10 @@ class Cluster:
             await wait_ready(port)
 
     def shown(self, chat: int) -> list[str]:
-        return [(self.telegram.message(chat, s.message_id) or {}).get("text") or ""
-                for s in self.telegram.messages(chat)]
+        """The text of each message the bot has in the chat now, in order (a preview it
+        deleted — withdrawn by a run that lost its claim — is no longer there)."""
+        return [str(m.get("text") or "") for s in self.telegram.messages(chat)
+                if (m := self.telegram.message(chat, s.message_id)) is not None]
 
     async def stop(self) -> None:
         for serve in self.instances:
@@ -216,7 +218,8 @@ async def test_three_instances_under_a_fault_answer_every_message_once_in_order(
             strays = {c: [t for t in cluster.shown(c) if t not in expected[c]] for c in chats}
             strays = {c: s for c, s in strays.items() if s}
             print(f"faults ({scenario}): {n_chats * rounds} messages; duplicated {duplicated},"
-                  f" out of order in {len(disordered)} chat(s), stray messages {strays};"
+                  f" out of order in {len(disordered)} chat(s), stray messages {strays},"
+                  f" previews withdrawn {len(cluster.telegram.deleted)};"
                   f" {seen}")
             assert duplicated == 0 and not disordered, {c: cluster.shown(c) for c in disordered}
             assert not strays, strays

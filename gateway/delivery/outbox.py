@@ -169,6 +169,21 @@ class Outbox:
         from the sweep); returns how many chunks were pending."""
         return self._queue_pending(provider, await self.rows.pending(provider.name))
 
+    async def flush_chat(self, provider: Provider, chat_id: str) -> int:
+        """Several instances, a chat taken over from an instance that stopped: the replies it
+        recorded there and never sent, queued now — ahead of anything this instance answers
+        in the chat (its replies go out in order). How many chunks were pending."""
+        pending = [r for r in await self.rows.pending(provider.name) if r.chat_id == chat_id]
+        key = (provider.name, chat_id)
+        chat = self._chats.get(key)
+        if chat is not None:
+            chat.resting = False
+        queued = set() if chat is None else {r for r in chat.queue if isinstance(r, str)}
+        for reply_id in dict.fromkeys(r.reply_id for r in pending):
+            if reply_id not in queued:
+                self._enqueue(key, reply_id)
+        return len(pending)
+
     async def flush_all(self) -> int:
         """:meth:`flush` for every provider, with one query (the sweep)."""
         pending = await self.rows.pending_all()
@@ -298,7 +313,11 @@ class Outbox:
             log.error("outbox: could not read reply %s (%s); will try again later", reply_id, e)
             return None
         pending = [r for r in rows if r.status == "pending"]
-        released = False
+        # The claim is given up once the reply is out or given up for good. Several instances:
+        # one left for later stays ours — another instance's sweep taking it up meanwhile
+        # would send it beside, or after, this chat's later replies, which are ours too; our
+        # own sweep sends it again, in order, and were we to die the claim dies with us.
+        released = kept = False
         try:
             for i, row in enumerate(pending):
                 last = i + 1 == len(pending)
@@ -307,17 +326,21 @@ class Outbox:
                     await self._send_one(provider, row, following,
                                          release=(reply_id, self.owner) if last else None)
                 except ProviderError as e:
-                    return await self._failed(provider, row, pending[i:], e)
-                except Silenced:
-                    return None  # nothing was sent: the sweep (here or elsewhere) sends it
+                    outcome = await self._failed(provider, row, pending[i:], e)
+                    kept = outcome is None
+                    return outcome
+                except Silenced:  # nothing was sent: sent once we may act again
+                    kept = True
+                    return None
                 except Exception as e:  # noqa: BLE001 - storage is away before a call
                     log.error("outbox: storage failed while sending reply %s (%s); will try "
                               "again later", reply_id, e)
+                    kept = True
                     return None
                 released = last
             return True
         finally:
-            if not released:
+            if not released and not (kept and self.rows.shared):
                 await self._release(reply_id)
 
     def _next_fresh(self, chat: _Chat) -> OutboxRow | None:

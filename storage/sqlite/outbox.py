@@ -62,13 +62,16 @@ _COLUMNS = ("reply_id", "chunk", "run_id", "seq", "provider", "chat_id", "thread
 _CLAIM = ("INSERT INTO outbox_claims (reply_id, owner, until) VALUES (?,?,?)"
           " ON CONFLICT(reply_id) DO UPDATE SET owner = excluded.owner, until = excluded.until"
           " WHERE outbox_claims.until < ? OR outbox_claims.owner = excluded.owner")
-# Several instances: a claim also ends with its owner (an instance whose lease ran out died);
-# its time is the database's clock (one clock for every instance), so its parameters are the
-# same as _CLAIM's with the local times turned into offsets: until - now, and now - now
+# Several instances: a claim ends with its owner (an instance whose lease ran out died, or
+# stalled: it then sends nothing more, see Outbox.forget_claims) or when it gives it up — never
+# for its age alone: a reply recorded (and claimed) behind a slow one in its chat waits its turn
+# on its instance however long the chat's flood hold lasts, and a claim taken from under it
+# would send it twice, or before the one ahead of it. Its time is the database's clock (one
+# clock for every instance): ``until`` is given as an offset from it (the lease's length).
 _CLAIM_SHARED = (
     "INSERT INTO outbox_claims (reply_id, owner, until) VALUES (?,?,{now} + ?)"
     " ON CONFLICT(reply_id) DO UPDATE SET owner = excluded.owner, until = excluded.until"
-    " WHERE outbox_claims.until < {now} + ? OR outbox_claims.owner = excluded.owner"
+    " WHERE outbox_claims.owner = excluded.owner"
     " OR NOT EXISTS (SELECT 1 FROM leases WHERE leases.name = 'instance:' ||"
     " outbox_claims.owner AND leases.until >= {now})")
 
@@ -174,9 +177,13 @@ class SqliteOutbox:
 
     def _claim_args(self, reply_id: str, owner: str, now: float,
                     lease_seconds: float) -> tuple[Any, ...]:
-        if self.engine.shared:  # (the database's clock: offsets from it)
-            return reply_id, owner, lease_seconds, 0.0
+        if self.engine.shared:  # (the database's clock: an offset from it)
+            return reply_id, owner, lease_seconds
         return reply_id, owner, now + lease_seconds, now
+
+    @property
+    def shared(self) -> bool:
+        return self.engine.shared
 
     async def release(self, reply_id: str, owner: str) -> None:
         await self.engine.write(("DELETE FROM outbox_claims WHERE reply_id = ? AND owner = ?",

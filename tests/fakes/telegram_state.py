@@ -10,6 +10,7 @@ import asyncio
 import copy
 import itertools
 import json
+import math
 import re
 import struct
 import time
@@ -424,6 +425,11 @@ class Controls:
     def messages(self, chat_id: int | None = None) -> list[Sent]:
         """New messages the bot sent (text, photo, document), oldest first; edits excluded."""
         return [s for s in self.sent if s.kind != "edit" and chat_id in (None, s.chat_id)]
+
+    def last_change(self, chat_id: int, message_id: int) -> float:
+        """When the message was last sent or edited (time.monotonic(); -inf if never)."""
+        return max((s.time for s in self.sent
+                    if s.chat_id == chat_id and s.message_id == message_id), default=-math.inf)
 
     def edits(self, chat_id: int | None = None) -> list[Sent]:
         return [s for s in self.sent if s.kind == "edit" and chat_id in (None, s.chat_id)]

@@ -88,3 +88,13 @@ async def age_inbound(store: SqlStore) -> None:
 async def break_usage_ledger(store: SqlStore) -> None:
     """The usage ledger's tables gone: every read and write of it fails."""
     await store.engine.write(("DROP TABLE usage_calls", ()), ("DROP TABLE usage_counters", ()))
+
+
+async def platform_messages(store: SqlStore, provider: str) -> set[tuple[str, str]]:
+    """(chat, platform message id) of every message a recorded reply made or edited: what the
+    gateway knows it shows (a preview whose id was never recorded is not among them)."""
+    rows = await store.engine.fetchall(
+        "SELECT chat_id, platform_id, edit_of FROM outbox WHERE provider = ? AND status = 'sent'",
+        (provider,))
+    return {(str(chat), str(mid)) for chat, sent, edited in rows
+            for mid in (sent, edited) if mid is not None}
