@@ -318,7 +318,9 @@ class Gateway:
             await self.cluster.start()
             stack.push_async_callback(self.cluster.stop)
             if isinstance(self.feed, SharedRunFeed):
-                self.feed.start()  # runs executing on other instances, followed live
+                # runs executing on other instances, followed live; those accepted here,
+                # heard as they are published
+                self.feed.start(local=lambda run_id: run_id in self.pipeline.live)
             if self.store.bus is not None:  # /stop of a session running on another instance
                 self.store.bus.subscribe(CONTROL, self._control)
                 self.pipeline.stop_elsewhere = self._stop_elsewhere
@@ -415,12 +417,14 @@ class Gateway:
                 log.warning("cluster: looking for orphaned runs failed: %s", e)
 
     async def _take_over_chat(self, provider: str, chat: str) -> None:
+        target = self.providers.get(provider)
+        if target is not None:  # its replies that instance recorded and never sent: first
+            await self.outbox.flush_chat(target, chat)
         taken = await self.store.conversations.take_over_chat(provider, chat)
         for end in taken:
             self.feed.publish(end)
         # answered by an instance that died before its reply reached the outbox (a provider
         # that reads answers from the run feed has them there, with no outbox row)
-        target = self.providers.get(provider)
         if target is not None and not target.capabilities.answers_from_feed:
             for payload, final in await self.store.conversations.undelivered_in_chat(provider,
                                                                                     chat):

@@ -56,10 +56,6 @@ class _Watcher:
 
 
 class LocalRunFeed:
-    # every run of this process publishes every event here (with several instances a run may
-    # execute elsewhere: that feed says False)
-    runs_here = True
-
     def __init__(self, runs: RunReader):
         self.runs = runs
         self._watchers: dict[str, set[_Watcher]] = defaultdict(set)
@@ -87,6 +83,10 @@ class LocalRunFeed:
                                   event.run_id)
                     self._unlisten(event.run_id, listener)
 
+    def here(self, run_id: str) -> bool:
+        """Whether the run's events are published here (every run is, in one process)."""
+        return True
+
     def watched(self, run_id: str) -> bool:
         return bool(self._watchers.get(run_id) or self._listeners.get(run_id))
 
@@ -98,7 +98,7 @@ class LocalRunFeed:
         execute on another instance): :meth:`follow` it then. ``listener`` must return at
         once and not raise; an event whose ``seq`` it did not expect (a start it missed) is
         its cue to :meth:`follow` from there. Returns the function that stops listening."""
-        if not self.runs_here or run_id in self._published:
+        if not self.here(run_id) or run_id in self._published:
             return None
         self._listeners.setdefault(run_id, []).append(listener)
         return lambda: self._unlisten(run_id, listener)
@@ -118,7 +118,7 @@ class LocalRunFeed:
         watcher = _Watcher()
         self._watchers[run_id].add(watcher)
         last = after
-        unread = fresh and self.runs_here and run_id not in self._published
+        unread = fresh and self.here(run_id) and run_id not in self._published
         try:
             while True:
                 for event in [] if unread else await self.runs.events(run_id, after=last):
@@ -163,17 +163,23 @@ class SharedRunFeed(LocalRunFeed):
     plus a notification to the other instances for each committed event (``instance|run``,
     sent in small batches), and a wake-up for local watchers of runs executing elsewhere."""
 
-    runs_here = False  # a run accepted here may execute on another instance
-
     def __init__(self, runs: RunReader, bus: Bus, instance: str):
         super().__init__(runs)
         self.bus = bus
         self.instance = instance
         self._pending: dict[str, None] = {}  # runs with news to tell, in order
         self._sender: asyncio.Task[None] | None = None
+        self._local: Callable[[str], bool] = lambda run_id: False
 
-    def start(self) -> None:
+    def start(self, local: Callable[[str], bool] | None = None) -> None:
+        """``local``: whether a run was accepted here and has not ended (its events are
+        published here: listened to, or followed without reading storage first)."""
+        if local is not None:
+            self._local = local
         self.bus.subscribe(CHANNEL, self._heard)
+
+    def here(self, run_id: str) -> bool:
+        return self._local(run_id)
 
     def publish(self, event: RunEvent) -> None:
         super().publish(event)
@@ -197,5 +203,13 @@ class SharedRunFeed(LocalRunFeed):
             if sender == self.instance:
                 return  # ours: local watchers have it already
             targets = list(self._watchers.get(run_id, ()))
+            # a run listened to here went on elsewhere (handed over): WAKE's seq is no next
+            # seq, the listener's cue to follow it from storage
+            for listener in list(self._listeners.get(run_id, ())):
+                try:
+                    listener(WAKE)
+                except Exception:  # (as in publish: a listener's fault is its own)
+                    log.exception("feed: a listener of run %s failed; it is dropped", run_id)
+                    self._unlisten(run_id, listener)
         for watcher in targets:
             watcher.queue.put_nowait(WAKE)

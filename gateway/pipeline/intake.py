@@ -169,6 +169,11 @@ class IntakeQueue:
         # chat's queue — the chat's holder may take the message from the inbox meanwhile
         self._arriving: dict[str, Ticket] = {}
         self._wake: dict[str, asyncio.Event] = {}  # chats whose worker waits for a note
+        # chats with a message recorded by another instance since this one last read them
+        # (its note "new"), or all of them when notes may have been missed: read them again
+        # before letting go (else the release's note tells that message's receiver to take it)
+        self._news: set[str] = set()
+        self._all_news = False
         self._notes: set[asyncio.Task[None]] = set()  # notes being sent
 
     @property
@@ -284,6 +289,8 @@ class IntakeQueue:
         if queue is None:
             queue = self._chats[key] = deque()
         queue.append(ticket)
+        if (event := self._wake.get(key)) is not None:  # (its worker waits: a /stop, say)
+            event.set()
         if key not in self._workers:
             work = self._work if self.shared is None else self._work_shared
             self._workers[key] = asyncio.create_task(work(key, queue),
@@ -350,15 +357,28 @@ class IntakeQueue:
             if not await self._noted(key):
                 await self._learn_outcomes(queue)  # (no note: look)
             return False
+        before = set(queue)  # (only these may have been handled by the chat's last holder)
+        held = False
         try:
             # taken: from an instance that stopped renewing it (not found free)
-            await self._drain_chat(key, queue, lease, took[0], taken=took[1])
-            if self.shared.delivered is not None:  # our answers out first
-                await self.shared.delivered(self.name, key, cluster.ttl)
+            taken = took[1]
+            while True:
+                found = await self._drain_chat(key, queue, lease, took[0], taken=taken)
+                taken = False
+                if self.shared.delivered is not None:  # our answers out first
+                    await self.shared.delivered(self.name, key, cluster.ttl)
+                # a message received meanwhile: answered under the same hold (no release and
+                # take again)
+                if not found or self._closed or not cluster.holds(lease) or \
+                        not self._more_since(key, queue):
+                    break  # (found none: ours still queued were handled elsewhere, learnt below)
+            held = cluster.holds(lease)
         finally:
             await asyncio.shield(cluster.release(lease))
-        if queue:  # ours that another instance handled before we held the chat
-            await self._learn_outcomes(queue)
+        # ours that another instance handled before we held the chat (or after, were it lost);
+        # one that came while we held it was handled by nobody: taken in the next turn
+        if learn := [t for t in queue if not held or t in before]:
+            await self._learn_outcomes(queue, learn)
         if self._closed:
             if await self.inbox.unhandled_in_chat(self.name, key, 1):
                 self._note(f"orphan|{self.name}|{key}")  # stopping: the others take them
@@ -389,6 +409,7 @@ class IntakeQueue:
         ``orphan|<provider>|<chat>`` a stopping instance left the chat's messages to us;
         None: notes may have been missed (every waiting chat looks again)."""
         if payload is None:
+            self._all_news = True
             for waiting in self._wake.values():
                 waiting.set()
             return
@@ -399,6 +420,11 @@ class IntakeQueue:
             provider, _, chat = rest.partition("|")
         if provider != self.name:
             return
+        if kind == "new":  # new|<provider>|<chat>|<receiver>
+            chat, _, via = chat.rpartition("|")
+            if self.shared is not None and via == self.shared.cluster.id:
+                return  # received here: in the chat's queue already (its worker was woken)
+            self._news.add(chat)
         if kind == "done":
             self._done_elsewhere(*chat.partition("|")[::2])
         elif kind == "orphan":
@@ -439,21 +465,25 @@ class IntakeQueue:
             log.debug("%s: a note to the other instances was not sent: %s", self.name, e)
 
     async def _drain_chat(self, key: str, queue: deque[Ticket], lease: str, token: int, *,
-                          taken: bool = True) -> None:
-        """Holding the chat: its unhandled messages, in arrival order, each run to its end.
-        ``taken``: the chat was taken from an instance that died (or stalled), which may have
-        left a run unfinished or an answer undelivered: those come first."""
+                          taken: bool = True) -> int:
+        """Holding the chat: its unhandled messages, in arrival order, each run to its end;
+        how many were read. ``taken``: the chat was taken from an instance that died (or
+        stalled), which may have left a run unfinished or an answer undelivered: those come
+        first."""
         assert self.shared is not None
         cluster = self.shared.cluster
         if taken:
             await self.shared.take_over(self.name, key)
-        while payloads := await self.inbox.unhandled_in_chat(self.name, key):
+        again, found = True, 0
+        while again and (payloads := await self._unhandled(key)):
+            again = False
+            found += len(payloads)
             for payload in payloads:
                 if not cluster.holds(lease):  # lost (we were too slow to renew): let go
                     log.warning("%s: lost chat %s to another instance", self.name, key)
-                    return
+                    return 0
                 if self._closed and not queue:  # stopping: what we received is answered,
-                    return  # the rest is the others' (the chat is let go once ours is out)
+                    return 0  # the rest is the others' (the chat is let go once ours is out)
                 try:
                     msg = message_from_dict(payload)
                     message_id = _stored_id(msg)
@@ -492,9 +522,29 @@ class IntakeQueue:
                         await self._until_finished(key, queue, outcome.run_id)
                         if self.shared.handed_back is not None and \
                                 await self.shared.handed_back(outcome.run_id):
+                            again = True
                             break  # its message is back in the inbox, first: read again
                 finally:
                     self.shared.claimed(source, None)
+            again = again or self._more_since(key, queue)
+        return found
+
+    async def _unhandled(self, key: str) -> list[dict[str, Any]]:
+        """The chat's unhandled messages, oldest first (what was noted so far is in them)."""
+        self._news.discard(key)
+        if self._all_news:
+            self._all_news = False
+            self._news.clear()
+        return await self.inbox.unhandled_in_chat(self.name, key)
+
+    def _more_since(self, key: str, queue: deque[Ticket]) -> bool:
+        """Whether the chat may have a message its holder has not read yet: one received here
+        (waiting in the queue), or one another instance noted — else the inbox is not read
+        again (a statement per message fewer): one recorded unnoticed (or still being
+        recorded here) is taken by its receiver, woken by the chat's release."""
+        if self.shared is None or self.shared.publish is None or self._all_news:
+            return True  # (no notes: only reading tells)
+        return key in self._news or any(not t.done() for t in queue)
 
     async def _until_finished(self, key: str, queue: deque[Ticket], run_id: str) -> None:
         """Wait for the chat's run to end; meanwhile a ``/stop`` sent to the chat (to any
@@ -530,8 +580,10 @@ class IntakeQueue:
             queue.remove(ticket)
             self._release()
 
-    async def _learn_outcomes(self, queue: deque[Ticket]) -> None:
-        for ticket in list(queue):
+    async def _learn_outcomes(self, queue: deque[Ticket],
+                              only: Collection[Ticket] | None = None) -> None:
+        """What became of the queue's messages (or ``only`` these of them), where decided."""
+        for ticket in list(queue if only is None else only):
             found = await self.inbox.outcome(self.name, ticket.message.message_id or "")
             if found is not None and ticket in queue:  # (a note may have settled it meanwhile)
                 self._settle(queue, ticket, outcome_from_dict(found))

@@ -69,7 +69,7 @@ class SqliteInbound:
         # (one clock for them all), this process's otherwise (a parameter: nothing to compute)
         self._now = engine.now_sql if engine.shared else "?"
         # several instances (PostgreSQL): the channel told of each message recorded, in the
-        # statement that records it ("new|<provider>|<chat>": its chat's holder wakes up)
+        # statement that records it ("new|<provider>|<chat>|<receiver>": its chat's holder wakes up)
         self.notify: str | None = None
         # several instances: the chat claim each message was taken under (its outcome is
         # recorded only while the claim holds: storage/sqlite/fencing.py)
@@ -99,8 +99,8 @@ class SqliteInbound:
                    str(payload.get("chat_id", ""))))
         if self.notify is not None:  # (one statement: the row and its notification)
             insert = (f"WITH ins AS ({insert[0]} RETURNING provider, chat_id) SELECT"
-                      " pg_notify(?, 'new|' || provider || '|' || chat_id) FROM ins",
-                      (*insert[1], self.notify))
+                      " pg_notify(?, 'new|' || provider || '|' || chat_id || '|' || ?) FROM ins",
+                      (*insert[1], self.notify, str(payload.get("via") or "")))
         inserted = await self.engine.write(insert)
         if inserted == 0:
             return False
