@@ -37,8 +37,7 @@ from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
 from tests.helpers.balancer import Balancer
-from tests.helpers.inspect_store import opened, until_nothing_left_to_deliver
-from tests.helpers.inspect_store2 import platform_messages
+from tests.helpers.inspect_store import opened, platform_messages, until_nothing_left_to_deliver
 from tests.helpers.pg import fresh_schema
 
 CHATS = 15  # per platform

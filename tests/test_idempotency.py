@@ -24,9 +24,9 @@ from pluto.settings import PlutoConfig
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.sqlite import SqliteStore, SqlStore
 from tests.helpers.inspect_store import runs
-from tests.helpers.inspect_store2 import (age_idempotency_keys, end_idempotency_holds,
+from tests.helpers.inspect_store import (age_idempotency_keys, end_idempotency_holds,
                                           idempotency_key)
-from tests.helpers.inspect_store2 import idempotency_keys as keys_of
+from tests.helpers.inspect_store import idempotency_keys as keys_of
 from tests.helpers.pg import fresh_schema
 from tests.helpers.served import API_KEY, served, url, wait_for
 

@@ -19,7 +19,7 @@ from pluto.runtime.testing import Scripted, ScriptedModel
 from pluto.settings import PlutoConfig
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.sqlite import SqliteStore
-from tests.helpers.inspect_store2 import outbox_claims, outbox_rows
+from tests.helpers.inspect_store import outbox_claims, outbox_rows
 from tests.helpers.pg import fresh_schema
 from tests.helpers.served import API_KEY, Tab, served, url, wait_for
 

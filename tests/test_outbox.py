@@ -23,7 +23,7 @@ from pluto.storage.sqlite.inbound import SqliteInbound
 from pluto.types import (Accepted, Attachment, Dropped, Duplicate, IncomingMessage,
                          OutgoingMessage, Outcome)
 from tests.helpers.gateway import RecordingProvider
-from tests.helpers.inspect_store2 import age_inbound, age_outbox
+from tests.helpers.inspect_store import age_inbound, age_outbox
 
 
 @pytest.fixture

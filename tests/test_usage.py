@@ -34,7 +34,7 @@ from pluto.storage.sqlite.usage import UsageCall
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.openai_server import ToolCall as FakeCall
 from tests.helpers.gateway import RecordingProvider
-from tests.helpers.inspect_store2 import break_usage_ledger
+from tests.helpers.inspect_store import break_usage_ledger
 from tests.helpers.pg import fresh_schema
 
 ADMIN_KEY = "a-very-long-admin-key-for-usage"
