@@ -272,4 +272,4 @@ def test_once_per() -> None:
     assert once.due("a")
     for k in "bcdef":
         once.due(k)
-    assert len(once._last) <= 3
+    assert len(once) <= 3

@@ -125,7 +125,7 @@ async def test_an_answer_given_while_the_tab_was_closed_is_shown_on_reconnect(
         runs = await wait_for(lambda: gw.store.conversations.recent_runs(status="ok"))
         run_id = runs[0]["id"]
         await _settled(gw)
-        await wait_for(lambda: not gw.providers["web"]._follows)
+        await wait_for(lambda: not gw.providers["web"].following())
         back = await Tab.open(http, gw, token=tab.ready["token"])
         assert [(m["role"], m["text"], m["run_id"]) for m in back.history] == [
             ("user", "answer while I am away", run_id), ("assistant", SLOW, run_id)]

@@ -441,7 +441,7 @@ async def test_a_message_the_chats_holder_takes_before_its_ticket_is_queued_is_d
     assert queue.waiting == 0 and not runs["2"].is_set()
     runs["2"].set()
     await queue.close(2)
-    assert queue._free == queue.capacity  # every message taken was given back
+    assert queue.free == queue.capacity  # every message taken was given back
 
 
 async def _unhandled_ids(inbox: SqliteInbound) -> list[str]:

@@ -97,7 +97,7 @@ async def test_a_run_returns_output_a_table_a_figure_and_files(pool: Pool) -> No
 
 async def test_a_warm_sandbox_answers_the_second_run(pool: Pool) -> None:
     await pool.run("1")
-    await until(lambda: pool._idle)  # the refill
+    await until(lambda: pool.idle)  # the refill
     assert (await pool.run("2")).warm is True
 
 
@@ -585,7 +585,7 @@ async def test_serve_warms_a_sandbox_when_an_agent_lists_run_python(config_dir: 
     sandbox.pool().close()  # (a pool an earlier test left: this gateway's own)
     async with Gateway(config_dir, config=PlutoConfig(data_dir=data_dir), serve=True,
                        http_bind=("127.0.0.1", 0)):
-        await until(lambda: sandbox.pool()._idle, timeout=60)
+        await until(lambda: sandbox.pool().idle, timeout=60)
         warmed = sandbox.pool()
         assert not warmed.closed
-    assert warmed.closed and not warmed._idle
+    assert warmed.closed and not warmed.idle

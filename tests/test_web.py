@@ -235,7 +235,7 @@ async def test_a_tab_closed_mid_answer_finds_the_whole_answer_after_reconnecting
         assert run.status == "ok"
         # and delivered: a tab opened while its last frames go out gets them as frames (the
         # test above), not in the history
-        await wait_for(lambda: run.id not in gw.providers["web"]._follows)
+        await wait_for(lambda: run.id not in gw.providers["web"].following())
         back = await Tab.open(http, gw, token=tab.ready["token"])
         assert back.history[-1] == {"role": "assistant", "text": ("a long and careful answer, "
                                                                   * 8), "run_id": run.id,
@@ -472,7 +472,7 @@ async def test_a_run_that_fails_before_it_starts_is_reported_and_not_watched_for
     error = await tab.until("error")
     assert error["code"] == "run_error" and "went wrong on our side" in error["message"]
     assert "disk full" not in str(tab.frames)  # the details stay in the log
-    await wait_for(lambda: not gw.providers["web"]._follows)
+    await wait_for(lambda: not gw.providers["web"].following())
     assert (await tab.ask("and now?"))["text"] == "You said: and now?"
 
 
@@ -527,7 +527,7 @@ async def test_a_fresh_run_is_shown_as_it_is_published_its_reply_too(tmp_path):
     stored = _Stored()
     provider, feed, tab = _listening_provider(tmp_path, stored)
     provider._follow("c", "r", "m1", fresh=True)
-    assert provider._follows == {"r": None}  # listened to: no task of its own
+    assert provider.following() == {"r": False}  # listened to: no task of its own
     start, delta, final, end = _run_events()
     feed.publish(start)
     assert tab.frames[-1]["type"] == "run.start" and tab.frames[-1]["message_id"] == "m1"
@@ -540,7 +540,7 @@ async def test_a_fresh_run_is_shown_as_it_is_published_its_reply_too(tmp_path):
     feed.publish(end)
     assert [f["type"] for f in tab.frames] == ["run.start", "message.delta", "message.final",
                                                "run.end"]
-    assert not provider._follows and not feed.watched("r") and stored.reads == 0
+    assert not provider.following() and not feed.watched("r") and stored.reads == 0
 
 
 async def test_a_listened_run_that_missed_its_start_is_read_from_storage(tmp_path):
@@ -550,7 +550,7 @@ async def test_a_listened_run_that_missed_its_start_is_read_from_storage(tmp_pat
     provider._follow("c", "r", fresh=True)
     feed.publish(evs[1])  # seq 2 first: its start went by before it was listened to
     await wait_for(lambda: stored.reads == 1)
-    await wait_for(lambda: not provider._follows)  # storage had it to its end
+    await wait_for(lambda: not provider.following())  # storage had it to its end
     feed.publish(evs[2])  # (late live copies: not shown again)
     feed.publish(evs[3])
     assert [f["seq"] for f in tab.frames] == [1, 2, 3, 4]  # each once, in order
@@ -566,7 +566,7 @@ async def test_a_listened_run_that_stays_silent_is_looked_up_in_storage(tmp_path
     provider, feed, tab = _listening_provider(tmp_path, stored)
     provider._follow("c", "r", fresh=True)
     await wait_for(lambda: [f["seq"] for f in tab.frames] == [1, 2])
-    assert isinstance(provider._follows["r"], asyncio.Task) and not feed._listeners
+    assert provider.following()["r"] and not feed._listeners
     await provider.close()
 
 

@@ -54,9 +54,9 @@ class Access:
         self.pairing = pairing
         self.config = config  # read on every message: pluto.yaml reloads apply at once
         self.is_command = is_command
-        self.limiter = limiter or RateLimiter()
-        self.refusals = refusals or OncePer(REFUSAL_EVERY)
-        self.reminders = reminders or OncePer(PAIRING_REMINDER_EVERY)
+        self.limiter = limiter if limiter is not None else RateLimiter()
+        self.refusals = refusals if refusals is not None else OncePer(REFUSAL_EVERY)
+        self.reminders = reminders if reminders is not None else OncePer(PAIRING_REMINDER_EVERY)
 
     async def admit(self, msg: IncomingMessage, table: RoutingTable) -> Route | Refused:
         """The route of a message that may go on to its agent, or why not (with the one line

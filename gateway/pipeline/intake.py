@@ -177,6 +177,12 @@ class IntakeQueue:
         self._notes: set[asyncio.Task[None]] = set()  # notes being sent
 
     @property
+    def free(self) -> int:
+        """Room left: messages it may still take before a submitter waits (``capacity`` when
+        every message taken was handled)."""
+        return self._free
+
+    @property
     def waiting(self) -> int:
         """Messages handed over and not yet handled."""
         return sum(len(q) for q in self._chats.values())

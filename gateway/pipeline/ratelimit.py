@@ -136,6 +136,10 @@ class OncePer:
         self.max_keys = max_keys
         self._last: dict[Hashable, float] = {}
 
+    def __len__(self) -> int:
+        """How many keys it remembers (bounded by ``max_keys``)."""
+        return len(self._last)
+
     def due(self, key: Hashable) -> bool:
         now = self.clock()
         last = self._last.get(key)

@@ -157,6 +157,11 @@ class WebProvider(Provider):
         self._follow(chat_id, run_id)
         return {run_id}
 
+    def following(self) -> dict[str, bool]:
+        """The runs being shown to tabs now: run id -> whether a task follows it from storage
+        (False: heard from the feed's own call)."""
+        return {run_id: task is not None for run_id, task in self._follows.items()}
+
     def _follow(self, chat_id: str, run_id: str, client_id: str | None = None, *,
                 fresh: bool = False) -> None:
         if run_id in self._follows or run_id in self._finished:

@@ -567,6 +567,11 @@ class Pool:
             weakref.WeakKeyDictionary())
         self.closed = False
 
+    @property
+    def idle(self) -> int:
+        """Sandboxes started and waiting for code (the warm pool)."""
+        return len(self._idle)
+
     async def run(self, code: str, datasets: Sequence[tuple[str, Path]] = ()) -> Outcome:
         """Run ``code`` in a sandbox (a warm one when there is one) with ``datasets``
         attached; raises :class:`SandboxError` (or SandboxUnavailable)."""
