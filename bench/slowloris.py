@@ -20,44 +20,8 @@ PROBES = 200  # at least, under the flood (more if the flood lasts longer)
 GAP = 0.02  # between probes
 PARTIAL = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: slowloris\r\n"
 
-FLOOD = r"""
-import resource, selectors, socket, sys, time
-_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-port, count, partial = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].encode()
-socks = []
-for _ in range(count):
-    s = socket.create_connection(("127.0.0.1", port), timeout=30)
-    s.sendall(partial)
-    s.setblocking(False)
-    socks.append(s)
-print("opened", len(socks), flush=True)
-sel = selectors.DefaultSelector()
-for s in socks:
-    sel.register(s, selectors.EVENT_READ)
-alive, answered, trickle = set(socks), 0, time.monotonic() + 2
-deadline = time.monotonic() + 120
-while alive and time.monotonic() < deadline:
-    for key, _ in sel.select(timeout=0.5):
-        try:
-            data = key.fileobj.recv(65536)
-        except (ConnectionResetError, BlockingIOError) as e:
-            data = b"" if isinstance(e, ConnectionResetError) else None
-        if data is None:
-            continue
-        if data:
-            answered += 1
-        sel.unregister(key.fileobj)
-        alive.discard(key.fileobj)
-    if time.monotonic() >= trickle:
-        trickle = time.monotonic() + 2
-        for s in alive:
-            try:
-                s.send(b"X-Slow: 1\r\n")
-            except OSError:
-                pass
-print("closed", len(socks) - len(alive), "answered", answered, flush=True)
-"""
+# the attacker, from its own process (shared with the test: tests/test_slow_clients.py)
+FLOOD = str(Path(__file__).resolve().parent.parent / "tests" / "helpers" / "slowloris.py")
 
 
 def probe(port: int) -> tuple[float, bool]:
@@ -90,7 +54,7 @@ def run(report: Report, quick: bool = False) -> None:
     count = min(SOCKETS // (5 if quick else 1), hard - 1000)
     with Server("pluto") as server:
         quiet, _ = probes(server.port, None, PROBES)
-        flood = subprocess.Popen([sys.executable, "-c", FLOOD, str(server.port), str(count),
+        flood = subprocess.Popen([sys.executable, FLOOD, str(server.port), str(count),
                                   PARTIAL.decode()], stdout=subprocess.PIPE)
         try:
             loud, failed = probes(server.port, flood, PROBES)

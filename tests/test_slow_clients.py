@@ -404,44 +404,7 @@ def log_file(tmp_path: Path) -> Any:
     root.setLevel(level)
 
 
-FLOOD = r"""
-import resource, selectors, socket, sys, time
-_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-port, count, partial = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].encode()
-socks = []
-for _ in range(count):
-    s = socket.create_connection(("127.0.0.1", port), timeout=30)
-    s.sendall(partial)
-    s.setblocking(False)
-    socks.append(s)
-print("opened", len(socks), flush=True)
-sel = selectors.DefaultSelector()
-for s in socks:
-    sel.register(s, selectors.EVENT_READ)
-alive, answered, trickle = set(socks), 0, time.monotonic() + 2
-deadline = time.monotonic() + 120
-while alive and time.monotonic() < deadline:
-    for key, _ in sel.select(timeout=0.5):
-        try:
-            data = key.fileobj.recv(65536)
-        except (ConnectionResetError, BlockingIOError) as e:
-            data = b"" if isinstance(e, ConnectionResetError) else None
-        if data is None:
-            continue
-        if data:
-            answered += 1
-        sel.unregister(key.fileobj)
-        alive.discard(key.fileobj)
-    if time.monotonic() >= trickle:  # a header line to every socket still open, every 2 s
-        trickle = time.monotonic() + 2
-        for s in alive:
-            try:
-                s.send(b"X-Slow: 1\r\n")
-            except OSError:
-                pass
-print("closed", len(socks) - len(alive), "answered", answered, flush=True)
-"""
+FLOOD = str(Path(__file__).parent / "helpers" / "slowloris.py")  # the attacker, a script
 
 
 def listen_overflows() -> int:
@@ -459,7 +422,7 @@ def listen_overflows() -> int:
 
 async def run_flood(port: int, count: int) -> asyncio.subprocess.Process:
     flood = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", FLOOD, str(port), str(count), PARTIAL.decode(),
+        sys.executable, FLOOD, str(port), str(count), PARTIAL.decode(),
         stdout=asyncio.subprocess.PIPE)
     assert flood.stdout is not None
     return flood
