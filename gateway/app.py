@@ -110,6 +110,29 @@ class Gateway:
         self.intakes: dict[str, IntakeQueue] = {}
         self._chat_sweep: ChatSweep | None = None  # several instances: one for every intake
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._delivery_path()
+        self.runner = self._runtime(model_factory)
+        # extra reports in /readyz: informative, they never make the gateway unready
+        self.load = Load(lambda: self.config.gateway)  # run slots; busy notice when overloaded
+        self.metrics.watch_load(self.load)
+        self.health_reports: dict[str, Callable[[], object]] = {"mcp": self.mcp.health,
+                                                                "load": self.load.report}
+        self.pipeline = self._pipeline()
+        self._recovery(serve)
+        self.health_reports["cluster"] = self._cluster_report
+        self._control_tasks: set[asyncio.Task[object]] = set()
+        self.directory = Directory(lambda: self.routes, self.registry, self.store.conversations)
+        self.watcher = ConfigWatcher(self)  # live reload of the config dir (serve only)
+        self.scheduler = schedules.attach(self)  # schedules.yaml, /remind: agents speak first
+        self.serve = serve
+        bind = http_bind or (self.config.http.host, self.config.http.port)
+        self.http = HttpServer(self, *bind) if serve else None
+        self.started_at = time.time()
+        self._stack: AsyncExitStack | None = None
+        self._stopping = False
+
+    def _delivery_path(self) -> None:
+        """The outbox (every reply recorded, then sent in its chat's order) and delivery."""
         throttle = EditThrottle(lambda: self.config.gateway.stream_edit_interval_seconds)
         # a provider whose sends all fail for a while is named by /readyz and its client rebuilt
         self.watchdog = SendWatchdog(window=lambda: self.config.gateway.send_wedged_seconds,
@@ -125,14 +148,10 @@ class Gateway:
                                  keep_preview=lambda msg, pid: self.store.inbound.keep_preview(
                                      msg.provider, msg.message_id or "", pid),
                                  replace_left=self.shared)
-        self.runner = self._runtime(model_factory)
-        # extra reports in /readyz: informative, they never make the gateway unready
-        self.load = Load(lambda: self.config.gateway)  # run slots; busy notice when overloaded
-        self.metrics.watch_load(self.load)
-        self.health_reports: dict[str, Callable[[], object]] = {"mcp": self.mcp.health,
-                                                                "load": self.load.report}
-        self.pipeline = self._pipeline()
-        # readiness (storage, the data dir's disk) and the sweep of runs storage cut short
+
+    def _recovery(self, serve: bool) -> None:
+        """Readiness (storage, the data dir's disk) and what becomes of a run storage cut
+        short: swept and answered again here, or (several instances) handed back."""
         self.recovery = Recovery(self.store, self.data_dir, live=lambda: self.pipeline.live,
                                  intakes=self.intakes, publish=self.feed.publish,
                                  resend=self._resend, sweep=serve and not self.shared)
@@ -142,17 +161,6 @@ class Gateway:
             self._handing_back: asyncio.Task[None] | None = None
             self.pipeline.on_stranded = self._strand_shared
             self.runner.hand_back = True
-        self.health_reports["cluster"] = self._cluster_report
-        self._control_tasks: set[asyncio.Task[object]] = set()
-        self.directory = Directory(lambda: self.routes, self.registry, self.store.conversations)
-        self.watcher = ConfigWatcher(self)  # live reload of the config dir (serve only)
-        self.scheduler = schedules.attach(self)  # schedules.yaml, /remind: agents speak first
-        self.serve = serve
-        bind = http_bind or (self.config.http.host, self.config.http.port)
-        self.http = HttpServer(self, *bind) if serve else None
-        self.started_at = time.time()
-        self._stack: AsyncExitStack | None = None
-        self._stopping = False
 
     def _pipeline(self) -> Pipeline:
         """Access, the pipeline (with its run slots) and the memory commands."""
