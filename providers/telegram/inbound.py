@@ -16,6 +16,7 @@ from typing import Literal
 from telegram import Bot, Message, MessageEntity
 from telegram.error import TelegramError
 
+from pluto.providers.kit.files import max_bytes, not_downloaded, safe_filename, too_large
 from pluto.types import Attachment, IncomingMessage
 
 log = logging.getLogger(__name__)
@@ -103,9 +104,8 @@ class Downloads:
         if spec is None:
             return (), None
         file_id, name, mime, size, kind = spec
-        if size > self.max_mb * 1024 * 1024:
-            return (), (f"The file {name} is too large for me to read (the limit is "
-                        f"{self.max_mb:g} MB).")
+        if size > max_bytes(self.max_mb):
+            return (), too_large(name, self.max_mb)
         folder = self.root / str(message.chat.id)
         path = folder / f"{message.message_id}-{safe_filename(name)}"
         try:
@@ -115,7 +115,7 @@ class Downloads:
         except (TelegramError, OSError) as e:
             log.warning("telegram: downloading %s from chat %s failed: %s", name,
                         message.chat.id, e)
-            return (), f"I could not download the file {name}; please send it again."
+            return (), not_downloaded(name)
         return (Attachment(filename=name, mime_type=mime, size=path.stat().st_size, path=path,
                            kind=kind),), None
 
@@ -130,9 +130,3 @@ def _file_spec(message: Message) -> tuple[str, str, str, int, Literal["file", "i
         return (photo.file_id, f"photo-{message.message_id}.jpg", "image/jpeg",
                 photo.file_size or 0, "image")
     return None
-
-
-def safe_filename(name: str) -> str:
-    """A name that stays inside its folder: no separators, no leading dots, at most 100 chars."""
-    base = re.sub(r"[^A-Za-z0-9._ -]+", "_", Path(name.replace("\\", "/")).name).strip(" .")
-    return (base or "file")[-100:]

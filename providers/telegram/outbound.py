@@ -14,6 +14,7 @@ from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, TelegramError
 
 from pluto.errors import DeliveryRefused, ProviderError
+from pluto.providers.kit.files import read_outgoing
 from pluto.types import Attachment, OutgoingMessage
 from pluto.providers.telegram.errors import CANT_PARSE, GONE, NOT_MODIFIED, provider_error
 from pluto.providers.telegram.inbound import platform_message_id
@@ -77,12 +78,7 @@ class Outbound:
 
     async def _send_file(self, attachment: Attachment, caption: str | None, markup: str,
                          target: dict[str, Any]) -> Message:
-        if attachment.path is None:
-            raise DeliveryRefused(f"the file {attachment.filename} has no path")
-        try:
-            data = await asyncio.to_thread(attachment.path.read_bytes)
-        except OSError:
-            raise DeliveryRefused(f"the file {attachment.filename} can no longer be read") from None
+        data = await read_outgoing(attachment)
         mode = _parse_mode(markup) if caption else None
         if attachment.kind == "image":
             try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dtm
 import functools
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -22,16 +21,19 @@ from typing import Any
 
 from aiohttp import web
 from telegram import Bot, BotCommand, Message, Update
-from telegram.error import InvalidToken, RetryAfter, TelegramError, TimedOut
+from telegram.error import InvalidToken, TelegramError, TimedOut
 from telegram.request import HTTPXRequest
 
 from pluto import jsonlimits
-from pluto.errors import ProviderError, ProviderUnusable
+from pluto.errors import ProviderUnusable
 
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext, Ticket
 from pluto.providers.handover import HandOver, NotRecorded
+from pluto.providers.kit.loops import Backoff, retry_until_done
+from pluto.providers.kit.notices import notice, quiet_notice
+from pluto.providers.kit.signatures import same_secret
 from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
-from pluto.providers.telegram.errors import provider_error, redact_token_in_logs, retry_seconds
+from pluto.providers.telegram.errors import provider_error, redact_token_in_logs
 from pluto.providers.telegram.inbound import Downloads, command_target, to_incoming
 from pluto.providers.telegram.markup import TELEGRAM_HTML
 from pluto.providers.telegram.outbound import Outbound
@@ -150,27 +152,14 @@ class TelegramProvider(Provider):
     async def _poll(self, intake: Intake) -> None:
         await self._call(self.bot.delete_webhook())  # getUpdates fails while one is set
         offset: int | None = None
-        failures = 0
+        backoff = Backoff()
         timeout = dtm.timedelta(seconds=self.settings.poll_timeout)
         while True:
-            try:
-                updates = await self.bot.get_updates(offset=offset, timeout=timeout,
-                                                     allowed_updates=UPDATES)
-                failures = 0
-            except TimedOut:
-                continue
-            except RetryAfter as e:
-                await asyncio.sleep(retry_seconds(e))
-                continue
-            except InvalidToken:
-                raise ProviderUnusable("Telegram rejected the bot token") from None
-            except TelegramError as e:
-                failures += 1
-                delay = min(30.0, 2.0 ** failures)
-                log.warning("telegram: polling failed (%s); retrying in %.0fs",
-                            provider_error(e), delay)
-                await asyncio.sleep(delay)
-                continue
+            updates = await retry_until_done(
+                lambda: self.bot.get_updates(offset=offset, timeout=timeout,
+                                             allowed_updates=UPDATES),
+                failures=(TelegramError,), at_once=(TimedOut,), typed=provider_error,
+                backoff=backoff, what="telegram: polling", log=log)
             for update in updates:  # each is recorded by intake before it is confirmed
                 if not await self._dispatch(update, intake.submit):
                     break  # not recorded: neither it nor a later one is confirmed
@@ -189,8 +178,7 @@ class TelegramProvider(Provider):
     # receiving ---------------------------------------------------------------------------
 
     async def _on_webhook(self, request: web.Request) -> web.Response:
-        given = request.headers.get(SECRET_HEADER, "").encode("utf-8", "surrogateescape")
-        if not hmac.compare_digest(given, self.secret.encode()):
+        if not same_secret(request.headers.get(SECRET_HEADER, ""), self.secret):
             return web.Response(status=401, text="wrong secret token")
         intake = self._intake
         if intake is None:
@@ -246,11 +234,8 @@ class TelegramProvider(Provider):
         return True
 
     async def _quiet_notice(self, chat_id: str, text: str, thread_id: str | None) -> None:
-        try:
-            await self.send(OutgoingMessage(chat_id=chat_id, text=text, thread_id=thread_id,
-                                            kind="notice"))
-        except ProviderError as e:
-            log.warning("telegram: could not tell chat %s: %s", chat_id, e)
+        await quiet_notice(self.send, notice(chat_id, text, thread_id=thread_id), log=log,
+                           provider="telegram", place=f"chat {chat_id}")
 
     # sending -----------------------------------------------------------------------------
 

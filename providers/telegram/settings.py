@@ -22,13 +22,11 @@ import os
 import secrets
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from pluto.errors import ConfigError
 from pluto.gateway.ports import ProviderContext, provider_settings, required_env
-
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-WHERE = "pluto.yaml"
+from pluto.providers.kit.settings import ENV_NAME, URL_PATH, WHERE, HttpUrl, needs_http_server
 
 
 class TelegramSettings(BaseModel):
@@ -37,24 +35,14 @@ class TelegramSettings(BaseModel):
     enabled: bool = False
     token_env: str = Field(default="TELEGRAM_BOT_TOKEN", pattern=ENV_NAME)
     mode: Literal["polling", "webhook"] = "polling"
-    base_url: str = "https://api.telegram.org"
-    base_file_url: str | None = None
+    base_url: HttpUrl = "https://api.telegram.org"
+    base_file_url: HttpUrl | None = None
     group_messages: Literal["mentions", "all"] = "mentions"
     poll_timeout: int = Field(default=30, ge=0, le=50)
-    public_url: str | None = None
-    webhook_path: str = Field(default="/telegram/webhook", pattern=r"^/[A-Za-z0-9/_.-]*$")
+    public_url: HttpUrl | None = None
+    webhook_path: str = Field(default="/telegram/webhook", pattern=URL_PATH)
     secret_env: str = Field(default="TELEGRAM_WEBHOOK_SECRET", pattern=ENV_NAME)
     max_download_mb: float = Field(default=20, gt=0, le=2000)
-
-    @field_validator("base_url", "base_file_url", "public_url")
-    @classmethod
-    def _http_url(cls, v: str | None) -> str | None:
-        if v is None:
-            return None
-        v = v.strip().rstrip("/")
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return v
 
     @property
     def api_url(self) -> str:
@@ -83,8 +71,7 @@ def load_settings(ctx: ProviderContext) -> tuple[TelegramSettings, str, str]:
         if not settings.public_url:
             raise ConfigError([(WHERE, None, "providers.telegram.public_url",
                                 "webhook mode needs the public URL Telegram can reach")])
-        if ctx.http is None:
-            raise ConfigError([(WHERE, None, "providers.telegram.mode",
-                                "webhook mode needs the HTTP server (pluto serve)")])
+        needs_http_server(ctx, "telegram", "mode",
+                          "webhook mode needs the HTTP server (pluto serve)")
     secret = os.environ.get(settings.secret_env, "").strip() or secrets.token_urlsafe(32)
     return settings, token, secret
