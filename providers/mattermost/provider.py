@@ -1,0 +1,403 @@
+"""The Mattermost provider: a bot account on any Mattermost server, through API v4 (aiohttp).
+
+Receiving: the WebSocket (``/api/v4/websocket``) in our own loop — authenticated by the
+``authentication_challenge`` action, then ``posted`` events, whose ``seq`` shows a lost event.
+Mattermost sends an event once and never again, so after every (re)connect, and after a gap in
+``seq``, the provider fetches what it missed per channel (``GET /channels/{id}/posts?since=``),
+from the positions it keeps under the data dir (``position.py``); posts are deduplicated by id.
+A post intake could not record (storage failing) is not counted as taken: its channel waits,
+and is fetched again with ``since`` after a pause, in order.
+Direct messages are always answered; in channels and group messages the bot answers
+``@mentions`` and threads it takes part in (``channel_messages``), in a thread under the post
+(``reply_in_thread``). Files users send are downloaded into the data dir (capped).
+Sending: posts in Mattermost's Markdown (``markup.py``), files (``POST /files`` then a post with
+``file_ids``), edits for streamed replies, deletes, the typing indicator over the WebSocket.
+A ``429`` carries ``X-Ratelimit-Reset``: the outbox holds the chat that long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from pluto.errors import ProviderError, ProviderUnusable
+from pluto.gateway.ports import Intake, Provider, ProviderContext
+from pluto.providers.handover import HandOver, NotRecorded
+from pluto.providers.mattermost.api import MattermostApi, TooLarge
+from pluto.providers.mattermost.errors import FAILURES, provider_error, redact_secrets_in_logs
+from pluto.providers.mattermost.inbound import (CHANNEL_TYPES, BadPayload, Post, file_meta,
+                                                mentioned_ids, mentions, post_of, to_incoming,
+                                                upload_path)
+from pluto.providers.mattermost.markup import MATTERMOST
+from pluto.providers.mattermost.outbound import Outbound
+from pluto.providers.mattermost.position import Positions
+from pluto.providers.mattermost.settings import MattermostSettings, load_settings
+from pluto.providers.mattermost.socket import Socket
+from pluto.types import Attachment, Capabilities, IncomingMessage, OutgoingMessage
+
+log = logging.getLogger(__name__)
+
+REMEMBERED = 4096
+MAX_FILES = 10  # files read from one post
+MAX_BACKOFF = 30.0
+
+
+class MattermostProvider(Provider):
+    name = "mattermost"
+    # Mattermost takes 16,383 characters a post; replies are cut at 4,000, which reads better
+    capabilities = Capabilities(max_message_length=4000, markup=MATTERMOST, can_edit=True,
+                                can_send_images=True, can_send_files=True, has_typing=True)
+
+    def __init__(self, settings: MattermostSettings, token: str, *, data_dir: Path):
+        redact_secrets_in_logs([token])
+        self.settings = settings
+        self._token = token
+        self.data_dir = data_dir
+        self.uploads = data_dir / "uploads" / "mattermost"
+        self.api = MattermostApi(settings.api_url, token, settings.request_timeout_seconds)
+        self.outbound = Outbound(self.api, self._sent, settings.token_env)
+        self.handover = HandOver(self.name)
+        self.user_id = ""
+        self.username = ""
+        self._identity_lock = asyncio.Lock()
+        self.positions: Positions | None = None
+        self._socket: Socket | None = None
+        self._channels: OrderedDict[str, tuple[str, str]] = OrderedDict()  # id → (type, team)
+        self._mine: OrderedDict[str, bool] = OrderedDict()  # post → written by the bot?
+        self._threads: OrderedDict[str, None] = OrderedDict()  # threads the bot is part of
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._behind: set[str] = set()  # channels with a post intake could not record
+        self._repair_at = 0.0  # monotonic: when they are fetched again
+
+    @classmethod
+    def from_context(cls, ctx: ProviderContext) -> MattermostProvider:
+        settings, token = load_settings(ctx)
+        return cls(settings, token, data_dir=ctx.data_dir)
+
+    # lifecycle ---------------------------------------------------------------------------
+
+    async def identity(self) -> str:
+        """The bot's user id and username (``GET /users/me``, once)."""
+        async with self._identity_lock:
+            if not self.user_id:
+                try:
+                    me = await self.api.me()
+                except FAILURES as e:
+                    raise provider_error(e, self.settings.token_env) from None
+                if not me.get("id") or not me.get("username"):
+                    raise ProviderError("Mattermost did not say who the bot is (users/me)")
+                self.user_id, self.username = str(me["id"]), str(me["username"])
+            return self.user_id
+
+    async def probe(self) -> str:
+        """A harmless call for ``pluto doctor``: the token works."""
+        await self.identity()
+        return f"the bot @{self.username} answered (users/me)"
+
+    def single_owner(self) -> bool:
+        return True  # one WebSocket reader per bot; another instance takes over when it dies
+
+    async def reset(self) -> None:
+        await self.api.close()  # a new connection pool with the next call
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def run(self, intake: Intake) -> None:
+        await self.identity()
+        await self._load_positions()
+        failures = 0
+        async with aiohttp.ClientSession() as session:
+            while True:
+                try:
+                    sock = await Socket.open(session, self.settings.websocket_url, self._token)
+                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                    failures += 1
+                    delay = min(MAX_BACKOFF, 0.5 * 2 ** failures)
+                    log.warning("mattermost: could not connect the WebSocket (%s); retrying in "
+                                "%.1fs", provider_error(e), delay)
+                    await asyncio.sleep(delay)
+                    continue
+                failures = 0
+                await self._connected(sock, intake)
+                await asyncio.sleep(0.5)  # a server that drops every connection is not hammered
+
+    async def _load_positions(self) -> None:
+        positions = Positions(self.data_dir, self.user_id)
+        if not await positions.load():
+            positions.floor = self.api.server_ms or int(time.time() * 1000)
+            await positions.save()
+            log.info("mattermost: first start: posts written before now are not answered")
+        self.positions = positions
+
+    async def _connected(self, sock: Socket, intake: Intake) -> None:
+        """Catch up, then read events until the socket closes or a call fails."""
+        self._socket = sock
+        log.info("mattermost: @%s connected to %s", self.username, self.settings.url)
+        try:
+            await self._catch_up_all(intake)
+            await self._read(sock, intake)
+            log.warning("mattermost: the WebSocket closed; reconnecting")
+        except ProviderUnusable:
+            raise
+        except (ProviderError, *FAILURES) as e:
+            log.warning("mattermost: the connection failed (%s); reconnecting",
+                        e if isinstance(e, ProviderError) else provider_error(e))
+        finally:
+            self._socket = None
+            await sock.close()
+
+    # receiving ---------------------------------------------------------------------------
+
+    async def _read(self, sock: Socket, intake: Intake) -> None:
+        while True:
+            wait = max(0.0, self._repair_at - time.monotonic()) if self._behind else None
+            try:
+                event = await sock.next_event(wait)
+            except asyncio.TimeoutError:
+                await self._repair(intake)
+                continue
+            if event is None:
+                return
+            if sock.gap(event):
+                log.warning("mattermost: WebSocket events were lost (seq); fetching what was "
+                            "missed")
+                await self._catch_up_all(intake)
+            if event.get("event") == "posted":
+                await self._on_posted(event, intake)
+            if self._behind and time.monotonic() >= self._repair_at:
+                await self._repair(intake)
+
+    async def _on_posted(self, event: dict[str, Any], intake: Intake) -> None:
+        data = found if isinstance(found := event.get("data"), dict) else {}
+        try:
+            post = post_of(data.get("post"))
+        except BadPayload as e:
+            log.warning("mattermost: a posted event was skipped: %s", e)
+            return
+        kind = data.get("channel_type")
+        if kind in CHANNEL_TYPES:
+            self._note_channel(post.channel_id, str(kind), str(data.get("team_id") or ""))
+        if post.channel_id in self._behind:
+            return  # fetched again with the channel's earlier posts, in order
+        if not await self._dispatch(post, data, intake):
+            self._fell_behind(post.channel_id)
+
+    async def _catch_up_all(self, intake: Intake) -> None:
+        """Fetch, per channel, what came while the bot was away."""
+        assert self.positions is not None
+        try:
+            channels = await self.api.channels()
+        except FAILURES as e:
+            raise provider_error(e, self.settings.token_env) from None
+        for channel in channels:
+            channel_id = str(channel.get("id") or "")
+            kind, last = channel.get("type"), channel.get("last_post_at")
+            if kind in CHANNEL_TYPES:
+                self._note_channel(channel_id, str(kind), str(channel.get("team_id") or ""))
+            if channel_id in self._behind or (
+                    isinstance(last, int) and last > self.positions.of(channel_id)):
+                await self._catch_up(channel_id, intake)
+
+    async def _repair(self, intake: Intake) -> None:
+        for channel_id in sorted(self._behind):
+            await self._catch_up(channel_id, intake)
+
+    async def _catch_up(self, channel_id: str, intake: Intake) -> None:
+        """Hand over the channel's posts since its position, in order; stop at the first one
+        intake cannot record (the channel stays behind, fetched again later)."""
+        assert self.positions is not None
+        position = self.positions.of(channel_id)
+        try:
+            posts = await self.api.posts_since(channel_id, max(0, position - 1))
+        except FAILURES as e:
+            log.warning("mattermost: could not fetch the posts missed in %s: %s", channel_id,
+                        provider_error(e, self.settings.token_env))
+            self._fell_behind(channel_id, max(1.0, self.handover.backoff()))
+            return
+        self._behind.discard(channel_id)
+        for raw in posts:
+            try:
+                post = post_of(raw)
+            except BadPayload as e:
+                log.warning("mattermost: a post missed in %s was skipped: %s", channel_id, e)
+                continue
+            if post.create_at < position or post.channel_id != channel_id:
+                continue  # an older post that changed (an edit, a reaction)
+            if not await self._dispatch(post, {}, intake):
+                self._fell_behind(channel_id)
+                break
+
+    def _fell_behind(self, channel_id: str, wait: float | None = None) -> None:
+        self._behind.add(channel_id)
+        self._repair_at = time.monotonic() + (self.handover.backoff() if wait is None else wait)
+
+    async def _dispatch(self, post: Post, data: dict[str, Any], intake: Intake) -> bool:
+        """Hand one post to the gateway; True once it is taken (recorded, or not for the
+        gateway). False when intake could not record it. A post that cannot be read is logged
+        and skipped (reading it again cannot help), never fatal to receiving."""
+        assert self.positions is not None
+        if post.id in self._seen:
+            return True
+        try:
+            incoming = await self._receive(post, data)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one bad post, not the provider
+            log.warning("mattermost: post %s in %s could not be read (%s); it is skipped",
+                        post.id, post.channel_id, provider_error(e, self.settings.token_env))
+            incoming = None
+        if incoming is not None:
+            try:
+                await self.handover(intake.submit, incoming)
+            except NotRecorded:
+                return False
+        _remember(self._seen, post.id, None)
+        if self.positions.advance(post.channel_id, post.create_at):
+            await self.positions.save()
+        return True
+
+    async def _receive(self, post: Post, data: dict[str, Any]) -> IncomingMessage | None:
+        """The message for the gateway, if the bot should see it."""
+        me = await self.identity()
+        if post.user_id == me or not post.from_user:
+            return None
+        if self.settings.ignore_bots and post.from_bot:
+            return None
+        kind, team = await self._channel(post.channel_id)
+        direct = kind == "D"
+        addressed = (direct or me in mentioned_ids(data) or mentions(post, self.username)
+                     or await self._in_thread(post))
+        if not addressed and self.settings.channel_messages == "mentions":
+            return None
+        thread = post.root_id or (None if direct or not self.settings.reply_in_thread
+                                  else post.id)
+        if addressed and thread:
+            _remember(self._threads, thread, None)
+        attachments: tuple[Attachment, ...] = ()
+        if post.file_ids:
+            attachments, problem = await self._download(post)
+            if problem:
+                await self._quiet_notice(post.channel_id, problem, thread)
+        sender = str(data.get("sender_name") or "").lstrip("@") or None
+        incoming = to_incoming(post, username=self.username, user_name=sender, direct=direct,
+                               addressed=addressed, thread_id=thread, team_id=team,
+                               attachments=attachments)
+        return incoming if incoming.text or incoming.attachments else None
+
+    def _note_channel(self, channel_id: str, kind: str, team: str) -> None:
+        _remember(self._channels, channel_id, (kind, team))
+
+    async def _channel(self, channel_id: str) -> tuple[str, str]:
+        known = self._channels.get(channel_id)
+        if known is None:
+            try:
+                channel = await self.api.channel(channel_id)
+            except FAILURES as e:  # read as a channel: mentions only
+                log.warning("mattermost: channel %s unknown: %s", channel_id, provider_error(e))
+                return "O", ""
+            kind = str(channel.get("type") or "O")
+            known = (kind if kind in CHANNEL_TYPES else "O", str(channel.get("team_id") or ""))
+            self._note_channel(channel_id, *known)
+        return known
+
+    async def _in_thread(self, post: Post) -> bool:
+        root = post.root_id
+        if not root:
+            return False
+        if root in self._threads:
+            return True
+        known = self._mine.get(root)
+        if known is None:
+            try:
+                known = str((await self.api.post(root)).get("user_id")) == self.user_id
+            except FAILURES as e:  # not provably the bot's
+                log.debug("mattermost: post %s not read: %s", root, provider_error(e))
+                return False
+            _remember(self._mine, root, known)
+        return known
+
+    async def _download(self, post: Post) -> tuple[tuple[Attachment, ...], str | None]:
+        found: list[Attachment] = []
+        problems: list[str] = []
+        meta = file_meta(post)
+        for file_id in post.file_ids[:MAX_FILES]:
+            attachment, problem = await self._download_one(post, file_id, meta.get(file_id))
+            found += [attachment] if attachment else []
+            problems += [problem] if problem else []
+        return tuple(found), " ".join(problems) or None
+
+    async def _download_one(self, post: Post, file_id: str, info: dict[str, Any] | None
+                            ) -> tuple[Attachment | None, str | None]:
+        limit = int(self.settings.max_download_mb * 1024 * 1024)
+        try:
+            info = info or await self.api.file_info(file_id)
+        except FAILURES as e:
+            log.warning("mattermost: file %s unknown: %s", file_id, provider_error(e))
+            return None, "I could not read a file you sent; please send it again."
+        name = str(info.get("name") or "file")
+        size = info.get("size") if isinstance(info.get("size"), int) else 0
+        too_large = (f"The file {name} is too large for me to read (the limit is "
+                     f"{self.settings.max_download_mb:g} MB).")
+        if size > limit:
+            return None, too_large
+        path = upload_path(self.uploads, post, file_id, name)
+        try:
+            await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+            got = await self.api.download(file_id, path, limit)
+        except TooLarge:
+            await asyncio.to_thread(path.unlink, missing_ok=True)
+            return None, too_large
+        except FAILURES as e:
+            await asyncio.to_thread(path.unlink, missing_ok=True)
+            log.warning("mattermost: downloading %s failed: %s", name, provider_error(e))
+            return None, f"I could not download the file {name}; please send it again."
+        mime = str(info.get("mime_type") or "application/octet-stream")
+        return Attachment(filename=name, mime_type=mime, size=got, path=path,
+                          kind="image" if mime.startswith("image/") else "file"), None
+
+    async def _quiet_notice(self, channel_id: str, text: str, thread: str | None) -> None:
+        try:
+            await self.send(OutgoingMessage(chat_id=channel_id, text=text, kind="notice",
+                                            thread_id=thread))
+        except ProviderError as e:
+            log.warning("mattermost: could not tell %s: %s", channel_id, e)
+
+    # sending -----------------------------------------------------------------------------
+
+    async def send(self, message: OutgoingMessage) -> str | None:
+        return await self.outbound.send(message)
+
+    async def edit(self, message: OutgoingMessage) -> None:
+        await self.outbound.edit(message)
+
+    async def delete(self, chat_id: str, platform_id: str,
+                     thread_id: str | None = None) -> bool:
+        return await self.outbound.delete(platform_id)
+
+    async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
+        sock = self._socket
+        if sock is None:
+            return  # reconnecting: no indicator this time
+        try:
+            await sock.typing(chat_id, thread_id)
+        except (ProviderError, aiohttp.ClientError, ConnectionError) as e:
+            log.debug("mattermost: typing in %s: %s", chat_id, e)
+
+    def _sent(self, post_id: str, thread: str | None) -> None:
+        _remember(self._mine, post_id, True)
+        if thread:
+            _remember(self._threads, thread, None)
+
+
+def _remember(cache: OrderedDict[str, Any], key: str, value: Any) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > REMEMBERED:
+        cache.popitem(last=False)
