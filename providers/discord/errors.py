@@ -12,14 +12,13 @@ discord.py sends the token only in headers and the IDENTIFY/RESUME frames, which
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
-import aiohttp
 import discord
 
 from pluto.gateway.logs import MaskSecrets
 from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable, RateLimited
+from pluto.providers.kit.errors import retry_after_header, transport_error
 
 LIBRARY_WAIT = 30.0  # discord.py's documented minimum for max_ratelimit_timeout
 
@@ -57,17 +56,13 @@ def provider_error(exc: BaseException) -> ProviderError:
             return ProviderError(f"the Discord gateway closed the connection ({exc.code})")
         case discord.GatewayNotFound():
             return ProviderError("the Discord gateway could not be found")
-        case asyncio.TimeoutError():
-            return ProviderError("Discord did not answer in time")
-        case aiohttp.ClientError() | OSError():
-            return ProviderError(f"could not reach Discord ({type(exc).__name__})")
-    return ProviderError(f"Discord error: {type(exc).__name__}")
+    return transport_error(exc, "Discord") or ProviderError(f"Discord error: {type(exc).__name__}")
 
 
 def _http_error(exc: discord.HTTPException) -> ProviderError:
     reason = _reason(exc)
     if exc.status == 429:  # no Via header: Cloudflare, not Discord's rate limiter
-        retry = _header_seconds(exc, "Retry-After") or 60.0
+        retry = retry_after_header(getattr(exc.response, "headers", None)) or 60.0
         return RateLimited(f"Discord's edge refused too many requests; retry in {retry:g}s",
                            retry_after=retry)
     if exc.code in PERMANENT_CODES:
@@ -84,14 +79,6 @@ def _http_error(exc: discord.HTTPException) -> ProviderError:
 def _reason(exc: discord.HTTPException) -> str:
     text = " ".join(line.strip() for line in (exc.text or "").splitlines() if line.strip())
     return text.rstrip(".") or f"HTTP {exc.status}"
-
-
-def _header_seconds(exc: discord.HTTPException, name: str) -> float | None:
-    headers = getattr(exc.response, "headers", None) or {}
-    try:
-        return float(headers.get(name, ""))
-    except ValueError:
-        return None
 
 
 RECONNECTING = "Attempting a reconnect in %.2fs"  # discord.Client.connect's log line

@@ -13,15 +13,15 @@ an event replayed after a gateway RESUME never starts a second run.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from pathlib import Path
-from typing import Literal
 
 import aiohttp
 import discord
 
+from pluto.providers.kit.files import (kind_of, max_bytes, not_downloaded, safe_filename,
+                                       save_bytes, too_large)
 from pluto.types import Attachment, IncomingMessage
 
 log = logging.getLogger(__name__)
@@ -99,32 +99,19 @@ class Downloads:
 
     async def _one(self, message: discord.Message, item: discord.Attachment) -> Attachment | str:
         name = item.filename or f"file-{item.id}"
-        if item.size > self.max_mb * 1024 * 1024:
-            return (f"The file {name} is too large for me to read (the limit is "
-                    f"{self.max_mb:g} MB).")
+        if item.size > max_bytes(self.max_mb):
+            return too_large(name, self.max_mb)
         folder = self.root / str(message.channel.id)
         path = folder / f"{message.id}-{item.id}-{safe_filename(name)}"
         try:
             data = await item.read()
-            if len(data) > self.max_mb * 1024 * 1024:
-                return (f"The file {name} is too large for me to read (the limit is "
-                        f"{self.max_mb:g} MB).")
-            await asyncio.to_thread(_save, path, data)
+            if len(data) > max_bytes(self.max_mb):
+                return too_large(name, self.max_mb)
+            await save_bytes(path, data)
         except (discord.HTTPException, aiohttp.ClientError, OSError) as e:
             log.warning("discord: downloading %s from channel %s failed: %s", name,
                         message.channel.id, type(e).__name__)
-            return f"I could not download the file {name}; please send it again."
+            return not_downloaded(name)
         mime = (item.content_type or "application/octet-stream").split(";")[0].strip()
-        kind: Literal["file", "image"] = "image" if mime.startswith("image/") else "file"
-        return Attachment(filename=name, mime_type=mime, size=len(data), path=path, kind=kind)
-
-
-def _save(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-
-
-def safe_filename(name: str) -> str:
-    """A name that stays inside its folder: no separators, no leading dots, at most 100 chars."""
-    base = re.sub(r"[^A-Za-z0-9._ -]+", "_", Path(name.replace("\\", "/")).name).strip(" .")
-    return (base or "file")[-100:]
+        return Attachment(filename=name, mime_type=mime, size=len(data), path=path,
+                          kind=kind_of(mime))

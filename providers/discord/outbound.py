@@ -20,6 +20,7 @@ import discord
 from pluto.errors import DeliveryRefused
 from pluto.gateway.delivery.render import render
 from pluto.gateway.delivery.render.dialects import escape_markdown
+from pluto.providers.kit.files import read_outgoing
 from pluto.types import MARKDOWN, Attachment, OutgoingMessage
 from pluto.providers.discord.errors import provider_error
 from pluto.providers.discord.holds import sending
@@ -116,10 +117,5 @@ async def typing(client: discord.Client, chat_id: str, thread_id: str | None = N
 
 
 async def _file(attachment: Attachment) -> discord.File:
-    if attachment.path is None:
-        raise DeliveryRefused(f"the file {attachment.filename} has no path")
-    try:
-        data = await asyncio.to_thread(attachment.path.read_bytes)
-    except OSError:
-        raise DeliveryRefused(f"the file {attachment.filename} can no longer be read") from None
+    data = await read_outgoing(attachment)
     return discord.File(io.BytesIO(data), filename=attachment.filename)

@@ -30,6 +30,7 @@ from pluto.errors import ProviderError, ProviderUnusable
 
 from pluto.gateway.ports import Intake, Provider, ProviderContext
 from pluto.providers.handover import NOT_TAKEN, HandOver, NotRecorded
+from pluto.providers.kit.notices import notice, quiet_notice
 from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
 from pluto.providers.discord import holds, outbound
 from pluto.providers.discord.errors import LIBRARY_WAIT, provider_error, redact_token_in_logs
@@ -218,11 +219,9 @@ class DiscordProvider(Provider):
                 await self._quiet_notice(incoming, NOT_TAKEN)
 
     async def _quiet_notice(self, to: IncomingMessage, text: str) -> None:
-        try:
-            await self.send(OutgoingMessage(chat_id=to.chat_id, text=text, kind="notice",
-                                            reply_to=None if to.is_direct else to.message_id))
-        except ProviderError as e:
-            log.warning("discord: could not tell channel %s: %s", to.chat_id, e)
+        await quiet_notice(
+            self.send, notice(to.chat_id, text, reply_to=None if to.is_direct else to.message_id),
+            log=log, provider="discord", place=f"channel {to.chat_id}")
 
     # sending -----------------------------------------------------------------------------
 

@@ -22,8 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pluto.gateway.ports import ProviderContext, provider_settings, required_env
-
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+from pluto.providers.kit.settings import ENV_NAME, http_url, ws_url
 
 
 class DiscordSettings(BaseModel):
@@ -43,20 +42,13 @@ class DiscordSettings(BaseModel):
     def _http_url(cls, v: str | None) -> str | None:
         if v is None:
             return None
-        v = v.strip().rstrip("/")
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
+        v = http_url(v)
         return v if "/api/v" in v else f"{v}/api/v10"
 
     @field_validator("gateway_url")
     @classmethod
     def _ws_url(cls, v: str | None) -> str | None:
-        if v is None:
-            return None
-        v = v.strip()
-        if not v.startswith(("ws://", "wss://")):
-            raise ValueError("must be a ws:// or wss:// URL")
-        return v if v.endswith("/") else f"{v}/"
+        return None if v is None else ws_url(v)
 
 
 def load_settings(ctx: ProviderContext) -> tuple[DiscordSettings, str]:

@@ -17,7 +17,7 @@ import aiohttp
 from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable, RateLimited
 
 
-def retry_after(headers: Mapping[str, Any] | None) -> float | None:
+def retry_after_header(headers: Mapping[str, Any] | None) -> float | None:
     """Seconds in a ``Retry-After`` header (any case; never negative), or None."""
     for name, value in dict(headers or {}).items():
         if str(name).lower() == "retry-after":
