@@ -14,6 +14,7 @@ from tests.conformance.discord_harness import DiscordHarness
 from tests.conformance.harness import Harness
 from tests.conformance.matrix_harness import MatrixHarness
 from tests.conformance.slack_harness import SlackHttpHarness, SlackSocketHarness
+from tests.conformance.teams_harness import TeamsHarness
 from tests.conformance.telegram_harness import TelegramHarness
 from tests.conformance.web_harness import WebHarness
 from tests.conformance.whatsapp_harness import WhatsAppHarness
@@ -29,6 +30,7 @@ HARNESSES: dict[str, type[Harness]] = {
     "api": ApiHarness,
     "whatsapp": WhatsAppHarness,
     "matrix": MatrixHarness,
+    "teams": TeamsHarness,
 }
 
 

@@ -1,0 +1,326 @@
+"""The Teams provider: the Bot Framework protocol over plain aiohttp.
+
+Receiving: the Bot Connector posts activities to ``messaging_path`` on the gateway's HTTP
+server. The bearer token is verified before anything else is believed (``auth.py``): a bad one
+is answered 401 and nothing is recorded. A message is handed to intake before the post is
+answered 200; when intake is full or its storage fails the answer is 503, and the Connector
+delivers the activity again (recognised by its id, here and by the gateway's dedupe). In
+group chats and channels only messages that mention the bot, or quote one of its messages,
+are taken (``group_messages: all`` takes every one Teams delivers). Files come as attachments
+and are downloaded into the data dir, within ``max_download_mb``.
+Sending: Markdown text, tables as Adaptive Cards (``markup.py``), small images inline, updates
+of a message for streamed replies, deletes, the typing indicator; to the conversation's
+``serviceUrl`` as the last verified activity named it (``conversations.py``), so proactive
+messages (schedules) reach a conversation after a restart too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from pluto import jsonlimits
+from pluto.errors import DeliveryRefused, PlutoError, ProviderError
+from pluto.gateway.logs import MaskSecrets
+from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
+from pluto.providers.handover import HandOver, NotRecorded
+from pluto.providers.teams.auth import (AppToken, KeysUnavailable, Unauthorized, Verifier)
+from pluto.providers.teams.connector import NETWORK, Connector, provider_error
+from pluto.providers.teams.conversations import Conversations
+from pluto.providers.teams.inbound import (Activity, BadActivity, FileIn, activity_part,
+                                           files_of, message_id, parse, safe_filename,
+                                           to_incoming)
+from pluto.providers.teams.markup import TEAMS, lift_tables, table_card
+from pluto.providers.teams.settings import TeamsSecrets, TeamsSettings, load_settings
+from pluto.types import Attachment, Capabilities, IncomingMessage, OutgoingMessage
+
+log = logging.getLogger(__name__)
+
+TIMEOUT = aiohttp.ClientTimeout(total=30, connect=10)
+MAX_BODY = 1024 * 1024  # an activity is a few kilobytes
+REMEMBERED = 4096  # activity ids kept to recognise redeliveries before any work is done
+CHUNK = 64 * 1024
+INLINE_IMAGES = ("image/png", "image/jpeg", "image/gif")
+_MASK = MaskSecrets(placeholder="<secret>")
+
+
+class TooLarge(PlutoError):
+    """A download is larger than allowed."""
+
+
+class TeamsProvider(Provider):
+    name = "teams"
+    capabilities = Capabilities(max_message_length=4000, markup=TEAMS, can_edit=True,
+                                can_send_images=True, has_typing=True)
+
+    def __init__(self, settings: TeamsSettings, secrets: TeamsSecrets, *, data_dir: Path,
+                 http: HttpMount | None):
+        _MASK.add(secrets.app_password)
+        _MASK.attach("pluto.providers.teams", "aiohttp.client")
+        self.settings = settings
+        self._session: aiohttp.ClientSession | None = None
+        self.verifier = Verifier(self._http, metadata_url=settings.openid_metadata_url,
+                                 app_id=settings.app_id, issuer=settings.issuer,
+                                 leeway=settings.clock_skew_seconds)
+        self.token = AppToken(self._http, token_url=settings.token_url, app_id=settings.app_id,
+                              password=secrets.app_password, scope=settings.token_scope,
+                              on_token=_MASK.add)
+        self.connector = Connector(self._http, self.token, settings.rate_limit_wait_seconds)
+        self.conversations = Conversations(data_dir)
+        self.uploads = data_dir / "uploads" / "teams"
+        self.handover = HandOver(self.name)
+        self._intake: Intake | None = None
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        if http is not None:
+            http.router.add_post(settings.messaging_path, self._on_activity)
+
+    @classmethod
+    def from_context(cls, ctx: ProviderContext) -> TeamsProvider:
+        settings, secrets = load_settings(ctx)
+        return cls(settings, secrets, data_dir=ctx.data_dir, http=ctx.http)
+
+    # lifecycle ---------------------------------------------------------------------------
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=TIMEOUT)
+        return self._session
+
+    async def _connect(self) -> None:
+        """The signing keys fetched and an access token got (a refused app password stops
+        the provider for good; an unreachable service is retried by the supervisor)."""
+        try:
+            await self.verifier.warm()
+        except KeysUnavailable as e:
+            raise ProviderError(f"Teams: {e}") from None
+        await self.token.get()
+
+    async def probe(self) -> str:
+        await self._connect()
+        return "the Bot Framework keys were fetched and an access token was issued"
+
+    async def run(self, intake: Intake) -> None:
+        await self._connect()
+        self._intake = intake
+        log.info("teams: receiving activities for app %s at %s", self.settings.app_id,
+                 self.settings.messaging_path)
+        try:
+            await asyncio.Event().wait()  # activities arrive at the endpoint until cancelled
+        finally:
+            self._intake = None
+
+    async def reset(self) -> None:
+        old, self._session = self._session, None
+        if old is not None:
+            await old.close()
+
+    async def close(self) -> None:
+        await self.reset()
+
+    # receiving ---------------------------------------------------------------------------
+
+    async def _on_activity(self, request: web.Request) -> web.StreamResponse:
+        try:
+            verified = await self.verifier.verify(request.headers.get("Authorization", ""))
+        except Unauthorized as e:
+            log.info("teams: an activity was refused: %s", e)
+            return web.Response(status=401, text="unauthorized")
+        except KeysUnavailable as e:
+            log.warning("teams: cannot verify activities now: %s", e)
+            return web.Response(status=503, text="try again")
+        if request.content_length is not None and request.content_length > MAX_BODY:
+            return web.Response(status=413, text="too large")
+        try:
+            activity = parse(jsonlimits.loads(await request.content.read(MAX_BODY + 1)))
+            verified.check(activity.service_url, activity.channel_id)
+        except (BadActivity, ValueError, UnicodeDecodeError) as e:
+            return web.Response(status=400, text=f"not a Bot Framework activity: {e}"[:200])
+        except Unauthorized as e:
+            log.info("teams: an activity was refused: %s", e)
+            return web.Response(status=401, text="unauthorized")
+        return await self._take(activity)
+
+    async def _take(self, activity: Activity) -> web.StreamResponse:
+        intake = self._intake
+        if intake is None:
+            return web.Response(status=503, text="not ready")  # delivered again
+        chat, _ = activity.chat_and_thread
+        if chat:
+            await self.conversations.remember(chat, activity.service_url)
+        if activity.type != "message":
+            return web.json_response({}) if activity.type == "invoke" else web.Response()
+        try:
+            if not await self._receive(activity, intake):
+                return web.Response(status=503, text="busy")
+        except NotRecorded:  # the storage failed (logged once per outage): delivered again
+            return web.Response(status=503, text="not recorded; try again")
+        return web.Response(status=200)
+
+    async def _receive(self, activity: Activity, intake: Intake) -> bool:
+        """Hand one message to the gateway; False when intake had no room."""
+        key = message_id(activity)
+        if key in self._seen or activity.sender.get("id") == activity.bot_id:
+            return True
+        incoming = to_incoming(activity)
+        if (not incoming.is_direct and not incoming.mentions_bot
+                and self.settings.group_messages == "mentions"):
+            self._remember(key)
+            return True
+        files = files_of(activity)
+        if files:
+            attachments = await self._downloads(activity, incoming, files)
+            incoming = to_incoming(activity, attachments)
+        if incoming.text or incoming.attachments:
+            if await self.handover(intake.offer, incoming) is None:
+                return False
+        self._remember(key)
+        return True
+
+    def _remember(self, key: str) -> None:
+        self._seen[key] = None
+        while len(self._seen) > REMEMBERED:
+            self._seen.popitem(last=False)
+
+    async def _downloads(self, activity: Activity, incoming: IncomingMessage,
+                         files: list[FileIn]) -> tuple[Attachment, ...]:
+        got: list[Attachment] = []
+        for n, found in enumerate(files):
+            short = hashlib.sha256(f"{message_id(activity)}|{n}".encode()).hexdigest()[:12]
+            path = self.uploads / short[:2] / f"{short}-{safe_filename(found.name)}"
+            problem = await self._download(found, path)
+            if problem is None:
+                size = (await asyncio.to_thread(path.stat)).st_size
+                got.append(Attachment(filename=safe_filename(found.name), mime_type=found.mime,
+                                      size=size, path=path,
+                                      kind="image" if found.kind == "image" else "file"))
+            else:
+                await self._quiet_notice(incoming, problem)
+        return tuple(got)
+
+    async def _download(self, found: FileIn, path: Path) -> str | None:
+        """None once the file is in ``path``; else what to tell the person."""
+        limit = int(self.settings.max_download_mb * 1024 * 1024)
+        try:
+            headers = {"Authorization": f"Bearer {await self.token.get()}"} \
+                if found.with_token else {}
+            await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+            async with self._http().get(found.url, headers=headers) as r:
+                if r.status >= 400:
+                    raise ProviderError(f"HTTP {r.status}")
+                if (r.content_length or 0) > limit:
+                    raise TooLarge()
+                await _save(r, path, limit)
+            return None
+        except TooLarge:
+            await asyncio.to_thread(path.unlink, missing_ok=True)
+            return (f"The file {found.name} is too large for me to read (the limit is "
+                    f"{self.settings.max_download_mb:g} MB).")
+        except (ProviderError, *NETWORK) as e:
+            await asyncio.to_thread(path.unlink, missing_ok=True)
+            log.warning("teams: downloading %s failed: %s", found.name,
+                        provider_error(e, 1.0))
+            return f"I could not download the file {found.name}; please send it again."
+
+    async def _quiet_notice(self, incoming: IncomingMessage, text: str) -> None:
+        try:
+            await self.send(OutgoingMessage(chat_id=incoming.chat_id, text=text,
+                                            thread_id=incoming.thread_id, kind="notice"))
+        except ProviderError as e:
+            log.warning("teams: could not tell conversation %s: %s", incoming.chat_id, e)
+
+    # sending -----------------------------------------------------------------------------
+
+    async def _target(self, chat_id: str, thread_id: str | None) -> tuple[str, str]:
+        """The conversation's serviceUrl and its id (a channel's with the thread)."""
+        url = await self.conversations.service_url(chat_id) or self.settings.service_url
+        if not url:
+            raise DeliveryRefused(f"no serviceUrl is known for the Teams conversation "
+                                  f"{chat_id[:80]} (it has not written to the bot; set "
+                                  f"providers.teams.service_url for proactive messages)")
+        return url, f"{chat_id};messageid={thread_id}" if thread_id else chat_id
+
+    async def send(self, message: OutgoingMessage) -> str | None:
+        service, conversation = await self._target(message.chat_id, message.thread_id)
+        first: str | None = None
+        if message.text:
+            first = await self.connector.post(service, conversation, _activity(message.text),
+                                              message.thread_id)
+        for attachment in message.attachments:
+            sent = await self.connector.post(service, conversation,
+                                             await self._file_activity(attachment),
+                                             message.thread_id)
+            first = first or sent
+        return first
+
+    async def _file_activity(self, attachment: Attachment) -> dict[str, Any]:
+        """A small image inline; anything else as a line saying it cannot be attached."""
+        cap = self.settings.max_inline_image_kb * 1024
+        if attachment.path is None:
+            raise DeliveryRefused(f"the file {attachment.filename} has no path")
+        if attachment.kind == "image" and attachment.mime_type in INLINE_IMAGES:
+            try:
+                data = await asyncio.to_thread(_read_at_most, attachment.path, cap)
+            except OSError:
+                raise DeliveryRefused(f"the file {attachment.filename} can no longer be "
+                                      "read") from None
+            if data is not None:
+                uri = f"data:{attachment.mime_type};base64,{base64.b64encode(data).decode()}"
+                return {"type": "message", "attachments": [{
+                    "contentType": attachment.mime_type, "contentUrl": uri,
+                    "name": attachment.filename}]}
+        return _activity(f"({attachment.filename} cannot be attached here: Teams takes only "
+                         f"small images from a bot.)")
+
+    async def edit(self, message: OutgoingMessage) -> None:
+        assert message.edit_of is not None
+        service, conversation = await self._target(message.chat_id, message.thread_id)
+        await self.connector.update(service, conversation, activity_part(message.edit_of),
+                                    _activity(message.text))
+
+    async def delete(self, chat_id: str, platform_id: str,
+                     thread_id: str | None = None) -> bool:
+        service, conversation = await self._target(chat_id, thread_id)
+        await self.connector.delete(service, conversation, activity_part(platform_id))
+        return True
+
+    async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
+        try:
+            service, conversation = await self._target(chat_id, thread_id)
+            await self.connector.post(service, conversation, {"type": "typing"})
+        except ProviderError as e:  # a missing indicator is no failure of the reply
+            log.debug("teams: typing indicator for %s: %s", chat_id[:80], e)
+
+
+def _activity(text: str) -> dict[str, Any]:
+    """A message activity: Markdown text, and each table an Adaptive Card."""
+    lifted = lift_tables(text)
+    activity: dict[str, Any] = {"type": "message", "textFormat": "markdown"}
+    if lifted.text or not lifted.tables:
+        activity["text"] = lifted.text
+    if lifted.tables:
+        activity["attachments"] = [table_card(rows, header) for rows, header in lifted.tables]
+    return activity
+
+
+def _read_at_most(path: Path, cap: int) -> bytes | None:
+    with path.open("rb") as f:
+        data = f.read(cap + 1)
+    return data if len(data) <= cap else None
+
+
+async def _save(response: aiohttp.ClientResponse, path: Path, limit: int) -> None:
+    size = 0
+    with await asyncio.to_thread(path.open, "wb") as out:
+        async for block in response.content.iter_chunked(CHUNK):
+            size += len(block)
+            if size > limit:
+                raise TooLarge()
+            await asyncio.to_thread(out.write, block)

@@ -1,0 +1,86 @@
+"""``providers.teams`` in ``pluto.yaml``, validated once into typed settings.
+
+```yaml
+providers:
+  teams:
+    enabled: true
+    app_id: "8f2c…"                        # the Azure Bot's Microsoft App ID
+    app_password_env: TEAMS_APP_PASSWORD   # its client secret (Certificates & secrets)
+    messaging_path: /teams/messages        # the messaging endpoint: <public address><path>
+    group_messages: mentions               # groups and channels: only @mentions and replies
+    # single-tenant bots: https://login.microsoftonline.com/<tenant id>/oauth2/v2.0/token
+    token_url: https://login.microsoftonline.com/botframework.com/oauth2/v2.0/token
+    openid_metadata_url: https://login.botframework.com/v1/.well-known/openidconfiguration
+    service_url: null                      # for proactive messages to a conversation never seen
+    max_download_mb: 25                    # files users send, larger ones are refused
+    rate_limit_wait_seconds: 1             # a 429 without Retry-After
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pluto.errors import ConfigError
+from pluto.gateway.ports import ProviderContext, provider_settings, required_env
+
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+FIELD = "providers.teams"
+OPENID = "https://login.botframework.com/v1/.well-known/openidconfiguration"
+TOKEN_URL = "https://login.microsoftonline.com/botframework.com/oauth2/v2.0/token"
+
+
+def _http_url(v: str | None) -> str | None:
+    if v is None:
+        return None
+    v = v.strip()
+    if not v.startswith(("http://", "https://")):
+        raise ValueError("must be an http:// or https:// URL")
+    return v
+
+
+class TeamsSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    app_id: str = Field(default="", pattern=r"^[A-Za-z0-9-]*$", max_length=64)
+    app_password_env: str = Field(default="TEAMS_APP_PASSWORD", pattern=ENV_NAME)
+    messaging_path: str = Field(default="/teams/messages", pattern=r"^/[A-Za-z0-9/_.-]*$")
+    group_messages: Literal["mentions", "all"] = "mentions"
+    openid_metadata_url: str = OPENID
+    token_url: str = TOKEN_URL
+    token_scope: str = "https://api.botframework.com/.default"
+    issuer: str = "https://api.botframework.com"
+    clock_skew_seconds: float = Field(default=300, ge=0, le=900)
+    service_url: str | None = None
+    max_download_mb: float = Field(default=25, gt=0, le=1000)
+    max_inline_image_kb: int = Field(default=18, ge=1, le=1024)
+    rate_limit_wait_seconds: float = Field(default=1.0, gt=0, le=3600)
+
+    _urls = field_validator("openid_metadata_url", "token_url", "service_url")(_http_url)
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class TeamsSecrets:
+    """The app password, read from the environment; never printed (no repr)."""
+
+    app_password: str
+
+
+def load_settings(ctx: ProviderContext) -> tuple[TeamsSettings, TeamsSecrets]:
+    """The settings and the app password; ConfigError when something is off."""
+    settings = provider_settings(TeamsSettings, ctx.config.model_dump(), "teams")
+    if not settings.app_id:
+        raise ConfigError([("pluto.yaml", None, f"{FIELD}.app_id",
+                            "the bot's Microsoft App ID is required (Azure portal → the Azure "
+                            "Bot → Configuration)")])
+    secrets = TeamsSecrets(required_env(settings.app_password_env, "teams", "app_password_env",
+                                        "the bot's client secret"))
+    if ctx.http is None:
+        raise ConfigError([("pluto.yaml", None, FIELD,
+                            "Teams delivers messages to a messaging endpoint: it needs the HTTP "
+                            "server (pluto serve)")])
+    return settings, secrets
