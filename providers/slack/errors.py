@@ -9,13 +9,11 @@ its next edit back by the same amount. Codes that no retry can fix are permanent
 
 from __future__ import annotations
 
-import asyncio
-
-import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
 
 from pluto.gateway.logs import MaskSecrets
 from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable, RateLimited
+from pluto.providers.kit.errors import retry_after_header, transport_error
 
 # error code → what it means for a person reading the log; all of these are permanent
 PERMANENT: dict[str, str] = {
@@ -56,14 +54,8 @@ def retry_after(exc: SlackApiError) -> float | None:
     """Seconds Slack asked to wait (``Retry-After``), for a rate-limited call."""
     if getattr(exc.response, "status_code", 0) != 429 and error_code(exc) != "ratelimited":
         return None
-    headers = getattr(exc.response, "headers", None) or {}
-    for name, value in dict(headers).items():
-        if str(name).lower() == "retry-after":
-            try:
-                return max(0.0, float(value))
-            except (TypeError, ValueError):
-                break
-    return 1.0  # Slack always sends one; if not, wait a little rather than hammer it
+    wait = retry_after_header(getattr(exc.response, "headers", None))
+    return 1.0 if wait is None else wait  # Slack always sends one; if not, wait a little
 
 
 def provider_error(exc: BaseException) -> ProviderError:
@@ -78,10 +70,8 @@ def provider_error(exc: BaseException) -> ProviderError:
             return cls(f"Slack refused: {PERMANENT[code]} ({code})")
         status = getattr(exc.response, "status_code", 200)
         return ProviderError(f"Slack answered with an error ({code}, HTTP {status})")
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-        return ProviderError("Slack did not answer in time")
-    if isinstance(exc, (aiohttp.ClientError, OSError)):
-        return ProviderError(f"could not reach Slack ({type(exc).__name__})")
+    if (transport := transport_error(exc, "Slack")) is not None:
+        return transport
     if isinstance(exc, SlackClientError):
         return ProviderError(f"the Slack request failed ({_first_line(exc)})")
     return ProviderError(f"Slack error: {type(exc).__name__}")

@@ -33,6 +33,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from pluto import jsonlimits
 from pluto.jsonlimits import JsonTooDeep
 from pluto.providers.handover import NotRecorded
+from pluto.providers.kit.http import read_limited
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class HttpEvents:
         self.ready = ready
 
     async def handle(self, request: web.Request) -> web.Response:
-        raw = await _read_limited(request)
+        raw = await read_limited(request, MAX_BODY)
         if raw is None:
             return web.Response(status=413, text="too large")
         headers = request.headers
@@ -123,18 +124,6 @@ class HttpEvents:
             return web.json_response({"error": "not ready"}, status=503)  # Slack retries
         response = await self.app.async_dispatch(bolt_request)
         return await to_aiohttp_response(response)
-
-
-async def _read_limited(request: web.Request) -> bytes | None:
-    """The body, or None when it is over :data:`MAX_BODY` (read no further than that)."""
-    if (request.content_length or 0) > MAX_BODY:
-        return None
-    body = bytearray()
-    async for block in request.content.iter_chunked(64 * 1024):
-        body += block
-        if len(body) > MAX_BODY:
-            return None
-    return bytes(body)
 
 
 def _event_id(body: Any) -> str:

@@ -13,12 +13,14 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from pluto.errors import PlutoError
+from pluto.providers.kit.files import (CHUNK, TooLarge, kind_of, max_bytes, not_downloaded,
+                                       safe_filename, save_stream, too_large)
 from pluto.types import Attachment
 from pluto.providers.slack.inbound import PROVIDER
 
@@ -26,7 +28,6 @@ log = logging.getLogger(__name__)
 
 FileInfo = Callable[[str], Awaitable[dict[str, Any]]]  # files.info for a file id
 SLACK_HOSTS = ("slack.com", "slack-edge.com", "slack-files.com")
-CHUNK = 64 * 1024
 
 
 class FileProblem(PlutoError):
@@ -36,7 +37,7 @@ class FileProblem(PlutoError):
 class Downloads:
     def __init__(self, data_dir: Path, max_mb: float, token: str, api_base: str):
         self.root = data_dir / "uploads" / PROVIDER
-        self.max_bytes = int(max_mb * 1024 * 1024)
+        self.max_bytes = max_bytes(max_mb)
         self.max_mb = max_mb
         self._token = token
         self._api_host = urlsplit(api_base).hostname or ""
@@ -63,7 +64,7 @@ class Downloads:
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
                 log.warning("slack: downloading %s from channel %s failed: %s", name,
                             event.get("channel"), type(e).__name__)
-                problems.append(f"I could not download the file {name}; please send it again.")
+                problems.append(not_downloaded(name))
         return tuple(found), problems
 
     async def _fetch_one(self, event: dict[str, Any], spec: dict[str, Any], index: int,
@@ -73,7 +74,7 @@ class Downloads:
         name = str(spec.get("name") or spec.get("title") or f"file-{index + 1}")
         mime = str(spec.get("mimetype") or "application/octet-stream")
         if int(spec.get("size") or 0) > self.max_bytes:
-            raise FileProblem(self._too_large(name))
+            raise FileProblem(too_large(name, self.max_mb))
         url = str(spec.get("url_private_download") or spec.get("url_private") or "")
         if not url or not self._trusted(url):
             log.warning("slack: file %s has no download address on Slack's hosts", name)
@@ -81,9 +82,8 @@ class Downloads:
         folder = self.root / _safe(str(event.get("channel") or "unknown"))
         path = folder / f"{_safe(str(event.get('ts') or ''))}-{index}-{safe_filename(name)}"
         await self._download(url, path, name, mime)
-        kind: Literal["file", "image"] = "image" if mime.startswith("image/") else "file"
         return Attachment(filename=name, mime_type=mime, size=path.stat().st_size, path=path,
-                          kind=kind)
+                          kind=kind_of(mime))
 
     async def _download(self, url: str, path: Path, name: str, mime: str) -> None:
         session = self._session = self._session or aiohttp.ClientSession(
@@ -92,26 +92,19 @@ class Downloads:
         async with session.get(url, headers=headers) as resp:
             if resp.status != 200:
                 log.warning("slack: downloading %s answered HTTP %d", name, resp.status)
-                raise FileProblem(f"I could not download the file {name}; please send it again.")
+                raise FileProblem(not_downloaded(name))
             if resp.content_type == "text/html" and "html" not in mime:
                 log.warning("slack: downloading %s gave Slack's sign-in page: the app needs the "
                             "files:read scope", name)
                 raise FileProblem(f"I am not allowed to read the file {name}.")
             if (resp.content_length or 0) > self.max_bytes:
-                raise FileProblem(self._too_large(name))
-            path.parent.mkdir(parents=True, exist_ok=True)
+                raise FileProblem(too_large(name, self.max_mb))
             partial = path.with_name(path.name + ".part")
-            size = 0
             try:
-                with partial.open("wb") as out:
-                    async for block in resp.content.iter_chunked(CHUNK):
-                        size += len(block)
-                        if size > self.max_bytes:
-                            raise FileProblem(self._too_large(name))
-                        out.write(block)
-                partial.replace(path)
-            finally:
-                partial.unlink(missing_ok=True)
+                await save_stream(resp.content.iter_chunked(CHUNK), partial, self.max_bytes)
+            except TooLarge:
+                raise FileProblem(too_large(name, self.max_mb)) from None
+            await asyncio.to_thread(partial.replace, path)
 
     def _trusted(self, url: str) -> bool:
         parts = urlsplit(url)
@@ -123,15 +116,6 @@ class Downloads:
         return parts.scheme == "https" and any(host == h or host.endswith("." + h)
                                                for h in SLACK_HOSTS)
 
-    def _too_large(self, name: str) -> str:
-        return f"The file {name} is too large for me to read (the limit is {self.max_mb:g} MB)."
-
 
 def _safe(part: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", part).strip("._") or "_"
-
-
-def safe_filename(name: str) -> str:
-    """A name that stays inside its folder: no separators, no leading dots, at most 100 chars."""
-    base = re.sub(r"[^A-Za-z0-9._ -]+", "_", Path(name.replace("\\", "/")).name).strip(" .")
-    return (base or "file")[-100:]

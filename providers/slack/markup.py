@@ -12,25 +12,21 @@ from collections.abc import Sequence
 from urllib.parse import quote
 
 from pluto.gateway.delivery.render.dialects import escape_html
-from pluto.gateway.delivery.render.emit import Emitter
 from pluto.gateway.delivery.render.ir import Inline, plain_text
 from pluto.gateway.delivery.render.links import link_allowed
 from pluto.gateway.delivery.render.stream import Open, Token, prefix_lines, wrap
 from pluto.gateway.delivery.render.stream import Text as Out
+from pluto.providers.kit.markup import HtmlEscaped
 from pluto.types import Dialect
 
 __all__ = ["SLACK_MRKDWN", "SlackEmitter"]
 
 
-class SlackEmitter(Emitter):
-    """Slack mrkdwn: single-character spans, ``<url|text>`` links, no headings or tables."""
+class SlackEmitter(HtmlEscaped):
+    """Slack mrkdwn: single-character spans, ``<url|text>`` links, no headings or tables.
+    Its control characters are ``&``, ``<`` and ``>``, escaped as in HTML."""
 
-    bullet = "• "
-    rule_text = "──────────"
     spans = {"bold": ("*", "*"), "italic": ("_", "_"), "strike": ("~", "~")}
-
-    def escape(self, text: str, line_start: bool = False) -> str:
-        return escape_html(text)
 
     def inline_code(self, text: str, in_span: bool) -> list[Token]:
         return wrap(Open("`", "`", verbatim=True), [Out(escape_html(text))])

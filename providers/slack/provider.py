@@ -31,6 +31,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from pluto.errors import ProviderError, ProviderUnusable
 
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
+from pluto.providers.kit.notices import notice, quiet_notice
 from pluto.providers.handover import HandOver, NotRecorded
 from pluto.types import Attachment, Capabilities, OutgoingMessage
 from pluto.providers.slack.errors import provider_error, redact_secrets_in_logs
@@ -254,11 +255,8 @@ class SlackProvider(Provider):
         return info if isinstance(info, dict) else {}
 
     async def _quiet_notice(self, chat_id: str, text: str, thread_id: str | None) -> None:
-        try:
-            await self.send(OutgoingMessage(chat_id=chat_id, text=text, thread_id=thread_id,
-                                            kind="notice"))
-        except ProviderError as e:
-            log.warning("slack: could not tell channel %s: %s", chat_id, e)
+        await quiet_notice(self.send, notice(chat_id, text, thread_id=thread_id), log=log,
+                           provider="slack", place=f"channel {chat_id}")
 
     # sending -----------------------------------------------------------------------------
 

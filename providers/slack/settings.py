@@ -26,12 +26,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pluto.errors import ConfigError
 from pluto.gateway.ports import ProviderContext, provider_settings, required_env
-
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-WHERE = "pluto.yaml"
-FIELD = "providers.slack"
+from pluto.providers.kit.settings import ENV_NAME, URL_PATH, http_url, needs_http_server
 
 
 class SlackSettings(BaseModel):
@@ -42,7 +38,7 @@ class SlackSettings(BaseModel):
     bot_token_env: str = Field(default="SLACK_BOT_TOKEN", pattern=ENV_NAME)
     signing_secret_env: str = Field(default="SLACK_SIGNING_SECRET", pattern=ENV_NAME)
     app_token_env: str = Field(default="SLACK_APP_TOKEN", pattern=ENV_NAME)
-    events_path: str = Field(default="/slack/events", pattern=r"^/[A-Za-z0-9/_.-]*$")
+    events_path: str = Field(default="/slack/events", pattern=URL_PATH)
     api_base: str = "https://slack.com/api/"
     channel_messages: Literal["mentions", "all"] = "mentions"
     reply_in_thread: bool = True
@@ -51,10 +47,7 @@ class SlackSettings(BaseModel):
     @field_validator("api_base")
     @classmethod
     def _http_url(cls, v: str) -> str:
-        v = v.strip()
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return v.rstrip("/") + "/"  # slack_sdk appends the method name to it
+        return http_url(v) + "/"  # slack_sdk appends the method name to it
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -79,10 +72,8 @@ def load_settings(ctx: ProviderContext) -> tuple[SlackSettings, SlackSecrets]:
         return settings, SlackSecrets(bot_token, app_token=app_token)
     secret = _required(settings.signing_secret_env, "signing_secret_env",
                        "the signing secret that checks Slack's event posts")
-    if ctx.http is None:
-        raise ConfigError([(WHERE, None, f"{FIELD}.mode",
-                            "http mode needs the HTTP server (pluto serve); use mode: socket "
-                            "otherwise")])
+    needs_http_server(ctx, "slack", "mode",
+                      "http mode needs the HTTP server (pluto serve); use mode: socket otherwise")
     return settings, SlackSecrets(bot_token, signing_secret=secret)
 
 
