@@ -13,6 +13,7 @@ from tests.conformance.cli_harness import CliHarness
 from tests.conformance.discord_harness import DiscordHarness
 from tests.conformance.harness import Harness
 from tests.conformance.matrix_harness import MatrixHarness
+from tests.conformance.mattermost_harness import MattermostHarness
 from tests.conformance.slack_harness import SlackHttpHarness, SlackSocketHarness
 from tests.conformance.teams_harness import TeamsHarness
 from tests.conformance.telegram_harness import TelegramHarness
@@ -30,6 +31,7 @@ HARNESSES: dict[str, type[Harness]] = {
     "api": ApiHarness,
     "whatsapp": WhatsAppHarness,
     "matrix": MatrixHarness,
+    "mattermost": MattermostHarness,
     "teams": TeamsHarness,
 }
 
