@@ -5,7 +5,7 @@ Framework with a key listed at the ``jwks_uri`` of its OpenID metadata. :class:`
 checks the signature, the issuer, the audience (the app id), expiry and not-before (with a
 small clock skew), the key's endorsement of the activity's channel, and that the activity's
 ``serviceUrl`` is the token's ``serviceurl`` claim. Keys are cached; an unknown ``kid`` fetches
-them again, at most once per :data:`REFRESH_EVERY` seconds.
+them again, at most once per ``refresh_every`` seconds.
 
 Outgoing: :class:`AppToken` gets an access token by the OAuth client-credentials grant and
 keeps it until shortly before it expires.
@@ -25,7 +25,6 @@ import jwt
 from pluto import jsonlimits
 from pluto.errors import PlutoError, ProviderError, ProviderUnusable
 
-REFRESH_EVERY = 30.0  # an unknown kid fetches the keys again at most this often
 KEYS_LAST = 24 * 3600.0  # keys are fetched again after this anyway
 MAX_KEYS = 64
 MAX_DOCUMENT = 512 * 1024  # metadata, key sets and token answers are small
@@ -76,8 +75,9 @@ class Verified:
 
 class Verifier:
     def __init__(self, session: SessionFactory, *, metadata_url: str, app_id: str,
-                 issuer: str, leeway: float):
+                 issuer: str, leeway: float, refresh_every: float = 30.0):
         self.session, self.metadata_url = session, metadata_url
+        self.refresh_every = refresh_every
         self.app_id, self.issuer, self.leeway = app_id, issuer, leeway
         self._keys: dict[str, _Key] = {}
         self._fetched = float("-inf")  # monotonic
@@ -117,7 +117,7 @@ class Verifier:
         if found is not None and not stale:
             return found
         async with self._lock:
-            if kid not in self._keys and time.monotonic() - self._fetched >= REFRESH_EVERY \
+            if kid not in self._keys and time.monotonic() - self._fetched >= self.refresh_every \
                     or stale:
                 await self._refresh()
         found = self._keys.get(kid)

@@ -69,7 +69,8 @@ class TeamsProvider(Provider):
         self._session: aiohttp.ClientSession | None = None
         self.verifier = Verifier(self._http, metadata_url=settings.openid_metadata_url,
                                  app_id=settings.app_id, issuer=settings.issuer,
-                                 leeway=settings.clock_skew_seconds)
+                                 leeway=settings.clock_skew_seconds,
+                                 refresh_every=settings.key_refresh_min_seconds)
         self.token = AppToken(self._http, token_url=settings.token_url, app_id=settings.app_id,
                               password=secrets.app_password, scope=settings.token_scope,
                               on_token=_MASK.add)

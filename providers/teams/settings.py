@@ -55,6 +55,8 @@ class TeamsSettings(BaseModel):
     token_scope: str = "https://api.botframework.com/.default"
     issuer: str = "https://api.botframework.com"
     clock_skew_seconds: float = Field(default=300, ge=0, le=900)
+    # a token with an unknown key id fetches the keys again at most this often
+    key_refresh_min_seconds: float = Field(default=30, ge=0, le=3600)
     service_url: str | None = None
     max_download_mb: float = Field(default=25, gt=0, le=1000)
     max_inline_image_kb: int = Field(default=18, ge=1, le=1024)
