@@ -45,8 +45,8 @@ async def retry_until_done(attempt: Callable[[], Awaitable[T]], *,
                            sleep: Sleep = asyncio.sleep) -> T:
     """``await attempt()`` until it returns (the backoff is then reset). One of ``failures`` is
     typed by ``typed``: :class:`ProviderUnusable` is raised; :class:`RateLimited` waits its
-    ``retry_after``; any other waits ``backoff.next()`` and is logged to ``log`` as ``<what>
-    failed (…); retrying in Ns``. One of ``at_once`` (a long poll that timed out) is tried
+    ``retry_after``, any other ``backoff.next()``, logged to ``log`` as ``<what> failed (…);
+    retrying in Ns``. One of ``at_once`` (a long poll that timed out) is tried
     again at once."""
     while True:
         try:
@@ -59,10 +59,7 @@ async def retry_until_done(attempt: Callable[[], Awaitable[T]], *,
             error = typed(e)
             if isinstance(error, ProviderUnusable):
                 raise error from None
-            if isinstance(error, RateLimited):
-                await sleep(error.retry_after)
-                continue
-            delay = backoff.next()
+            delay = error.retry_after if isinstance(error, RateLimited) else backoff.next()
             log.warning("%s failed (%s); retrying in %.0fs", what, error, delay)
             await sleep(delay)
             continue

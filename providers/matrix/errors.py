@@ -19,7 +19,9 @@ from mautrix.api import HTTPAPI, Method
 from mautrix.errors import MatrixError, MatrixRequestError, make_request_error
 from yarl import URL
 
-from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable, RateLimited
+from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable
+from pluto.providers.kit.errors import (by_status, rate_limited, retry_after_header,
+                                        transport_error)
 from pluto.gateway.logs import MaskSecrets
 
 CREDENTIALS = {"M_UNKNOWN_TOKEN": "the access token was rejected (expired, logged out or wrong)",
@@ -59,11 +61,7 @@ def _retry_after(data: dict[str, Any], response: ClientResponse) -> float | None
     ms = data.get("retry_after_ms")
     if isinstance(ms, (int, float)) and ms >= 0:
         return ms / 1000
-    header = response.headers.get("Retry-After")
-    try:
-        return max(0.0, float(header)) if header else None
-    except ValueError:
-        return None
+    return retry_after_header(response.headers)
 
 
 def errcode(exc: MatrixRequestError) -> str:
@@ -77,20 +75,17 @@ def provider_error(exc: BaseException) -> ProviderError:
         if code == "M_LIMIT_EXCEEDED" or status == 429:
             wait = getattr(exc, "retry_after", None)
             wait = 1.0 if wait is None else wait  # the spec's field is optional
-            return RateLimited(f"the Matrix homeserver asked to slow down for {wait:g}s",
-                               retry_after=wait)
+            return rate_limited("the Matrix homeserver", wait)
         if code in CREDENTIALS or status == 401:
             return ProviderUnusable(f"Matrix refused: {CREDENTIALS.get(code, 'unauthorized')} "
                                     f"({code or status})")
         if code in PERMANENT:
             return DeliveryRefused(f"Matrix refused: {PERMANENT[code]} ({code})")
-        if 400 <= status < 500:
-            return DeliveryRefused(f"Matrix refused the request ({code or status})")
-        return ProviderError(f"the Matrix homeserver answered with an error ({code or status})")
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-        return ProviderError("the Matrix homeserver did not answer in time")
-    if isinstance(exc, (aiohttp.ClientError, OSError)):
-        return ProviderError(f"could not reach the Matrix homeserver ({type(exc).__name__})")
+        return by_status(
+            status, refused=f"Matrix refused the request ({code or status})",
+            failed=f"the Matrix homeserver answered with an error ({code or status})")
+    if (transport := transport_error(exc, "the Matrix homeserver")) is not None:
+        return transport
     if isinstance(exc, MatrixError):
         return ProviderError(f"the Matrix request failed ({type(exc).__name__})")
     return ProviderError(f"Matrix error: {type(exc).__name__}")

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pluto.providers.kit.files import safe_filename
+from pluto.providers.kit.payload import dict_at, text_at
 from pluto.types import Attachment, IncomingMessage
 
 PROVIDER = "matrix"
@@ -30,25 +32,23 @@ class Event:
 
     @property
     def id(self) -> str:
-        return str(self.raw.get("event_id") or "")
+        return text_at(self.raw, "event_id")
 
     @property
     def sender(self) -> str:
-        return str(self.raw.get("sender") or "")
+        return text_at(self.raw, "sender")
 
     @property
     def content(self) -> dict[str, Any]:
-        c = self.raw.get("content")
-        return c if isinstance(c, dict) else {}
+        return dict_at(self.raw, "content")
 
     @property
     def msgtype(self) -> str:
-        return str(self.content.get("msgtype") or "")
+        return text_at(self.content, "msgtype")
 
     @property
     def relates_to(self) -> dict[str, Any]:
-        r = self.content.get("m.relates_to")
-        return r if isinstance(r, dict) else {}
+        return dict_at(self.content, "m.relates_to")
 
     @property
     def is_edit(self) -> bool:
@@ -79,7 +79,7 @@ class Event:
         url = self.content.get("url")
         if kind is None or not isinstance(url, str) or not url.startswith("mxc://"):
             return None
-        info = found if isinstance(found := self.content.get("info"), dict) else {}
+        info = dict_at(self.content, "info")
         name = str(self.content.get("filename") or self.content.get("body") or "file")
         size = info.get("size") if isinstance(info.get("size"), int) else 0
         return (url, name, str(info.get("mimetype") or "application/octet-stream"), size,
@@ -88,7 +88,7 @@ class Event:
     def text(self) -> str:
         """What the person wrote: the body, or a file's caption (Matrix 1.10: ``filename``
         beside a ``body`` that differs from it)."""
-        body = str(self.content.get("body") or "")
+        body = text_at(self.content, "body")
         if self.msgtype in FILE_TYPES:
             name = self.content.get("filename")
             return body if name and name != body else ""
@@ -132,8 +132,3 @@ def upload_path(root: Path, event: Event, filename: str) -> Path:
     folder = re.sub(r"[^0-9A-Za-z_-]", "_", event.room_id)[:60] or "room"
     short = re.sub(r"[^0-9A-Za-z]", "", event.id)[-16:] or "event"
     return root / folder / f"{short}-{safe_filename(filename)}"
-
-
-def safe_filename(name: str) -> str:
-    base = re.sub(r"[^A-Za-z0-9._ -]+", "_", Path(name.replace("\\", "/")).name).strip(" .")
-    return (base or "file")[-100:]

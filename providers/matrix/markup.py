@@ -15,33 +15,25 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from pluto.gateway.delivery.render.dialects import escape_attr, escape_html
-from pluto.gateway.delivery.render.emit import Emitter
+from pluto.gateway.delivery.render.dialects import escape_html
 from pluto.gateway.delivery.render.ir import Inline, plain_text
 from pluto.gateway.delivery.render.stream import Open, Token, wrap
 from pluto.gateway.delivery.render.stream import Text as Out
+from pluto.providers.kit.markup import HtmlEscaped, code_language, html_link
 from pluto.types import Dialect
 
 __all__ = ["MATRIX_HTML", "MatrixEmitter", "html_to_plain", "to_event_content"]
 
 
-class MatrixEmitter(Emitter):
-    bullet = "• "
-    rule_text = "──────────"
+class MatrixEmitter(HtmlEscaped):
     spans = {"bold": ("<strong>", "</strong>"), "italic": ("<em>", "</em>"),
              "strike": ("<del>", "</del>")}
-
-    def escape(self, text: str, line_start: bool = False) -> str:
-        return escape_html(text)
 
     def inline_code(self, text: str, in_span: bool) -> list[Token]:
         return wrap(Open("<code>", "</code>", verbatim=True), [Out(escape_html(text))])
 
     def link(self, url: str, children: Sequence[Inline]) -> list[Token]:
-        if not link_allowed(url):
-            return self.inlines(children, in_span=True)
-        markup = Open(f'<a href="{escape_attr(url)}">', "</a>", fallback=f" ({escape_html(url)})")
-        return wrap(markup, self.inlines(children, in_span=True))
+        return html_link(self, url, children, link_allowed)
 
     def bare_url(self, url: str) -> list[Token]:
         return [Out(escape_html(url))]  # clients link bare URLs themselves
@@ -51,7 +43,7 @@ class MatrixEmitter(Emitter):
         return wrap(Open(f"<{tag}>", f"</{tag}>"), [Out(escape_html(plain_text(inlines)))])
 
     def code_block(self, lang: str, text: str) -> list[Token]:
-        lang = re.sub(r"[^\w+#.-]", "", lang)[:32]
+        lang = code_language(lang)
         opener = f'<pre><code class="language-{lang}">' if lang else "<pre><code>"
         return wrap(Open(opener, "</code></pre>", verbatim=True), [Out(escape_html(text))])
 

@@ -5,7 +5,6 @@ is there). Every failure is a :class:`ProviderError` (see ``errors.py``)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any, cast
@@ -14,6 +13,7 @@ from mautrix.client import ClientAPI
 from mautrix.types import EventContent, EventType, RoomID
 
 from pluto.errors import DeliveryRefused, ProviderError
+from pluto.providers.kit.files import read_outgoing
 from pluto.providers.matrix.errors import call
 from pluto.providers.matrix.markup import to_event_content
 from pluto.types import Attachment, OutgoingMessage
@@ -86,12 +86,7 @@ class Outbound:
         return event_id
 
     async def _file_content(self, attachment: Attachment) -> dict[str, Any]:
-        if attachment.path is None:
-            raise DeliveryRefused(f"the file {attachment.filename} has no path")
-        try:
-            data = await asyncio.to_thread(attachment.path.read_bytes)
-        except OSError:
-            raise DeliveryRefused(f"the file {attachment.filename} can no longer be read") from None
+        data = await read_outgoing(attachment)
         mxc = await call(self.client().upload_media(
             data, mime_type=attachment.mime_type, filename=attachment.filename))
         image = attachment.kind == "image" and attachment.mime_type.startswith("image/")

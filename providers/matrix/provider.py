@@ -29,9 +29,13 @@ from mautrix.client import ClientAPI
 from mautrix.types import RoomID, SyncToken
 from mautrix.util.logging import TraceLogger
 
-from pluto.errors import ProviderError, ProviderUnusable, RateLimited
+from pluto.errors import ProviderUnusable
 from pluto.gateway.ports import Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
+from pluto.providers.kit.files import (CHUNK, TooLarge, max_bytes, not_downloaded, save_stream,
+                                       too_large)
+from pluto.providers.kit.loops import Backoff, retry_until_done
+from pluto.providers.kit.notices import notice, quiet_notice
 from pluto.providers.matrix.errors import (FAILURES, HomeserverApi, provider_error,
                                           redact_secrets_in_logs)
 from pluto.providers.matrix.inbound import (TEXT_TYPES, Event, mentions, to_incoming,
@@ -49,7 +53,6 @@ FILTER = json.dumps({"presence": {"not_types": ["*"]}, "account_data": {"not_typ
                               "state": {"lazy_load_members": True}}})
 REMEMBERED = 4096
 MAX_BACKFILL = 1000  # missed messages fetched for one room after a gap
-CHUNK = 64 * 1024
 
 
 class MatrixProvider(Provider):
@@ -126,25 +129,11 @@ class MatrixProvider(Provider):
         since = await tokens.load()
         log.info("matrix: %s connected to %s (%s)", me, self.settings.homeserver,
                  "resuming" if since else "first start: earlier messages are not answered")
-        failures = 0
+        backoff = Backoff()
         while True:
-            try:
-                data = await self.client().sync(
-                    since=SyncToken(since) if since is not None else None, timeout=int(self.settings.sync_timeout_seconds * 1000 if since
-                                             else 0), filter_id=FILTER)  # type: ignore[arg-type]
-                failures = 0
-            except asyncio.CancelledError:
-                raise
-            except FAILURES as e:  # typed below
-                error = provider_error(e)
-                if isinstance(error, ProviderUnusable):
-                    raise error from None
-                failures += 1
-                delay = (error.retry_after if isinstance(error, RateLimited)
-                         else min(30.0, 2.0 ** failures))
-                log.warning("matrix: sync failed (%s); retrying in %.0fs", error, delay)
-                await asyncio.sleep(delay)
-                continue
+            data = await retry_until_done(lambda: self._sync(since), failures=FAILURES,
+                                          typed=provider_error, backoff=backoff,
+                                          what="matrix: sync", log=log)
             try:
                 await self._handle_sync(data, intake, since=since)
             except NotRecorded:  # storage failed: the token stays, the same batch comes again
@@ -154,6 +143,12 @@ class MatrixProvider(Provider):
             if isinstance(token, str) and token:
                 since = token
                 await tokens.save(token)  # after intake recorded the batch's messages
+
+    async def _sync(self, since: str | None) -> Any:
+        """One ``/sync``: at once on a first start (the room state), else a long poll."""
+        timeout = int(self.settings.sync_timeout_seconds * 1000) if since else 0
+        return await self.client().sync(since=SyncToken(since) if since is not None else None,
+                                        timeout=timeout, filter_id=FILTER)  # type: ignore[arg-type]
 
     async def close(self) -> None:
         if self._session is not None:
@@ -311,47 +306,33 @@ class MatrixProvider(Provider):
         found = event.file()
         assert found is not None
         url, name, mime, size, kind = found
-        limit = int(self.settings.max_download_mb * 1024 * 1024)
-        too_large = (f"The file {name} is too large for me to read (the limit is "
-                     f"{self.settings.max_download_mb:g} MB).")
+        limit = max_bytes(self.settings.max_download_mb)
         if size > limit:
-            return (), too_large
+            return (), too_large(name, self.settings.max_download_mb)
         path = upload_path(self.uploads, event, name)
         try:
-            await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
             got = await self._fetch(url, path, limit)
-        except _TooLarge:
-            await asyncio.to_thread(path.unlink, missing_ok=True)
-            return (), too_large
+        except TooLarge:
+            return (), too_large(name, self.settings.max_download_mb)
         except FAILURES as e:  # told to the person below
             await asyncio.to_thread(path.unlink, missing_ok=True)
             log.warning("matrix: downloading %s in %s failed: %s", name, event.room_id,
                         provider_error(e))
-            return (), f"I could not download the file {name}; please send it again."
+            return (), not_downloaded(name)
         return (Attachment(filename=name, mime_type=mime, size=got, path=path, kind=kind),), None
 
     async def _fetch(self, mxc: str, path: Path, limit: int) -> int:
         """An authenticated media download (Matrix 1.11), streamed to ``path``."""
         client = self.client()
         url = client.api.get_download_url(mxc, authenticated=True)
-        size = 0
         async with client.api.session.get(url, headers={
                 "Authorization": f"Bearer {self._token}"}) as r:
             r.raise_for_status()
-            with await asyncio.to_thread(path.open, "wb") as out:
-                async for block in r.content.iter_chunked(CHUNK):
-                    size += len(block)
-                    if size > limit:
-                        raise _TooLarge()
-                    await asyncio.to_thread(out.write, block)
-        return size
+            return await save_stream(r.content.iter_chunked(CHUNK), path, limit)
 
     async def _quiet_notice(self, event: Event, text: str) -> None:
-        try:
-            await self.send(OutgoingMessage(chat_id=event.room_id, text=text, kind="notice",
-                                            thread_id=event.thread_root))
-        except ProviderError as e:
-            log.warning("matrix: could not tell %s: %s", event.room_id, e)
+        await quiet_notice(self.send, notice(event.room_id, text, thread_id=event.thread_root),
+                           log=log, provider="matrix", place=event.room_id)
 
     # sending -----------------------------------------------------------------------------
 
@@ -369,10 +350,6 @@ class MatrixProvider(Provider):
         self._remember(event_id, True)
         if thread_id:
             self._join_thread(thread_id)
-
-
-class _TooLarge(ProviderError):
-    """A download went past the size limit."""
 
 
 def _dict(value: Any) -> dict[str, Any]:

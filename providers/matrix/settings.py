@@ -20,32 +20,23 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from pluto.gateway.ports import ProviderContext, provider_settings, required_env
-
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+from pluto.providers.kit.settings import ENV_NAME, HttpUrl
 
 
 class MatrixSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = False
-    homeserver: str = "https://matrix.org"
+    homeserver: HttpUrl = "https://matrix.org"
     access_token_env: str = Field(default="MATRIX_ACCESS_TOKEN", pattern=ENV_NAME)
     user_id: str | None = Field(default=None, pattern=r"^@[^:\s]+:\S+$")
     room_messages: Literal["mentions", "all"] = "mentions"
     auto_join: bool = True
     sync_timeout_seconds: float = Field(default=30, ge=0, le=120)
     max_download_mb: float = Field(default=50, gt=0, le=1000)
-
-    @field_validator("homeserver")
-    @classmethod
-    def _http_url(cls, v: str) -> str:
-        v = v.strip().rstrip("/")
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return v
 
 
 def load_settings(ctx: ProviderContext) -> tuple[MatrixSettings, str]:
