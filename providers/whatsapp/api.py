@@ -7,22 +7,16 @@ names (a download, with the same bearer token). Every refusal raises :class:`Gra
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from pluto.errors import PlutoError
+from pluto.providers.kit.files import CHUNK, TooLarge, save_stream
 from pluto.providers.whatsapp.errors import GraphError, graph_error
 
 TIMEOUT = aiohttp.ClientTimeout(total=60, connect=10)
-CHUNK = 64 * 1024
-
-
-class TooLarge(PlutoError):
-    """A download is larger than allowed."""
 
 
 class GraphApi:
@@ -106,17 +100,12 @@ class GraphApi:
             raise GraphError(r.status, 0, "WhatsApp gave no download URL")
         if int(meta.get("file_size") or 0) > max_bytes:
             raise TooLarge()
-        digest, size = hashlib.sha256(), 0
+        digest = hashlib.sha256()
         async with self.session().get(url) as r:
             if r.status >= 400:
                 raise graph_error(r.status, None, r.headers)
-            with await asyncio.to_thread(path.open, "wb") as out:
-                async for block in r.content.iter_chunked(CHUNK):
-                    size += len(block)
-                    if size > max_bytes:
-                        raise TooLarge()
-                    digest.update(block)
-                    await asyncio.to_thread(out.write, block)
+            size = await save_stream(r.content.iter_chunked(CHUNK), path, max_bytes,
+                                     each=digest.update)
         expected = meta.get("sha256")
         if isinstance(expected, str) and expected and expected != digest.hexdigest():
             raise GraphError(200, 0, "the downloaded file does not match its checksum")

@@ -16,14 +16,12 @@ The Cloud API answers a refused call with ``{"error": {"code": N, "message": …
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from pluto.errors import (DeliveryRefused, PlutoError, ProviderError, ProviderUnusable,
                           RateLimited)
+from pluto.providers.kit.errors import by_status, retry_after_header, transport_error
 from pluto.gateway.logs import MaskSecrets
 
 OUTSIDE_WINDOW = 131047
@@ -74,15 +72,8 @@ def graph_error(status: int, body: Any, headers: Any = None) -> GraphError:
         code = int(err.get("code") or 0)
     except (TypeError, ValueError):
         code = 0
-    wait = None
-    for name, value in dict(headers or {}).items():
-        if str(name).lower() == "retry-after":
-            try:
-                wait = max(0.0, float(value))
-            except (TypeError, ValueError):
-                pass
     return GraphError(status, code, str(err.get("message") or f"HTTP {status}")[:300],
-                      str(data.get("details") or "")[:300], wait)
+                      str(data.get("details") or "")[:300], retry_after_header(headers))
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,14 +96,10 @@ def provider_error(exc: BaseException, waits: Waits) -> ProviderError:
                                     f"(code {exc.code})")
         if exc.code in PERMANENT:
             return DeliveryRefused(f"WhatsApp refused: {PERMANENT[exc.code]} (code {exc.code})")
-        if 400 <= exc.status < 500:
-            return DeliveryRefused(f"WhatsApp refused the message: {exc}")
-        return ProviderError(f"WhatsApp answered with an error: {exc}")
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-        return ProviderError("WhatsApp did not answer in time")
-    if isinstance(exc, (aiohttp.ClientError, OSError)):
-        return ProviderError(f"could not reach WhatsApp ({type(exc).__name__})")
-    return ProviderError(f"WhatsApp error: {type(exc).__name__}")
+        return by_status(exc.status, refused=f"WhatsApp refused the message: {exc}",
+                         failed=f"WhatsApp answered with an error: {exc}")
+    return transport_error(exc, "WhatsApp") or ProviderError(
+        f"WhatsApp error: {type(exc).__name__}")
 
 
 _MASK = MaskSecrets(placeholder="<secret>")

@@ -10,7 +10,6 @@ with the app secret>``. Every chat is a person's own (their ``wa_id``).
 from __future__ import annotations
 
 import hashlib
-import hmac
 import logging
 import re
 import time
@@ -18,17 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pluto.providers.kit.files import safe_filename
+from pluto.providers.kit.payload import dict_at, text_at
 from pluto.types import Attachment, IncomingMessage
 
 log = logging.getLogger(__name__)
 
 PROVIDER = "whatsapp"
 READABLE = ("text", "document", "image")
-
-
-def signature_ok(app_secret: str, body: bytes, header: str) -> bool:
-    expected = "sha256=" + hmac.new(app_secret.encode(), body, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected.encode(), header.strip().encode("utf-8", "replace"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,11 +37,11 @@ class Inbound:
 
     @property
     def id(self) -> str:
-        return str(self.raw.get("id") or "")
+        return text_at(self.raw, "id")
 
     @property
     def kind(self) -> str:
-        return str(self.raw.get("type") or "")
+        return text_at(self.raw, "type")
 
     @property
     def timestamp(self) -> float:
@@ -76,8 +72,7 @@ def parse(payload: Any, phone_number_id: str) -> tuple[list[Inbound], list[Statu
             value = change.get("value")
             if change.get("field") != "messages" or not isinstance(value, dict):
                 continue
-            metadata = found if isinstance(found := value.get("metadata"), dict) else {}
-            if str(metadata.get("phone_number_id") or "") != phone_number_id:
+            if text_at(dict_at(value, "metadata"), "phone_number_id") != phone_number_id:
                 continue
             names = {str(c.get("wa_id")): (c.get("profile") or {}).get("name")
                      for c in _dicts(value.get("contacts"))}
@@ -117,7 +112,7 @@ def media_of(inbound: Inbound) -> tuple[str, str, str, Literal["file", "image"]]
 
 
 def to_incoming(inbound: Inbound, attachments: tuple[Attachment, ...] = ()) -> IncomingMessage:
-    context = found if isinstance(found := inbound.raw.get("context"), dict) else {}
+    context = dict_at(inbound.raw, "context")
     return IncomingMessage(
         provider=PROVIDER, chat_id=inbound.wa_id, user_id=inbound.wa_id, user_name=inbound.name,
         text=text_of(inbound).strip(), message_id=inbound.id, attachments=attachments,
@@ -135,9 +130,3 @@ def upload_path(root: Path, inbound: Inbound, filename: str) -> Path:
 
 def safe_part(text: str) -> str:
     return re.sub(r"[^0-9A-Za-z_-]", "_", text)[:40] or "unknown"
-
-
-def safe_filename(name: str) -> str:
-    """A name that stays inside its folder: no separators, no leading dots, at most 100 chars."""
-    base = re.sub(r"[^A-Za-z0-9._ -]+", "_", Path(name.replace("\\", "/")).name).strip(" .")
-    return (base or "file")[-100:]

@@ -29,11 +29,15 @@ from pluto.errors import DeliveryRefused, PlutoError, ProviderError
 from pluto import jsonlimits
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
-from pluto.providers.whatsapp.api import GraphApi, TooLarge
+from pluto.providers.kit.files import (TooLarge, max_bytes, not_downloaded, read_outgoing,
+                                       too_large)
+from pluto.providers.kit.notices import notice, quiet_notice
+from pluto.providers.kit.signatures import body_signature_ok, same_secret
+from pluto.providers.whatsapp.api import GraphApi
 from pluto.providers.whatsapp.errors import (OUTSIDE_WINDOW, GraphError, Waits, provider_error,
                                              redact_secrets_in_logs)
 from pluto.providers.whatsapp.inbound import (READABLE, Inbound, Status, media_of, parse,
-                                              signature_ok, to_incoming, upload_path)
+                                              to_incoming, upload_path)
 from pluto.providers.whatsapp.markup import WHATSAPP
 from pluto.providers.whatsapp.settings import WhatsAppSecrets, WhatsAppSettings, load_settings
 from pluto.types import Attachment, Capabilities, OutgoingMessage
@@ -115,7 +119,7 @@ class WhatsAppProvider(Provider):
     async def _on_verify(self, request: web.Request) -> web.Response:
         q = request.query
         if (q.get("hub.mode") == "subscribe"
-                and q.get("hub.verify_token", "") == self._secrets.verify_token
+                and same_secret(q.get("hub.verify_token", ""), self._secrets.verify_token)
                 and q.get("hub.challenge")):
             log.info("whatsapp: webhook subscription verified")
             return web.Response(text=q["hub.challenge"])
@@ -123,8 +127,8 @@ class WhatsAppProvider(Provider):
 
     async def _on_webhook(self, request: web.Request) -> web.Response:
         body = await request.read()
-        if not signature_ok(self._secrets.app_secret, body,
-                            request.headers.get("X-Hub-Signature-256", "")):
+        if not body_signature_ok(self._secrets.app_secret, body,
+                                 request.headers.get("X-Hub-Signature-256")):
             return web.Response(status=401, text="bad signature")
         intake = self._intake
         if intake is None:
@@ -188,19 +192,16 @@ class WhatsAppProvider(Provider):
     async def _download(self, inbound: Inbound, media_id: str, name: str, mime: str,
                         kind: str) -> tuple[tuple[Attachment, ...], str | None]:
         path = upload_path(self.uploads, inbound, name)
-        limit = int(self.settings.max_download_mb * 1024 * 1024)
         try:
-            await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
-            size = await self.api.download(media_id, path, limit)
+            size = await self.api.download(media_id, path,
+                                           max_bytes(self.settings.max_download_mb))
         except TooLarge:
-            await asyncio.to_thread(path.unlink, missing_ok=True)
-            return (), (f"The file {name} is too large for me to read (the limit is "
-                        f"{self.settings.max_download_mb:g} MB).")
+            return (), too_large(name, self.settings.max_download_mb)
         except (GraphError, *NETWORK) as e:
             await asyncio.to_thread(path.unlink, missing_ok=True)
             log.warning("whatsapp: downloading %s from %s failed: %s", name, inbound.wa_id,
                         provider_error(e, self.waits))
-            return (), f"I could not download the file {name}; please send it again."
+            return (), not_downloaded(name)
         return (Attachment(filename=name, mime_type=mime, size=size, path=path,
                            kind="image" if kind == "image" else "file"),), None
 
@@ -226,10 +227,8 @@ class WhatsAppProvider(Provider):
         task.add_done_callback(self._tasks.discard)
 
     async def _quiet_notice(self, wa_id: str, text: str) -> None:
-        try:
-            await self.send(OutgoingMessage(chat_id=wa_id, text=text, kind="notice"))
-        except ProviderError as e:
-            log.warning("whatsapp: could not tell %s: %s", wa_id, e)
+        await quiet_notice(self.send, notice(wa_id, text), log=log, provider="whatsapp",
+                           place=wa_id)
 
     # the 24-hour window ---------------------------------------------------------------------
 
@@ -334,12 +333,7 @@ class WhatsAppProvider(Provider):
         return first
 
     async def _send_file(self, to: str, attachment: Attachment, caption: str | None) -> str:
-        if attachment.path is None:
-            raise DeliveryRefused(f"the file {attachment.filename} has no path")
-        try:
-            data = await asyncio.to_thread(attachment.path.read_bytes)
-        except OSError:
-            raise DeliveryRefused(f"the file {attachment.filename} can no longer be read") from None
+        data = await read_outgoing(attachment)
         media_id = await self.api.upload(data, attachment.filename, attachment.mime_type)
         if attachment.kind == "image" and attachment.mime_type in ("image/png", "image/jpeg"):
             content: dict[str, str] = {"id": media_id}

@@ -29,8 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pluto.errors import ConfigError
 from pluto.gateway.ports import ProviderContext, provider_settings, required_env
-
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+from pluto.providers.kit.settings import ENV_NAME, URL_PATH, HttpUrl, needs_http_server
 FIELD = "providers.whatsapp"
 
 
@@ -54,22 +53,14 @@ class WhatsAppSettings(BaseModel):
     token_env: str = Field(default="WHATSAPP_TOKEN", pattern=ENV_NAME)
     app_secret_env: str = Field(default="WHATSAPP_APP_SECRET", pattern=ENV_NAME)
     verify_token_env: str = Field(default="WHATSAPP_VERIFY_TOKEN", pattern=ENV_NAME)
-    webhook_path: str = Field(default="/whatsapp/webhook", pattern=r"^/[A-Za-z0-9/_.-]*$")
-    api_base: str = "https://graph.facebook.com"
+    webhook_path: str = Field(default="/whatsapp/webhook", pattern=URL_PATH)
+    api_base: HttpUrl = "https://graph.facebook.com"
     api_version: str = Field(default="v21.0", pattern=r"^v[0-9]+\.[0-9]+$")
     admin_number: str | None = Field(default=None, pattern=r"^[0-9]{6,20}$")
     window_template: WindowTemplate | None = None
     pair_rate_wait_seconds: float = Field(default=6.0, gt=0, le=3600)
     throughput_wait_seconds: float = Field(default=1.0, gt=0, le=3600)
     max_download_mb: float = Field(default=100, gt=0, le=1000)
-
-    @field_validator("api_base")
-    @classmethod
-    def _http_url(cls, v: str) -> str:
-        v = v.strip().rstrip("/")
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return v
 
     @field_validator("phone_number_id", "admin_number", mode="before")
     @classmethod
@@ -107,8 +98,6 @@ def load_settings(ctx: ProviderContext) -> tuple[WhatsAppSettings, WhatsAppSecre
                                 "the app secret that checks Meta's webhook posts"),
         verify_token=required_env(settings.verify_token_env, "whatsapp", "verify_token_env",
                                   "the verify token of the webhook subscription"))
-    if ctx.http is None:
-        raise ConfigError([("pluto.yaml", None, FIELD,
-                            "WhatsApp delivers messages by webhook: it needs the HTTP server "
-                            "(pluto serve)")])
+    needs_http_server(ctx, "whatsapp", "", "WhatsApp delivers messages by webhook: it needs "
+                      "the HTTP server (pluto serve)")
     return settings, secrets
