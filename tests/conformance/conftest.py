@@ -11,6 +11,7 @@ import pytest
 from tests.conformance.api_harness import ApiHarness
 from tests.conformance.cli_harness import CliHarness
 from tests.conformance.discord_harness import DiscordHarness
+from tests.conformance.email_harness import EmailHarness
 from tests.conformance.harness import Harness
 from tests.conformance.matrix_harness import MatrixHarness
 from tests.conformance.mattermost_harness import MattermostHarness
@@ -31,6 +32,7 @@ HARNESSES: dict[str, type[Harness]] = {
     "api": ApiHarness,
     "whatsapp": WhatsAppHarness,
     "matrix": MatrixHarness,
+    "email": EmailHarness,
     "mattermost": MattermostHarness,
     "teams": TeamsHarness,
 }
