@@ -16,8 +16,8 @@ from urllib.parse import quote
 
 import aiohttp
 
-from pluto.errors import (DeliveryRefused, PlutoError, ProviderError, ProviderUnusable,
-                          RateLimited)
+from pluto.errors import DeliveryRefused, PlutoError, ProviderError, ProviderUnusable
+from pluto.providers.kit.errors import rate_limited, retry_after_header, transport_error
 from pluto.providers.teams.auth import AppToken, SessionFactory, fetch_json
 
 NETWORK = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
@@ -31,20 +31,13 @@ class ConnectorError(PlutoError):
         self.status, self.code, self.retry_after = status, code, retry_after
 
 
-def _retry_after(headers: Any) -> float | None:
-    try:
-        return max(0.0, float(headers.get("Retry-After", "")))
-    except (TypeError, ValueError):
-        return None
-
-
 def _error(status: int, body: Any, headers: Any) -> ConnectorError:
     err = body.get("error") if isinstance(body, dict) else None
     err = err if isinstance(err, dict) else {}
     top = body if isinstance(body, dict) else {}
     message = str(err.get("message") or top.get("message") or f"HTTP {status}")
     return ConnectorError(status, str(err.get("code") or "")[:80], message[:300],
-                          _retry_after(headers))
+                          retry_after_header(headers))
 
 
 def provider_error(exc: BaseException, default_wait: float) -> ProviderError:
@@ -54,17 +47,13 @@ def provider_error(exc: BaseException, default_wait: float) -> ProviderError:
     if isinstance(exc, ConnectorError):
         if exc.status == 429:
             wait = exc.retry_after if exc.retry_after is not None else default_wait
-            return RateLimited(f"Teams asked to slow down; waiting {wait:g}s", retry_after=wait)
+            return rate_limited("Teams", wait)
         if exc.status == 401:
             return ProviderUnusable(f"the Bot Connector refused the bot's token: {exc}")
         if exc.status in (400, 403, 404, 413):
             return DeliveryRefused(f"Teams refused the message: {exc}")
         return ProviderError(f"Teams answered with an error: {exc}")
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-        return ProviderError("Teams did not answer in time")
-    if isinstance(exc, (aiohttp.ClientError, OSError)):
-        return ProviderError(f"could not reach Teams ({type(exc).__name__})")
-    return ProviderError(f"Teams error: {type(exc).__name__}")
+    return transport_error(exc, "Teams") or ProviderError(f"Teams error: {type(exc).__name__}")
 
 
 class Connector:

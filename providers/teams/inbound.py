@@ -16,7 +16,6 @@ import re
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from pluto.types import Attachment, IncomingMessage
@@ -186,7 +185,3 @@ def _mime(name: str) -> str:
             "officedocument.spreadsheetml.sheet", "png": "image/png",
             "jpg": "image/jpeg"}.get(ext, "application/octet-stream")
 
-
-def safe_filename(name: str) -> str:
-    base = re.sub(r"[^A-Za-z0-9._ -]+", "_", Path(name.replace("\\", "/")).name).strip(" .")
-    return (base or "file")[-100:]

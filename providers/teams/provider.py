@@ -28,16 +28,19 @@ import aiohttp
 from aiohttp import web
 
 from pluto import jsonlimits
-from pluto.errors import DeliveryRefused, PlutoError, ProviderError
+from pluto.errors import DeliveryRefused, ProviderError
 from pluto.gateway.logs import MaskSecrets
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
+from pluto.providers.kit.files import (TooLarge, max_bytes, not_downloaded, read_outgoing,
+                                       safe_filename, save_stream, too_large)
+from pluto.providers.kit.http import read_limited
+from pluto.providers.kit.notices import notice, quiet_notice
 from pluto.providers.teams.auth import (AppToken, KeysUnavailable, Unauthorized, Verifier)
 from pluto.providers.teams.connector import NETWORK, Connector, provider_error
 from pluto.providers.teams.conversations import Conversations
 from pluto.providers.teams.inbound import (Activity, BadActivity, FileIn, activity_part,
-                                           files_of, message_id, parse, safe_filename,
-                                           to_incoming)
+                                           files_of, message_id, parse, to_incoming)
 from pluto.providers.teams.markup import TEAMS, lift_tables, table_card
 from pluto.providers.teams.settings import TeamsSecrets, TeamsSettings, load_settings
 from pluto.types import Attachment, Capabilities, IncomingMessage, OutgoingMessage
@@ -47,13 +50,8 @@ log = logging.getLogger(__name__)
 TIMEOUT = aiohttp.ClientTimeout(total=30, connect=10)
 MAX_BODY = 1024 * 1024  # an activity is a few kilobytes
 REMEMBERED = 4096  # activity ids kept to recognise redeliveries before any work is done
-CHUNK = 64 * 1024
 INLINE_IMAGES = ("image/png", "image/jpeg", "image/gif")
 _MASK = MaskSecrets(placeholder="<secret>")
-
-
-class TooLarge(PlutoError):
-    """A download is larger than allowed."""
 
 
 class TeamsProvider(Provider):
@@ -137,10 +135,11 @@ class TeamsProvider(Provider):
         except KeysUnavailable as e:
             log.warning("teams: cannot verify activities now: %s", e)
             return web.Response(status=503, text="try again")
-        if request.content_length is not None and request.content_length > MAX_BODY:
+        body = await read_limited(request, MAX_BODY)
+        if body is None:
             return web.Response(status=413, text="too large")
         try:
-            activity = parse(jsonlimits.loads(await request.content.read(MAX_BODY + 1)))
+            activity = parse(jsonlimits.loads(body))
             verified.check(activity.service_url, activity.channel_id)
         except (BadActivity, ValueError, UnicodeDecodeError) as e:
             return web.Response(status=400, text=f"not a Bot Framework activity: {e}"[:200])
@@ -196,46 +195,34 @@ class TeamsProvider(Provider):
         for n, found in enumerate(files):
             short = hashlib.sha256(f"{message_id(activity)}|{n}".encode()).hexdigest()[:12]
             path = self.uploads / short[:2] / f"{short}-{safe_filename(found.name)}"
-            problem = await self._download(found, path)
+            size, problem = await self._download(found, path)
             if problem is None:
-                size = (await asyncio.to_thread(path.stat)).st_size
                 got.append(Attachment(filename=safe_filename(found.name), mime_type=found.mime,
                                       size=size, path=path,
                                       kind="image" if found.kind == "image" else "file"))
             else:
-                await self._quiet_notice(incoming, problem)
+                await quiet_notice(self.send, notice(incoming.chat_id, problem,
+                                                     thread_id=incoming.thread_id),
+                                   log=log, provider=self.name, place=incoming.chat_id[:80])
         return tuple(got)
 
-    async def _download(self, found: FileIn, path: Path) -> str | None:
-        """None once the file is in ``path``; else what to tell the person."""
-        limit = int(self.settings.max_download_mb * 1024 * 1024)
+    async def _download(self, found: FileIn, path: Path) -> tuple[int, str | None]:
+        """The size once the file is in ``path``, or what to tell the person."""
+        limit = max_bytes(self.settings.max_download_mb)
         try:
             headers = {"Authorization": f"Bearer {await self.token.get()}"} \
                 if found.with_token else {}
-            await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
             async with self._http().get(found.url, headers=headers) as r:
                 if r.status >= 400:
                     raise ProviderError(f"HTTP {r.status}")
                 if (r.content_length or 0) > limit:
                     raise TooLarge()
-                await _save(r, path, limit)
-            return None
+                return await save_stream(r.content.iter_chunked(64 * 1024), path, limit), None
         except TooLarge:
-            await asyncio.to_thread(path.unlink, missing_ok=True)
-            return (f"The file {found.name} is too large for me to read (the limit is "
-                    f"{self.settings.max_download_mb:g} MB).")
+            return 0, too_large(found.name, self.settings.max_download_mb)
         except (ProviderError, *NETWORK) as e:
-            await asyncio.to_thread(path.unlink, missing_ok=True)
-            log.warning("teams: downloading %s failed: %s", found.name,
-                        provider_error(e, 1.0))
-            return f"I could not download the file {found.name}; please send it again."
-
-    async def _quiet_notice(self, incoming: IncomingMessage, text: str) -> None:
-        try:
-            await self.send(OutgoingMessage(chat_id=incoming.chat_id, text=text,
-                                            thread_id=incoming.thread_id, kind="notice"))
-        except ProviderError as e:
-            log.warning("teams: could not tell conversation %s: %s", incoming.chat_id, e)
+            log.warning("teams: downloading %s failed: %s", found.name, provider_error(e, 1.0))
+            return 0, not_downloaded(found.name)
 
     # sending -----------------------------------------------------------------------------
 
@@ -264,15 +251,9 @@ class TeamsProvider(Provider):
     async def _file_activity(self, attachment: Attachment) -> dict[str, Any]:
         """A small image inline; anything else as a line saying it cannot be attached."""
         cap = self.settings.max_inline_image_kb * 1024
-        if attachment.path is None:
-            raise DeliveryRefused(f"the file {attachment.filename} has no path")
         if attachment.kind == "image" and attachment.mime_type in INLINE_IMAGES:
-            try:
-                data = await asyncio.to_thread(_read_at_most, attachment.path, cap)
-            except OSError:
-                raise DeliveryRefused(f"the file {attachment.filename} can no longer be "
-                                      "read") from None
-            if data is not None:
+            data = await read_outgoing(attachment)
+            if len(data) <= cap:
                 uri = f"data:{attachment.mime_type};base64,{base64.b64encode(data).decode()}"
                 return {"type": "message", "attachments": [{
                     "contentType": attachment.mime_type, "contentUrl": uri,
@@ -309,19 +290,3 @@ def _activity(text: str) -> dict[str, Any]:
     if lifted.tables:
         activity["attachments"] = [table_card(rows, header) for rows, header in lifted.tables]
     return activity
-
-
-def _read_at_most(path: Path, cap: int) -> bytes | None:
-    with path.open("rb") as f:
-        data = f.read(cap + 1)
-    return data if len(data) <= cap else None
-
-
-async def _save(response: aiohttp.ClientResponse, path: Path, limit: int) -> None:
-    size = 0
-    with await asyncio.to_thread(path.open, "wb") as out:
-        async for block in response.content.iter_chunked(CHUNK):
-            size += len(block)
-            if size > limit:
-                raise TooLarge()
-            await asyncio.to_thread(out.write, block)

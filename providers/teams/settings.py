@@ -22,24 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from pluto.errors import ConfigError
 from pluto.gateway.ports import ProviderContext, provider_settings, required_env
+from pluto.providers.kit.settings import ENV_NAME, URL_PATH, HttpUrl, needs_http_server
 
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 FIELD = "providers.teams"
 OPENID = "https://login.botframework.com/v1/.well-known/openidconfiguration"
 TOKEN_URL = "https://login.microsoftonline.com/botframework.com/oauth2/v2.0/token"
-
-
-def _http_url(v: str | None) -> str | None:
-    if v is None:
-        return None
-    v = v.strip()
-    if not v.startswith(("http://", "https://")):
-        raise ValueError("must be an http:// or https:// URL")
-    return v
 
 
 class TeamsSettings(BaseModel):
@@ -48,21 +39,19 @@ class TeamsSettings(BaseModel):
     enabled: bool = False
     app_id: str = Field(default="", pattern=r"^[A-Za-z0-9-]*$", max_length=64)
     app_password_env: str = Field(default="TEAMS_APP_PASSWORD", pattern=ENV_NAME)
-    messaging_path: str = Field(default="/teams/messages", pattern=r"^/[A-Za-z0-9/_.-]*$")
+    messaging_path: str = Field(default="/teams/messages", pattern=URL_PATH)
     group_messages: Literal["mentions", "all"] = "mentions"
-    openid_metadata_url: str = OPENID
-    token_url: str = TOKEN_URL
+    openid_metadata_url: HttpUrl = OPENID
+    token_url: HttpUrl = TOKEN_URL
     token_scope: str = "https://api.botframework.com/.default"
     issuer: str = "https://api.botframework.com"
     clock_skew_seconds: float = Field(default=300, ge=0, le=900)
     # a token with an unknown key id fetches the keys again at most this often
     key_refresh_min_seconds: float = Field(default=30, ge=0, le=3600)
-    service_url: str | None = None
+    service_url: HttpUrl | None = None
     max_download_mb: float = Field(default=25, gt=0, le=1000)
     max_inline_image_kb: int = Field(default=18, ge=1, le=1024)
     rate_limit_wait_seconds: float = Field(default=1.0, gt=0, le=3600)
-
-    _urls = field_validator("openid_metadata_url", "token_url", "service_url")(_http_url)
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -81,8 +70,6 @@ def load_settings(ctx: ProviderContext) -> tuple[TeamsSettings, TeamsSecrets]:
                             "Bot → Configuration)")])
     secrets = TeamsSecrets(required_env(settings.app_password_env, "teams", "app_password_env",
                                         "the bot's client secret"))
-    if ctx.http is None:
-        raise ConfigError([("pluto.yaml", None, FIELD,
-                            "Teams delivers messages to a messaging endpoint: it needs the HTTP "
-                            "server (pluto serve)")])
+    needs_http_server(ctx, "teams", "", "Teams delivers messages to a messaging endpoint: it "
+                      "needs the HTTP server (pluto serve)")
     return settings, secrets
