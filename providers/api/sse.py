@@ -19,6 +19,7 @@ from aiohttp import web
 from pluto.events import RunEvent, ToolEnd, event_to_dict
 from pluto.gateway.ports import RunFeed
 from pluto.providers.api.artifacts import linked_details
+from pluto.providers.kit.loops import follow
 
 Linker = Callable[[str], str | None]
 
@@ -83,12 +84,7 @@ class EventStreams:
     async def _pump(self, run_id: str, after: int,
                     queue: asyncio.Queue[RunEvent | None]) -> None:
         try:
-            async with contextlib.aclosing(self.feed.follow(run_id, after)) as events:
-                async for item in events:
-                    queue.put_nowait(item)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("sse: following run %s failed", run_id)
+            await follow(self.feed.follow(run_id, after), queue.put_nowait,
+                         what=f"sse: following run {run_id}", log=log)
         finally:
             queue.put_nowait(_DONE)

@@ -18,6 +18,7 @@ from pluto.jsonlimits import JsonTooDeep
 from pluto.events import MessageDelta, MessageFinal, RunEvent, ToolEnd, ToolStart
 from pluto.gateway.ports import SharedFileReader
 from pluto.providers.api.artifacts import Artifact, artifacts_of
+from pluto.providers.kit.http import read_limited
 from pluto.storage.ports import RunReader
 from pluto.storage.rows import StepRow, TaskRow
 
@@ -79,15 +80,10 @@ async def json_body(request: web.Request, fields: tuple[str, ...],
 async def read_body(request: web.Request, max_bytes: int) -> bytes:
     """The body, read no further than ``max_bytes`` (a chunked body has no length to check
     first): over it, 413."""
-    too_large = ApiError(413, "too_large", f"The request body is larger than {max_bytes:,} bytes.")
-    if (request.content_length or 0) > max_bytes:
-        raise too_large
-    body = bytearray()
-    async for block in request.content.iter_chunked(64 * 1024):
-        body += block
-        if len(body) > max_bytes:
-            raise too_large
-    return bytes(body)
+    body = await read_limited(request, max_bytes)
+    if body is None:
+        raise ApiError(413, "too_large", f"The request body is larger than {max_bytes:,} bytes.")
+    return body
 
 
 def text_input(data: dict[str, Any], max_chars: int) -> str:

@@ -23,7 +23,6 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from pluto.events import RunEnd, RunEvent, RunStart
 from pluto.gateway.ports import (ChatDirectory, Intake, Provider, ProviderContext, RunFeed,
                                  SharedFileReader, Ticket)
 from pluto.providers.handover import HandOver
+from pluto.providers.kit.loops import follow
 from pluto.providers.web import pages, protocol
 from pluto.providers.web.rooms import Rooms
 from pluto.providers.web.settings import WebSettings, load_settings
@@ -231,14 +231,9 @@ class WebProvider(Provider):
     async def _show_run(self, run_id: str, fresh: bool = False) -> None:
         shown = self._shown[run_id]
         try:
-            async with aclosing(self.feed.follow(run_id, after=shown.seq,
-                                                 fresh=fresh)) as events:
-                async for event in events:
-                    self._show(run_id, shown, event)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("web: showing run %s failed", run_id)
+            await follow(self.feed.follow(run_id, after=shown.seq, fresh=fresh),
+                         lambda event: self._show(run_id, shown, event),
+                         what=f"web: showing run {run_id}", log=log)
         finally:
             self._done(run_id)
 
