@@ -156,6 +156,12 @@ async def test_bad_payloads_with_a_good_token_are_400_and_harmless(rig: Rig,
                 assert r.status == 400, body[:40]
                 assert "Traceback" not in await r.text()
     assert rig.intake.got == []
+    odd = {**fake.activity(ALICE, "odd but readable"), "entities": 5, "attachments": "x",
+           "from": {"id": ["not", "a", "string"]}, "timestamp": [1]}
+    assert (await fake.post_activity(odd, wait=True)).statuses == [400]  # no sender id
+    odd["from"] = {"id": "29:1odd"}
+    assert (await fake.post_activity(odd, wait=True)).statuses == [200]
+    assert [m.text for m in rig.intake.got] == ["odd but readable"]
     assert await says(fake, ALICE, "still here?") == 200
 
 

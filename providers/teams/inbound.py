@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pluto.providers.kit.payload import dict_at, list_at
 from pluto.types import Attachment, IncomingMessage
 
 PROVIDER = "teams"
@@ -54,8 +55,9 @@ class Activity:
         return (base, root) if sep and root else (self.conversation, None)
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
+def _dicts(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """The objects in the array at ``key`` (anything else in it, or no array: none)."""
+    return [item for item in list_at(data, key) if isinstance(item, dict)]
 
 
 def _str(value: Any, limit: int = 512) -> str:
@@ -66,12 +68,12 @@ def parse(payload: Any) -> Activity:
     """The fields every activity must have; :class:`BadActivity` when one is missing."""
     if not isinstance(payload, dict):
         raise BadActivity("not a JSON object")
-    conversation = _dict(payload.get("conversation"))
+    conversation = dict_at(payload, "conversation")
     found = Activity(payload, _str(payload.get("type"), 64), _str(payload.get("id"), 256),
                      _str(payload.get("serviceUrl"), 2048), _str(payload.get("channelId"), 64),
                      _str(conversation.get("id"), 1024),
                      _str(conversation.get("conversationType"), 32) or "personal",
-                     _dict(payload.get("from")), _str(_dict(payload.get("recipient")).get("id")))
+                     dict_at(payload, "from"), _str(dict_at(payload, "recipient").get("id")))
     if not found.type or not found.service_url.startswith(("https://", "http://")):
         raise BadActivity("the activity has no type or no serviceUrl")
     if found.type == "message" and not (found.id and found.conversation and found.bot_id
@@ -81,18 +83,13 @@ def parse(payload: Any) -> Activity:
 
 
 def mentions(activity: Activity) -> bool:
-    for entity in activity.raw.get("entities") or []:
-        entity = _dict(entity)
-        if entity.get("type") == "mention" and \
-                _str(_dict(entity.get("mentioned")).get("id")) == activity.bot_id:
-            return True
-    return False
+    return any(e.get("type") == "mention" and _str(dict_at(e, "mentioned").get("id"))
+               == activity.bot_id for e in _dicts(activity.raw, "entities"))
 
 
 def quoted(activity: Activity) -> tuple[str, str] | None:
     """(the quoted message's id, its author) of a quoted reply."""
-    for item in activity.raw.get("attachments") or []:
-        item = _dict(item)
+    for item in _dicts(activity.raw, "attachments"):
         content = item.get("content")
         if item.get("contentType") == "text/html" and isinstance(content, str):
             match = _QUOTE.search(content[:MAX_TEXT])
@@ -105,9 +102,9 @@ def quoted(activity: Activity) -> tuple[str, str] | None:
 def text_of(activity: Activity) -> str:
     """The text, the bot's ``<at>`` mention removed, others kept as ``@Name``."""
     text = _str(activity.raw.get("text"), MAX_TEXT)
-    bot_names = {_str(_dict(e).get("text")) for e in activity.raw.get("entities") or []
-                 if _dict(e).get("type") == "mention"
-                 and _str(_dict(_dict(e).get("mentioned")).get("id")) == activity.bot_id}
+    bot_names = {_str(e.get("text")) for e in _dicts(activity.raw, "entities")
+                 if e.get("type") == "mention"
+                 and _str(dict_at(e, "mentioned").get("id")) == activity.bot_id}
     text = _AT.sub(lambda m: "" if m.group(0) in bot_names else "@" + m.group(1), text)
     if activity.raw.get("textFormat") not in (None, "plain", "markdown"):
         text = html.unescape(_TAG.sub("", text))
@@ -125,7 +122,7 @@ def to_incoming(activity: Activity, attachments: tuple[Attachment, ...] = ()) ->
     chat, thread = activity.chat_and_thread
     reply = quoted(activity)
     to_bot = reply is not None and reply[1] == activity.bot_id
-    channel_data = _dict(activity.raw.get("channelData"))
+    channel_data = dict_at(activity.raw, "channelData")
     sender = activity.sender
     return IncomingMessage(
         provider=PROVIDER, chat_id=chat, thread_id=thread,
@@ -134,7 +131,7 @@ def to_incoming(activity: Activity, attachments: tuple[Attachment, ...] = ()) ->
         message_id=message_id(activity), attachments=attachments,
         reply_to_id=reply[0] if reply else None, is_direct=activity.kind == "personal",
         mentions_bot=activity.kind == "personal" or mentions(activity) or to_bot,
-        guild_id=_str(_dict(channel_data.get("team")).get("id"), 256) or None,
+        guild_id=_str(dict_at(channel_data, "team").get("id"), 256) or None,
         timestamp=_timestamp(activity.raw.get("timestamp")))
 
 
@@ -158,9 +155,8 @@ class FileIn:
 
 def files_of(activity: Activity) -> list[FileIn]:
     found: list[FileIn] = []
-    for item in (activity.raw.get("attachments") or [])[:MAX_ATTACHMENTS]:
-        item = _dict(item)
-        kind, content = _str(item.get("contentType"), 256), _dict(item.get("content"))
+    for item in _dicts(activity.raw, "attachments")[:MAX_ATTACHMENTS]:
+        kind, content = _str(item.get("contentType"), 256), dict_at(item, "content")
         name = _str(item.get("name"), 256)
         if kind == FILE_INFO and _str(content.get("downloadUrl"), 4096):
             found.append(FileIn(name or "file", content["downloadUrl"], _mime(name), "file",

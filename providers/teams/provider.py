@@ -252,8 +252,11 @@ class TeamsProvider(Provider):
         """A small image inline; anything else as a line saying it cannot be attached."""
         cap = self.settings.max_inline_image_kb * 1024
         if attachment.kind == "image" and attachment.mime_type in INLINE_IMAGES:
-            data = await read_outgoing(attachment)
-            if len(data) <= cap:
+            try:
+                data: bytes | None = await read_outgoing(attachment, cap)
+            except DeliveryRefused:  # over the cap (or gone): named in a line instead
+                data = None
+            if data is not None:
                 uri = f"data:{attachment.mime_type};base64,{base64.b64encode(data).decode()}"
                 return {"type": "message", "attachments": [{
                     "contentType": attachment.mime_type, "contentUrl": uri,
