@@ -32,7 +32,7 @@ from pluto.gateway.delivery.outbox import Outbox
 from pluto.gateway.delivery.streaming import EditThrottle
 from pluto.gateway.delivery.watchdog import SendWatchdog
 from pluto.gateway.directory import Directory
-from pluto.gateway.feed import LocalRunFeed, SharedRunFeed
+from pluto.gateway.feed import CHANNEL as FEED_CHANNEL, LocalRunFeed, SharedRunFeed
 from pluto.gateway.http.admin import mount_admin
 from pluto.gateway.http.server import HttpServer
 from pluto.gateway.metrics import Metrics
@@ -325,7 +325,10 @@ class Gateway:
         if self.shared:  # other instances may be running: take over only what is orphaned
             await self.cluster.start()
             stack.push_async_callback(self.cluster.stop)
-            if isinstance(self.feed, SharedRunFeed):
+            if isinstance(self.feed, SharedRunFeed) and self.store.bus is not None:
+                # every write of run events tells the other instances in its own statement
+                self.store.conversations.notify_channel = await self.store.bus.scoped(
+                    FEED_CHANNEL)
                 # runs executing on other instances, followed live; those accepted here,
                 # heard as they are published
                 self.feed.start(local=lambda run_id: run_id in self.pipeline.live)

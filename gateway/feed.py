@@ -13,8 +13,8 @@ each event is handed to a function in the very call that publishes it (a chat fr
 a streamed batch without a wake-up of its own per batch).
 
 :class:`LocalRunFeed` lives in one process. With several instances on one database,
-:class:`SharedRunFeed` also tells the others, over the database's notifications, that a run
-has a new event; a watcher here of a run executing elsewhere then reads the new events from
+:class:`SharedRunFeed` hears from the others, over the database's notifications (sent by the
+very statements that commit the events), that a run has a new event; a watcher here of a run executing elsewhere then reads the new events from
 storage — in ``seq`` order, each once, with no gap even across a reconnect to yet another
 instance (``after`` is all a watcher needs to bring).
 """
@@ -160,15 +160,16 @@ class LocalRunFeed:
 
 class SharedRunFeed(LocalRunFeed):
     """The run feed of one instance among several: local watchers as :class:`LocalRunFeed`,
-    plus a notification to the other instances for each committed event (``instance|run``,
-    sent in small batches), and a wake-up for local watchers of runs executing elsewhere."""
+    plus a wake-up for local watchers of runs executing elsewhere. The other instances are
+    told of each run's new events by storage itself: every statement that writes events
+    notifies ``instance|run`` on :data:`CHANNEL` as it commits (``ConversationStore.
+    notify_channel``, set by the gateway) — no statement of its own, and never before the
+    events can be read."""
 
     def __init__(self, runs: RunReader, bus: Bus, instance: str):
         super().__init__(runs)
         self.bus = bus
         self.instance = instance
-        self._pending: dict[str, None] = {}  # runs with news to tell, in order
-        self._sender: asyncio.Task[None] | None = None
         self._local: Callable[[str], bool] = lambda run_id: False
 
     def start(self, local: Callable[[str], bool] | None = None) -> None:
@@ -180,20 +181,6 @@ class SharedRunFeed(LocalRunFeed):
 
     def here(self, run_id: str) -> bool:
         return self._local(run_id)
-
-    def publish(self, event: RunEvent) -> None:
-        super().publish(event)
-        self._pending[event.run_id] = None
-        if self._sender is None or self._sender.done():
-            self._sender = asyncio.get_running_loop().create_task(self._send())
-
-    async def _send(self) -> None:
-        while self._pending:
-            runs, self._pending = list(self._pending), {}
-            try:
-                await self.bus.publish(CHANNEL, [f"{self.instance}|{r}" for r in runs])
-            except Exception as e:  # noqa: BLE001 - watchers elsewhere re-read on reconnect
-                log.warning("feed: could not notify the other instances: %s", e)
 
     def _heard(self, payload: str | None) -> None:
         if payload is None:  # the listener was away: wake every watcher

@@ -46,6 +46,10 @@ class ConversationStore(RunReader, Protocol):
 
     # the instance whose runs these are (the gateway sets it; "local" with one process)
     owner: str
+    # several instances: the channel (as the database names it) on which every write of run
+    # events notifies ``owner|run_id`` when it commits, in the same statement (None: no one
+    # listens); the run feeds of the other instances hear it (gateway/feed.py)
+    notify_channel: str | None
 
     async def session(self, key: str, agent: str) -> SessionRow:
         """The active session for ``key``, created when there is none."""

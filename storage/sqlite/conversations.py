@@ -92,6 +92,10 @@ _UNDELIVERED = ("(r.status = 'ok' AND r.ended_at > ? AND NOT EXISTS (SELECT 1 FR
                 " WHERE o.reply_id = r.id))")
 SESSION_CACHE = 10_000
 PREVIEWS_AHEAD = 64  # previews of a run numbered (and shown) beyond its last committed event
+# previews wait this long for a write to ride with (the run's next event, its answer, another
+# run's preview) before they are written by themselves: a streamed answer's batches (every
+# 40 ms) cost a statement per ~0.1 s, and an answer that comes at once carries its preview
+PREVIEWS_WAIT = 0.1
 _FIND_SESSION = "SELECT id, key, agent, created_at FROM sessions WHERE key = ? AND active = 1"
 _INSERT_SESSION = ("INSERT INTO sessions (id, key, agent, created_at, updated_at)"
                    " VALUES (?,?,?,?,?)")
@@ -192,6 +196,7 @@ class SqliteConversations:
         self._recent: OrderedDict[str, deque[MessageRow]] = OrderedDict()
         self._cache = not engine.shared
         self.owner = "local"  # the instance whose runs these are (set by the gateway)
+        self.notify_channel: str | None = None  # (PostgreSQL, several instances)
         # several instances: the chat claim (lease, token) each run's writes are fenced by
         # (storage/sqlite/fencing.py), and the claims messages were taken under, until their
         # run starts
@@ -435,9 +440,9 @@ class SqliteConversations:
             parts.append(("h", (f"{sql} AND EXISTS (SELECT 1 FROM r) RETURNING 1", params)))
             guard = "h"
         parts += [(f"s{i}", _after(stmt, guard)) for i, stmt in enumerate(stmts)]
-        sql, params = together(parts, "(SELECT count(*) FROM r), (SELECT count(*) FROM "
-                                       f"{guard})")
-        row = await self.engine.write_returning((sql, params))
+        row = await self.engine.write_returning(self._telling(
+            together(parts, f"(SELECT count(*) FROM r), (SELECT count(*) FROM {guard})"),
+            {run_id}))
         assert row is not None
         if not row[0]:
             raise RunTakenOver(f"run {run_id} has ended (taken over) before it started")
@@ -489,8 +494,32 @@ class SqliteConversations:
 
     async def _write(self, stmts: list[Statement]) -> int:
         """``stmts`` (events and messages: different rows) as one change; the row count of
-        the last (on PostgreSQL one statement)."""
-        return await self.engine.write_together(*stmts)
+        the last (on PostgreSQL one statement, which notifies the runs it writes events of)."""
+        if self.notify_channel is None:
+            return await self.engine.write_together(*stmts)
+        *first, (last, params) = stmts
+        row = await self.engine.write_returning(self._telling(together(
+            [*((f"w{i}", s) for i, s in enumerate(first)),
+             ("last", (last + " RETURNING 1", params))], "(SELECT count(*) FROM last)"),
+            _runs(stmts)))
+        return int(row[0]) if row is not None else 0
+
+    def _telling(self, stmt: Statement, runs: set[str]) -> Statement:
+        """(PostgreSQL, several instances) ``stmt`` — ``WITH … SELECT <results>`` — made to
+        notify ``owner|run`` for each of ``runs`` on :attr:`notify_channel` as it commits: the
+        other instances' watchers of those runs read them then, never before (a notification
+        sent after the commit would cost a statement of its own)."""
+        if self.notify_channel is None or not runs:
+            return stmt
+        sql, params = stmt
+        return (sql + ", (SELECT count(pg_notify(?, p)) FROM unnest(?::text[]) AS u(p))",
+                (*params, self.notify_channel, [f"{self.owner}|{r}" for r in sorted(runs)]))
+
+    def _tell(self, conn: Any, runs: set[str]) -> None:
+        """(In a transaction) :meth:`_telling`'s notifications, sent when it commits."""
+        if self.notify_channel is not None and runs:
+            conn.execute("SELECT pg_notify(?, p) FROM unnest(?::text[]) AS u(p)",
+                         (self.notify_channel, [f"{self.owner}|{r}" for r in sorted(runs)]))
 
     def _take_behind(self) -> list[Statement]:
         """The preview events not yet handed to the engine: a write takes them along first."""
@@ -501,6 +530,7 @@ class SqliteConversations:
 
     async def _flush_behind(self) -> None:
         try:
+            await asyncio.sleep(PREVIEWS_WAIT)
             while stmts := self._take_behind():
                 try:
                     await self._in_order(_runs(stmts), lambda: self._write(stmts))
@@ -531,9 +561,11 @@ class SqliteConversations:
             for stmt in behind:
                 conn.execute(*stmt)
             if conn.execute(*update).rowcount == 0:
+                self._tell(conn, _runs(behind))
                 return False  # it has ended already (taken over by another instance)
             for stmt in stmts:
                 conn.execute(*stmt)
+            self._tell(conn, _runs(behind) | {run_id})
             return True
 
         try:
@@ -553,6 +585,7 @@ class SqliteConversations:
             for stmt in behind:
                 conn.execute(*stmt)
             row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+            self._tell(conn, _runs(behind) | {run_id})
             if row is not None and row["status"] not in ("queued", "running"):
                 return None  # it ended on its own
             now = time.time()
@@ -599,12 +632,11 @@ class SqliteConversations:
                 conn.execute(*stmt)
 
         async def in_one() -> None:  # (PostgreSQL: one statement, one round trip)
-            sql, params = together(
+            done = await self.engine.write_returning(self._telling(together(
                 [*((f"b{i}", stmt) for i, stmt in enumerate(behind)),
                  ("done", (ended[0] + " RETURNING 1", ended[1])),
                  *((f"a{i}", _after(stmt, "done")) for i, stmt in enumerate(answer))],
-                "count(*) FROM done")
-            done = await self.engine.write_returning((sql, params))
+                "(SELECT count(*) FROM done)"), _runs(behind) | {run_id}))
             if done is None or not done[0]:
                 raise RunTakenOver(f"run {run_id} was taken over by another instance")
 
@@ -772,6 +804,7 @@ class SqliteConversations:
                         # the re-run reads — it writes its own
                         conn.execute("DELETE FROM messages WHERE run_id = ?", (r[0],))
                 ended.append(end)
+            self._tell(conn, {end.run_id for end in ended})
             return ended
 
         ended = await self.engine.transact(take)
