@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pluto.errors import PlutoError
 from pluto.providers.kit.payload import dict_at, list_at
 from pluto.types import Attachment, IncomingMessage
 
@@ -32,7 +33,7 @@ _QUOTE = re.compile(r'<blockquote[^>]*itemtype="http://schema\.skype\.com/Reply"
 _MRI = re.compile(r'itemprop="mri"[^>]*itemid="([^"]{1,128})"', re.I)
 
 
-class BadActivity(ValueError):
+class BadActivity(PlutoError, ValueError):
     """An activity that cannot be read (400)."""
 
 
