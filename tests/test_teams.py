@@ -400,3 +400,30 @@ def test_settings_name_what_is_missing(tmp_path: Path, monkeypatch: Any) -> None
     monkeypatch.delenv(PASSWORD_ENV)
     with pytest.raises(ConfigError, match=PASSWORD_ENV):
         build(app_id="abc")
+
+
+# tables ------------------------------------------------------------------------------------
+
+def test_tables_are_lifted_out_of_the_text_but_not_out_of_code() -> None:
+    from pluto.providers.teams.markup import lift_tables
+
+    text = ("Before\n\n```\n| not | a table |\n| --- | --- |\n```\n\n| a \\| b | c |\n"
+            "| --- | --- |\n| 1 | 2 |\n\nAfter\n\n| lone row |")
+    lifted = lift_tables(text)
+    assert lifted.text == ("Before\n\n```\n| not | a table |\n| --- | --- |\n```\n\nAfter\n\n"
+                           "| lone row |")
+    assert lifted.tables == (((("a | b", "c"), ("1", "2")), True),)
+
+
+def test_a_table_split_over_two_messages_is_two_cards() -> None:
+    from pluto.gateway.delivery.render import render_chunks
+    from pluto.providers.teams.markup import TEAMS, lift_tables
+
+    rows = "\n".join(f"| city {n} | {n * 1000} |" for n in range(200))
+    chunks = render_chunks(f"| city | people |\n|---|---|\n{rows}\n", TEAMS, 4000)
+    assert len(chunks) >= 2
+    lifted = [lift_tables(chunk) for chunk in chunks]
+    assert all(part.text == "" and len(part.tables) == 1 for part in lifted)
+    assert lifted[0].tables[0][1] is True  # the header row, on the first card
+    cells = [row for part in lifted for row in part.tables[0][0]]
+    assert cells[0] == ("city", "people") and len(cells) == 201
