@@ -99,6 +99,8 @@ def _date(msg: Message) -> float | None:
 def auto_generated(mail: Mail, own_address: str) -> str | None:
     """Why ``mail`` must not be answered (a machine wrote it, a bounce), else None."""
     msg = mail.message
+    if mail.sender == own_address.lower():
+        return "sent by the bot's own address"
     submitted = str(msg.get("Auto-Submitted", "")).strip().lower()
     if submitted and submitted.split(";")[0].strip() != "no":
         return f"Auto-Submitted: {submitted[:40]}"
@@ -118,8 +120,6 @@ def auto_generated(mail: Mail, own_address: str) -> str | None:
         return f"sent by {local}"
     if msg.get_content_type() == "multipart/report":
         return "a delivery or read report"
-    if mail.sender == own_address.lower():
-        return "sent by the bot's own address"
     return None
 
 

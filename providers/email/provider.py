@@ -59,7 +59,7 @@ class EmailProvider(Provider):
         _MASK.add(password, smtp_password, password.replace("\\", "\\\\").replace('"', '\\"'))
         _MASK.attach("aioimaplib", "aiosmtplib", "pluto.providers.email")
         quiet = logging.getLogger("aioimaplib")  # its debug lines carry whole mails
-        quiet.setLevel(max(quiet.level, logging.INFO))
+        quiet.setLevel(max(quiet.level, logging.WARNING))
         self.settings = settings
         self._password, self._smtp_password = password, smtp_password
         self.threads = ThreadBook(data_dir / "email" / "threads")
@@ -147,8 +147,10 @@ class EmailProvider(Provider):
             return
         mail = reading.mail
         chat = await self._chat_of(mail.references, mail.message_id)
+        refs = mail.references if mail.references[:1] in ((), (chat,)) else (
+            chat, *mail.references)  # a reply to the bot's mail by In-Reply-To alone
         origin = Origin(message_id=mail.message_id or _synthetic_id(raw), to=mail.reply_to,
-                        subject=mail.subject, references=mail.references)
+                        subject=mail.subject, references=refs)
         await self.threads.note(chat, origin)
         if reading.text is None:
             log.warning("email: the mail %s from %s cannot be decoded; answering with one "

@@ -112,6 +112,7 @@ class EmailHarness(Harness):
     fake: FakeMail = field(default_factory=FakeMail)
     sent: dict[str, Stored] = field(default_factory=dict)  # uid → the user's stored mail
     started: set[str] = field(default_factory=set)  # threads the user began
+    settings: dict[str, Any] = field(default_factory=dict)  # more of providers.email
     _idles: int = 0
     _ids: int = 0
 
@@ -129,7 +130,7 @@ class EmailHarness(Harness):
                 "imap_host": "127.0.0.1", "imap_port": self.fake.imap_port,
                 "imap_security": "none", "smtp_host": "127.0.0.1",
                 "smtp_port": self.fake.smtp_port, "smtp_security": "none",
-                "idle_seconds": 30}
+                "idle_seconds": 30, **self.settings}
 
     def serve_config(self) -> tuple[dict[str, Any], dict[str, str]]:
         return {"email": self.provider_config()}, {PASSWORD_ENV: PASSWORD}

@@ -109,6 +109,7 @@ class FakeMail:
         self._imap: asyncio.Server | None = None
         self._smtp: asyncio.Server | None = None
         self._sessions: set[_ImapSession] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
         self.imap_port = self.smtp_port = 0
 
@@ -130,6 +131,8 @@ class FakeMail:
 
     async def stop(self) -> None:
         self.drop_connections()
+        if self._tasks:  # each session ends once its connection is closed
+            await asyncio.wait(set(self._tasks), timeout=5)
         for server in (self._imap, self._smtp):
             if server is not None:
                 server.close()
@@ -223,7 +226,7 @@ class FakeMail:
         ok = isinstance(auth_data, LoginPassword) and auth_data.login == self.user.encode() \
             and auth_data.password == self.password.encode()
         self.smtp_logins += ok
-        return AuthResult(success=ok)
+        return AuthResult(success=ok, handled=False, auth_data=auth_data)
 
     def _take(self, envelope: Any) -> str:
         raw = bytes(envelope.original_content or envelope.content)
@@ -252,6 +255,10 @@ class FakeMail:
                           writer: asyncio.StreamWriter) -> None:
         session = _ImapSession(self, reader, writer)
         self._sessions.add(session)
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         try:
             await session.serve()
         finally:
