@@ -304,3 +304,48 @@ def test_a_mail_without_a_sender_is_malformed() -> None:
     from pluto.providers.email.inbound import MalformedMail
     with pytest.raises(MalformedMail):
         parse(b"Subject: who?\r\n\r\nbody\r\n")
+
+
+async def test_a_mail_over_the_size_limit_is_not_downloaded_and_its_sender_told(
+        harness: EmailHarness) -> None:
+    harness.settings = {"max_message_mb": 0.002}  # about 2 KB
+    await harness.start()
+    big = harness.fake.user_sends("x" * 5000, sender=ALICE, message_id=ROOT)
+    [notice] = await harness.wait_messages(1)
+    await seen(harness.fake, big)
+    assert "too large" in notice.text
+    assert not any("BODY.PEEK[]" in c for c in harness.fake.commands)  # only its header
+    assert not harness.model.calls
+
+
+class NoRoutes:
+    """The routing table's answer for every sender: no route (a deny rule)."""
+
+    def route(self, probe: Any) -> None:
+        return None
+
+
+async def test_nobody_the_routing_table_refuses_is_told_anything(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "pluto.providers.email")
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    async with FakeMail() as fake:
+        config = {"enabled": True, "username": BOT, "password_env": PASSWORD_ENV,
+                  "imap_host": "127.0.0.1", "imap_port": fake.imap_port,
+                  "imap_security": "none", "smtp_host": "127.0.0.1",
+                  "smtp_port": fake.smtp_port, "smtp_security": "none"}
+        ctx = provider_context(ProviderConfig(**config), tmp_path)
+        ctx = type(ctx)(**{**{f: getattr(ctx, f) for f in ctx.__dataclass_fields__},
+                           "chats": NoRoutes()})
+        provider = EmailProvider.from_context(ctx)
+        task = asyncio.create_task(provider.run(RecordingIntake()))  # type: ignore[arg-type]
+        forged = fake.deliver(
+            b"From: victim@example.net\r\nSubject: x\r\nMessage-ID: <f1@example.net>\r\n"
+            b"Content-Type: text/plain; charset=x-no-such-charset\r\n\r\nhello\r\n")
+        await seen(fake, forged)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert not fake.sent
+    assert "not telling victim@example.net" in caplog.text

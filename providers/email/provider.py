@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable
 from pluto.gateway.logs import MaskSecrets
-from pluto.gateway.ports import Intake, Provider, ProviderContext
+from pluto.gateway.ports import ChatDirectory, Intake, Provider, ProviderContext
 from pluto.providers.email.imap import Mailbox, MailboxLost
 from pluto.providers.email.inbound import File, Mail, MalformedMail, Reading, \
     auto_generated, authenticated, domain_of, read
@@ -55,7 +55,7 @@ class EmailProvider(Provider):
                                 can_send_images=True, can_send_files=True)
 
     def __init__(self, settings: EmailSettings, password: str, smtp_password: str, *,
-                 data_dir: Path):
+                 data_dir: Path, chats: ChatDirectory | None = None):
         _MASK.add(password, smtp_password, password.replace("\\", "\\\\").replace('"', '\\"'))
         _MASK.attach("aioimaplib", "aiosmtplib", "pluto.providers.email")
         quiet = logging.getLogger("aioimaplib")  # its debug lines carry whole mails
@@ -67,11 +67,12 @@ class EmailProvider(Provider):
         self.handover = HandOver(PROVIDER)
         self._sending = asyncio.Semaphore(SENDS)
         self._failures = 0
+        self._chats = chats  # routing: who may be told anything at all
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> EmailProvider:
         settings, password, smtp_password = load_settings(ctx)
-        return cls(settings, password, smtp_password, data_dir=ctx.data_dir)
+        return cls(settings, password, smtp_password, data_dir=ctx.data_dir, chats=ctx.chats)
 
     def single_owner(self) -> bool:
         return True  # one reader of the mailbox
@@ -155,7 +156,7 @@ class EmailProvider(Provider):
         if reading.text is None:
             log.warning("email: the mail %s from %s cannot be decoded; answering with one "
                         "line", origin.message_id, mail.sender)
-            await self._notice(chat, origin, UNREADABLE)
+            await self._notice(chat, origin, UNREADABLE, mail)
             return
         attachments, problems = await self._save(reading.files, chat, origin.message_id)
         text = reading.text or ("" if attachments else mail.subject)
@@ -163,7 +164,7 @@ class EmailProvider(Provider):
             await self.handover(intake.submit, _incoming(mail, chat, origin.message_id, text,
                                                          attachments))
         for problem in problems:
-            await self._notice(chat, origin, problem)
+            await self._notice(chat, origin, problem, mail)
 
     async def _read(self, raw: bytes) -> Reading | None:
         """The mail, if it may be answered; else None (logged)."""
@@ -225,9 +226,16 @@ class EmailProvider(Provider):
                             subject=mail.subject, references=mail.references)
             await self.threads.note(chat, origin)
             await self._notice(chat, origin, f"Your email is too large for me to read (the "
-                                             f"limit is {self.settings.max_message_mb:g} MB).")
+                                             f"limit is {self.settings.max_message_mb:g} MB).",
+                               mail)
 
-    async def _notice(self, chat: str, origin: Origin, text: str) -> None:
+    async def _notice(self, chat: str, origin: Origin, text: str, mail: Mail) -> None:
+        """Tell the sender something (a file too large, a mail unreadable) — only a sender
+        the routing table answers: a forged From must not make the bot write to anyone."""
+        probe = _incoming(mail, chat, origin.message_id, "", ())
+        if self._chats is not None and self._chats.route(probe) is None:
+            log.info("email: not telling %s (no route answers them): %s", mail.sender, text)
+            return
         try:
             await self.send(OutgoingMessage(chat_id=chat, text=text, kind="notice",
                                             answers=origin.message_id))
