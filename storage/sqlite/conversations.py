@@ -100,6 +100,15 @@ _FIND_SESSION = "SELECT id, key, agent, created_at FROM sessions WHERE key = ? A
 _INSERT_SESSION = ("INSERT INTO sessions (id, key, agent, created_at, updated_at)"
                    " VALUES (?,?,?,?,?)")
 HISTORY_SESSIONS = 1_000  # sessions whose recent messages are kept in memory
+_MESSAGE_COLUMNS = "role, content, tool_calls, tool_call_id, name, tokens, run_id, created_at"
+# (PostgreSQL, several instances) the active session with its newest messages, in one read
+_FIND_SESSION_AND_HISTORY = (
+    "SELECT s.id, s.key, s.agent, s.created_at, m.role, m.content, m.tool_calls,"
+    " m.tool_call_id, m.name, m.tokens, m.run_id, m.created_at AS said_at FROM sessions s"
+    " LEFT JOIN LATERAL (SELECT id, " + _MESSAGE_COLUMNS + " FROM messages"
+    " WHERE session_id = s.id ORDER BY id DESC LIMIT ?) m ON true"
+    " WHERE s.key = ? AND s.active = 1 ORDER BY m.id DESC")
+PREFETCH_FOR = 2.0  # seconds a history read with its session serves the run that follows
 HISTORY_MESSAGES = 200  # of each, at most this many (a longer window reads the database)
 
 
@@ -172,6 +181,12 @@ def _next_seq_elsewhere(committed: int) -> int:
     return committed + PREVIEWS_AHEAD + 1 if committed else 1
 
 
+def _message_row(r: Any, created: str = "created_at") -> MessageRow:
+    return MessageRow(r["role"], r["content"],
+                      json.loads(r["tool_calls"]) if r["tool_calls"] else None,
+                      r["tool_call_id"], r["name"], r["tokens"], r["run_id"], r[created])
+
+
 def _session(row: Any) -> SessionRow:
     return SessionRow(row["id"], row["key"], row["agent"], row["created_at"])
 
@@ -195,6 +210,9 @@ class SqliteConversations:
         # database (several instances) is always read.
         self._recent: OrderedDict[str, deque[MessageRow]] = OrderedDict()
         self._cache = not engine.shared
+        # (a shared database) the history read with a session's lookup, for the run that
+        # follows at once: dropped by any write of the session here, and after PREFETCH_FOR
+        self._prefetched: OrderedDict[str, tuple[float, list[MessageRow]]] = OrderedDict()
         self.owner = "local"  # the instance whose runs these are (set by the gateway)
         self.notify_channel: str | None = None  # (PostgreSQL, several instances)
         # several instances: the chat claim (lease, token) each run's writes are fenced by
@@ -270,9 +288,15 @@ class SqliteConversations:
 
     async def _find_or_create(self, key: str, agent: str) -> SessionRow:
         # (several instances) one plain read for a session that exists — every message but a
-        # chat's first — and a transaction only to create one
-        row = await self.engine.fetchone(_FIND_SESSION, (key,))
-        if row is not None:
+        # chat's first — with its history, and a transaction only to create one
+        if self.engine.dialect == "postgres":
+            rows = await self.engine.fetchall(_FIND_SESSION_AND_HISTORY,
+                                              (HISTORY_MESSAGES, key))
+            if rows:
+                self._prefetch(rows[0]["id"], [_message_row(r, "said_at") for r in reversed(rows)
+                                               if r["role"] is not None])
+                return _session(rows[0])
+        elif (row := await self.engine.fetchone(_FIND_SESSION, (key,))) is not None:
             return _session(row)
 
         def find_or_create(conn: Any) -> SessionRow:
@@ -315,12 +339,21 @@ class SqliteConversations:
 
     async def messages(self, session_id: str, limit: int = 1000) -> list[MessageRow]:
         rows = await self.engine.fetchall(
-            "SELECT role, content, tool_calls, tool_call_id, name, tokens, run_id, created_at"
-            " FROM messages WHERE session_id = ? ORDER BY id DESC LIMIT ?", (session_id, limit))
-        return [MessageRow(r["role"], r["content"],
-                           json.loads(r["tool_calls"]) if r["tool_calls"] else None,
-                           r["tool_call_id"], r["name"], r["tokens"], r["run_id"], r["created_at"])
-                for r in reversed(rows)]
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? ORDER BY id DESC"
+            " LIMIT ?", (session_id, limit))
+        return [_message_row(r) for r in reversed(rows)]
+
+    def _prefetch(self, session_id: str, rows: list[MessageRow]) -> None:
+        self._prefetched[session_id] = (time.monotonic() + PREFETCH_FOR, rows)
+        self._prefetched.move_to_end(session_id)
+        while len(self._prefetched) > HISTORY_SESSIONS:
+            self._prefetched.popitem(last=False)
+
+    def _prefetched_rows(self, session_id: str, limit: int) -> list[MessageRow] | None:
+        """The history read with the session moments ago, if nothing was written to it here
+        since (once: the run that follows takes it)."""
+        until, rows = self._prefetched.pop(session_id, (0.0, []))
+        return rows if time.monotonic() < until and limit <= HISTORY_MESSAGES else None
 
     async def history(self, session_id: str, max_messages: int,
                       max_tokens: int) -> list[dict[str, Any]]:
@@ -330,6 +363,8 @@ class SqliteConversations:
         if recent is not None and max_messages <= HISTORY_MESSAGES:
             self._recent.move_to_end(session_id)
             rows = list(recent)[-max_messages:]
+        elif (fetched := self._prefetched_rows(session_id, max_messages)) is not None:
+            rows = fetched[-max_messages:]
         else:
             rows = await self.messages(session_id, limit=max(max_messages, HISTORY_MESSAGES))
             if self._cache and session_id not in self._recent:
@@ -351,6 +386,7 @@ class SqliteConversations:
 
     def _remember(self, session_id: str, *messages: MessageRow) -> None:
         """Messages just committed join the session's copy in memory, if it has one."""
+        self._prefetched.pop(session_id, None)
         recent = self._recent.get(session_id)
         if recent is not None:
             recent.extend(messages)
@@ -808,6 +844,7 @@ class SqliteConversations:
             return ended
 
         ended = await self.engine.transact(take)
+        self._prefetched.clear()  # (messages of the runs taken over may be gone)
         for end in ended:
             self._forget(end.run_id)
         return ended
