@@ -31,7 +31,7 @@ class Backoff:
     def next(self) -> float:
         """Count a failure; the seconds to wait before trying again."""
         self.failures += 1
-        return min(self.cap, self.first * 2.0 ** (self.failures - 1))
+        return min(self.cap, self.first * 2.0 ** min(self.failures - 1, 60))
 
     def reset(self) -> None:
         self.failures = 0
@@ -46,8 +46,7 @@ async def retry_until_done(attempt: Callable[[], Awaitable[T]], *,
     """``await attempt()`` until it returns (the backoff is then reset). One of ``failures`` is
     typed by ``typed``: :class:`ProviderUnusable` is raised; :class:`RateLimited` waits its
     ``retry_after``, any other ``backoff.next()``, logged to ``log`` as ``<what> failed (…);
-    retrying in Ns``. One of ``at_once`` (a long poll that timed out) is tried
-    again at once."""
+    retrying in Ns``. One of ``at_once`` (a long poll that timed out) is tried again at once."""
     while True:
         try:
             result = await attempt()
@@ -70,8 +69,8 @@ async def retry_until_done(attempt: Callable[[], Awaitable[T]], *,
 async def follow(events: AsyncGenerator[T, None], handle: Callable[[T], object], *,
                  what: str, log: logging.Logger) -> None:
     """Hand each of ``events`` (a run's feed) to ``handle`` until it ends; the generator is
-    closed whatever happens. A failure is logged (``<what> failed``, to ``log``) and ends the following;
-    cancellation is raised."""
+    closed whatever happens. A failure is logged to ``log`` (``<what> failed``) and ends the
+    following; cancellation is raised."""
     try:
         async with contextlib.aclosing(events) as items:
             async for item in items:

@@ -1,6 +1,6 @@
 """Settings fields and checks that providers' ``pluto.yaml`` blocks share.
 
-Use in a pydantic settings model::
+Use in a provider's settings model (a :class:`ProviderSettings`)::
 
     token_env: str = Field(default="X_TOKEN", pattern=ENV_NAME)
     webhook_path: str = Field(default="/x/webhook", pattern=URL_PATH)
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from pluto.errors import ConfigError
 from pluto.gateway.ports import ProviderContext
@@ -21,6 +21,15 @@ from pluto.gateway.ports import ProviderContext
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # the name of an environment variable
 URL_PATH = r"^/[A-Za-z0-9/_.-]*$"  # a path on the gateway's HTTP server (a webhook)
 WHERE = "pluto.yaml"
+
+
+class ProviderSettings(BaseModel):
+    """What every provider's block has: ``enabled``; a key the model does not name is refused
+    (a typo is an error, not a default), and the settings are frozen once loaded."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
 
 
 def http_url(value: str) -> str:
