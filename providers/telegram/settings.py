@@ -22,17 +22,15 @@ import os
 import secrets
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from pluto.errors import ConfigError
 from pluto.gateway.ports import ProviderContext, provider_settings, required_env
-from pluto.providers.kit.settings import ENV_NAME, URL_PATH, WHERE, HttpUrl, needs_http_server
+from pluto.providers.kit.settings import (ENV_NAME, URL_PATH, WHERE, HttpUrl, ProviderSettings,
+                                          needs_http_server)
 
 
-class TelegramSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = False
+class TelegramSettings(ProviderSettings):
     token_env: str = Field(default="TELEGRAM_BOT_TOKEN", pattern=ENV_NAME)
     mode: Literal["polling", "webhook"] = "polling"
     base_url: HttpUrl = "https://api.telegram.org"
