@@ -349,3 +349,33 @@ async def test_nobody_the_routing_table_refuses_is_told_anything(
             await task
     assert not fake.sent
     assert "not telling victim@example.net" in caplog.text
+
+
+async def test_a_server_without_idle_is_polled_and_old_mail_left_alone(
+        harness: EmailHarness, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "pluto.providers.email")
+    harness.fake.idle = False
+    harness.settings = {"poll_seconds": 0.05}
+    old = harness.fake.deliver(raw_mail("from last year", From=ALICE, To=BOT, Subject="old",
+                                        Date="Mon, 03 Mar 2025 10:00:00 +0000",
+                                        Message_ID="<old-1@example.org>"))
+    await harness.start()
+    await seen(harness.fake, old)
+    await harness.user_says("polled, not pushed")
+    await harness.wait_texts(["echo: polled, not pushed"])
+    assert "written" in caplog.text and "days ago" in caplog.text
+    assert len(harness.model.calls) == 1 and harness.fake.idles == 0
+
+
+def test_the_text_of_html_and_multipart_mail() -> None:
+    from pluto.providers.email.inbound import body_text
+    msg = EmailMessage()
+    msg["From"] = ALICE
+    msg.set_content("<p>Hello <b>there</b></p><table><tr><td>a</td><td>b</td></tr></table>"
+                    "<style>p {color: red}</style>", subtype="html")
+    assert body_text(msg) == "Hello there\n\na | b"  # no style, a row on its line
+    alt = EmailMessage()
+    alt["From"] = ALICE
+    alt.set_content("the plain part\n\n> quoted\n")
+    alt.add_alternative("<p>the html part</p>", subtype="html")
+    assert body_text(alt) == "the plain part"

@@ -23,6 +23,8 @@ from email.utils import getaddresses, parseaddr, parsedate_to_datetime
 from html.parser import HTMLParser
 from typing import Literal
 
+from pluto.errors import PlutoError
+
 MAX_TEXT = 100_000  # characters of a mail's text handed over
 MAX_IDS = 100
 _ID = re.compile(r"<([^<>\s]{1,500})>")
@@ -33,7 +35,7 @@ _QUOTE_HEAD = re.compile(r"^(On .{1,300} wrote:|-{2,} ?Original Message ?-{2,}|"
                          r"Le .{1,300} a écrit ?:|Am .{1,300} schrieb .{1,100}:)\s*$")
 
 
-class MalformedMail(ValueError):
+class MalformedMail(PlutoError, ValueError):
     """A mail that cannot be read (its sender, or its structure)."""
 
 
@@ -206,8 +208,8 @@ class _Text(HTMLParser):
             self.skip += 1
         elif tag in self.BLOCKS:
             self.out.append("\n")
-        elif tag in ("td", "th"):
-            self.out.append(" | ")
+        elif tag in ("td", "th") and self.out and not self.out[-1].endswith("\n"):
+            self.out.append(" | ")  # between cells of a row
 
     def handle_endtag(self, tag: str) -> None:
         if tag in ("style", "script", "head"):

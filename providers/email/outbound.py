@@ -101,7 +101,8 @@ async def submit(settings: EmailSettings, password: str, mail: EmailMessage) -> 
     try:
         await aiosmtplib.send(
             mail, hostname=settings.smtp_host, port=settings.smtp_port,
-            username=settings.smtp_username or settings.username, password=password,
+            username=(settings.smtp_username or settings.username) if settings.smtp_login
+            else None, password=password if settings.smtp_login else None,
             use_tls=settings.smtp_security == "ssl",
             start_tls=True if settings.smtp_security == "starttls" else False,
             timeout=settings.timeout_seconds)

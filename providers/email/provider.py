@@ -179,6 +179,11 @@ class EmailProvider(Provider):
         if why is not None:
             log.info("email: not answering %s from %s: %s", mail.message_id, mail.sender, why)
             return None
+        age = time.time() - (mail.timestamp or time.time())
+        if self.settings.max_age_days and age > self.settings.max_age_days * 86400:
+            log.info("email: not answering %s from %s: written %.0f days ago", mail.message_id,
+                     mail.sender, age / 86400)
+            return None
         if self.settings.require_authenticated and not authenticated(
                 mail, self.settings.authserv_ids):
             log.warning("email: refused mail %s from %s: the sender is not authenticated (no "

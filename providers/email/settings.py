@@ -22,6 +22,7 @@ providers:
     max_message_mb: 25                 # larger mail is not downloaded (the sender is told)
     max_attachment_mb: 20              # files both ways, each
     retry_seconds: 60                  # wait after an SMTP 4xx that names no time
+    max_age_days: 7                    # unseen mail older than this is not answered (0: all)
 ```
 """
 
@@ -53,6 +54,7 @@ class EmailSettings(BaseModel):
     smtp_port: int = Field(default=587, ge=1, le=65535)
     smtp_security: Literal["starttls", "ssl", "none"] = "starttls"
     smtp_username: str | None = Field(default=None, max_length=320)
+    smtp_login: bool = True  # false: a relay that takes mail without AUTH
     smtp_password_env: str | None = Field(default=None, pattern=ENV_NAME)
     require_authenticated: bool = False
     authserv_ids: list[str] = Field(default_factory=list, max_length=20)
@@ -62,6 +64,7 @@ class EmailSettings(BaseModel):
     max_message_mb: float = Field(default=25, gt=0, le=200)
     max_attachment_mb: float = Field(default=20, gt=0, le=200)
     retry_seconds: float = Field(default=60, ge=0, le=3600)
+    max_age_days: float = Field(default=7, ge=0, le=3650)  # older unseen mail: not answered
 
     @model_validator(mode="after")
     def _from_address(self) -> EmailSettings:

@@ -140,12 +140,16 @@ class EmailHarness(Harness):
         ctx = provider_context(ProviderConfig(**self.provider_config()), self.data_dir, None)
         return EmailProvider.from_context(ctx)
 
+    def _waits(self) -> int:
+        """How often a client waited for mail: IDLEs, or NOOP polls without IDLE."""
+        return self.fake.idles + self.fake.commands.count("NOOP")
+
     def expect_connection(self) -> None:
-        self._idles = self.fake.idles
+        self._idles = self._waits()
 
     async def connected(self, timeout: float = 10) -> None:
-        await self.fake.wait_until(lambda: self.fake.idles > self._idles, timeout,
-                                   "the provider to wait for mail (IDLE)")
+        await self.fake.wait_until(lambda: self._waits() > self._idles, timeout,
+                                   "the provider to wait for mail (IDLE, or a NOOP poll)")
 
     async def user_says(self, text: str, *, chat: str | None = None, mention: bool = False,
                         reply_to: Shown | None = None,
