@@ -379,3 +379,20 @@ def test_the_text_of_html_and_multipart_mail() -> None:
     alt.set_content("the plain part\n\n> quoted\n")
     alt.add_alternative("<p>the html part</p>", subtype="html")
     assert body_text(alt) == "the plain part"
+
+
+async def test_a_thread_record_that_cannot_be_written_leaves_the_mail_unseen(
+        harness: EmailHarness, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "pluto.providers.handover")
+    blocker = harness.data_dir / "email" / "threads"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("not a folder")  # the record cannot be written: like a full disk
+    await harness.start()
+    said = await harness.user_says("keep me")
+    await harness.fake.wait_until(lambda: "cannot be recorded" in caplog.text, 10,
+                                  "the outage logged")
+    assert not harness.confirmed(said) and not harness.received
+    blocker.unlink()  # the disk has room again
+    await harness.wait_texts(["echo: keep me"])
+    await harness.fake.wait_until(lambda: harness.confirmed(said), 10, "the mail marked seen")
+    assert caplog.text.count("cannot be recorded") == 1

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable
 from pluto.gateway.logs import MaskSecrets
-from pluto.gateway.ports import ChatDirectory, Intake, Provider, ProviderContext
+from pluto.gateway.ports import ChatDirectory, Intake, Provider, ProviderContext, Ticket
 from pluto.providers.email.imap import Mailbox, MailboxLost
 from pluto.providers.email.inbound import File, Mail, MalformedMail, Reading, \
     auto_generated, authenticated, domain_of, read
@@ -147,22 +147,24 @@ class EmailProvider(Provider):
         if reading is None:
             return
         mail = reading.mail
-        chat = await self._chat_of(mail.references, mail.message_id)
+        message_id = mail.message_id or _synthetic_id(raw)
+        chat = await self._chat_of(mail.references, message_id)
         refs = mail.references if mail.references[:1] in ((), (chat,)) else (
             chat, *mail.references)  # a reply to the bot's mail by In-Reply-To alone
-        origin = Origin(message_id=mail.message_id or _synthetic_id(raw), to=mail.reply_to,
-                        subject=mail.subject, references=refs)
-        await self.threads.note(chat, origin)
+        origin = Origin(message_id=message_id, to=mail.reply_to, subject=mail.subject,
+                        references=refs)
         if reading.text is None:
             log.warning("email: the mail %s from %s cannot be decoded; answering with one "
-                        "line", origin.message_id, mail.sender)
+                        "line", message_id, mail.sender)
             await self._notice(chat, origin, UNREADABLE, mail)
             return
-        attachments, problems = await self._save(reading.files, chat, origin.message_id)
+        attachments, problems = await self._save(reading.files, chat, message_id)
         text = reading.text or ("" if attachments else mail.subject)
         if text or attachments:
-            await self.handover(intake.submit, _incoming(mail, chat, origin.message_id, text,
-                                                         attachments))
+            async def hand(msg: IncomingMessage) -> Ticket:
+                await self.threads.note(chat, origin)  # what its reply needs, kept first
+                return await intake.submit(msg)
+            await self.handover(hand, _incoming(mail, chat, message_id, text, attachments))
         for problem in problems:
             await self._notice(chat, origin, problem, mail)
 
@@ -229,7 +231,6 @@ class EmailProvider(Provider):
             chat = await self._chat_of(mail.references, mail.message_id)
             origin = Origin(message_id=mail.message_id or f"uid-{uid}", to=mail.reply_to,
                             subject=mail.subject, references=mail.references)
-            await self.threads.note(chat, origin)
             await self._notice(chat, origin, f"Your email is too large for me to read (the "
                                              f"limit is {self.settings.max_message_mb:g} MB).",
                                mail)
@@ -242,8 +243,7 @@ class EmailProvider(Provider):
             log.info("email: not telling %s (no route answers them): %s", mail.sender, text)
             return
         try:
-            await self.send(OutgoingMessage(chat_id=chat, text=text, kind="notice",
-                                            answers=origin.message_id))
+            await self._mail(chat, origin, text)
         except ProviderError as e:
             log.warning("email: could not tell %s: %s", origin.to, e)
 
@@ -253,10 +253,15 @@ class EmailProvider(Provider):
         origin = await self.threads.origin(message.chat_id, message.answers)
         if origin is None:
             raise DeliveryRefused(f"no mail of the thread {message.chat_id} is known here")
-        files = await read_files(message.attachments, self.settings.max_attachment_bytes)
+        return await self._mail(message.chat_id, origin, message.text, message.attachments)
+
+    async def _mail(self, chat: str, origin: Origin, text: str,
+                    attachments: tuple[Attachment, ...] = ()) -> str:
+        """Send one mail in ``chat`` answering ``origin``; its Message-ID."""
+        files = await read_files(attachments, self.settings.max_attachment_bytes)
         domain = domain_of(self.settings.from_address) or "pluto.invalid"
-        message_id = self.threads.new_message_id(message.chat_id, domain)
-        mail = compose(self.settings, origin, message_id, message.text, files)
+        message_id = self.threads.new_message_id(chat, domain)
+        mail = compose(self.settings, origin, message_id, text, files)
         async with self._sending:
             await submit(self.settings, self._smtp_password, mail)
         return message_id
