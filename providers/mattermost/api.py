@@ -71,6 +71,9 @@ class MattermostApi:
     async def me(self) -> dict[str, Any]:
         return _dict(await self.call("GET", "/users/me"))
 
+    async def user(self, user_id: str) -> dict[str, Any]:
+        return _dict(await self.call("GET", f"/users/{user_id}"))
+
     async def channels(self) -> list[dict[str, Any]]:
         """Every channel the bot is a member of (DMs and group messages included)."""
         found: dict[str, dict[str, Any]] = {}

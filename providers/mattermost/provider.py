@@ -72,6 +72,7 @@ class MattermostProvider(Provider):
         self._mine: OrderedDict[str, bool] = OrderedDict()  # post → written by the bot?
         self._threads: OrderedDict[str, None] = OrderedDict()  # threads the bot is part of
         self._seen: OrderedDict[str, None] = OrderedDict()
+        self._names: OrderedDict[str, str] = OrderedDict()  # user id → username
         self._behind: set[str] = set()  # channels with a post intake could not record
         self._repair_at = 0.0  # monotonic: when they are fetched again
 
@@ -132,6 +133,14 @@ class MattermostProvider(Provider):
         positions = Positions(self.data_dir, self.user_id)
         if not await positions.load():
             positions.floor = self.api.server_ms or int(time.time() * 1000)
+            try:  # each channel from its last post (the floor's clock counts whole seconds)
+                channels = await self.api.channels()
+            except FAILURES as e:
+                raise provider_error(e, self.settings.token_env) from None
+            for channel in channels:
+                last = channel.get("last_post_at")
+                if isinstance(last, int) and channel.get("id"):
+                    positions.channels[str(channel["id"])] = last
             await positions.save()
             log.info("mattermost: first start: posts written before now are not answered")
         self.positions = positions
@@ -228,8 +237,8 @@ class MattermostProvider(Provider):
             except BadPayload as e:
                 log.warning("mattermost: a post missed in %s was skipped: %s", channel_id, e)
                 continue
-            if post.create_at < position or post.channel_id != channel_id:
-                continue  # an older post that changed (an edit, a reaction)
+            if post.create_at <= position or post.channel_id != channel_id:
+                continue  # handled already, or an older post that changed (an edit, a reaction)
             if not await self._dispatch(post, {}, intake):
                 self._fell_behind(channel_id)
                 break
@@ -285,7 +294,8 @@ class MattermostProvider(Provider):
             attachments, problem = await self._download(post)
             if problem:
                 await self._quiet_notice(post.channel_id, problem, thread)
-        sender = str(data.get("sender_name") or "").lstrip("@") or None
+        sender = str(data.get("sender_name") or "").lstrip("@") or await self._user_name(
+            post.user_id)
         incoming = to_incoming(post, username=self.username, user_name=sender, direct=direct,
                                addressed=addressed, thread_id=thread, team_id=team,
                                attachments=attachments)
@@ -306,6 +316,18 @@ class MattermostProvider(Provider):
             known = (kind if kind in CHANNEL_TYPES else "O", str(channel.get("team_id") or ""))
             self._note_channel(channel_id, *known)
         return known
+
+    async def _user_name(self, user_id: str) -> str | None:
+        """A username for a post fetched by ``since`` (an event names its sender itself)."""
+        known = self._names.get(user_id)
+        if known is None:
+            try:
+                known = str((await self.api.user(user_id)).get("username") or "")
+            except FAILURES as e:  # the id stands in for it
+                log.debug("mattermost: user %s not read: %s", user_id, provider_error(e))
+                return None
+            _remember(self._names, user_id, known)
+        return known or None
 
     async def _in_thread(self, post: Post) -> bool:
         root = post.root_id
@@ -342,7 +364,7 @@ class MattermostProvider(Provider):
             log.warning("mattermost: file %s unknown: %s", file_id, provider_error(e))
             return None, "I could not read a file you sent; please send it again."
         name = str(info.get("name") or "file")
-        size = info.get("size") if isinstance(info.get("size"), int) else 0
+        size = found if isinstance(found := info.get("size"), int) else 0
         too_large = (f"The file {name} is too large for me to read (the limit is "
                      f"{self.settings.max_download_mb:g} MB).")
         if size > limit:

@@ -42,7 +42,8 @@ class Socket:
         try:
             await ws.send_json({"seq": 1, "action": "authentication_challenge",
                                 "data": {"token": token}})
-            await asyncio.wait_for(sock._hello(), HELLO_TIMEOUT)
+            async with asyncio.timeout(HELLO_TIMEOUT):  # (3.11's wait_for can lose a cancel)
+                await sock._hello()
         except BaseException:
             await ws.close()
             raise
@@ -57,6 +58,7 @@ class Socket:
             if event.get("seq_reply") == 1 and event.get("status") == "FAIL":
                 raise ProviderUnusable("Mattermost refused the WebSocket login (the token)")
             if event.get("event") == "hello":
+                self.gap(event)
                 return
 
     async def next_event(self, timeout: float | None = None) -> dict[str, Any] | None:

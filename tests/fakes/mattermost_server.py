@@ -171,7 +171,8 @@ class FakeMattermost(State):
                 await ws.close()  # the server wants the challenge first
                 break
             elif action == "user_typing":
-                self.typing.append((str(data.get("channel_id")), str(data.get("parent_id"))))
+                self.typing.append((str(data.get("channel_id") or ""),
+                                    str(data.get("parent_id") or "")))
                 await ws.send_json({"status": "OK", "seq_reply": seq})
                 self.notify()
         if sock in self.sockets:
@@ -209,6 +210,8 @@ class FakeMattermost(State):
         match parts:
             case ["users", "me"]:
                 return web.json_response(self.bot)
+            case ["users", user_id] if user_id in self.users:
+                return web.json_response(self.users[user_id])
             case ["users", "me", "teams"]:
                 return web.json_response([self.team])
             case ["users", "me", "teams", team, "channels"]:
