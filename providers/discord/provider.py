@@ -30,6 +30,7 @@ from pluto.errors import ProviderError, ProviderUnusable
 
 from pluto.gateway.ports import Intake, Provider, ProviderContext
 from pluto.providers.handover import NOT_TAKEN, HandOver, NotRecorded
+from pluto.providers.kit.bounded import remember
 from pluto.providers.kit.notices import notice, quiet_notice
 from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
 from pluto.providers.discord import holds, outbound
@@ -191,9 +192,7 @@ class DiscordProvider(Provider):
     def _replayed(self, message_id: int) -> bool:
         if message_id in self._recent:
             return True
-        self._recent[message_id] = None
-        if len(self._recent) > RECENT:
-            self._recent.popitem(last=False)
+        remember(self._recent, message_id, None, RECENT)
         return False
 
     async def _receive(self, client: _Client, message: discord.Message, intake: Intake) -> None:

@@ -19,16 +19,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from pluto.gateway.ports import ProviderContext, provider_settings, required_env
-from pluto.providers.kit.settings import ENV_NAME, http_url, ws_url
+from pluto.providers.kit.settings import ENV_NAME, ProviderSettings, http_url, ws_url
 
 
-class DiscordSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = False
+class DiscordSettings(ProviderSettings):
     token_env: str = Field(default="DISCORD_BOT_TOKEN", pattern=ENV_NAME)
     guild_messages: Literal["mentions", "all"] = "mentions"
     message_content_intent: bool = True
