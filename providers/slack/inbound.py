@@ -23,6 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from pluto.providers.kit.bounded import remember
 from pluto.types import Attachment, IncomingMessage
 
 PROVIDER = "slack"
@@ -132,9 +133,7 @@ class RecentKeys:
         if key in self._keys:
             self._keys.move_to_end(key)
             return False
-        self._keys[key] = None
-        if len(self._keys) > self.size:
-            self._keys.popitem(last=False)
+        remember(self._keys, key, None, self.size)
         return True
 
     def release(self, key: str) -> None:
@@ -165,7 +164,4 @@ class Threads:
         return inside
 
     def _remember(self, key: tuple[str, str], inside: bool) -> None:
-        self._known[key] = self._known.get(key, False) or inside
-        self._known.move_to_end(key)
-        if len(self._known) > self.size:
-            self._known.popitem(last=False)
+        remember(self._known, key, self._known.get(key, False) or inside, self.size)

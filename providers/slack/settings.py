@@ -24,16 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from pluto.gateway.ports import ProviderContext, provider_settings, required_env
-from pluto.providers.kit.settings import ENV_NAME, URL_PATH, http_url, needs_http_server
+from pluto.providers.kit.settings import (ENV_NAME, URL_PATH, ProviderSettings, http_url,
+                                          needs_http_server)
 
 
-class SlackSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = False
+class SlackSettings(ProviderSettings):
     mode: Literal["http", "socket"] = "http"
     bot_token_env: str = Field(default="SLACK_BOT_TOKEN", pattern=ENV_NAME)
     signing_secret_env: str = Field(default="SLACK_SIGNING_SECRET", pattern=ENV_NAME)
