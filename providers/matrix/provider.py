@@ -32,6 +32,7 @@ from mautrix.util.logging import TraceLogger
 from pluto.errors import ProviderUnusable
 from pluto.gateway.ports import Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
+from pluto.providers.kit.bounded import remember
 from pluto.providers.kit.files import (CHUNK, TooLarge, max_bytes, not_downloaded, save_stream,
                                        too_large)
 from pluto.providers.kit.loops import Backoff, retry_until_done
@@ -235,9 +236,7 @@ class MatrixProvider(Provider):
             incoming = None
         if incoming is not None:
             await self.handover(intake.submit, incoming)
-        self._seen[event.id] = None
-        while len(self._seen) > REMEMBERED:
-            self._seen.popitem(last=False)
+        remember(self._seen, event.id, None, REMEMBERED)
 
     async def _receive(self, event: Event) -> IncomingMessage | None:
         """The message for the gateway, if the bot should see it."""
@@ -293,14 +292,10 @@ class MatrixProvider(Provider):
         return known
 
     def _join_thread(self, root: str) -> None:
-        self._threads[root] = None
-        while len(self._threads) > REMEMBERED:
-            self._threads.popitem(last=False)
+        remember(self._threads, root, None, REMEMBERED)
 
     def _remember(self, event_id: str, mine: bool) -> None:
-        self._mine[event_id] = mine
-        while len(self._mine) > REMEMBERED:
-            self._mine.popitem(last=False)
+        remember(self._mine, event_id, mine, REMEMBERED)
 
     async def _download(self, event: Event) -> tuple[tuple[Attachment, ...], str | None]:
         found = event.file()

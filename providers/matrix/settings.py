@@ -20,16 +20,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from pluto.gateway.ports import ProviderContext, provider_settings, required_env
-from pluto.providers.kit.settings import ENV_NAME, HttpUrl
+from pluto.providers.kit.settings import ENV_NAME, HttpUrl, ProviderSettings
 
 
-class MatrixSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = False
+class MatrixSettings(ProviderSettings):
     homeserver: HttpUrl = "https://matrix.org"
     access_token_env: str = Field(default="MATRIX_ACCESS_TOKEN", pattern=ENV_NAME)
     user_id: str | None = Field(default=None, pattern=r"^@[^:\s]+:\S+$")
