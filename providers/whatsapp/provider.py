@@ -29,6 +29,7 @@ from pluto.errors import DeliveryRefused, PlutoError, ProviderError
 from pluto import jsonlimits
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
+from pluto.providers.kit.bounded import remember
 from pluto.providers.kit.files import (TooLarge, max_bytes, not_downloaded, read_outgoing,
                                        too_large)
 from pluto.providers.kit.notices import notice, quiet_notice
@@ -185,9 +186,7 @@ class WhatsAppProvider(Provider):
             self._last_in[inbound.wa_id] = (when, inbound.id)
 
     def _remember(self, message_id: str) -> None:
-        self._seen[message_id] = None
-        while len(self._seen) > REMEMBERED:
-            self._seen.popitem(last=False)
+        remember(self._seen, message_id, None, REMEMBERED)
 
     async def _download(self, inbound: Inbound, media_id: str, name: str, mime: str,
                         kind: str) -> tuple[tuple[Attachment, ...], str | None]:
@@ -307,9 +306,7 @@ class WhatsAppProvider(Provider):
                                                          "preview_url": False},
                                            reply_to=message.reply_to)
             if self.settings.window_template is not None:
-                self._sent_texts[wamid] = (to, message.text)
-                while len(self._sent_texts) > SENT_KEPT:
-                    self._sent_texts.popitem(last=False)
+                remember(self._sent_texts, wamid, (to, message.text), SENT_KEPT)
             return wamid
         except GraphError as e:
             if e.code == OUTSIDE_WINDOW:

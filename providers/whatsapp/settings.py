@@ -29,7 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pluto.errors import ConfigError
 from pluto.gateway.ports import ProviderContext, provider_settings, required_env
-from pluto.providers.kit.settings import ENV_NAME, URL_PATH, HttpUrl, needs_http_server
+from pluto.providers.kit.settings import (ENV_NAME, URL_PATH, HttpUrl, ProviderSettings,
+                                          needs_http_server)
 FIELD = "providers.whatsapp"
 
 
@@ -45,10 +46,7 @@ class WindowTemplate(BaseModel):
     max_chars: int = Field(default=1024, ge=16, le=1024)  # a variable's text, at most
 
 
-class WhatsAppSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = False
+class WhatsAppSettings(ProviderSettings):
     phone_number_id: str = Field(default="", pattern=r"^[0-9]*$")
     token_env: str = Field(default="WHATSAPP_TOKEN", pattern=ENV_NAME)
     app_secret_env: str = Field(default="WHATSAPP_APP_SECRET", pattern=ENV_NAME)
