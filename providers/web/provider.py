@@ -33,6 +33,7 @@ from pluto.events import RunEnd, RunEvent, RunStart
 from pluto.gateway.ports import (ChatDirectory, Intake, Provider, ProviderContext, RunFeed,
                                  SharedFileReader, Ticket)
 from pluto.providers.handover import HandOver
+from pluto.providers.kit.bounded import remember
 from pluto.providers.kit.loops import follow
 from pluto.providers.web import pages, protocol
 from pluto.providers.web.rooms import Rooms
@@ -243,9 +244,7 @@ class WebProvider(Provider):
             self._stop_listening(shown)
         self.rooms.run_ended(run_id)
         self._follows.pop(run_id, None)
-        self._finished[run_id] = None
-        while len(self._finished) > FINISHED_RUNS_KEPT:
-            self._finished.popitem(last=False)
+        remember(self._finished, run_id, None, FINISHED_RUNS_KEPT)
 
     async def send(self, message: OutgoingMessage) -> str | None:
         """The gateway's answers without a run (a command's reply, a notice). A run's reply

@@ -5,17 +5,13 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from pluto.gateway.ports import provider_settings
+from pluto.providers.kit.settings import ENV_NAME, ProviderSettings
 
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
-
-class WebSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = False
+class WebSettings(ProviderSettings):
     title: str = Field(default="Pluto", min_length=1, max_length=80)
     # Pages on other origins that may open the chat socket (scheme://host[:port]), or "*".
     # The gateway's own origin, 127.0.0.1 and localhost are always allowed.

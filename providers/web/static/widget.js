@@ -389,6 +389,7 @@
     line.textContent = (f.is_error ? "⚠ " : "✓ ") + f.name;
     details(f.details, run.tools);
   }
+  var TOOL_FRAMES = {"tool.start": toolStart, "tool.progress": toolProgress, "tool.end": toolEnd};
   function setBusy() {
     var busy = Object.keys(active).length > 0;
     form.classList.toggle("pluto-busy", busy);
@@ -473,16 +474,10 @@
         if (!run.final) { run.text += f.text; drawSoon(run, f.run_id); }
         break;
       case "tool.start":
-        run = botBubble(f.run_id);
-        if (!run.final) { toolStart(run, f); }
-        break;
       case "tool.progress":
-        run = botBubble(f.run_id);
-        if (!run.final) { toolProgress(run, f); }
-        break;
       case "tool.end":
         run = botBubble(f.run_id);
-        if (!run.final) { toolEnd(run, f); }
+        if (!run.final) { TOOL_FRAMES[f.type](run, f); }
         break;
       case "message.final":
         run = botBubble(f.run_id);
