@@ -24,6 +24,7 @@ from pluto.events import MessageDelta, MessageFinal, RunError, ToolEnd, ToolStar
 from pluto.providers.cli.screen import Screen, wants_markdown
 from pluto.gateway.ports import Intake, Provider, ProviderContext, RunFeed
 from pluto.providers.handover import HandOver, NotRecorded
+from pluto.providers.kit.bounded import remember
 from pluto.types import (MARKDOWN, Accepted, Capabilities, Dropped, Duplicate, IncomingMessage,
                          OutgoingMessage, Refused)
 
@@ -158,7 +159,7 @@ class CliProvider(Provider):
         expects_reply = False
         files: list[tuple[str, Path]] = []
         self._shown[run_id] = 0
-        _remember(self._followed, run_id, None)
+        remember(self._followed, run_id, None, KEPT_RUNS)
         async with aclosing(self.feed.follow(run_id)) as events:
             async for event in events:
                 self._shown[run_id] = event.seq
@@ -192,7 +193,7 @@ class CliProvider(Provider):
         future = self._finals.get(run_id)
         if future is None:
             future = asyncio.get_running_loop().create_future()
-            _remember(self._finals, run_id, future)
+            remember(self._finals, run_id, future, KEPT_RUNS)
         return future
 
     async def send(self, message: OutgoingMessage) -> str | None:
@@ -267,13 +268,6 @@ class CliProvider(Provider):
             if not self.screen.end(run_id):
                 self.out.write("\n")
             self.out.flush()
-
-
-def _remember(kept: OrderedDict[str, Any], key: str, value: Any) -> None:
-    kept[key] = value
-    kept.move_to_end(key)
-    while len(kept) > KEPT_RUNS:
-        kept.popitem(last=False)
 
 
 def _files(details: Any, data_dir: Path | None) -> list[tuple[str, Path]]:
