@@ -36,7 +36,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
-from pluto.storage.ports import LeaseStore
+from pluto.storage.ports import InboundStore, LeaseStore
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +167,20 @@ class Cluster:
         if took is not None:
             self._held[name] = took[0]
         return took
+
+    async def take_chat(self, name: str, inbox: InboundStore, provider: str, chat_id: str
+                        ) -> tuple[tuple[int, bool] | None, list[dict[str, Any]] | None]:
+        """:meth:`take` for a chat's lease, and the chat's unhandled messages read in the same
+        statement (None: not read — the lease was not taken, or there is no database)."""
+        if self.leases is None:
+            return await self.take(name), None
+        kwargs = {"takeover": False} if self.settling() else {}
+        took, found = await inbox.take_chat(self.leases, name, self.id, self.ttl, provider,
+                                            chat_id, **kwargs)
+        if took is None:
+            return None, None
+        self._held[name] = took[0]
+        return took, found
 
     async def wait_for(self, name: str, *, cancelled: Callable[[], bool] = lambda: False) -> int:
         """Take ``name``, waiting while another instance holds it."""

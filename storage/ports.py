@@ -20,6 +20,7 @@ from pluto.storage.rows import (Approval, MessageRow, OutboxRow, PairingRequest,
                                 SessionRow, StepRow, TaskRow)
 
 if TYPE_CHECKING:  # the ledger's rows, shared by both engines (SqlUsage runs on each)
+    from pluto.storage.sql import Statement
     from pluto.storage.sqlite.usage import Claim as BudgetClaim
     from pluto.storage.sqlite.usage import Reservation, UsageCall, UsageTotal
     from pluto.storage.sqlite.schedules import Firing, Schedule
@@ -242,6 +243,12 @@ class LeaseStore(Protocol):
         """:meth:`acquire`, and whether it was taken from another owner: (token, taken)."""
         ...
 
+    async def take_reading(self, name: str, owner: str, ttl: float, read: Statement, *,
+                           takeover: bool = True) -> tuple[tuple[int, bool] | None, list[Any]]:
+        """:meth:`take`, and the rows of the SELECT ``read`` once it is taken (one statement
+        where the engine can): (None, []) when another holds it."""
+        ...
+
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool: ...
 
     async def renew_all(self, owner: str, tokens: dict[str, int], ttl: float) -> set[str]:
@@ -309,6 +316,13 @@ class InboundStore(Protocol):
     async def unhandled_in_chat(self, provider: str, chat_id: str,
                                 limit: int = 100) -> list[dict[str, Any]]:
         """The chat's messages not yet handled, in arrival order (whoever received them)."""
+        ...
+
+    async def take_chat(self, leases: LeaseStore, name: str, owner: str, ttl: float,
+                        provider: str, chat_id: str, *, takeover: bool = True
+                        ) -> tuple[tuple[int, bool] | None, list[dict[str, Any]]]:
+        """The chat's lease taken, and once it is, :meth:`unhandled_in_chat` (one statement
+        where the engine can): (None, []) when another instance holds the chat."""
         ...
 
     async def keep_preview(self, provider: str, message_id: str, platform_id: str) -> None:

@@ -355,7 +355,8 @@ class IntakeQueue:
         learn what became of ours; whether the worker is done."""
         assert self.shared is not None
         cluster = self.shared.cluster
-        took = await cluster.take(lease)
+        self._heard_of(key)  # (taking the chat reads its inbox)
+        took, first = await cluster.take_chat(lease, self.inbox, self.name, key)
         if took is None:  # another instance holds the chat
             if not queue:
                 return True  # nothing of ours waits: the holder takes the rest
@@ -369,8 +370,9 @@ class IntakeQueue:
             # taken: from an instance that stopped renewing it (not found free)
             taken = took[1]
             while True:
-                found = await self._drain_chat(key, queue, lease, took[0], taken=taken)
-                taken = False
+                found = await self._drain_chat(key, queue, lease, took[0], taken=taken,
+                                               first=first)
+                taken, first = False, None
                 if self.shared.delivered is not None:  # our answers out first
                     await self.shared.delivered(self.name, key, cluster.ttl)
                 # a message received meanwhile: answered under the same hold (no release and
@@ -471,17 +473,19 @@ class IntakeQueue:
             log.debug("%s: a note to the other instances was not sent: %s", self.name, e)
 
     async def _drain_chat(self, key: str, queue: deque[Ticket], lease: str, token: int, *,
-                          taken: bool = True) -> int:
+                          taken: bool = True, first: list[dict[str, Any]] | None = None
+                          ) -> int:
         """Holding the chat: its unhandled messages, in arrival order, each run to its end;
         how many were read. ``taken``: the chat was taken from an instance that died (or
         stalled), which may have left a run unfinished or an answer undelivered: those come
-        first."""
+        first. ``first``: the messages read as the chat was taken (the first look)."""
         assert self.shared is not None
         cluster = self.shared.cluster
-        if taken:
+        if taken:  # (its runs' messages go back to the inbox: the first look is stale)
             await self.shared.take_over(self.name, key)
         again, found = True, 0
-        while again and (payloads := await self._unhandled(key)):
+        while again and (payloads := await self._unhandled(key, None if taken else first)):
+            first = None
             again = False
             found += len(payloads)
             for payload in payloads:
@@ -535,13 +539,21 @@ class IntakeQueue:
             again = again or self._more_since(key, queue)
         return found
 
-    async def _unhandled(self, key: str) -> list[dict[str, Any]]:
-        """The chat's unhandled messages, oldest first (what was noted so far is in them)."""
+    async def _unhandled(self, key: str, read: list[dict[str, Any]] | None = None
+                         ) -> list[dict[str, Any]]:
+        """The chat's unhandled messages, oldest first (what was noted so far is in them);
+        ``read``: as read with the chat's lease (the notes before it were let go then)."""
+        if read is not None:
+            return read
+        self._heard_of(key)
+        return await self.inbox.unhandled_in_chat(self.name, key)
+
+    def _heard_of(self, key: str) -> None:
+        """The chat's inbox is about to be read: what was noted of it so far is in it."""
         self._news.discard(key)
         if self._all_news:
             self._all_news = False
             self._news.clear()
-        return await self.inbox.unhandled_in_chat(self.name, key)
 
     def _more_since(self, key: str, queue: deque[Ticket]) -> bool:
         """Whether the chat may have a message its holder has not read yet: one received here

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pluto.storage.sql import Engine, Migration
+from pluto.storage.sql import Engine, Migration, Statement
 from pluto.storage.sqlite.fencing import Claim, fence
+
+if TYPE_CHECKING:
+    from pluto.storage.ports import LeaseStore
 
 COMPONENT = "inbound"
 MIGRATIONS: list[Migration] = [
@@ -55,6 +58,12 @@ def _with_preview(payload: str, preview: str | None) -> dict[str, Any]:
     if preview is not None and isinstance(message, dict):
         message["shown"] = preview
     return message
+
+
+def _unhandled_in_chat(provider: str, chat_id: str, limit: int) -> Statement:
+    return ("SELECT payload, preview FROM inbound_seen WHERE provider = ? AND chat_id = ? AND"
+            " handled = 0 AND payload IS NOT NULL ORDER BY rowid LIMIT ?",
+            (provider, chat_id, limit))
 
 
 class SqliteInbound:
@@ -134,10 +143,17 @@ class SqliteInbound:
     async def unhandled_in_chat(self, provider: str, chat_id: str,
                                 limit: int = 100) -> list[dict[str, Any]]:
         """The chat's messages not yet handled, in arrival order (whoever received them)."""
-        rows = await self.engine.fetchall(
-            "SELECT payload, preview FROM inbound_seen WHERE provider = ? AND chat_id = ? AND"
-            " handled = 0 ORDER BY rowid LIMIT ?", (provider, chat_id, limit))
+        rows = await self.engine.fetchall(*_unhandled_in_chat(provider, chat_id, limit))
         return [_with_preview(r[0], r[1]) for r in rows if r[0]]
+
+    async def take_chat(self, leases: LeaseStore, name: str, owner: str, ttl: float,
+                        provider: str, chat_id: str, *, takeover: bool = True
+                        ) -> tuple[tuple[int, bool] | None, list[dict[str, Any]]]:
+        """The chat's lease ``name`` taken (:meth:`LeaseStore.take`) and, once it is, the
+        chat's unhandled messages (:meth:`unhandled_in_chat`) — one statement on PostgreSQL."""
+        took, rows = await leases.take_reading(
+            name, owner, ttl, _unhandled_in_chat(provider, chat_id, 100), takeover=takeover)
+        return took, [_with_preview(r[0], r[1]) for r in rows if r[0]]
 
     async def keep_preview(self, provider: str, message_id: str, platform_id: str) -> None:
         """The live preview shown in answer to the message (a rerun after a crash edits it)."""

@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pluto.storage.sql import Engine
+from pluto.storage.sql import Engine, Statement
 
 COMPONENT = "leases"
 MIGRATIONS: list[Any] = [
@@ -94,18 +94,39 @@ class SqlLeases:
                    takeover: bool = True) -> tuple[int, bool] | None:
         """:meth:`acquire`, and whether the lease was taken from another owner (whose lease
         ran out) rather than found free: (token, taken), or None."""
-        now = self._now
-        rows = await self._returning(
-            f"INSERT INTO leases (name, owner, token, until, taken) VALUES"
-            f" (?, ?, {self._next}, {now} + ?, 0)"
-            f" ON CONFLICT(name) DO UPDATE SET"
-            f" token = CASE WHEN leases.owner = excluded.owner THEN leases.token"
-            f" ELSE excluded.token END,"
-            f" taken = CASE WHEN leases.owner = excluded.owner THEN leases.taken ELSE 1 END,"
-            f" owner = excluded.owner, until = excluded.until"
-            f" WHERE leases.owner = excluded.owner OR (leases.until < {now} AND ?)"
-            f" RETURNING token, taken", (name, owner, ttl, bool(takeover)))
+        rows = await self._returning(*self._take(name, owner, ttl, takeover))
         return (int(rows[0][0]), bool(rows[0][1])) if rows else None
+
+    async def take_reading(self, name: str, owner: str, ttl: float, read: Statement, *,
+                           takeover: bool = True) -> tuple[tuple[int, bool] | None, list[Any]]:
+        """:meth:`take`, and the rows of ``read`` (a SELECT whose first column is never
+        NULL; rows read by position) once it is taken — in one statement on PostgreSQL
+        (``read`` sees the database as it was when the statement began: a message it finds
+        unhandled that the last holder handled meanwhile is refused by the claim's fence,
+        never run twice); two elsewhere. (None, []) when another holds the lease."""
+        if self.engine.dialect != "postgres":
+            took = await self.take(name, owner, ttl, takeover=takeover)
+            return took, [] if took is None else await self.engine.fetchall(*read)
+        sql, params = self._take(name, owner, ttl, takeover)
+        rows = await self.engine.fetchall(
+            f"WITH l AS ({sql}) SELECT l.token AS lease_token, l.taken AS lease_taken, r.*"
+            f" FROM l LEFT JOIN LATERAL ({read[0]}) r ON true", (*params, *read[1]))
+        if not rows:
+            return None, []
+        took = (int(rows[0][0]), bool(rows[0][1]))
+        return took, [tuple(r)[2:] for r in rows if r[2] is not None]
+
+    def _take(self, name: str, owner: str, ttl: float, takeover: bool) -> Statement:
+        now = self._now
+        return (f"INSERT INTO leases (name, owner, token, until, taken) VALUES"
+                f" (?, ?, {self._next}, {now} + ?, 0)"
+                f" ON CONFLICT(name) DO UPDATE SET"
+                f" token = CASE WHEN leases.owner = excluded.owner THEN leases.token"
+                f" ELSE excluded.token END,"
+                f" taken = CASE WHEN leases.owner = excluded.owner THEN leases.taken ELSE 1 END,"
+                f" owner = excluded.owner, until = excluded.until"
+                f" WHERE leases.owner = excluded.owner OR (leases.until < {now} AND ?)"
+                f" RETURNING token, taken", (name, owner, ttl, bool(takeover)))
 
     async def _returning(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         """One change that returns rows, committed: alone on PostgreSQL (one statement is
