@@ -5,7 +5,6 @@ Every refusal raises :class:`ApiError` (see ``errors.py``); answers are capped i
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import json
 import time
@@ -14,15 +13,10 @@ from typing import Any
 
 import aiohttp
 
-from pluto.errors import PlutoError
+from pluto.providers.kit.files import CHUNK, save_stream
 from pluto.providers.mattermost.errors import ApiError, api_error
 
-CHUNK = 64 * 1024
 MAX_JSON = 32 * 1024 * 1024  # one answer (a page of posts) at most
-
-
-class TooLarge(PlutoError):
-    """A download is larger than allowed."""
 
 
 class MattermostApi:
@@ -120,18 +114,12 @@ class MattermostApi:
         return _dict(await self.call("GET", f"/files/{file_id}/info"))
 
     async def download(self, file_id: str, path: Path, max_bytes: int) -> int:
-        """A file into ``path``, streamed; its size. :class:`TooLarge` past ``max_bytes``."""
-        size = 0
+        """A file into ``path``, streamed; its size. The kit's ``TooLarge`` past
+        ``max_bytes`` (the partial file removed)."""
         async with self.session().get(f"{self.api_url}/files/{file_id}") as r:
             if r.status >= 400:
                 raise api_error(r.status, None, r.headers)
-            with await asyncio.to_thread(path.open, "wb") as out:
-                async for block in r.content.iter_chunked(CHUNK):
-                    size += len(block)
-                    if size > max_bytes:
-                        raise TooLarge()
-                    await asyncio.to_thread(out.write, block)
-        return size
+            return await save_stream(r.content.iter_chunked(CHUNK), path, max_bytes)
 
 
 def _dict(value: Any) -> dict[str, Any]:

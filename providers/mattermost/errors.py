@@ -13,9 +13,11 @@ from typing import Any
 
 import aiohttp
 
-from pluto.errors import (DeliveryRefused, PlutoError, ProviderError, ProviderUnusable,
-                          RateLimited)
+from pluto.errors import DeliveryRefused, PlutoError, ProviderError
 from pluto.gateway.logs import MaskSecrets
+from pluto.providers.kit.errors import by_status, rate_limited, retry_after_header, transport_error
+
+WHO = "Mattermost"
 
 REFUSED = {403: "the bot may not do this here (not a member of the channel, or a missing "
                 "permission)",
@@ -35,18 +37,12 @@ class ApiError(PlutoError):
         self.retry_after = retry_after
 
 
-def _seconds(value: str | None) -> float | None:
-    try:
-        return max(0.0, float(value)) if value else None
-    except ValueError:
-        return None
-
-
 def api_error(status: int, body: Any, headers: Mapping[str, str]) -> ApiError:
     data = body if isinstance(body, dict) else {}
     wait = None
     if status == 429:
-        wait = _seconds(headers.get("X-Ratelimit-Reset")) or _seconds(headers.get("Retry-After"))
+        reset = {"Retry-After": headers.get("X-Ratelimit-Reset")}  # seconds until it resets
+        wait = retry_after_header(reset) or retry_after_header(headers)
     return ApiError(status, str(data.get("id") or "")[:100],
                     str(data.get("message") or f"HTTP {status}")[:300], wait)
 
@@ -55,22 +51,15 @@ def provider_error(exc: BaseException, token_env: str = "the token") -> Provider
     """One plain sentence, and whether retrying can help."""
     if isinstance(exc, ApiError):
         if exc.status == 429:
-            wait = 1.0 if exc.retry_after is None else exc.retry_after
-            return RateLimited(f"Mattermost asked to slow down for {wait:g}s", retry_after=wait)
-        if exc.status == 401:
-            return ProviderUnusable(f"Mattermost refused the bot token (check {token_env}): "
-                                    f"{exc.message}")
+            return rate_limited(WHO, 1.0 if exc.retry_after is None else exc.retry_after)
         if exc.status in REFUSED:
             what = exc.error_id or exc.status
             return DeliveryRefused(f"Mattermost refused: {REFUSED[exc.status]} ({what})")
-        if 400 <= exc.status < 500:
-            return DeliveryRefused(f"Mattermost refused the request: {exc}")
-        return ProviderError(f"Mattermost answered with an error: {exc}")
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-        return ProviderError("Mattermost did not answer in time")
-    if isinstance(exc, (aiohttp.ClientError, OSError)):
-        return ProviderError(f"could not reach Mattermost ({type(exc).__name__})")
-    return ProviderError(f"Mattermost error: {type(exc).__name__}")
+        return by_status(exc.status, refused=f"Mattermost refused the request: {exc}",
+                         failed=f"Mattermost answered with an error: {exc}",
+                         unusable=f"Mattermost refused the bot token (check {token_env}): "
+                                  f"{exc.message}")
+    return transport_error(exc, WHO) or ProviderError(f"Mattermost error: {type(exc).__name__}")
 
 
 # what a call can fail with (an answer that is not JSON: ValueError)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pluto.providers.kit.files import safe_filename
 from pluto.types import Attachment, IncomingMessage
 
 PROVIDER = "mattermost"
@@ -145,7 +146,3 @@ def upload_path(root: Path, post: Post, file_id: str, filename: str) -> Path:
     short = re.sub(r"[^0-9A-Za-z]", "", file_id)[:16] or "file"
     return root / folder / f"{short}-{safe_filename(filename)}"
 
-
-def safe_filename(name: str) -> str:
-    base = re.sub(r"[^A-Za-z0-9._ -]+", "_", Path(name.replace("\\", "/")).name).strip(" .")
-    return (base or "file")[-100:]

@@ -4,11 +4,11 @@ uploaded first and attached by ``file_ids`` (five per post at most), edits of a 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from pluto.errors import DeliveryRefused
+from pluto.providers.kit.files import read_outgoing
 from pluto.providers.mattermost.api import MattermostApi
 from pluto.providers.mattermost.errors import FAILURES, ApiError, provider_error
 from pluto.types import Attachment, OutgoingMessage
@@ -16,6 +16,7 @@ from pluto.types import Attachment, OutgoingMessage
 T = TypeVar("T")
 MAX_LENGTH = 16383  # Mattermost's limit for one post's message
 FILES_PER_POST = 5
+MAX_FILE = 100 * 1024 * 1024  # the server's default MaxFileSize
 Sent = Callable[[str, str | None], None]  # (post id, thread root): what the bot wrote
 
 
@@ -74,11 +75,6 @@ class Outbound:
         return True
 
     async def _upload(self, channel_id: str, attachment: Attachment) -> str:
-        if attachment.path is None:
-            raise DeliveryRefused(f"the file {attachment.filename} has no path")
-        try:
-            data = await asyncio.to_thread(attachment.path.read_bytes)
-        except OSError:
-            raise DeliveryRefused(f"the file {attachment.filename} can no longer be read") from None
+        data = await read_outgoing(attachment, MAX_FILE)
         return await self.call(self.api.upload(channel_id, data, attachment.filename,
                                                attachment.mime_type))

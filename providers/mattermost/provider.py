@@ -29,7 +29,10 @@ import aiohttp
 from pluto.errors import ProviderError, ProviderUnusable
 from pluto.gateway.ports import Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
-from pluto.providers.mattermost.api import MattermostApi, TooLarge
+from pluto.providers.kit.bounded import remember
+from pluto.providers.kit.files import TooLarge, kind_of, max_bytes, not_downloaded, too_large
+from pluto.providers.kit.notices import notice, quiet_notice
+from pluto.providers.mattermost.api import MattermostApi
 from pluto.providers.mattermost.errors import FAILURES, provider_error, redact_secrets_in_logs
 from pluto.providers.mattermost.inbound import (CHANNEL_TYPES, BadPayload, Post, file_meta,
                                                 mentioned_ids, mentions, post_of, to_incoming,
@@ -267,7 +270,7 @@ class MattermostProvider(Provider):
                 await self.handover(intake.submit, incoming)
             except NotRecorded:
                 return False
-        _remember(self._seen, post.id, None)
+        remember(self._seen, post.id, None, REMEMBERED)
         if self.positions.advance(post.channel_id, post.create_at):
             await self.positions.save()
         return True
@@ -288,12 +291,13 @@ class MattermostProvider(Provider):
         thread = post.root_id or (None if direct or not self.settings.reply_in_thread
                                   else post.id)
         if addressed and thread:
-            _remember(self._threads, thread, None)
+            remember(self._threads, thread, None, REMEMBERED)
         attachments: tuple[Attachment, ...] = ()
         if post.file_ids:
             attachments, problem = await self._download(post)
             if problem:
-                await self._quiet_notice(post.channel_id, problem, thread)
+                await quiet_notice(self.send, notice(post.channel_id, problem, thread_id=thread),
+                                   log=log, provider=self.name, place=post.channel_id)
         sender = str(data.get("sender_name") or "").lstrip("@") or await self._user_name(
             post.user_id)
         incoming = to_incoming(post, username=self.username, user_name=sender, direct=direct,
@@ -302,7 +306,7 @@ class MattermostProvider(Provider):
         return incoming if incoming.text or incoming.attachments else None
 
     def _note_channel(self, channel_id: str, kind: str, team: str) -> None:
-        _remember(self._channels, channel_id, (kind, team))
+        remember(self._channels, channel_id, (kind, team), REMEMBERED)
 
     async def _channel(self, channel_id: str) -> tuple[str, str]:
         known = self._channels.get(channel_id)
@@ -326,7 +330,7 @@ class MattermostProvider(Provider):
             except FAILURES as e:  # the id stands in for it
                 log.debug("mattermost: user %s not read: %s", user_id, provider_error(e))
                 return None
-            _remember(self._names, user_id, known)
+            remember(self._names, user_id, known, REMEMBERED)
         return known or None
 
     async def _in_thread(self, post: Post) -> bool:
@@ -342,7 +346,7 @@ class MattermostProvider(Provider):
             except FAILURES as e:  # not provably the bot's
                 log.debug("mattermost: post %s not read: %s", root, provider_error(e))
                 return False
-            _remember(self._mine, root, known)
+            remember(self._mine, root, known, REMEMBERED)
         return known
 
     async def _download(self, post: Post) -> tuple[tuple[Attachment, ...], str | None]:
@@ -357,39 +361,26 @@ class MattermostProvider(Provider):
 
     async def _download_one(self, post: Post, file_id: str, info: dict[str, Any] | None
                             ) -> tuple[Attachment | None, str | None]:
-        limit = int(self.settings.max_download_mb * 1024 * 1024)
+        limit, cap = max_bytes(self.settings.max_download_mb), self.settings.max_download_mb
         try:
             info = info or await self.api.file_info(file_id)
         except FAILURES as e:
             log.warning("mattermost: file %s unknown: %s", file_id, provider_error(e))
             return None, "I could not read a file you sent; please send it again."
         name = str(info.get("name") or "file")
-        size = found if isinstance(found := info.get("size"), int) else 0
-        too_large = (f"The file {name} is too large for me to read (the limit is "
-                     f"{self.settings.max_download_mb:g} MB).")
-        if size > limit:
-            return None, too_large
+        if (size := info.get("size")) and isinstance(size, int) and size > limit:
+            return None, too_large(name, cap)
         path = upload_path(self.uploads, post, file_id, name)
         try:
-            await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
             got = await self.api.download(file_id, path, limit)
         except TooLarge:
-            await asyncio.to_thread(path.unlink, missing_ok=True)
-            return None, too_large
+            return None, too_large(name, cap)
         except FAILURES as e:
-            await asyncio.to_thread(path.unlink, missing_ok=True)
             log.warning("mattermost: downloading %s failed: %s", name, provider_error(e))
-            return None, f"I could not download the file {name}; please send it again."
+            return None, not_downloaded(name)
         mime = str(info.get("mime_type") or "application/octet-stream")
         return Attachment(filename=name, mime_type=mime, size=got, path=path,
-                          kind="image" if mime.startswith("image/") else "file"), None
-
-    async def _quiet_notice(self, channel_id: str, text: str, thread: str | None) -> None:
-        try:
-            await self.send(OutgoingMessage(chat_id=channel_id, text=text, kind="notice",
-                                            thread_id=thread))
-        except ProviderError as e:
-            log.warning("mattermost: could not tell %s: %s", channel_id, e)
+                          kind=kind_of(mime)), None
 
     # sending -----------------------------------------------------------------------------
 
@@ -413,13 +404,7 @@ class MattermostProvider(Provider):
             log.debug("mattermost: typing in %s: %s", chat_id, e)
 
     def _sent(self, post_id: str, thread: str | None) -> None:
-        _remember(self._mine, post_id, True)
+        remember(self._mine, post_id, True, REMEMBERED)
         if thread:
-            _remember(self._threads, thread, None)
+            remember(self._threads, thread, None, REMEMBERED)
 
-
-def _remember(cache: OrderedDict[str, Any], key: str, value: Any) -> None:
-    cache[key] = value
-    cache.move_to_end(key)
-    while len(cache) > REMEMBERED:
-        cache.popitem(last=False)

@@ -20,17 +20,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from pluto.gateway.ports import ProviderContext, provider_settings, required_env
+from pluto.providers.kit.settings import ENV_NAME, ProviderSettings, http_url
 
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
-
-class MattermostSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = False
+class MattermostSettings(ProviderSettings):
     url: str = "http://localhost:8065"
     token_env: str = Field(default="MATTERMOST_TOKEN", pattern=ENV_NAME)
     channel_messages: Literal["mentions", "all"] = "mentions"
@@ -42,10 +38,7 @@ class MattermostSettings(BaseModel):
     @field_validator("url")
     @classmethod
     def _http_url(cls, v: str) -> str:
-        v = v.strip().rstrip("/")
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return v.removesuffix("/api/v4")
+        return http_url(v).removesuffix("/api/v4")
 
     @property
     def api_url(self) -> str:
