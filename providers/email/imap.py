@@ -44,6 +44,7 @@ class Mailbox:
         self._password = password
         self._lost = asyncio.Event()
         self._client: Any = None
+        self._idling = False  # an IDLE was started and DONE not sent yet
 
     async def open(self) -> None:
         s = self.settings
@@ -104,14 +105,14 @@ class Mailbox:
             await self._call(asyncio.sleep(min(seconds, self.settings.poll_seconds)))
             _ok(await self._call(client.noop()), "NOOP")
             return
-        idle = await self._call(asyncio.wait_for(client.idle_start(timeout=seconds),
-                                                 self.settings.timeout_seconds))
+        self._idling = True
         try:
+            idle = await self._call(asyncio.wait_for(client.idle_start(timeout=seconds),
+                                                     self.settings.timeout_seconds))
             await self._call(asyncio.wait_for(client.wait_server_push(seconds + 5),
                                               seconds + self.settings.timeout_seconds))
         finally:
-            if not self._lost.is_set():
-                client.idle_done()
+            self._end_idle()
         _ok(await self._call(asyncio.wait_for(idle, self.settings.timeout_seconds)),
             "ending IDLE")
 
@@ -120,6 +121,7 @@ class Mailbox:
             return
         try:
             if not self._lost.is_set():
+                self._end_idle()  # an IDLE cut short by a cancellation
                 await asyncio.wait_for(self._client.logout(), 2)
         except (OSError, asyncio.TimeoutError, aioimaplib.AioImapException) as e:
             log.debug("email: logging out: %s", type(e).__name__)
@@ -128,6 +130,12 @@ class Mailbox:
             if transport is not None:
                 transport.close()
             self._client = None
+
+    def _end_idle(self) -> None:
+        """Send DONE once for an IDLE the server took (and not after the connection died)."""
+        if self._idling and not self._lost.is_set() and self._client.has_pending_idle():
+            self._client.idle_done()
+        self._idling = False
 
     async def _call(self, aw: Awaitable[T]) -> T:
         """``aw``, unless the connection is lost first (then :class:`MailboxLost`)."""
