@@ -30,13 +30,14 @@ from pluto.errors import ProviderError, ProviderUnusable
 from pluto.gateway.ports import Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
 from pluto.providers.kit.bounded import remember
-from pluto.providers.kit.files import TooLarge, kind_of, max_bytes, not_downloaded, too_large
+from pluto.providers.kit.loops import Backoff, retry_until_done
 from pluto.providers.kit.notices import notice, quiet_notice
 from pluto.providers.mattermost.api import MattermostApi
+from pluto.providers.mattermost.files import Downloads
 from pluto.providers.mattermost.errors import FAILURES, provider_error, redact_secrets_in_logs
-from pluto.providers.mattermost.inbound import (CHANNEL_TYPES, BadPayload, Post, file_meta,
-                                                mentioned_ids, mentions, post_of, to_incoming,
-                                                upload_path)
+from pluto.providers.mattermost.inbound import (BadPayload, Post, mentioned_ids, mentions,
+                                                post_of, to_incoming)
+from pluto.providers.mattermost.known import Known
 from pluto.providers.mattermost.markup import MATTERMOST
 from pluto.providers.mattermost.outbound import Outbound
 from pluto.providers.mattermost.position import Positions
@@ -47,7 +48,6 @@ from pluto.types import Attachment, Capabilities, IncomingMessage, OutgoingMessa
 log = logging.getLogger(__name__)
 
 REMEMBERED = 4096
-MAX_FILES = 10  # files read from one post
 MAX_BACKOFF = 30.0
 
 
@@ -62,20 +62,18 @@ class MattermostProvider(Provider):
         self.settings = settings
         self._token = token
         self.data_dir = data_dir
-        self.uploads = data_dir / "uploads" / "mattermost"
         self.api = MattermostApi(settings.api_url, token, settings.request_timeout_seconds)
-        self.outbound = Outbound(self.api, self._sent, settings.token_env)
+        self.known = Known(self.api)
+        self.downloads = Downloads(self.api, data_dir / "uploads" / "mattermost",
+                                   settings.max_download_mb)
+        self.outbound = Outbound(self.api, self.known.sent, settings.token_env)
         self.handover = HandOver(self.name)
         self.user_id = ""
         self.username = ""
         self._identity_lock = asyncio.Lock()
         self.positions: Positions | None = None
         self._socket: Socket | None = None
-        self._channels: OrderedDict[str, tuple[str, str]] = OrderedDict()  # id → (type, team)
-        self._mine: OrderedDict[str, bool] = OrderedDict()  # post → written by the bot?
-        self._threads: OrderedDict[str, None] = OrderedDict()  # threads the bot is part of
         self._seen: OrderedDict[str, None] = OrderedDict()
-        self._names: OrderedDict[str, str] = OrderedDict()  # user id → username
         self._behind: set[str] = set()  # channels with a post intake could not record
         self._repair_at = 0.0  # monotonic: when they are fetched again
 
@@ -97,6 +95,7 @@ class MattermostProvider(Provider):
                 if not me.get("id") or not me.get("username"):
                     raise ProviderError("Mattermost did not say who the bot is (users/me)")
                 self.user_id, self.username = str(me["id"]), str(me["username"])
+                self.known.bot_id = self.user_id
             return self.user_id
 
     async def probe(self) -> str:
@@ -116,19 +115,14 @@ class MattermostProvider(Provider):
     async def run(self, intake: Intake) -> None:
         await self.identity()
         await self._load_positions()
-        failures = 0
+        backoff = Backoff(first=1.0, cap=MAX_BACKOFF)
         async with aiohttp.ClientSession() as session:
             while True:
-                try:
-                    sock = await Socket.open(session, self.settings.websocket_url, self._token)
-                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-                    failures += 1
-                    delay = min(MAX_BACKOFF, 0.5 * 2 ** failures)
-                    log.warning("mattermost: could not connect the WebSocket (%s); retrying in "
-                                "%.1fs", provider_error(e), delay)
-                    await asyncio.sleep(delay)
-                    continue
-                failures = 0
+                sock = await retry_until_done(
+                    lambda: Socket.open(session, self.settings.websocket_url, self._token),
+                    failures=(aiohttp.ClientError, OSError, asyncio.TimeoutError),
+                    typed=provider_error, backoff=backoff, log=log,
+                    what="mattermost: connecting the WebSocket")
                 await self._connected(sock, intake)
                 await asyncio.sleep(0.5)  # a server that drops every connection is not hammered
 
@@ -193,9 +187,7 @@ class MattermostProvider(Provider):
         except BadPayload as e:
             log.warning("mattermost: a posted event was skipped: %s", e)
             return
-        kind = data.get("channel_type")
-        if kind in CHANNEL_TYPES:
-            self._note_channel(post.channel_id, str(kind), str(data.get("team_id") or ""))
+        self.known.note_channel(post.channel_id, data.get("channel_type"), data.get("team_id"))
         if post.channel_id in self._behind:
             return  # fetched again with the channel's earlier posts, in order
         if not await self._dispatch(post, data, intake):
@@ -210,9 +202,8 @@ class MattermostProvider(Provider):
             raise provider_error(e, self.settings.token_env) from None
         for channel in channels:
             channel_id = str(channel.get("id") or "")
-            kind, last = channel.get("type"), channel.get("last_post_at")
-            if kind in CHANNEL_TYPES:
-                self._note_channel(channel_id, str(kind), str(channel.get("team_id") or ""))
+            last = channel.get("last_post_at")
+            self.known.note_channel(channel_id, channel.get("type"), channel.get("team_id"))
             if channel_id in self._behind or (
                     isinstance(last, int) and last > self.positions.of(channel_id)):
                 await self._catch_up(channel_id, intake)
@@ -282,105 +273,28 @@ class MattermostProvider(Provider):
             return None
         if self.settings.ignore_bots and post.from_bot:
             return None
-        kind, team = await self._channel(post.channel_id)
+        kind, team = await self.known.channel(post.channel_id)
         direct = kind == "D"
         addressed = (direct or me in mentioned_ids(data) or mentions(post, self.username)
-                     or await self._in_thread(post))
+                     or await self.known.in_thread(post))
         if not addressed and self.settings.channel_messages == "mentions":
             return None
         thread = post.root_id or (None if direct or not self.settings.reply_in_thread
                                   else post.id)
         if addressed and thread:
-            remember(self._threads, thread, None, REMEMBERED)
+            self.known.join_thread(thread)
         attachments: tuple[Attachment, ...] = ()
         if post.file_ids:
-            attachments, problem = await self._download(post)
+            attachments, problem = await self.downloads.fetch(post)
             if problem:
                 await quiet_notice(self.send, notice(post.channel_id, problem, thread_id=thread),
                                    log=log, provider=self.name, place=post.channel_id)
-        sender = str(data.get("sender_name") or "").lstrip("@") or await self._user_name(
+        sender = str(data.get("sender_name") or "").lstrip("@") or await self.known.user_name(
             post.user_id)
         incoming = to_incoming(post, username=self.username, user_name=sender, direct=direct,
                                addressed=addressed, thread_id=thread, team_id=team,
                                attachments=attachments)
         return incoming if incoming.text or incoming.attachments else None
-
-    def _note_channel(self, channel_id: str, kind: str, team: str) -> None:
-        remember(self._channels, channel_id, (kind, team), REMEMBERED)
-
-    async def _channel(self, channel_id: str) -> tuple[str, str]:
-        known = self._channels.get(channel_id)
-        if known is None:
-            try:
-                channel = await self.api.channel(channel_id)
-            except FAILURES as e:  # read as a channel: mentions only
-                log.warning("mattermost: channel %s unknown: %s", channel_id, provider_error(e))
-                return "O", ""
-            kind = str(channel.get("type") or "O")
-            known = (kind if kind in CHANNEL_TYPES else "O", str(channel.get("team_id") or ""))
-            self._note_channel(channel_id, *known)
-        return known
-
-    async def _user_name(self, user_id: str) -> str | None:
-        """A username for a post fetched by ``since`` (an event names its sender itself)."""
-        known = self._names.get(user_id)
-        if known is None:
-            try:
-                known = str((await self.api.user(user_id)).get("username") or "")
-            except FAILURES as e:  # the id stands in for it
-                log.debug("mattermost: user %s not read: %s", user_id, provider_error(e))
-                return None
-            remember(self._names, user_id, known, REMEMBERED)
-        return known or None
-
-    async def _in_thread(self, post: Post) -> bool:
-        root = post.root_id
-        if not root:
-            return False
-        if root in self._threads:
-            return True
-        known = self._mine.get(root)
-        if known is None:
-            try:
-                known = str((await self.api.post(root)).get("user_id")) == self.user_id
-            except FAILURES as e:  # not provably the bot's
-                log.debug("mattermost: post %s not read: %s", root, provider_error(e))
-                return False
-            remember(self._mine, root, known, REMEMBERED)
-        return known
-
-    async def _download(self, post: Post) -> tuple[tuple[Attachment, ...], str | None]:
-        found: list[Attachment] = []
-        problems: list[str] = []
-        meta = file_meta(post)
-        for file_id in post.file_ids[:MAX_FILES]:
-            attachment, problem = await self._download_one(post, file_id, meta.get(file_id))
-            found += [attachment] if attachment else []
-            problems += [problem] if problem else []
-        return tuple(found), " ".join(problems) or None
-
-    async def _download_one(self, post: Post, file_id: str, info: dict[str, Any] | None
-                            ) -> tuple[Attachment | None, str | None]:
-        limit, cap = max_bytes(self.settings.max_download_mb), self.settings.max_download_mb
-        try:
-            info = info or await self.api.file_info(file_id)
-        except FAILURES as e:
-            log.warning("mattermost: file %s unknown: %s", file_id, provider_error(e))
-            return None, "I could not read a file you sent; please send it again."
-        name = str(info.get("name") or "file")
-        if (size := info.get("size")) and isinstance(size, int) and size > limit:
-            return None, too_large(name, cap)
-        path = upload_path(self.uploads, post, file_id, name)
-        try:
-            got = await self.api.download(file_id, path, limit)
-        except TooLarge:
-            return None, too_large(name, cap)
-        except FAILURES as e:
-            log.warning("mattermost: downloading %s failed: %s", name, provider_error(e))
-            return None, not_downloaded(name)
-        mime = str(info.get("mime_type") or "application/octet-stream")
-        return Attachment(filename=name, mime_type=mime, size=got, path=path,
-                          kind=kind_of(mime)), None
 
     # sending -----------------------------------------------------------------------------
 
@@ -402,9 +316,3 @@ class MattermostProvider(Provider):
             await sock.typing(chat_id, thread_id)
         except (ProviderError, aiohttp.ClientError, ConnectionError) as e:
             log.debug("mattermost: typing in %s: %s", chat_id, e)
-
-    def _sent(self, post_id: str, thread: str | None) -> None:
-        remember(self._mine, post_id, True, REMEMBERED)
-        if thread:
-            remember(self._threads, thread, None, REMEMBERED)
-
