@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from pluto.storage.rows import OutboxRow
-from pluto.storage.sql import Engine
+from pluto.storage.sql import Engine, Statement, together
 
 COMPONENT = "outbox"
 MIGRATIONS: list[str] = [
@@ -133,6 +133,12 @@ class SqliteOutbox:
                   f" updated_at) VALUES ({','.join('?' * (len(_COLUMNS) + 3))})"
                   f" ON CONFLICT DO NOTHING RETURNING id")
 
+        if self.engine.dialect == "postgres":  # (all new, most often: one statement)
+            done = await self._record_claimed_at_once(rows, insert, owner, lease_seconds,
+                                                      now, count)
+            if done is not None:
+                return done
+
         def record(conn: Any) -> tuple[list[OutboxRow], bool]:
             claimed = conn.execute(self._claim, self._claim_args(reply_id, owner, now,
                                                                   lease_seconds)).rowcount > 0
@@ -151,6 +157,32 @@ class SqliteOutbox:
                 "SELECT * FROM outbox WHERE reply_id = ? ORDER BY chunk", (reply_id,))], claimed
 
         return await self.engine.transact(record)
+
+    async def _record_claimed_at_once(self, rows: list[OutboxRow], insert: str, owner: str,
+                                      lease_seconds: float, now: float, count: bool
+                                      ) -> tuple[list[OutboxRow], bool] | None:
+        """(PostgreSQL) :meth:`record_claimed` as one statement — the claim, then each chunk
+        counted with the sender's first call if the claim was had — when every chunk is new;
+        None when one was recorded before (the transaction reads them back)."""
+        head = insert.partition(" VALUES (")[0]
+        marks = ",".join(["?"] * len(_COLUMNS))
+        parts: list[tuple[str, Statement]] = [("c", (
+            self._claim + " RETURNING 1", self._claim_args(rows[0].reply_id, owner, now,
+                                                           lease_seconds)))]
+        for i, r in enumerate(rows):
+            parts.append((f"i{i}", (
+                f"{head} SELECT {marks}, CASE WHEN EXISTS (SELECT 1 FROM c) THEN ? ELSE 0 END,"
+                " ?, ? ON CONFLICT DO NOTHING RETURNING id",
+                (*(_value(r, c) for c in _COLUMNS), 1 if count else 0, now, now))))
+        result = ", ".join(["(SELECT count(*) FROM c)",
+                            *(f"(SELECT id FROM i{i})" for i in range(len(rows)))])
+        got = await self.engine.write_returning(together(parts, result))
+        if got is None or any(found is None for found in tuple(got)[1:]):
+            return None
+        claimed = bool(got[0])
+        tries = 1 if claimed and count else 0
+        return [replace(r, id=found, attempts=tries)
+                for r, found in zip(rows, tuple(got)[1:])], claimed
 
     async def reply(self, reply_id: str) -> list[OutboxRow]:
         rows = await self.engine.fetchall(
