@@ -50,11 +50,12 @@ async def seen(fake: FakeMail, *stored: Stored) -> None:
 # threading ---------------------------------------------------------------------------------
 
 async def test_a_reply_is_threaded_text_and_html(harness: EmailHarness) -> None:
+    harness.settings = {"display_name": "Pluto"}
     await harness.start()
     await harness.user_says("hello **there**")
     await harness.wait_texts(["echo: hello **there**"], raw=True)
     reply = headers(harness)
-    assert reply["From"] == BOT and reply["To"] == ALICE
+    assert reply["From"] == f"Pluto <{BOT}>" and reply["To"] == ALICE
     assert reply["Subject"] == "Re: A question"
     assert reply["In-Reply-To"] == f"<{ROOT}>" and reply["References"] == f"<{ROOT}>"
     assert reply["Auto-Submitted"] == "auto-replied"  # RFC 3834: a responder answers it not

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from email.headerregistry import Address
 from email.message import EmailMessage
 from email.utils import formatdate
 from functools import lru_cache
@@ -53,7 +54,7 @@ def compose(settings: EmailSettings, origin: Origin, message_id: str, text: str,
             files: list[tuple[Attachment, bytes]]) -> EmailMessage:
     """One reply: text/plain (Markdown) and text/html, then the files."""
     mail = EmailMessage()
-    mail["From"] = settings.from_address
+    mail["From"] = Address(settings.display_name or "", addr_spec=settings.from_address)
     mail["To"] = origin.to
     mail["Subject"] = reply_subject(origin.subject)
     mail["Date"] = formatdate(localtime=False, usegmt=True)

@@ -7,6 +7,7 @@ providers:
     username: bot@example.com          # the mailbox account (IMAP and, by default, SMTP login)
     password_env: EMAIL_PASSWORD       # the variable holding its (app) password
     address: bot@example.com           # From: of replies (default: username)
+    display_name: Pluto                # the name shown with it (optional)
     imap_host: imap.example.com
     imap_port: 993
     imap_security: ssl                 # ssl (993) or none (a local bridge, a test server)
@@ -46,6 +47,7 @@ class EmailSettings(BaseModel):
     username: str = Field(min_length=1, max_length=320)
     password_env: str = Field(default="EMAIL_PASSWORD", pattern=ENV_NAME)
     address: str | None = Field(default=None, pattern=ADDRESS)
+    display_name: str | None = Field(default=None, max_length=100, pattern=r"^[^\r\n<>@]+$")
     imap_host: str = Field(pattern=HOST)
     imap_port: int = Field(default=993, ge=1, le=65535)
     imap_security: Literal["ssl", "none"] = "ssl"
