@@ -238,6 +238,16 @@ async def test_a_dropped_connection_before_seen_fetches_again_and_answers_once(
     assert len(harness.model.calls) == 1
 
 
+async def test_a_connection_dropped_while_idle_is_made_again(harness: EmailHarness) -> None:
+    await harness.start()
+    harness.expect_connection()
+    harness.fake.drop_connections()  # the server restarts, a NAT forgets the connection
+    await harness.connected()  # logged in again and waiting (IDLE)
+    await harness.user_says("still there?")
+    await harness.wait_texts(["echo: still there?"])
+    assert harness.fake.logins == 2
+
+
 # files ------------------------------------------------------------------------------------
 
 async def test_files_over_the_limit_are_refused_both_ways(harness: EmailHarness,
