@@ -269,6 +269,8 @@ async def test_errors_become_provider_errors(fake: FakeMattermost, rig: Rig) -> 
     secret = fake.add_channel("secret", [fake.alice], kind="P")
     with pytest.raises(DeliveryRefused, match="not a member"):
         await provider.send(OutgoingMessage(chat_id=secret, text="hi"))
+    with pytest.raises(DeliveryRefused, match="not a Mattermost id"):
+        await provider.edit(OutgoingMessage(chat_id=dm, text="hi", edit_of="../users/me"))
     with pytest.raises(DeliveryRefused, match="16383"):
         await provider.send(OutgoingMessage(chat_id=dm, text="x" * 16384))
     fake.fail_next(ApiFailure(401, "api.context.session_expired.app_error", "expired"))

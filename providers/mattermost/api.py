@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import email.utils
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from pluto.errors import DeliveryRefused
 from pluto.providers.kit.files import CHUNK, save_stream
 from pluto.providers.mattermost.errors import ApiError, api_error
 
 MAX_JSON = 32 * 1024 * 1024  # one answer (a page of posts) at most
+ID = re.compile(r"[a-z0-9]{26}")  # every Mattermost id: 26 lowercase letters and digits
 
 
 class MattermostApi:
@@ -66,38 +69,38 @@ class MattermostApi:
         return _dict(await self.call("GET", "/users/me"))
 
     async def user(self, user_id: str) -> dict[str, Any]:
-        return _dict(await self.call("GET", f"/users/{user_id}"))
+        return _dict(await self.call("GET", f"/users/{_id(user_id)}"))
 
     async def channels(self) -> list[dict[str, Any]]:
         """Every channel the bot is a member of (DMs and group messages included)."""
         found: dict[str, dict[str, Any]] = {}
         for team in _dicts(await self.call("GET", "/users/me/teams")):
-            for channel in _dicts(await self.call("GET", f"/users/me/teams/{team.get('id')}"
-                                                  "/channels")):
+            path = f"/users/me/teams/{_id(str(team.get('id')))}/channels"
+            for channel in _dicts(await self.call("GET", path)):
                 found[str(channel.get("id"))] = channel
         return list(found.values())
 
     async def channel(self, channel_id: str) -> dict[str, Any]:
-        return _dict(await self.call("GET", f"/channels/{channel_id}"))
+        return _dict(await self.call("GET", f"/channels/{_id(channel_id)}"))
 
     async def posts_since(self, channel_id: str, since_ms: int) -> list[dict[str, Any]]:
         """The posts created or changed after ``since_ms``, oldest first."""
-        body = _dict(await self.call("GET", f"/channels/{channel_id}/posts",
+        body = _dict(await self.call("GET", f"/channels/{_id(channel_id)}/posts",
                                      params={"since": str(since_ms)}))
         posts = _dict(body.get("posts"))
         return sorted(_dicts(list(posts.values())), key=lambda p: _int(p.get("create_at")))
 
     async def post(self, post_id: str) -> dict[str, Any]:
-        return _dict(await self.call("GET", f"/posts/{post_id}"))
+        return _dict(await self.call("GET", f"/posts/{_id(post_id)}"))
 
     async def create_post(self, payload: dict[str, Any]) -> dict[str, Any]:
         return _dict(await self.call("POST", "/posts", json=payload))
 
     async def patch_post(self, post_id: str, message: str) -> None:
-        await self.call("PUT", f"/posts/{post_id}/patch", json={"message": message})
+        await self.call("PUT", f"/posts/{_id(post_id)}/patch", json={"message": message})
 
     async def delete_post(self, post_id: str) -> None:
-        await self.call("DELETE", f"/posts/{post_id}")
+        await self.call("DELETE", f"/posts/{_id(post_id)}")
 
     async def upload(self, channel_id: str, data: bytes, filename: str, mime: str) -> str:
         """Upload one file to a channel; its file id (for a post's ``file_ids``)."""
@@ -111,15 +114,22 @@ class MattermostApi:
         return str(infos[0]["id"])
 
     async def file_info(self, file_id: str) -> dict[str, Any]:
-        return _dict(await self.call("GET", f"/files/{file_id}/info"))
+        return _dict(await self.call("GET", f"/files/{_id(file_id)}/info"))
 
     async def download(self, file_id: str, path: Path, max_bytes: int) -> int:
         """A file into ``path``, streamed; its size. The kit's ``TooLarge`` past
         ``max_bytes`` (the partial file removed)."""
-        async with self.session().get(f"{self.api_url}/files/{file_id}") as r:
+        async with self.session().get(f"{self.api_url}/files/{_id(file_id)}") as r:
             if r.status >= 400:
                 raise api_error(r.status, None, r.headers)
             return await save_stream(r.content.iter_chunked(CHUNK), path, max_bytes)
+
+
+def _id(value: str) -> str:
+    """An id for a path; a refusal (never a request) for anything else."""
+    if not ID.fullmatch(value):
+        raise DeliveryRefused(f"{value[:40]!r} is not a Mattermost id")
+    return value
 
 
 def _dict(value: Any) -> dict[str, Any]:
