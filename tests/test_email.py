@@ -261,7 +261,7 @@ async def test_files_over_the_limit_are_refused_both_ways(harness: EmailHarness,
     big = tmp_path / "big.bin"
     big.write_bytes(b"\0" * 5000)
     provider = harness.gateway.providers["email"]  # type: ignore[union-attr]
-    with pytest.raises(DeliveryRefused, match="too large"):
+    with pytest.raises(DeliveryRefused, match="larger than the platform takes"):
         await provider.send(OutgoingMessage(chat_id=ROOT, answers=ROOT, attachments=(
             Attachment(filename="big.bin", path=big, size=5000),)))
 

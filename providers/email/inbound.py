@@ -24,6 +24,7 @@ from html.parser import HTMLParser
 from typing import Literal
 
 from pluto.errors import PlutoError
+from pluto.providers.kit.files import kind_of
 
 MAX_TEXT = 100_000  # characters of a mail's text handed over
 MAX_IDS = 100
@@ -293,6 +294,5 @@ def _file(part: Message, n: int, max_file: int) -> File:
     name = part.get_filename() or f"file-{n + 1}{mimetypes.guess_extension(mime) or ''}"
     data = part.get_payload(decode=True)
     data = data if isinstance(data, bytes) else b""
-    kind: Literal["file", "image"] = "image" if mime.startswith("image/") else "file"
-    return File(name=str(name)[:200], mime_type=mime, kind=kind, size=len(data),
+    return File(name=str(name)[:200], mime_type=mime, kind=kind_of(mime), size=len(data),
                 data=data if len(data) <= max_file else None)

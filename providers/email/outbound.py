@@ -15,7 +15,6 @@ that fails is a plain :class:`ProviderError` (retried with backoff).
 
 from __future__ import annotations
 
-import asyncio
 import re
 from email.headerregistry import Address
 from email.message import EmailMessage
@@ -27,6 +26,7 @@ from markdown_it import MarkdownIt
 
 from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable, RateLimited
 from pluto.providers.email.settings import EmailSettings
+from pluto.providers.kit.files import read_outgoing
 from pluto.providers.email.threads import MAX_REFERENCES, Origin
 from pluto.types import Attachment
 
@@ -80,21 +80,8 @@ def compose(settings: EmailSettings, origin: Origin, message_id: str, text: str,
 
 async def read_files(attachments: tuple[Attachment, ...],
                      limit: int) -> list[tuple[Attachment, bytes]]:
-    out = []
-    for attachment in attachments:
-        if attachment.path is None:
-            raise DeliveryRefused(f"the file {attachment.filename} has no path")
-        try:
-            size = (await asyncio.to_thread(attachment.path.stat)).st_size
-            if size > limit:
-                raise DeliveryRefused(f"the file {attachment.filename} is too large to send "
-                                      f"by email ({size / 1048576:.1f} MB)")
-            data = await asyncio.to_thread(attachment.path.read_bytes)
-        except OSError:
-            raise DeliveryRefused(f"the file {attachment.filename} can no longer be read") \
-                from None
-        out.append((attachment, data))
-    return out
+    """The files a reply carries (each at most ``limit`` bytes, else DeliveryRefused)."""
+    return [(a, await read_outgoing(a, limit)) for a in attachments]
 
 
 async def submit(settings: EmailSettings, password: str, mail: EmailMessage) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import re
 import time
 from pathlib import Path
 
@@ -35,6 +34,8 @@ from pluto.providers.email.outbound import compose, read_files, submit
 from pluto.providers.email.settings import EmailSettings, load_settings
 from pluto.providers.email.threads import Origin, ThreadBook, thread_key
 from pluto.providers.handover import HandOver, NotRecorded
+from pluto.providers.kit.files import safe_filename, save_bytes, too_large
+from pluto.providers.kit.loops import Backoff
 from pluto.types import MARKDOWN, Attachment, Capabilities, IncomingMessage, OutgoingMessage
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class EmailProvider(Provider):
         self.uploads = data_dir / "uploads" / PROVIDER
         self.handover = HandOver(PROVIDER)
         self._sending = asyncio.Semaphore(SENDS)
-        self._failures = 0
+        self._backoff = Backoff(first=FIRST_DELAY, cap=MAX_DELAY)  # reconnecting
         self._chats = chats  # routing: who may be told anything at all
 
     @classmethod
@@ -94,8 +95,7 @@ class EmailProvider(Provider):
             except ProviderUnusable:
                 raise
             except ProviderError as e:
-                self._failures += 1
-                delay = min(MAX_DELAY, FIRST_DELAY * 2 ** (self._failures - 1))
+                delay = self._backoff.next()
                 log.warning("email: %s; connecting again in %.1fs", e, delay)
                 await asyncio.sleep(delay)
 
@@ -103,7 +103,7 @@ class EmailProvider(Provider):
         box = Mailbox(self.settings, self._password)
         try:
             await box.open()
-            self._failures = 0
+            self._backoff.reset()
             log.info("email: reading %s on %s as %s", self.settings.folder,
                      self.settings.imap_host, self.settings.username)
             while True:
@@ -208,12 +208,11 @@ class EmailProvider(Provider):
         prefix = hashlib.sha256(message_id.encode()).hexdigest()[:12]
         for f in files:
             if f.data is None:
-                problems.append(f"The file {f.name} is too large for me to read (the limit is "
-                                f"{self.settings.max_attachment_mb:g} MB).")
+                problems.append(too_large(f.name, self.settings.max_attachment_mb))
                 continue
-            path = folder / f"{prefix}-{_safe_filename(f.name)}"
+            path = folder / f"{prefix}-{safe_filename(f.name)}"
             try:
-                await asyncio.to_thread(_write, path, f.data)
+                await save_bytes(path, f.data)
             except OSError as e:
                 log.warning("email: saving %s failed: %s", f.name, e)
                 problems.append(f"I could not keep the file {f.name}; please send it again.")
@@ -279,13 +278,3 @@ def _incoming(mail: Mail, chat: str, message_id: str, text: str,
 def _synthetic_id(raw: bytes) -> str:
     """For mail without a Message-ID: the same bytes fetched again get the same id."""
     return f"{hashlib.sha256(raw).hexdigest()[:32]}@pluto.invalid"
-
-
-def _safe_filename(name: str) -> str:
-    base = re.sub(r"[^A-Za-z0-9._ -]+", "_", Path(name.replace("\\", "/")).name).strip(" .")
-    return (base or "file")[-100:]
-
-
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)

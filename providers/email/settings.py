@@ -31,19 +31,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from pluto.gateway.ports import ProviderContext, provider_settings, required_env
+from pluto.providers.kit.settings import ENV_NAME, ProviderSettings
 
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 HOST = r"^[A-Za-z0-9.:\[\]-]+$"
 ADDRESS = r"^[^@\s<>]+@[^@\s<>]+$"
 
 
-class EmailSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = False
+class EmailSettings(ProviderSettings):
     username: str = Field(min_length=1, max_length=320)
     password_env: str = Field(default="EMAIL_PASSWORD", pattern=ENV_NAME)
     address: str | None = Field(default=None, pattern=ADDRESS)
