@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pluto.errors import PlutoError
 from pluto.providers.kit.files import safe_filename
 from pluto.types import Attachment, IncomingMessage
 
@@ -26,7 +27,7 @@ MAX_POST_JSON = 1024 * 1024
 CHANNEL_TYPES = ("D", "G", "O", "P")
 
 
-class BadPayload(ValueError):
+class BadPayload(PlutoError, ValueError):
     """An event or post that is not what Mattermost sends."""
 
 
