@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from pluto.errors import ProviderError, ProviderUnusable
+from pluto.errors import ProviderError, ProviderUnusable, RateLimited
 from pluto.gateway.ports import Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
 from pluto.providers.kit.bounded import remember
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 REMEMBERED = 4096
 MAX_BACKOFF = 30.0
+SAVE_EVERY = 5.0  # seconds: positions saved at once after a hand-over, else at most this often
 
 
 class MattermostProvider(Provider):
@@ -76,6 +77,7 @@ class MattermostProvider(Provider):
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._behind: set[str] = set()  # channels with a post intake could not record
         self._repair_at = 0.0  # monotonic: when they are fetched again
+        self._saved_at = 0.0  # monotonic: when the positions were last written
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> MattermostProvider:
@@ -153,8 +155,10 @@ class MattermostProvider(Provider):
         except ProviderUnusable:
             raise
         except (ProviderError, *FAILURES) as e:
-            log.warning("mattermost: the connection failed (%s); reconnecting",
-                        e if isinstance(e, ProviderError) else provider_error(e))
+            error = e if isinstance(e, ProviderError) else provider_error(e)
+            log.warning("mattermost: the connection failed (%s); reconnecting", error)
+            if isinstance(error, RateLimited):
+                await asyncio.sleep(error.retry_after)
         finally:
             self._socket = None
             await sock.close()
@@ -262,7 +266,9 @@ class MattermostProvider(Provider):
             except NotRecorded:
                 return False
         remember(self._seen, post.id, None, REMEMBERED)
-        if self.positions.advance(post.channel_id, post.create_at):
+        if self.positions.advance(post.channel_id, post.create_at) and (
+                incoming is not None or time.monotonic() - self._saved_at > SAVE_EVERY):
+            self._saved_at = time.monotonic()  # (a post not for the bot may be read twice)
             await self.positions.save()
         return True
 
