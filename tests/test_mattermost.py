@@ -114,6 +114,15 @@ async def test_channels_answer_mentions_and_threads_the_bot_is_in(
     assert (more.thread_id, more.mentions_bot, more.user_name) == (asked["id"], True, "bob")
 
 
+async def test_a_group_message_needs_a_mention_too(fake: FakeMattermost, rig: Rig) -> None:
+    group = fake.add_channel("alice-bob-pluto", [fake.alice, fake.bob, fake.bot], kind="G")
+    await rig.start()
+    await fake.user_says(group, "between the two of us")
+    await fake.user_says(group, "you there?", mention=True)  # "@pluto you there?"
+    [msg] = await rig.handed("you there?")
+    assert (msg.is_direct, msg.mentions_bot, msg.guild_id) == (False, True, None)
+
+
 async def test_a_direct_message_is_always_for_the_bot(fake: FakeMattermost, rig: Rig) -> None:
     dm = fake.add_direct(fake.alice)
     await rig.start()
