@@ -327,3 +327,16 @@ def test_settings_are_checked(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -
     provider = MattermostProvider.from_context(provider_context(
         ProviderConfig(enabled=True, url="https://chat.example.com/api/v4/"), data_dir))
     assert provider.settings.websocket_url == "wss://chat.example.com/api/v4/websocket"
+
+
+def test_mentions_are_words_of_their_own() -> None:
+    from pluto.providers.mattermost.inbound import mentions, post_of, without_mention
+
+    def post(text: str) -> Any:
+        return post_of({"id": "p" * 26, "channel_id": "c" * 26, "user_id": "u" * 26,
+                        "message": text})
+    assert mentions(post("@Pluto: hi"), "pluto") and mentions(post("hey @pluto."), "pluto")
+    assert not mentions(post("@plutonium hi"), "pluto")
+    assert not mentions(post("@pluto.bot hi"), "pluto") and not mentions(post("a@pluto"), "pluto")
+    assert without_mention("@pluto: what now?", "pluto") == "what now?"
+    assert without_mention("so @pluto what now?", "pluto") == "so what now?"
