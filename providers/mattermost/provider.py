@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from pluto.errors import ProviderError, ProviderUnusable, RateLimited
+from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable, RateLimited
 from pluto.gateway.ports import Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
 from pluto.providers.kit.bounded import remember
@@ -167,11 +167,12 @@ class MattermostProvider(Provider):
 
     async def _read(self, sock: Socket, intake: Intake) -> None:
         while True:
-            wait = max(0.0, self._repair_at - time.monotonic()) if self._behind else None
-            try:
-                event = await sock.next_event(wait)
-            except asyncio.TimeoutError:
+            if self._behind and time.monotonic() >= self._repair_at:
                 await self._repair(intake)
+            wait = max(0.01, self._repair_at - time.monotonic()) if self._behind else None
+            try:
+                event = await sock.next_event(wait)  # until the next repair is due, at most
+            except asyncio.TimeoutError:
                 continue
             if event is None:
                 return
@@ -181,8 +182,6 @@ class MattermostProvider(Provider):
                 await self._catch_up_all(intake)
             if event.get("event") == "posted":
                 await self._on_posted(event, intake)
-            if self._behind and time.monotonic() >= self._repair_at:
-                await self._repair(intake)
 
     async def _on_posted(self, event: dict[str, Any], intake: Intake) -> None:
         data = found if isinstance(found := event.get("data"), dict) else {}
@@ -224,9 +223,13 @@ class MattermostProvider(Provider):
         try:
             posts = await self.api.posts_since(channel_id, max(0, position - 1))
         except FAILURES as e:
+            error = provider_error(e, self.settings.token_env)
             log.warning("mattermost: could not fetch the posts missed in %s: %s", channel_id,
-                        provider_error(e, self.settings.token_env))
-            self._fell_behind(channel_id, max(1.0, self.handover.backoff()))
+                        error)
+            if isinstance(error, DeliveryRefused):  # no longer a member: nothing to fetch
+                self._behind.discard(channel_id)
+            else:
+                self._fell_behind(channel_id, max(1.0, self.handover.backoff()))
             return
         self._behind.discard(channel_id)
         for raw in posts:
