@@ -109,6 +109,7 @@ _FIND_SESSION_AND_HISTORY = (
     " WHERE session_id = s.id ORDER BY id DESC LIMIT ?) m ON true"
     " WHERE s.key = ? AND s.active = 1 ORDER BY m.id DESC")
 PREFETCH_FOR = 2.0  # seconds a history read with its session serves the run that follows
+PREFETCH_MESSAGES = 50  # how many (an agent's default history is 40 messages)
 HISTORY_MESSAGES = 200  # of each, at most this many (a longer window reads the database)
 
 
@@ -181,10 +182,12 @@ def _next_seq_elsewhere(committed: int) -> int:
     return committed + PREVIEWS_AHEAD + 1 if committed else 1
 
 
-def _message_row(r: Any, created: str = "created_at") -> MessageRow:
-    return MessageRow(r["role"], r["content"],
-                      json.loads(r["tool_calls"]) if r["tool_calls"] else None,
-                      r["tool_call_id"], r["name"], r["tokens"], r["run_id"], r[created])
+def _message_row(r: tuple[Any, ...]) -> MessageRow:
+    """A message from the columns of ``_MESSAGE_COLUMNS``, in their order (a plain tuple:
+    read by position, no lookup by name per column)."""
+    role, content, tool_calls, tool_call_id, name, tokens, run_id, created_at = r
+    return MessageRow(role, content, json.loads(tool_calls) if tool_calls else None,
+                      tool_call_id, name, tokens, run_id, created_at)
 
 
 def _session(row: Any) -> SessionRow:
@@ -291,10 +294,10 @@ class SqliteConversations:
         # chat's first — with its history, and a transaction only to create one
         if self.engine.dialect == "postgres":
             rows = await self.engine.fetchall(_FIND_SESSION_AND_HISTORY,
-                                              (HISTORY_MESSAGES, key))
+                                              (PREFETCH_MESSAGES, key))
             if rows:
-                self._prefetch(rows[0]["id"], [_message_row(r, "said_at") for r in reversed(rows)
-                                               if r["role"] is not None])
+                self._prefetch(rows[0]["id"], [_message_row(tuple(r)[4:]) for r in reversed(rows)
+                                               if r[4] is not None])
                 return _session(rows[0])
         elif (row := await self.engine.fetchone(_FIND_SESSION, (key,))) is not None:
             return _session(row)
@@ -341,7 +344,7 @@ class SqliteConversations:
         rows = await self.engine.fetchall(
             f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? ORDER BY id DESC"
             " LIMIT ?", (session_id, limit))
-        return [_message_row(r) for r in reversed(rows)]
+        return [_message_row(tuple(r)) for r in reversed(rows)]
 
     def _prefetch(self, session_id: str, rows: list[MessageRow]) -> None:
         self._prefetched[session_id] = (time.monotonic() + PREFETCH_FOR, rows)
@@ -353,7 +356,8 @@ class SqliteConversations:
         """The history read with the session moments ago, if nothing was written to it here
         since (once: the run that follows takes it)."""
         until, rows = self._prefetched.pop(session_id, (0.0, []))
-        return rows if time.monotonic() < until and limit <= HISTORY_MESSAGES else None
+        whole = len(rows) < PREFETCH_MESSAGES or limit <= len(rows)  # (all it asks for)
+        return rows if time.monotonic() < until and whole else None
 
     async def history(self, session_id: str, max_messages: int,
                       max_tokens: int) -> list[dict[str, Any]]:
@@ -366,7 +370,9 @@ class SqliteConversations:
         elif (fetched := self._prefetched_rows(session_id, max_messages)) is not None:
             rows = fetched[-max_messages:]
         else:
-            rows = await self.messages(session_id, limit=max(max_messages, HISTORY_MESSAGES))
+            # (kept in memory: the whole window; a shared database: just what is asked for)
+            rows = await self.messages(session_id, limit=max(max_messages, HISTORY_MESSAGES)
+                                       if self._cache else max_messages)
             if self._cache and session_id not in self._recent:
                 self._keep_recent(session_id, rows)
             rows = rows[-max_messages:]
