@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("pluto", "gateway", "providers", "agents", "runtime", "storage")
-PLATFORMS = ("telegram", "discord", "slack", "whatsapp", "matrix")
+PLATFORMS = ("telegram", "discord", "slack", "whatsapp", "matrix", "mattermost", "teams")
 
 
 def module_name(path: Path) -> str:
