@@ -317,7 +317,7 @@ class Gateway:
 
     async def _open_storage(self, stack: AsyncExitStack) -> None:
         engine = getattr(self.store, "engine", None)
-        if self.shared and hasattr(engine, "idle_in_transaction"):  # see storage/sqlite/fencing
+        if self.shared and hasattr(engine, "idle_in_transaction"):  # see storage/sql/fencing
             engine.idle_in_transaction = max(1.0, self.cluster.ttl / 2)  # type: ignore[union-attr]
         await self.store.open()
         stack.push_async_callback(self.store.close)

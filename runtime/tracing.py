@@ -35,7 +35,7 @@ from pluto.events import RunEnd, RunError, RunEvent, RunStart, ToolEnd, ToolStar
 
 if TYPE_CHECKING:
     from pluto.runtime.runner import RunRequest
-    from pluto.storage.sqlite.usage import UsageCall
+    from pluto.storage.sql.usage import UsageCall
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from typing import Any
 from pluto.runtime.errors import BudgetExceeded
 from pluto.settings import Budget, ModelPrice
 from pluto.storage.ports import UsageStore
-from pluto.storage.sqlite.usage import Claim, Reservation, UsageCall
+from pluto.storage.sql.usage import Claim, Reservation, UsageCall
 
 log = logging.getLogger(__name__)
 

@@ -21,12 +21,12 @@ from pluto.storage.rows import (Approval, MessageRow, OutboxRow, PairingRequest,
 
 if TYPE_CHECKING:  # the ledger's rows, shared by both engines (SqlUsage runs on each)
     from pluto.storage.sql import Statement
-    from pluto.storage.sqlite.usage import Claim as BudgetClaim
-    from pluto.storage.sqlite.usage import Reservation, UsageCall, UsageTotal
-    from pluto.storage.sqlite.schedules import Firing, Schedule
+    from pluto.storage.sql.usage import Claim as BudgetClaim
+    from pluto.storage.sql.usage import Reservation, UsageCall, UsageTotal
+    from pluto.storage.sql.schedules import Firing, Schedule
 
 # Several instances: the chat claim a message was taken under, (lease name, token); every
-# write of the run answering it is refused once the claim moved on (storage/sqlite/fencing.py).
+# write of the run answering it is refused once the claim moved on (storage/sql/fencing.py).
 Claim = tuple[str, int]
 
 
@@ -226,7 +226,7 @@ class OutboxStore(Protocol):
 
 
 class LeaseStore(Protocol):
-    """Leases with fencing tokens (see :mod:`pluto.storage.sqlite.leases`): which instance
+    """Leases with fencing tokens (see :mod:`pluto.storage.sql.leases`): which instance
     holds a chat's intake, a session's runs, or a single-owner connection."""
 
     # several instances: the channel told when a lease is let go (None: nobody to tell)
@@ -407,7 +407,7 @@ class PairingStore(Protocol):
 
 
 class RateBucketStore(Protocol):
-    """Rate-limit token buckets shared by the instances (see ``storage/sqlite/ratelimits``)."""
+    """Rate-limit token buckets shared by the instances (see ``storage/sql/ratelimits``)."""
 
     async def take(self, buckets: list[tuple[str, int, float]]) -> tuple[int, float, bool] | None:
         """Take one message from each (key, count, seconds) bucket, or from none: None, or
@@ -416,7 +416,7 @@ class RateBucketStore(Protocol):
 
 
 class UsageStore(Protocol):
-    """The usage ledger: one row per model call, and budget resets (``storage/sqlite/usage``)."""
+    """The usage ledger: one row per model call, and budget resets (``storage/sql/usage``)."""
 
     async def record(self, call: UsageCall, periods: Mapping[str, float] | None = None,
                      release: Reservation | None = None) -> None:
@@ -459,7 +459,7 @@ class UsageStore(Protocol):
 
 
 class HistoryStore(Protocol):
-    """A conversation's compactions and full-text search (see ``storage/sqlite/memory``)."""
+    """A conversation's compactions and full-text search (see ``storage/sql/memory``)."""
 
     async def since_summary(self, session_id: str) -> tuple[Any, list[tuple[int, MessageRow]]]:
         """The latest compaction (or None) and the messages after it, oldest first."""
@@ -476,7 +476,7 @@ class HistoryStore(Protocol):
 
 
 class NotesStore(Protocol):
-    """Long-term memory files in a shared database (see ``storage/sqlite/memory``)."""
+    """Long-term memory files in a shared database (see ``storage/sql/memory``)."""
 
     async def read(self, owner: str) -> tuple[str, int] | None: ...
 
@@ -491,7 +491,7 @@ class NotesStore(Protocol):
 
 class IdempotencyStore(Protocol):
     """``Idempotency-Key`` records of the HTTP API, per caller, kept 24 h (in the database, so
-    every instance sees them); see :mod:`pluto.storage.sqlite.idempotency`."""
+    every instance sees them); see :mod:`pluto.storage.sql.idempotency`."""
 
     async def begin(self, scope: str, key: str, fingerprint: str, token: str, *,
                     lock: float) -> Any | None:
@@ -558,7 +558,7 @@ class Bus(Protocol):
 
 
 class ScheduleStore(Protocol):
-    """Schedules and their firings (storage/sqlite/schedules.py: a firing is claimed by one
+    """Schedules and their firings (storage/sql/schedules.py: a firing is claimed by one
     statement, on the database's clock)."""
 
     clock: Callable[[], float] | None  # tests: now, instead of the database's clock

@@ -24,7 +24,8 @@ from pluto.runtime.usage import Attribution, UsageMeter, period_start
 from pluto.settings import Budget
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.rows import estimate_tokens
-from pluto.storage.sqlite import SqlStore, SqliteStore
+from pluto.storage.sql.store import SqlStore
+from pluto.storage.sqlite import SqliteStore
 from tests.helpers.inspect_store import reserved_tokens
 from tests.helpers.pg import fresh_schema
 

@@ -31,7 +31,7 @@ import aiohttp
 import pytest
 import yaml
 
-from pluto.storage.sqlite import SqlStore
+from pluto.storage.sql.store import SqlStore
 from tests.conformance.test_kill import Serve
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.slack_server import FakeSlack

@@ -14,8 +14,9 @@ import pytest
 from pluto.events import MessageDelta, MessageFinal, RunEnd, RunEvent, RunStart
 from pluto.gateway.feed import LocalRunFeed, SharedRunFeed
 from pluto.storage.postgres import PostgresStore
-from pluto.storage.sqlite import SqliteStore, SqlStore
-from pluto.storage.sqlite.conversations import PREVIEWS_AHEAD
+from pluto.storage.sql.store import SqlStore
+from pluto.storage.sqlite import SqliteStore
+from pluto.storage.sql.conversations import PREVIEWS_AHEAD
 from tests.helpers.pg import fresh_schema
 from tests.helpers.served import wait_for
 

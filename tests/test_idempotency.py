@@ -22,7 +22,8 @@ from pluto.gateway.app import Gateway
 from pluto.runtime.testing import Scripted, ScriptedModel
 from pluto.settings import PlutoConfig
 from pluto.storage.postgres import PostgresStore
-from pluto.storage.sqlite import SqliteStore, SqlStore
+from pluto.storage.sql.store import SqlStore
+from pluto.storage.sqlite import SqliteStore
 from tests.helpers.inspect_store import runs
 from tests.helpers.inspect_store import (age_idempotency_keys, end_idempotency_holds,
                                           idempotency_key)

@@ -206,7 +206,7 @@ async def test_search_finds_every_session_of_the_key_and_nothing_else(store):
 
 
 async def test_a_compaction_is_kept_and_the_messages_after_it_read(store):
-    from pluto.storage.sqlite.memory import Compaction
+    from pluto.storage.sql.memory import Compaction
     conv, history = store.conversations, store.history
     s = await conv.session("k", "helper")
     for i in range(6):

@@ -19,7 +19,7 @@ from pluto.gateway.cluster import Cluster
 from pluto.gateway.pipeline.intake import IntakeQueue, Shared
 from pluto.gateway.ports import Provider
 from pluto.storage.sqlite import SqliteStore
-from pluto.storage.sqlite.inbound import SqliteInbound
+from pluto.storage.sql.inbound import SqliteInbound
 from pluto.types import (Accepted, Attachment, Dropped, Duplicate, IncomingMessage,
                          OutgoingMessage, Outcome)
 from tests.helpers.gateway import RecordingProvider

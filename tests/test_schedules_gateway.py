@@ -302,7 +302,7 @@ async def test_a_firing_a_crash_left_claimed_runs_once_after_the_restart(
     restart the one still within the grace runs (once), the other is recorded missed."""
     from pluto.gateway.schedules.recurrence import When
     from pluto.storage.sqlite import SqliteStore
-    from pluto.storage.sqlite.schedules import Schedule
+    from pluto.storage.sql.schedules import Schedule
 
     async with SqliteStore(data_dir / "pluto.db") as store:
         store.schedules.clock = clock

@@ -11,8 +11,9 @@ import pytest
 
 from pluto.gateway.schedules.recurrence import When
 from pluto.storage.postgres import PostgresStore
-from pluto.storage.sqlite import SqlStore, SqliteStore
-from pluto.storage.sqlite.schedules import Schedule
+from pluto.storage.sql.store import SqlStore
+from pluto.storage.sqlite import SqliteStore
+from pluto.storage.sql.schedules import Schedule
 from tests.helpers.pg import fresh_schema
 
 

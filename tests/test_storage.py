@@ -14,7 +14,7 @@ import pytest
 from pluto.errors import StorageError
 from pluto.events import MessageDelta, RunEnd, RunStart
 from pluto.storage.sqlite import SqliteStore
-from pluto.storage.sqlite.conversations import PREVIEWS_AHEAD
+from pluto.storage.sql.conversations import PREVIEWS_AHEAD
 
 SESSION = "INSERT INTO sessions (id, key, agent, created_at, updated_at) VALUES (?,?,?,?,?)"
 

@@ -16,7 +16,8 @@ from pluto.events import MessageDelta, MessageFinal, RunEnd, RunStart
 from pluto.storage import store_for
 from pluto.storage.postgres import PostgresStore, redact
 from pluto.storage.rows import OutboxRow
-from pluto.storage.sqlite import SqlStore, SqliteStore
+from pluto.storage.sql.store import SqlStore
+from pluto.storage.sqlite import SqliteStore
 from tests.helpers.pg import fresh_schema
 
 

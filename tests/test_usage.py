@@ -29,8 +29,9 @@ from pluto.runtime.usage import Attribution, Prices, UsageMeter
 from pluto.settings import (AdminConfig, Budget, ModelConfig, ModelPrice, PlutoConfig,
                             StorageConfig)
 from pluto.storage.postgres import PostgresStore
-from pluto.storage.sqlite import SqlStore, SqliteStore
-from pluto.storage.sqlite.usage import UsageCall
+from pluto.storage.sql.store import SqlStore
+from pluto.storage.sqlite import SqliteStore
+from pluto.storage.sql.usage import UsageCall
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.openai_server import ToolCall as FakeCall
 from tests.helpers.gateway import RecordingProvider

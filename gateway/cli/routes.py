@@ -15,7 +15,7 @@ from pluto.gateway.reload import load_routes
 from pluto.gateway.schedules.config import load_schedules
 from pluto.runtime.catalog import standard_tools
 from pluto.settings import PlutoConfig
-from pluto.storage.sqlite import approved_sync
+from pluto.storage.sql.pairing import approved_sync
 
 
 def routes_command(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:

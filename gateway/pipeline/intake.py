@@ -96,7 +96,7 @@ class Shared:
     finished: Callable[[str], Awaitable[None]]  # a run accepted here has ended
     urgent: Callable[[IncomingMessage], bool] = lambda msg: False  # /stop: not behind a run
     # (provider, message id) taken under (chat lease, token), or None once done with: the
-    # writes of the run answering it are fenced by that token (storage/sqlite/fencing.py)
+    # writes of the run answering it are fenced by that token (storage/sql/fencing.py)
     claimed: Callable[[tuple[str, str], tuple[str, int] | None], None] = \
         lambda source, claim: None
     # a note to the other instances (LISTEN/NOTIFY; see IntakeQueue.note): None, no bus

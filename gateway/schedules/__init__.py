@@ -5,6 +5,6 @@
 - :mod:`.commands` — ``/remind`` and ``/schedules`` in any chat.
 - :mod:`.config` — ``schedules.yaml``: admins' schedules and the limits, reloaded live.
 
-The rows live in storage (:mod:`pluto.storage.sqlite.schedules`); docs/schedules.md is the
+The rows live in storage (:mod:`pluto.storage.sql.schedules`); docs/schedules.md is the
 manual.
 """

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from pluto.gateway.pipeline.commands import Commands, Failed
 from pluto.gateway.schedules.recurrence import BadTime, format_duration, parse_spec, zone
 from pluto.gateway.schedules.scheduler import add_schedule
-from pluto.storage.sqlite.schedules import Schedule
+from pluto.storage.sql.schedules import Schedule
 from pluto.types import IncomingMessage, Route
 
 if TYPE_CHECKING:

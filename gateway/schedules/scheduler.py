@@ -35,7 +35,7 @@ from pluto.gateway.schedules.config import (ScheduleConfig, ScheduleFileWatcher,
 from pluto.gateway.schedules.recurrence import BadTime, When
 from pluto.ids import new_id
 from pluto.storage.ports import ScheduleStore, TaskStore
-from pluto.storage.sqlite.schedules import PENDING, Firing, Schedule
+from pluto.storage.sql.schedules import PENDING, Firing, Schedule
 from pluto.types import Accepted, Dropped, IncomingMessage, Outcome, Route, SessionScope
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pluto.agents.spec import ShortTermMemory
 from pluto.runtime.model import Model, ModelSettings, ModelTurn
 from pluto.storage.rows import MessageRow, estimate_tokens, sanitize_history
-from pluto.storage.sqlite.memory import Compaction
+from pluto.storage.sql.memory import Compaction
 
 if TYPE_CHECKING:
     from pluto.storage.ports import HistoryStore

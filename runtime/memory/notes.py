@@ -439,7 +439,7 @@ class SharedMemoryBook(NoteBook):
     RETRIES = 20
 
     def __init__(self, notes: Any):
-        self.notes = notes  # storage.sqlite.memory.SqlNotes
+        self.notes = notes  # storage.sql.memory.SqlNotes
 
     def where(self, owner: Owner) -> str:
         return f"database: {owner.relpath()}"

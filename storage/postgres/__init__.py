@@ -12,7 +12,7 @@ from __future__ import annotations
 from pluto.storage.postgres.blobs import PgBlobs
 from pluto.storage.postgres.bus import PgBus
 from pluto.storage.postgres.engine import PostgresEngine, redact
-from pluto.storage.sqlite import SqlStore
+from pluto.storage.sql.store import SqlStore
 
 __all__ = ["PostgresStore", "redact"]
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from pluto.storage.postgres import PostgresStore
-from pluto.storage.sqlite import SqliteStore, SqlStore
+from pluto.storage.sql.store import SqlStore
+from pluto.storage.sqlite import SqliteStore
 
 
 @asynccontextmanager

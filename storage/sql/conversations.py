@@ -26,7 +26,7 @@ from pluto.ids import new_id
 from pluto.storage.rows import (MessageRow, RunRow, SessionRow, estimate_tokens,
                                 sanitize_history)
 from pluto.storage.sql import Engine, Statement, run_statements, together
-from pluto.storage.sqlite.fencing import Claim, fence
+from pluto.storage.sql.fencing import Claim, fence
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -219,7 +219,7 @@ class SqliteConversations:
         self.owner = "local"  # the instance whose runs these are (set by the gateway)
         self.notify_channel: str | None = None  # (PostgreSQL, several instances)
         # several instances: the chat claim (lease, token) each run's writes are fenced by
-        # (storage/sqlite/fencing.py), and the claims messages were taken under, until their
+        # (storage/sql/fencing.py), and the claims messages were taken under, until their
         # run starts
         self._claims: dict[str, Claim] = {}
         self._source_claims: dict[tuple[str, str], Claim] = {}

@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pluto.storage.sql import Engine, Migration, Statement
-from pluto.storage.sqlite.fencing import Claim, fence
+from pluto.storage.sql.fencing import Claim, fence
 
 if TYPE_CHECKING:
     from pluto.storage.ports import LeaseStore
@@ -81,7 +81,7 @@ class SqliteInbound:
         # statement that records it ("new|<provider>|<chat>|<receiver>": its chat's holder wakes up)
         self.notify: str | None = None
         # several instances: the chat claim each message was taken under (its outcome is
-        # recorded only while the claim holds: storage/sqlite/fencing.py)
+        # recorded only while the claim holds: storage/sql/fencing.py)
         self._claims: dict[tuple[str, str], Claim] = {}
 
     def claim(self, source: tuple[str, str], claim: Claim | None) -> None:

@@ -17,7 +17,7 @@ One process per database (SQLite) takes no claims: its statements are left as th
 from __future__ import annotations
 
 from pluto.storage.sql import Statement
-from pluto.storage.sqlite.leases import fenced
+from pluto.storage.sql.leases import fenced
 
 Claim = tuple[str, int]  # (lease name, token)
 
