@@ -371,7 +371,7 @@ def _report(report: Report, n: int, pluto: Round, relay: Round) -> None:
     first, relay_first = percentile(pluto.first or [0], 50), percentile(relay.first or [0], 50)
     report.add(Figure("streaming", f"first token p50, {n} answers", first, "s", "bare relay",
                       relay_first, target="<= 50 ms added" if n == 200 else None,
-                      met=first <= 0.05 if n == 200 else None,
+                      met=first - relay_first <= 0.05 if n == 200 else None,  # (added)
                       note=f"{(first - relay_first) * 1000:+.0f} ms over the relay's; p99 "
                            f"{percentile(pluto.first or [0], 99) * 1000:.0f} ms (relay "
                            f"{percentile(relay.first or [0], 99) * 1000:.0f} ms); the model's "
