@@ -494,50 +494,53 @@ class IntakeQueue:
                     return 0
                 if self._closed and not queue:  # stopping: what we received is answered,
                     return 0  # the rest is the others' (the chat is let go once ours is out)
-                try:
-                    msg = message_from_dict(payload)
-                    message_id = _stored_id(msg)
-                except (TypeError, ValueError, KeyError) as e:
-                    log.error("%s: a stored message of chat %s is unreadable (%s); skipped",
-                              self.name, key, e)
-                    await self.inbox.handled(self.name, str(payload.get("message_id")),
-                                             {"type": "dropped", "reason": "unreadable"})
-                    continue
-                ticket = self._ticket(queue, message_id)
-                source = (self.name, message_id)
-                self.shared.claimed(source, (lease, token))  # its run's writes: fenced
-                try:
-                    outcome = await self.handler(msg if ticket is None or msg.shown
-                                                 else ticket.message)
-                except asyncio.CancelledError:
-                    self.shared.claimed(source, None)
-                    raise
-                except RunTakenOver:  # another instance took the chat and this message
-                    self.shared.claimed(source, None)
-                    continue
-                except StorageError:  # it stays in the inbox: taken again once storage works
-                    self.shared.claimed(source, None)
-                    raise
-                except Exception:
-                    log.exception("%s: handling a message of chat %s failed", self.name, key)
-                    outcome = Dropped("an internal error")
-                    await self.inbox.handled(self.name, message_id, outcome_to_dict(outcome))
-                if ticket is not None:
-                    self._settle(queue, ticket, outcome)
-                elif payload.get("via") not in (None, cluster.id):  # received elsewhere
-                    self._note(f"done|{self.name}|{message_id}|"
-                               f"{json.dumps(outcome_to_dict(outcome))}")
-                try:
-                    if isinstance(outcome, Accepted):  # the next message waits for this run
-                        await self._until_finished(key, queue, outcome.run_id)
-                        if self.shared.handed_back is not None and \
-                                await self.shared.handed_back(outcome.run_id):
-                            again = True
-                            break  # its message is back in the inbox, first: read again
-                finally:
-                    self.shared.claimed(source, None)
+                if await self._answer(key, queue, (lease, token), payload):
+                    again = True
+                    break  # its message is back in the inbox, first: read again
             again = again or self._more_since(key, queue)
         return found
+
+    async def _answer(self, key: str, queue: deque[Ticket], claim: tuple[str, int],
+                      payload: dict[str, Any]) -> bool:
+        """One message of the chat, taken under ``claim``, handled and its run waited for;
+        whether its run was handed back (its message is in the inbox again)."""
+        assert self.shared is not None
+        try:
+            msg = message_from_dict(payload)
+            message_id = _stored_id(msg)
+        except (TypeError, ValueError, KeyError) as e:
+            log.error("%s: a stored message of chat %s is unreadable (%s); skipped",
+                      self.name, key, e)
+            await self.inbox.handled(self.name, str(payload.get("message_id")),
+                                     {"type": "dropped", "reason": "unreadable"})
+            return False
+        ticket = self._ticket(queue, message_id)
+        source = (self.name, message_id)
+        self.shared.claimed(source, claim)  # its run's writes: fenced
+        try:
+            try:
+                outcome = await self.handler(msg if ticket is None or msg.shown
+                                             else ticket.message)
+            except RunTakenOver:  # another instance took the chat and this message
+                return False
+            except (asyncio.CancelledError, StorageError):  # (storage: it stays in the inbox,
+                raise  # taken again once storage works)
+            except Exception:
+                log.exception("%s: handling a message of chat %s failed", self.name, key)
+                outcome = Dropped("an internal error")
+                await self.inbox.handled(self.name, message_id, outcome_to_dict(outcome))
+            if ticket is not None:
+                self._settle(queue, ticket, outcome)
+            elif payload.get("via") not in (None, self.shared.cluster.id):  # received elsewhere
+                self._note(f"done|{self.name}|{message_id}|"
+                           f"{json.dumps(outcome_to_dict(outcome))}")
+            if not isinstance(outcome, Accepted):
+                return False
+            await self._until_finished(key, queue, outcome.run_id)  # the next one waits
+            return self.shared.handed_back is not None and \
+                await self.shared.handed_back(outcome.run_id)
+        finally:
+            self.shared.claimed(source, None)
 
     async def _unhandled(self, key: str, read: list[dict[str, Any]] | None = None
                          ) -> list[dict[str, Any]]:
