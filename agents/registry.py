@@ -122,7 +122,8 @@ class AgentRegistry:
                 self._touch(name)
             return kept.spec
         try:
-            spec = load_checked(agent_dir, self.key_envs, self.known_tool_names())
+            spec = load_checked(agent_dir, self.key_envs, self.known_tool_names(),
+                                self.__contains__)
         except ConfigError as e:
             self._broken(name, e, stamp, kept)
             if kept is not None:
@@ -175,7 +176,8 @@ class AgentRegistry:
         agent_dir = self.dir_of(name)
         if agent_dir is None:
             raise UnknownAgent(name)
-        return load_checked(agent_dir, self.key_envs, self.known_tool_names())
+        return load_checked(agent_dir, self.key_envs, self.known_tool_names(),
+                            self.__contains__)
 
     def known_tool_names(self) -> Collection[str] | None:
         """What ``tools:`` may name (None: not checked)."""
@@ -235,11 +237,12 @@ class AgentRegistry:
 
 
 def load_checked(agent_dir: Path, key_envs: Collection[str] = (),
-                 known_tools: Collection[str] | None = None) -> AgentSpec:
+                 known_tools: Collection[str] | None = None,
+                 is_agent: Callable[[str], bool] | None = None) -> AgentSpec:
     """:func:`load_agent`, with any failure reported as a :class:`ConfigError` naming the file
     (a YAML nested too deeply, an unreadable path), never as a crash."""
     try:
-        return load_agent(agent_dir, key_envs, known_tools)
+        return load_agent(agent_dir, key_envs, known_tools, is_agent)
     except ConfigError:
         raise
     except RecursionError:

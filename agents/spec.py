@@ -12,6 +12,9 @@ memory:                   # optional (see pluto.runtime.memory)
   short_term: {max_tokens: 6000}  # past this, older turns are summarized (compaction)
 mcp: {}                   # the agent's own MCP servers (see pluto.agents.toolspec)
 skills: []                # its skills: folders with a SKILL.md
+agents: [analyst]         # agents it may ask: a tool ask_analyst(question) (runtime/delegation)
+handoff: [writer]         # agents it may hand the conversation to: a tool handoff_to(name)
+delegation: {max_depth: 2, max_children: 5}   # how deep asks may nest; asks per run
 ```
 
 Agent files are data, never templates: ``${NAME}`` in them stays as written (only ``pluto.yaml``
@@ -23,7 +26,7 @@ can copy a secret out of the environment. An agent may name a key in ``api_key_e
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -52,6 +55,13 @@ class Budget(_Strict):
 class HistoryWindow(_Strict):
     max_messages: int = Field(default=40, ge=0)
     max_tokens: int = Field(default=8_000, ge=0)
+
+
+class DelegationLimits(_Strict):
+    """How far asking other agents may go (enforced at run time: runtime/delegation.py)."""
+
+    max_depth: int = Field(default=2, ge=1, le=10)  # a child of a child of ... this deep
+    max_children: int = Field(default=5, ge=1, le=100)  # agents asked in one run
 
 
 class LongTermMemory(_Strict):
@@ -98,6 +108,9 @@ class AgentFile(_Strict):
     memory: MemorySpec = MemorySpec()
     mcp: dict[str, McpServer] = Field(default_factory=dict)
     skills: list[str] = Field(default_factory=list)
+    agents: list[str] = Field(default_factory=list)
+    handoff: list[str] = Field(default_factory=list)
+    delegation: DelegationLimits = DelegationLimits()
 
     @field_validator("api_base", mode="before")
     @classmethod
@@ -129,15 +142,20 @@ class AgentSpec:
     mcp: tuple[McpServerSpec, ...] = ()
     skills: tuple[Skill, ...] = ()
     memory: MemorySpec = MemorySpec()
+    agents: tuple[str, ...] = ()  # agents it may ask (a tool ask_<name> each)
+    handoff: tuple[str, ...] = ()  # agents it may hand the conversation to (handoff_to)
+    delegation: DelegationLimits = DelegationLimits()
 
 
 def load_agent(agent_dir: Path, key_envs: Collection[str] = (),
-               known_tools: Collection[str] | None = None) -> AgentSpec:
+               known_tools: Collection[str] | None = None,
+               is_agent: Callable[[str], bool] | None = None) -> AgentSpec:
     """Load and validate one agent directory; errors name the file, line and field.
 
     ``key_envs``: the environment variables the agent may name in ``api_key_env`` and in its
     MCP servers' ``*_env`` keys (from ``agents.api_key_envs`` in ``pluto.yaml``); by default
-    none. ``known_tools``: the names ``tools:`` may use (None: not checked)."""
+    none. ``known_tools``: the names ``tools:`` may use (None: not checked). ``is_agent``:
+    whether a name in ``agents:`` or ``handoff:`` is an agent (None: not checked)."""
     name = agent_dir.name
     path = agent_dir / "agent.yaml"
     if not NAME_RE.fullmatch(name):
@@ -161,6 +179,8 @@ def load_agent(agent_dir: Path, key_envs: Collection[str] = (),
         raise doc.problem(("api_key_env",), f"{spec.api_key_env} is not a variable agents may "
                           f"use (pluto.yaml agents.api_key_envs allows: {allowed})")
     check_tools(doc, spec.tools, known_tools)
+    for field in ("agents", "handoff"):
+        _check_agents(doc, name, field, getattr(spec, field), is_agent)
     mcp = check_mcp(doc, agent_dir, spec.mcp, key_envs, known_tools)
     skills = load_skills(doc, agent_dir, spec.skills)
     instructions = _read_instructions(doc, agent_dir, spec.instructions)
@@ -182,7 +202,25 @@ def load_agent(agent_dir: Path, key_envs: Collection[str] = (),
         mcp=mcp,
         skills=skills,
         memory=spec.memory,
+        agents=tuple(spec.agents),
+        handoff=tuple(spec.handoff),
+        delegation=spec.delegation,
     )
+
+
+def _check_agents(doc: YamlDoc, own: str, field: str, names: list[str],
+                  is_agent: Callable[[str], bool] | None) -> None:
+    """The agents named in ``agents:`` or ``handoff:``: real, not the agent itself, once each
+    (a cycle between agents is allowed: the depth limit stops it at run time)."""
+    for i, other in enumerate(names):
+        if not NAME_RE.fullmatch(other):
+            raise doc.problem((field, i), "agent names use a-z, 0-9, '-' and '_' (max 64)")
+        if other == own:
+            raise doc.problem((field, i), f"an agent cannot list itself ('{own}')")
+        if other in names[:i]:
+            raise doc.problem((field, i), f"'{other}' is listed twice")
+        if is_agent is not None and not is_agent(other):
+            raise doc.problem((field, i), f"no agent is named '{other}'")
 
 
 def _read_instructions(doc: YamlDoc, agent_dir: Path, files: list[str] | str) -> str:

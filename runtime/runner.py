@@ -291,6 +291,8 @@ class Runner:
 
     async def _loop(self, state: _RunState) -> AsyncIterator[RunEvent]:
         state.tools.update(await self.agent_tools(state.req.agent, state.req.tools))
+        if (delegation := self.services.get("delegation")) is not None:  # ask_<agent>, handoff
+            state.tools.update(await delegation.tools_for(self, state))
         schemas = [t.schema() for t in state.tools.values()]
         while True:
             turn = None
@@ -399,22 +401,33 @@ class Runner:
         req = state.req
         prompt = sum(estimate_tokens(json.dumps(m)) for m in state.messages)
         state.reservation = await self.usage.reserve(
-            req.agent.name, req.who, prompt_tokens=prompt,
+            self._charged(state)[1], req.who, prompt_tokens=prompt,
             max_output=state.settings.max_output_tokens,
             models=(state.settings.model, req.agent.model))
 
     def _usage_call(self, state: _RunState, attempt: int, started: float, outcome: str,
                     usage: Mapping[str, int], estimated: bool = False) -> UsageCall:
         req = state.req
+        run_id, agent, purpose = self._charged(state)
         return UsageCall(
-            run_id=req.run_id, session_id=req.session.id, agent=req.agent.name,
+            run_id=run_id, session_id=req.session.id, agent=agent,
             model=state.settings.model, route=req.who.route, provider=req.who.provider,
             user_id=req.who.user_id, chat_id=req.who.chat_id,
-            purpose="tool_loop" if state.tool_calls else "answer", attempt=attempt,
+            purpose=purpose or ("tool_loop" if state.tool_calls else "answer"), attempt=attempt,
             input_tokens=int(usage.get("prompt_tokens", 0)),
             output_tokens=int(usage.get("completion_tokens", 0)),
             cached_tokens=int(usage.get("cached_tokens", 0)), estimated=estimated,
             latency=time.monotonic() - started, outcome=outcome, origin=req.who.origin)
+
+    def _charged(self, state: _RunState) -> tuple[str, str, str | None]:
+        """Whose ledger rows and budgets a run's calls are: its own (run id, agent), or, for
+        an agent asked by another (runtime/delegation.py), its root run's, with the purpose
+        ``ask_<agent>``."""
+        delegation = self.services.get("delegation")
+        line = delegation.charged(state.req.run_id) if delegation is not None else None
+        if line is None:
+            return state.req.run_id, state.req.agent.name, None
+        return line.root_run_id, line.root_agent, f"ask_{state.req.agent.name}"
 
     async def _metered(self, state: _RunState, turn: ModelTurn, attempt: int,
                        started: float) -> ModelTurn:

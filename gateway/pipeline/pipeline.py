@@ -40,6 +40,7 @@ from pluto.gateway.pipeline.overload import Load
 from pluto.gateway.pipeline.routing import RoutingTable
 from pluto.gateway.ports import Provider
 from pluto.ids import new_id
+from pluto.runtime.delegation import Delegation
 from pluto.runtime.memory import Speaker
 from pluto.runtime.runner import INTERNAL_ERROR, STORAGE_FAILED, Runner, RunRequest
 from pluto.runtime.usage import Attribution
@@ -123,6 +124,9 @@ class Pipeline:
         # a schedule's firing, its chat's turn come (the scheduler starts it): None, no
         # scheduler here — such a message is dropped, the firing recorded by whoever has one
         self.scheduled: Callable[[IncomingMessage], Awaitable[Outcome]] | None = None
+        # agents asking agents, and handoffs: which agent a session was handed to
+        self.delegation: Delegation = runner.services.setdefault("delegation",
+                                                                 Delegation(registry.load))
         self.commands = Commands(registry, conversations, self.stop)
         data.register(self.commands)
         access.is_command = self.commands.knows
@@ -272,8 +276,9 @@ class Pipeline:
             await self._drop(job, f"the provider {msg.provider} is gone")
             return
         observe = self._observer(provider.name)
-        try:
-            agent = await self.registry.load(route.agent)
+        try:  # the route's agent, or the one the session was handed to (until /new)
+            agent = await self.registry.load(self.delegation.agent_of(job.session_id,
+                                                                      route.agent))
         except (PlutoError, LookupError) as e:
             log.error("agent %s unavailable: %s", route.agent, e)
             await self._deliver(provider, msg, job, self._without_run(
