@@ -316,14 +316,12 @@ def work_files(blobs: list[bytes], notes: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def run(request: dict[str, Any], fds: list[int]) -> None:
-    names = request.get("datasets", [])
-    bound = set(request.get("bound", []))
-    con = duckdb.connect(":memory:", config={"threads": 1})
+def attach(con: Any, names: list[str], bound: set[str], fds: list[int]) -> None:
+    """The datasets, read-only, on DuckDB's search path: bound at /data (a gateway not
+    running as root), else an fd passed to us."""
     attached = []
     passed = iter(fds)
     for name in names:
-        # bound read-only at /data (a gateway not running as root), else an fd passed to us
         where = f"/data/{name}.duckdb" if name in bound else f"/proc/self/fd/{int(next(passed))}"
         if not re.fullmatch(r"[a-z][a-z0-9_]{0,62}", name):
             continue
@@ -331,6 +329,52 @@ def run(request: dict[str, Any], fds: list[int]) -> None:
         attached.append(f'"{name}"')
     if attached:
         con.execute(f"SET search_path = '{','.join(attached)}'")
+
+
+def execute(code: str, scope: dict[str, Any], shown: list[tuple[str, Any]],
+            header: dict[str, Any]) -> None:
+    """Run the code; its last expression's value is shown (a DataFrame) or said (its repr),
+    its error told as the code's own lines (never ours)."""
+    try:
+        tree = ast.parse(code, "<code>", "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        exec(compile(tree, "<code>", "exec"), scope)
+        value = eval(compile(last, "<code>", "eval"), scope) if last is not None else None
+        if value is not None:
+            if frame_of(value) is not None:
+                shown.append(("result", value))
+            elif not (isinstance(value, list) and all(hasattr(v, "figure") for v in value)) \
+                    and not hasattr(value, "figure"):  # plt.plot's artists: the figure says it
+                header["value"] = repr(value)[:4000]
+    except BaseException as e:  # noqa: BLE001 - the code's own error, for the model to read
+        frames = traceback.extract_tb(e.__traceback__)
+        mine = [f for f in frames if f.filename == "<code>"]
+        lines = [f"  line {f.lineno}" + (f", in {f.name}" if f.name != "<module>" else "")
+                 for f in mine[-5:]]
+        header["error"] = "\n".join([*lines, f"{type(e).__name__}: {e}"])[:4000]
+        header["memory"] = isinstance(e, MemoryError)
+
+
+def tables_of(shown: list[tuple[str, Any]], blobs: list[bytes], notes: list[str]) -> list[Any]:
+    tables = []
+    for name, value in shown[: int(LIMITS.get("max_tables", 5))]:
+        df = frame_of(value)
+        if df is None:
+            notes.append(f"show({name!r}): not a DataFrame or Series")
+            continue
+        try:
+            tables.append(table_of(df, name, blobs))
+        except Exception as e:  # noqa: BLE001
+            notes.append(f"{name}: could not be sent as a table ({type(e).__name__})")
+    return tables
+
+
+def run(request: dict[str, Any], fds: list[int]) -> None:
+    names = request.get("datasets", [])
+    con = duckdb.connect(":memory:", config={"threads": 1})
+    attach(con, names, set(request.get("bound", [])), fds)
     shown: list[tuple[str, Any]] = []
 
     def sql(query: str) -> Any:
@@ -354,39 +398,11 @@ def run(request: dict[str, Any], fds: list[int]) -> None:
                              "duckdb": duckdb, "sql": sql, "load": load, "show": show,
                              "datasets": list(names)}
     header: dict[str, Any] = {"error": None, "value": None}
-    try:
-        tree = ast.parse(request["code"], "<code>", "exec")
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, "<code>", "exec"), scope)
-        value = eval(compile(last, "<code>", "eval"), scope) if last is not None else None
-        if value is not None:
-            if frame_of(value) is not None:
-                shown.append(("result", value))
-            elif not (isinstance(value, list) and all(hasattr(v, "figure") for v in value)) \
-                    and not hasattr(value, "figure"):  # plt.plot's artists: the figure says it
-                header["value"] = repr(value)[:4000]
-    except BaseException as e:  # noqa: BLE001 - the code's own error, for the model to read
-        frames = traceback.extract_tb(e.__traceback__)
-        mine = [f for f in frames if f.filename == "<code>"]
-        lines = [f"  line {f.lineno}" + (f", in {f.name}" if f.name != "<module>" else "")
-                 for f in mine[-5:]]
-        header["error"] = "\n".join([*lines, f"{type(e).__name__}: {e}"])[:4000]
-        header["memory"] = isinstance(e, MemoryError)
+    execute(request["code"], scope, shown, header)
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     blobs: list[bytes] = []
     notes: list[str] = []
-    tables = []
-    for name, value in shown[: int(LIMITS.get("max_tables", 5))]:
-        df = frame_of(value)
-        if df is None:
-            notes.append(f"show({name!r}): not a DataFrame or Series")
-            continue
-        try:
-            tables.append(table_of(df, name, blobs))
-        except Exception as e:  # noqa: BLE001
-            notes.append(f"{name}: could not be sent as a table ({type(e).__name__})")
+    tables = tables_of(shown, blobs, notes)
     header.update(stdout=out.text(), stdout_dropped=out.dropped, stderr=err.text(),
                   stderr_dropped=err.dropped, tables=tables,
                   figures=figures(blobs, notes), files=work_files(blobs, notes), notes=notes,
