@@ -173,6 +173,11 @@ def _paths() -> dict[str, Any]:
                                            {"type": "string", "pattern": "^[0-9a-f]{32}$"},
                                            "The step's id.")],
             "responses": {"200": _json(_ref("Step"), "The step."), **_errors(401, 404, 503)}}},
+        **_artifact_paths(), **_event_paths()}
+
+
+def _artifact_paths() -> dict[str, Any]:
+    return {
         "/api/v1/agent/tasks/{task_id}/artifacts": {"get": {
             "operationId": "listAgentTaskArtifacts",
             "summary": "The files the task's runs made (charts, query results), in order.",
@@ -190,6 +195,11 @@ def _paths() -> dict[str, Any]:
                 media: {"schema": {"type": "string", "format": "binary"}}
                 for media in sorted(set(MEDIA.values()))}},
                           **_errors(401, 404, 410, 503)}}},
+    }
+
+
+def _event_paths() -> dict[str, Any]:
+    return {
         "/api/v1/agent/{run_id}/events": {"get": {
             "operationId": "streamRunEvents",
             "summary": "A run's events as Server-Sent Events: stored ones, then live ones.",
