@@ -24,6 +24,7 @@ from pluto.runtime.usage import Attribution, UsageMeter
 from pluto.settings import PlutoConfig
 from pluto.storage.sqlite import SqliteStore
 from tests.helpers.gateway import RecordingProvider
+from tests.helpers.inspect_store import runs
 from tests.helpers.served import wait_for
 
 
@@ -221,25 +222,33 @@ def test_a_cycle_loads_and_limits_are_read(tmp_path):
     assert (b.agents, b.handoff) == (("a",), ("a",))
 
 
-# a handoff, through the gateway ---------------------------------------------------------------
+# through the gateway: a handoff, /stop ------------------------------------------------------
+
+def gateway_config(tmp_path: Path, default: str) -> Path:
+    """A config whose every chat goes to ``default``'s agent.yaml; a writer and an analyst."""
+    config = tmp_path / "config"
+    for name, extra in (("default", default), ("writer", ""), ("analyst", "")):
+        write_agent(config / "agents", name, f"model: scripted\ninstructions: i.md\n{extra}")
+        (config / "agents" / name / "i.md").write_text(f"You are the {name}.")
+    (config / "routes.yaml").write_text("routes: []\ndefault: default\n")
+    return config
+
+
+async def start(gw: Gateway) -> RecordingProvider:
+    p = RecordingProvider()
+    gw.add_provider(p)
+    await p.running.wait()
+    return p
+
 
 async def test_a_handoff_moves_the_next_messages_to_the_other_agent_until_new(tmp_path):
-    config = tmp_path / "config"
-    write_agent(config / "agents", "default",
-                "model: scripted\ninstructions: i.md\nhandoff: [writer]\n")
-    (config / "agents" / "default" / "i.md").write_text("You are the front desk.")
-    write_agent(config / "agents", "writer", "model: scripted\ninstructions: i.md\n")
-    (config / "agents" / "writer" / "i.md").write_text("You are the writer.")
-    (config / "routes.yaml").write_text("routes: []\ndefault: default\n")
     model = ScriptedModel(
         Scripted(tool_calls=[ToolCall("h1", "handoff_to", '{"name": "writer"}')]),
         Scripted(text="The writer will take it from here."),
         fallback=lambda m: Scripted(text=f"[{m[0]['content']}] {m[-1]['content']}"))
-    async with Gateway(config, config=PlutoConfig(data_dir=tmp_path / "data"),
-                       model_factory=model) as gw:
-        p = RecordingProvider()
-        gw.add_provider(p)
-        await p.running.wait()
+    async with Gateway(gateway_config(tmp_path, "handoff: [writer]\n"),
+                       config=PlutoConfig(data_dir=tmp_path / "data"), model_factory=model) as gw:
+        p = await start(gw)
         await p.say("I need a poem")
         assert (await p.wait_finals(1)) == ["The writer will take it from here."]
         assert "Handing over to writer." in [m.text for m in p.sent]
@@ -248,4 +257,19 @@ async def test_a_handoff_moves_the_next_messages_to_the_other_agent_until_new(tm
         await p.say("/new")
         await p.wait_finals(3)
         await p.say("hello again")
-        assert (await p.wait_finals(4))[3] == "[You are the front desk.] hello again"
+        assert (await p.wait_finals(4))[3] == "[You are the default.] hello again"
+
+
+async def test_stop_during_a_child_stops_both(tmp_path):
+    model = ScriptedModel(Scripted(tool_calls=[ask("analyst", "count everything")]),
+                          Scripted(text="x" * 400, chunk=1, delay=0.01))
+    async with Gateway(gateway_config(tmp_path, "agents: [analyst]\n"),
+                       config=PlutoConfig(data_dir=tmp_path / "data"), model_factory=model) as gw:
+        p = await start(gw)
+        await p.say("how many?")
+        await wait_for(lambda: len(model.calls) == 2)  # the analyst is answering
+        await p.say("/stop")
+        assert (await p.wait_finals(1)) == ["Stopped."]
+        await gw.settled()
+        assert sorted((r["agent"], r["status"]) for r in await runs(gw.store)) == [
+            ("analyst", "cancelled"), ("default", "cancelled")]
