@@ -29,11 +29,13 @@ from tests.helpers.served import wait_for
 
 
 def spec(name: str, tmp: Path, *, agents: tuple[str, ...] = (), max_tokens: int = 100_000,
-         limits: DelegationLimits = DelegationLimits()) -> AgentSpec:
+         limits: DelegationLimits = DelegationLimits(), handoff: tuple[str, ...] = ()
+         ) -> AgentSpec:
     return AgentSpec(name=name, description=f"the {name}", model="scripted", api_base=None,
                      api_key_env=None, temperature=None, instructions=f"You are {name}.",
                      tools=(), datasets=(), budget=Budget(max_tokens=max_tokens),
-                     history=HistoryWindow(), source=tmp, agents=agents, delegation=limits)
+                     history=HistoryWindow(), source=tmp, agents=agents, delegation=limits,
+                     handoff=handoff)
 
 
 def ask(name: str, question: str, id: str = "c1") -> ToolCall:
@@ -190,6 +192,23 @@ async def test_cancelling_the_parent_during_a_child_records_both_cancelled(store
 async def _consume(runner: Runner, req: RunRequest, seen: list[RunEvent]) -> None:
     async for event in runner.run(req):
         seen.append(event)
+
+
+async def test_a_handoff_is_found_again_after_a_restart(store, tmp_path):
+    model = ScriptedModel(Scripted(tool_calls=[ToolCall("h1", "handoff_to", '{"name": "writer"}')]),
+                          Scripted(text="The writer takes over."))
+    s = Setup(store, model, spec("lead", tmp_path, handoff=("writer",)), spec("writer", tmp_path))
+    req, events = await s.run("lead")
+    [end] = tool_ends(events)
+    assert end.details == {"text": "Handing over to writer.", "handoff": "writer"}
+    session = req.session.id
+    assert (await s.delegation.agent_for(session, "lead", store.conversations)).name == "writer"
+    again = Delegation(s.load)  # a new process: it reads the session's handoff back
+    assert (await again.agent_for(session, "lead", store.conversations)).name == "writer"
+    other = await store.conversations.session("another chat", "lead")
+    assert (await again.agent_for(other.id, "lead", store.conversations)).name == "lead"
+    del s.agents["writer"]  # an agent handed to that is gone: the route's answers
+    assert (await again.agent_for(session, "lead", store.conversations)).name == "lead"
 
 
 # agent.yaml ---------------------------------------------------------------------------------

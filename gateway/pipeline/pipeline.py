@@ -277,8 +277,8 @@ class Pipeline:
             return
         observe = self._observer(provider.name)
         try:  # the route's agent, or the one the session was handed to (until /new)
-            agent = await self.registry.load(self.delegation.agent_of(job.session_id,
-                                                                      route.agent))
+            agent = await self.delegation.agent_for(job.session_id, route.agent,
+                                                    self.conversations)
         except (PlutoError, LookupError) as e:
             log.error("agent %s unavailable: %s", route.agent, e)
             await self._deliver(provider, msg, job, self._without_run(
