@@ -217,6 +217,9 @@ def _check_agents(doc: YamlDoc, own: str, field: str, names: list[str],
             raise doc.problem((field, i), "agent names use a-z, 0-9, '-' and '_' (max 64)")
         if other == own:
             raise doc.problem((field, i), f"an agent cannot list itself ('{own}')")
+        if field == "agents" and len(other) > 60:  # a model's tool names stop at 64
+            raise doc.problem((field, i), f"the tool ask_{other} would be too long: agents "
+                              "that others ask have names of at most 60 characters")
         if other in names[:i]:
             raise doc.problem((field, i), f"'{other}' is listed twice")
         if is_agent is not None and not is_agent(other):

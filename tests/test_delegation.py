@@ -222,6 +222,7 @@ def write_agent(root: Path, name: str, yaml: str) -> Path:
 @pytest.mark.parametrize("yaml, line, problem", [
     ("model: m\nagents:\n  - analyst\n  - nobody\n", 4, "no agent is named 'nobody'"),
     ("model: m\nhandoff: [lead]\n", 2, "an agent cannot list itself ('lead')"),
+    ("model: m\nagents: [analyst, analyst]\n", 2, "'analyst' is listed twice"),
 ])
 def test_agent_yaml_errors_name_the_file_and_line(tmp_path, yaml, line, problem):
     write_agent(tmp_path, "analyst", "model: m\n")
