@@ -38,7 +38,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pluto.agents.spec import AgentSpec, Budget
 from pluto.errors import PlutoError
@@ -91,7 +91,6 @@ class _Asks:
     parent: ParentRun
     lineage: Lineage | None
     started: int = 0
-    children: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -4,9 +4,7 @@ an in-process scripted model; the handoff through the gateway's pipeline."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
-import time
 import uuid
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import pytest
 
 from pluto.agents.spec import AgentSpec, Budget, DelegationLimits, HistoryWindow, load_agent
 from pluto.errors import ConfigError, UnknownAgent
-from pluto.events import MessageFinal, RunEnd, RunEvent, ToolEnd, ToolProgress, ToolStart
+from pluto.events import MessageFinal, RunEnd, RunEvent, ToolEnd, ToolProgress
 from pluto.gateway.app import Gateway
 from pluto.runtime.delegation import Delegation
 from pluto.runtime.model import ToolCall
