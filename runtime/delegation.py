@@ -107,6 +107,9 @@ class Delegation:
     def __init__(self, load: Callable[[str], Awaitable[AgentSpec]]):
         self.load = load  # an agent by name (the registry's load)
         self.lineage: dict[str, Lineage] = {}  # child runs going on
+        # the runs this process holds (run id -> message id; the gateway's, which its recovery
+        # sweep leaves alone): a child run is held while it runs, with its parent's message
+        self.live: dict[str, str | None] = {}
         # session id -> the agent it was handed to (None: looked, none)
         self.handoffs: OrderedDict[str, str | None] = OrderedDict()
 
@@ -201,10 +204,12 @@ class Delegation:
         req = await self._child_request(runner, parent, replace(spec, budget=budget), question)
         asks.started += 1
         self.lineage[req.run_id] = self._child_lineage(asks, parent)
+        self.live[req.run_id] = self.live.get(parent.req.run_id)
         try:
             followed = await _follow(runner.run(req, parent.observe), name, req.run_id, progress)
         finally:
             self.lineage.pop(req.run_id, None)
+            self.live.pop(req.run_id, None)
         for key in ("prompt_tokens", "completion_tokens"):  # the child's tokens are the parent's
             parent.usage[key] = parent.usage.get(key, 0) + int(followed.usage.get(key, 0))
         return _result(name, req.run_id, followed)

@@ -286,6 +286,8 @@ async def test_stop_during_a_child_stops_both(tmp_path):
         p = await start(gw)
         await p.say("how many?")
         await wait_for(lambda: len(model.calls) == 2)  # the analyst is answering
+        [child] = gw.pipeline.delegation.lineage
+        assert child in gw.pipeline.live  # held here: the recovery sweep leaves it alone
         await p.say("/stop")
         assert (await p.wait_finals(1)) == ["Stopped."]
         await gw.settled()

@@ -127,6 +127,7 @@ class Pipeline:
         # agents asking agents, and handoffs: which agent a session was handed to
         self.delegation: Delegation = runner.services.setdefault("delegation",
                                                                  Delegation(registry.load))
+        self.delegation.live = self.live  # a child run is this process's while it runs
         self.commands = Commands(registry, conversations, self.stop)
         data.register(self.commands)
         access.is_command = self.commands.knows
