@@ -16,6 +16,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Generic, TypeVar
 
 End = TypeVar("End")
+# The first piece waits this long for the turn's end (an answer that comes at once is shown by
+# its end alone: no preview to show and replace) or for more text to go with it
+FIRST_GRACE = 0.002
 
 
 class _Reader(Generic[End]):
@@ -82,6 +85,7 @@ async def batched(items: AsyncIterator[str | End], *, interval: float = 0.04,
     reader: _Reader[End] = _Reader(items, max_chars)
     loop = asyncio.get_running_loop()
     last = float("-inf")  # when the last batch was handed on
+    graced = False
     try:
         if after is not None:
             if isinstance(after, asyncio.Future) and after.done():
@@ -96,6 +100,10 @@ async def batched(items: AsyncIterator[str | End], *, interval: float = 0.04,
             if reader.text:
                 if done and last < 0 and covers is not None and _covered(reader, covers):
                     reader.take()  # nothing shown yet, and the end says it all
+                    continue
+                if last < 0 and not done and covers is not None and not graced:
+                    graced = True  # the first piece: is the end right behind it?
+                    await reader.wait(FIRST_GRACE)
                     continue
                 wait = last + interval - loop.time()
                 if wait > 0 and not done and reader.chars < reader.max_chars:

@@ -284,6 +284,23 @@ async def test_text_an_answer_carries_itself_is_not_a_batch_of_its_own():
     assert streamed == ["ab", "cdef", ModelTurn("abcdef")]
 
 
+async def test_an_answer_whose_end_is_right_behind_its_first_piece_shows_no_preview():
+    def final(item) -> bool:
+        return isinstance(item, ModelTurn) and not item.tool_calls
+
+    async def next_read(turn: ModelTurn):  # the end in the next read from the socket
+        yield "Hello"
+        for _ in range(3):
+            await asyncio.sleep(0)
+        yield turn
+
+    answer = [item async for item in batched(next_read(ModelTurn("Hello")), covers=final)]
+    assert answer == [ModelTurn("Hello")]  # shown by the answer alone: no preview, no frame
+    slow = [item async for item in batched(_source(["Hel", "lo"], delay=0.05), interval=3600,
+                                           covers=final)]
+    assert slow == ["Hel", "lo", ModelTurn("Hello")]  # a model that takes its time streams
+
+
 async def test_an_error_comes_after_the_text_read_before_it():
     got: list = []
     with pytest.raises(ModelError, match="cut"):

@@ -56,7 +56,10 @@ async def http():
         yield session
 
 
-async def test_a_message_streams_its_answer_and_every_frame_has_ids(gw, http):
+async def test_a_message_streams_its_answer_and_every_frame_has_ids(gw, http, model):
+    # a model that takes its time (one that answers at once is shown by its final alone)
+    model.fallback = lambda m: Scripted(text=f"You said: {m[-1]['content']}", chunk=4,
+                                        delay=0.01)
     tab = await Tab.open(http, gw)
     assert tab.ready["token"].startswith("v1.") and tab.ready["agent"] == "default"
     assert tab.history == [] and tab.ready["reset"] is None
