@@ -4,6 +4,7 @@ an in-process scripted model; the handoff through the gateway's pipeline."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from pathlib import Path
@@ -129,6 +130,22 @@ async def test_a_child_that_runs_out_of_the_parents_budget_gives_it_an_error(sto
     assert row is not None and row.status == "budget"
     calls = await store.usage.calls(run_id=req.run_id)
     assert [c.purpose for c in calls] == ["answer", "ask_analyst", "tool_loop"]
+
+
+@pytest.mark.slow
+async def test_a_child_gets_part_of_the_parents_time_and_the_parent_still_answers(store, tmp_path):
+    model = ScriptedModel(
+        Scripted(tool_calls=[ask("analyst", "Take your time.")]),
+        Scripted(text="x" * 400, chunk=1, delay=0.01),  # slower than the parent's time allows
+        Scripted(text="The analyst ran out of time; in short: unknown."))
+    lead = spec("lead", tmp_path, agents=("analyst",))
+    lead = dataclasses.replace(lead, budget=Budget(max_seconds=1.6))
+    s = Setup(store, model, lead, spec("analyst", tmp_path))
+    req, events = await s.run("lead")
+    [end] = tool_ends(events)
+    assert end.is_error and "second limit" in end.content and end.details["outcome"] == "budget"
+    assert isinstance(events[-2], MessageFinal) and events[-2].text.startswith("The analyst ran")
+    assert isinstance(events[-1], RunEnd) and events[-1].outcome == "ok"
 
 
 async def test_a_usage_budget_covers_the_child_as_the_parents(store, tmp_path):
