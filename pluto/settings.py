@@ -35,6 +35,13 @@ class ModelConfig(Strict):
     # which path calls it: "auto" (OpenAI-compatible prefixes such as openai/ stream directly,
     # the rest through litellm), "openai" (direct, any OpenAI-compatible api_base) or "litellm"
     client: Literal["auto", "openai", "litellm"] = "auto"
+    # pictures users send (docs/images.md): false — the model gets a one-line description of
+    # each instead (and the user is told once per conversation)
+    vision: bool = True
+    image_max_side: int = Field(default=1568, ge=64, le=8192)  # pixels, the longest side
+    image_max_mb: float = Field(default=4.0, gt=0, le=20)  # one image, re-encoded
+    images_per_message: int = Field(default=4, ge=1, le=20)
+    images_in_context: int = Field(default=8, ge=0, le=100)  # the newest sent; older described
 
     @field_validator("api_base", mode="before")
     @classmethod

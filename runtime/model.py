@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pluto.runtime.errors import ModelError
+from pluto.runtime.images import resolved, text_of
 from pluto.runtime.model_errors import classify_error
 from pluto.yamldoc import paused_gc
 
@@ -33,6 +34,12 @@ class ModelSettings:
     timeout: float = 60.0
     retries: int = 2
     client: str = "auto"  # "auto" | "openai" | "litellm": which path serves it (openai_compat)
+    # pictures users send (runtime/images.py): as image parts (vision) or one-line descriptions
+    vision: bool = True
+    image_max_side: int = 1568  # pixels, the longest side an image is shrunk to
+    image_max_mb: float = 4.0  # one image, re-encoded
+    images_per_message: int = 4  # more are skipped (the user is told)
+    images_in_context: int = 8  # the newest of the conversation sent; older ones described
 
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) or None if self.api_key_env else None
@@ -167,7 +174,7 @@ class LiteLLMModel:
                      settings: ModelSettings) -> AsyncIterator[str | ModelTurn]:
         litellm = await imported_litellm()
         kwargs: dict[str, Any] = {
-            "model": settings.model, "messages": messages, "stream": True,
+            "model": settings.model, "messages": await resolved(messages), "stream": True,
             "stream_options": {"include_usage": True}, "timeout": settings.timeout,
             "num_retries": 0, "max_retries": 0,
         }
@@ -262,7 +269,7 @@ class OfflineModel:
         words = OFFLINE_REPLY.split(" ")
         for i, word in enumerate(words):
             yield word if i == 0 else " " + word
-        prompt = sum(len(json.dumps(m.get("content") or "")) for m in messages) // 4
+        prompt = sum(len(json.dumps(text_of(m.get("content")))) for m in messages) // 4
         yield ModelTurn(OFFLINE_REPLY, [], {"prompt_tokens": prompt,
                                             "completion_tokens": len(OFFLINE_REPLY) // 4}, "stop")
 
@@ -273,7 +280,7 @@ class EchoModel:
 
     async def stream(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                      settings: ModelSettings) -> AsyncIterator[str | ModelTurn]:
-        text = str(messages[-1].get("content") or "") if messages else ""
+        text = text_of(messages[-1].get("content")) if messages else ""
         yield text
         yield ModelTurn(text, [], {"prompt_tokens": len(text) // 4 + 1,
                                    "completion_tokens": len(text) // 4 + 1}, "stop")

@@ -30,6 +30,7 @@ import orjson
 
 from pluto.errors import PlutoError
 from pluto.runtime.errors import ModelError
+from pluto.runtime.images import resolved
 from pluto.runtime import model as base
 from pluto.runtime.model import Model, ModelSettings, ModelTurn, ToolCall, classify_error
 
@@ -160,6 +161,7 @@ class OpenAICompatibleModel:
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if key is not None:
             headers["Authorization"] = f"Bearer {key}"
+        messages = await resolved(messages)  # pictures: their files as data: URLs
         body = orjson.dumps(_request(name, messages, tools, settings, official=(
             settings.api_base is None and settings.model.startswith("openai/"))))
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.timeout,

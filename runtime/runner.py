@@ -33,6 +33,7 @@ from pluto.runtime.memory.compaction import Summarizer, model_summarizer
 from pluto.runtime.memory.context import NO_MEMORY, RunMemory, prepare
 from pluto.errors import RunTakenOver, StorageError
 from pluto.runtime.errors import BudgetExceeded, ModelError
+from pluto.runtime.images import with_images
 from pluto.runtime.model import Model, ModelSettings, ModelTurn, ToolCall
 from pluto.runtime.openai_compat import model_for
 from pluto.runtime.skills import skill_tools
@@ -164,10 +165,13 @@ class Runner:
             source=req.source))
         prompt = "\n\n".join(p for p in (agent.instructions, memory.system) if p)
         system = [{"role": "system", "content": prompt}] if prompt else []
+        settings = self.settings_for(agent)
+        messages = await with_images(  # pictures' notes: image parts, or descriptions
+            system + history + [{"role": "user", "content": req.text}], settings,
+            self.data_dir, self.services.get("data"))
         state = _RunState(req, observe, time.monotonic() + agent.budget.max_seconds,
-                          system + history + [{"role": "user", "content": req.text}],
-                          self.tools_for(agent, req.tools) | memory.tools,
-                          self.settings_for(agent), starting)
+                          messages, self.tools_for(agent, req.tools) | memory.tools,
+                          settings, starting)
         for key, tokens in (memory.usage or {}).items():  # a compaction's tokens are the run's
             state.usage[key] = state.usage.get(key, 0) + tokens
         try:

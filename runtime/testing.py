@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pluto.runtime.errors import ModelError
+from pluto.runtime.images import SeenImage, resolved, seen, text_of
 from pluto.runtime.model import ModelSettings, ModelTurn, ToolCall
 
 
@@ -31,15 +32,21 @@ class ScriptedModel:
 
     def __init__(self, *turns: Scripted, fallback: Callable[[list[dict]], Scripted] | None = None):
         self.turns: deque[Scripted] = deque(turns)
-        self.fallback = fallback or (lambda msgs: Scripted(text=f"echo: {msgs[-1]['content']}"))
+        self.fallback = fallback or (lambda msgs: Scripted(
+            text=f"echo: {text_of(msgs[-1]['content'])}"))
         self.calls: list[list[dict[str, Any]]] = []
+        # the image parts of each call, decoded (as a vision model's API would read them)
+        self.images: list[list[SeenImage]] = []
 
     def __call__(self, settings: ModelSettings) -> ScriptedModel:  # usable as a model_factory
         return self
 
     async def stream(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                      settings: ModelSettings) -> AsyncIterator[str | ModelTurn]:
+        messages = await resolved(messages)  # pictures as a model client sends them
         self.calls.append([dict(m) for m in messages])
+        self.images.append([image for m in messages if isinstance(m.get("content"), list)
+                            for p in m["content"] if (image := seen(p)) is not None])
         turn = self.turns.popleft() if self.turns else self.fallback(messages)
         if turn.error is not None:
             raise turn.error

@@ -76,7 +76,7 @@ async def test_files_the_chat_cannot_take_are_refused_in_one_sentence(config_dir
         refusals = {}
         for file_id, name, mime, size in (
                 ("big", "big.csv", "text/csv", 5000), ("pdf", "report.pdf", "application/pdf", 10),
-                ("pic", "photo.png", "image/png", 10), ("empty", "none.csv", "text/csv", 0)):
+                ("pic", "drawing.svg", "image/svg+xml", 10), ("empty", "none.csv", "text/csv", 0)):
             await tab.send(type="file", id=file_id, name=name, mime=mime, size=size)
             error = await tab.until("error", lambda f, i=file_id: f["reply_to"] == i)
             assert error["code"] == "file_refused" and _one_sentence(error["message"]), error

@@ -24,6 +24,8 @@ from pluto.runtime.data.ingest_limits import IngestLimits
 from pluto.runtime.data.service import (DataService, DatasetSource, QueryLimits, Retention,
                                         is_data_file)
 from pluto.runtime.files import SharedFiles
+from pluto.runtime.images import CANNOT_SEE, Limits, is_image, keep_images, neutralized
+from pluto.runtime.model import ModelSettings
 from pluto.storage.ports import BlobStore, ConversationStore
 
 if TYPE_CHECKING:
@@ -74,6 +76,7 @@ class DataCommands:
         self.registry = registry
         self.conversations = conversations
         self._preparing: asyncio.Task[None] | None = None
+        self._told_blind: dict[str, None] = {}  # sessions told their model cannot see images
 
     def prepare_soon(self) -> None:
         """Prepare the warehouse in the background (a serving gateway), logging failures."""
@@ -182,19 +185,55 @@ class DataCommands:
         notes: list[str] = []
         failed = False
         asked = bool(msg.text.strip())
+        added: list[str] = []
         for attachment in files:
             info = await self._add(attachment, route.session_key, notify)
             if info is None:
                 failed = True
                 continue
             hint = "" if asked else f" Ask me about it, or try `/describe {info.name}`."
-            await notify(f"Added dataset `{info.name}`: {shape(info)}.{hint}", "notice")
+            added.append(f"Added dataset `{info.name}`: {shape(info)}.{hint}")
             notes.append(_note(attachment.filename, info))
+        if (failed or not asked) and notes:  # the agent learns of them with the next message
+            await self.conversations.add_message(session_id, "user", "\n".join(notes))
+        for line in added:  # (told once it is in the history: a tab reloaded then shows it)
+            await notify(line, "notice")
         if failed or not asked:
-            if notes:  # the agent learns of the new datasets with the next message
-                await self.conversations.add_message(session_id, "user", "\n".join(notes))
             return None
         return msg.text + "\n\n" + "\n".join(notes)
+
+    async def take_images(self, msg: IncomingMessage, text: str, run_id: str, session_id: str,
+                          model: ModelSettings, notify: Notify) -> str | None:
+        """``text`` with a note for each image ``msg`` came with, kept as an artifact of the
+        run (runtime/images.py); each image refused is one sentence to the user. None when
+        nothing is left to answer (no text, and no image could be read)."""
+        images = [a for a in msg.attachments
+                  if is_image(a) and not is_data_file(a.filename, a.mime_type)]
+        text = neutralized(text)
+        if not images:
+            return text
+        kept, problems = await keep_images(images, run_id, self.service.data_dir,
+                                           Limits.of(model), self._located)
+        for problem in problems:
+            await notify(problem, "error")
+        for image in kept:
+            await self.service.publish(self.service.data_dir / image.key)
+        if kept and not model.vision and session_id not in self._told_blind:
+            self._told_blind[session_id] = None
+            while len(self._told_blind) > 10_000:
+                del self._told_blind[next(iter(self._told_blind))]
+            await notify(CANNOT_SEE, "notice")
+        notes = "\n".join(image.note() for image in kept)
+        if not notes:
+            return text if text.strip() else None
+        return f"{text}\n\n{notes}" if text.strip() else notes
+
+    async def _located(self, attachment: Attachment) -> Path | None:
+        """A file sent, in this data dir (fetched when another instance received it)."""
+        path = attachment.path
+        if path is not None and not Path(path).is_file():
+            return await self.service.files.local(path)
+        return Path(path) if path is not None else None
 
     async def _add(self, attachment: Attachment, owner: str,
                    notify: Notify) -> DatasetInfo | None:

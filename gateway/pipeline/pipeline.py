@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, Literal
 from dataclasses import dataclass
 
 from pluto.agents.registry import AgentRegistry
@@ -288,8 +288,13 @@ class Pipeline:
             return
         session = job.session if job.session is not None and job.session.agent == agent.name \
             else await self.conversations.session(route.session_key, agent.name)
-        text = await self.data.take_uploads(msg, route, session.id, lambda text, kind: (
-            self.delivery.reply(provider, msg, text, kind=kind)))  # files sent become datasets
+        def notify(line: str, kind: Literal["notice", "error"]) -> Awaitable[object]:
+            return self.delivery.reply(provider, msg, line, kind=kind)
+
+        text = await self.data.take_uploads(msg, route, session.id, notify)  # data: datasets
+        if text is not None:  # images: kept with the run, a note each in the message
+            text = await self.data.take_images(msg, text, job.run_id, session.id,
+                                               self.runner.settings_for(agent), notify)
         if text is None:  # only files were sent, or one could not be read: the user was told
             await self._deliver(provider, msg, job, self._without_run(job, "ok", None, observe))
             return

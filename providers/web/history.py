@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from pluto.events import RunError
+from pluto.runtime.images import NOTE as IMAGE_NOTE
 from pluto.storage.ports import RunReader
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ def with_files(item: dict[str, Any]) -> dict[str, Any]:
     ``files`` instead."""
     lines = item["text"].split("\n")
     files: list[str] = []
-    while lines and (m := FILE_NOTE.match(lines[-1])):
+    while lines and (m := FILE_NOTE.match(lines[-1]) or IMAGE_NOTE.match(lines[-1])):
         files.insert(0, m.group(1))
         lines.pop()
     if not files:

@@ -33,9 +33,9 @@ log = logging.getLogger(__name__)
 
 MAX_WAITING = 10  # files received (or coming) and not yet sent with a message, per socket
 FLUSH_BYTES = 1 << 20  # bytes gathered before one write (in a thread)
-# Images reach no model yet (issue 32, pictures to vision models, turns them on): a model
-# would answer about a picture it never saw, so they are refused with a sentence instead.
-ACCEPTS_IMAGES = False
+# Pictures go to the model as images (runtime/images.py; a model without vision gets a
+# description of each, and the visitor is told so).
+ACCEPTS_IMAGES = True
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 KINDS = "CSV, TSV, JSON or Parquet"  # (what a dataset is made of: runtime/data/filetypes.py)
 
@@ -70,8 +70,9 @@ def kind_refusal(name: str, mime: str) -> str | None:
         return None  # (a spreadsheet is told by the gateway how to send it instead)
     if mime in IMAGE_TYPES and ACCEPTS_IMAGES:
         return None
-    what = "Pictures" if mime.startswith("image/") else f"Files like {name}"
-    return f"{what} cannot be read in this chat yet; send data as {KINDS}."
+    if mime.startswith("image/"):
+        return f"Pictures like {name} cannot be read in this chat; send PNG, JPEG, GIF or WebP."
+    return f"Files like {name} cannot be read in this chat yet; send data as {KINDS}."
 
 
 class Uploads:

@@ -39,7 +39,7 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["DEFAULT_ERROR_MESSAGES", "FakeOpenAI", "Reply", "ThreadedFakeOpenAI", "ToolCall", "error_body"]
+__all__ = ["DEFAULT_ERROR_MESSAGES", "FakeOpenAI", "Image", "Reply", "ThreadedFakeOpenAI", "ToolCall", "error_body"]
 
 
 @dataclass
@@ -157,6 +157,69 @@ def _prompt_text(body: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+MAX_IMAGE_BYTES = 20 * 2**20  # OpenAI: per image
+IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "WEBP")
+UNSUPPORTED_IMAGE = ("You uploaded an unsupported image. Please make sure your image is below 20 "
+                     "MB in size and is of one the following formats: ['png', 'jpeg', 'gif', "
+                     "'webp'].")
+
+
+@dataclass(frozen=True)
+class Image:
+    """An image part the fake model received, as decoded."""
+
+    mime: str
+    width: int
+    height: int
+    nbytes: int
+    format: str
+    role: str
+
+
+class _BadImage(Exception):
+    pass
+
+
+def _images_of(body: dict[str, Any]) -> list[Image]:
+    """The image parts of a request, decoded as the API reads them: base64 ``data:`` URLs of
+    PNG, JPEG, GIF or WebP up to 20 MB, in user messages only (else a 400)."""
+    found: list[Image] = []
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else []:
+            if not isinstance(part, dict) or part.get("type") != "image_url":
+                continue
+            role = str(message.get("role"))
+            if role != "user":
+                raise _BadImage(f"Image URLs are only allowed for messages with role 'user', "
+                                f"but this message with role '{role}' contains an image URL.")
+            found.append(_decoded(str((part.get("image_url") or {}).get("url") or ""), role))
+    return found
+
+
+def _decoded(url: str, role: str) -> Image:
+    import base64
+    import binascii
+    import io
+    import re
+
+    from PIL import Image as PIL, UnidentifiedImageError
+
+    m = re.match(r"^data:(image/[a-z]+);base64,(.*)$", url, re.S)
+    if m is None:
+        raise _BadImage("Invalid image URL: expected a base64-encoded data URL with an image "
+                        "MIME type (e.g. 'data:image/png;base64,...').")
+    try:
+        raw = base64.b64decode(m.group(2), validate=True)
+        if len(raw) > MAX_IMAGE_BYTES:
+            raise _BadImage(UNSUPPORTED_IMAGE)
+        with PIL.open(io.BytesIO(raw), formats=IMAGE_FORMATS) as im:
+            im.load()
+            return Image(m.group(1), im.width, im.height, len(raw), str(im.format), role)
+    except (binascii.Error, UnidentifiedImageError, OSError, ValueError):
+        raise _BadImage(UNSUPPORTED_IMAGE) from None
+
+
 def _pieces(text: str, size: int) -> list[str]:
     size = max(1, size)
     return [text[i : i + size] for i in range(0, len(text), size)]
@@ -186,6 +249,9 @@ class FakeOpenAI:
         """Every JSON chat-completions request body received, in order."""
         self.request_headers: list[dict[str, str]] = []
         """The headers of each entry of ``requests`` (same index)."""
+        self.images: list[list[Image]] = []
+        """The image parts of each request (decoded; same index as ``requests`` for requests
+        that got this far), in order."""
         self.base_url: str = ""
         """``http://127.0.0.1:PORT/v1`` once started."""
         self._host = host
@@ -211,6 +277,7 @@ class FakeOpenAI:
             self._respond_fn = None
             self.requests.clear()
             self.request_headers.clear()
+            self.images.clear()
 
     @property
     def pending(self) -> int:
@@ -343,6 +410,12 @@ class FakeOpenAI:
         with self._lock:
             self.requests.append(body)
             self.request_headers.append(dict(request.headers))
+        try:
+            images = _images_of(body)
+        except _BadImage as e:
+            return self._error(400, str(e), code="invalid_image")
+        with self._lock:
+            self.images.append(images)
         if not isinstance(body.get("model"), str) or not body["model"]:
             return self._error(400, "you must provide a model parameter", code="missing_required_parameter")
         messages = body.get("messages")
@@ -544,6 +617,10 @@ class ThreadedFakeOpenAI:
     @property
     def request_headers(self) -> list[dict[str, str]]:
         return self.server.request_headers
+
+    @property
+    def images(self) -> list[list[Image]]:
+        return self.server.images
 
     @property
     def default_reply(self) -> Reply:
