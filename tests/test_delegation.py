@@ -289,10 +289,16 @@ async def test_a_handoff_moves_the_next_messages_to_the_other_agent_until_new(tm
         assert "Handing over to writer." in [m.text for m in p.sent]
         await p.say("about the sea")
         assert (await p.wait_finals(2))[1] == "[You are the writer.] about the sea"
+        await p.say("/help")
+        await wait_for(lambda: any(f.startswith("You are talking to **writer**")
+                                   for f in p.finals()))
         await p.say("/new")
-        await p.wait_finals(3)
+        await wait_for(lambda: any("new conversation" in f for f in p.finals()))
         await p.say("hello again")
-        assert (await p.wait_finals(4))[3] == "[You are the default.] hello again"
+        await wait_for(lambda: "[You are the default.] hello again" in p.finals())
+        await p.say("/help")
+        await wait_for(lambda: any(f.startswith("You are talking to **default**")
+                                   for f in p.finals()))
 
 
 async def test_stop_during_a_child_stops_both(tmp_path):

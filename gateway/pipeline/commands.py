@@ -38,10 +38,13 @@ class Commands:
     """The built-in commands. Extensions register more with :meth:`add`."""
 
     def __init__(self, registry: AgentRegistry, conversations: ConversationStore,
-                 stop: Callable[[str], Awaitable[tuple[bool, int]]]):
+                 stop: Callable[[str], Awaitable[tuple[bool, int]]],
+                 answering: Callable[[Route], Awaitable[str]] | None = None):
         self.registry = registry
         self.conversations = conversations
         self.stop = stop  # stop a session's run and drop its waiting messages
+        # the agent answering a route's session (the route's, or the one it was handed to)
+        self.answering = answering
         self._handlers: dict[str, tuple[CommandInfo, Callable[..., Awaitable[str]]]] = {}
         self.add("help", "show what I can do", self._help)
         self.add("start", "say hello (same as /help)", self._help, listed=False)
@@ -71,13 +74,22 @@ class Commands:
         name, args = parsed
         return await self._handlers[name][1](msg, route, args)
 
-    async def _help(self, msg: IncomingMessage, route: Route, args: str) -> str:
+    async def _agent_of(self, route: Route) -> str:
+        if self.answering is None:
+            return route.agent
         try:
-            agent = await self.registry.load(route.agent)
+            return await self.answering(route)
+        except (PlutoError, LookupError):  # (its files are broken: /help says so)
+            return route.agent
+
+    async def _help(self, msg: IncomingMessage, route: Route, args: str) -> str:
+        name = await self._agent_of(route)
+        try:
+            agent = await self.registry.load(name)
             about = f"You are talking to **{agent.name}**" + (
                 f": {agent.description}" if agent.description else ".")
         except PlutoError:
-            about = f"You are talking to **{route.agent}**."
+            about = f"You are talking to **{name}**."
         lines = [about, "", "Commands:"]
         lines += [f"- `/{info.name}` — {info.summary}"
                   for info, _ in self._handlers.values() if info.name]
@@ -86,12 +98,13 @@ class Commands:
 
     async def _agents(self, msg: IncomingMessage, route: Route, args: str) -> str:
         lines = ["Agents:"]
+        answering = await self._agent_of(route)
         for name in await self.registry.list_names():
             try:
                 desc = (await self.registry.load(name)).description
             except PlutoError:
                 desc = "(its configuration has an error)"
-            here = " ← this chat" if name == route.agent else ""
+            here = " ← this chat" if name == answering else ""
             lines.append(f"- **{name}**" + (f" — {desc}" if desc else "") + here)
         return "\n".join(lines) if len(lines) > 1 else "No agents are configured."
 

@@ -128,7 +128,7 @@ class Pipeline:
         self.delegation: Delegation = runner.services.setdefault("delegation",
                                                                  Delegation(registry.load))
         self.delegation.live = self.live  # a child run is this process's while it runs
-        self.commands = Commands(registry, conversations, self.stop)
+        self.commands = Commands(registry, conversations, self.stop, self._answering)
         data.register(self.commands)
         access.is_command = self.commands.knows
 
@@ -233,6 +233,15 @@ class Pipeline:
         if everywhere and self.stop_elsewhere is not None:
             running = await self.stop_elsewhere(session_key) or running
         return running, len(dropped)
+
+    async def _answering(self, route: Route) -> str:
+        """The agent answering the route's session: the route's, or the one it was handed to
+        (its session is looked up only when the route's agent may hand over)."""
+        if not (await self.registry.load(route.agent)).handoff:
+            return route.agent
+        session = await self.conversations.session(route.session_key, route.agent)
+        return (await self.delegation.agent_for(session.id, route.agent,
+                                                self.conversations)).name
 
     def urgent(self, msg: IncomingMessage) -> bool:
         """A message to handle at once, ahead of the chat's queue (``/stop``)."""
