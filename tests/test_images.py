@@ -1,5 +1,5 @@
 """Pictures users send reach vision models as image parts (issue 32, item 1): through the
-widget, Telegram (a photo) and Slack, shrunk to the model's limits, kept with the run and in
+widget, a Telegram photo and a picture sent as a file on every platform, shrunk to the model's limits, kept with the run and in
 the history for later turns; a model without vision gets a description (the user is told
 once); hostile files are one sentence each while the rest of the message is answered; both
 model clients send the parts (the fake OpenAI server decodes them as the API does)."""
@@ -28,8 +28,9 @@ from pluto.runtime.openai_compat import OpenAICompatibleModel, close_sessions
 from pluto.runtime.testing import ScriptedModel
 from pluto.settings import ModelConfig
 from pluto.types import Attachment
+from tests.conformance import email_harness
+from tests.conformance.conftest import HARNESSES
 from tests.conformance.harness import Harness
-from tests.conformance.slack_harness import SlackHttpHarness
 from tests.conformance.telegram_harness import TelegramHarness
 from tests.fakes.openai_server import FakeOpenAI
 from tests.helpers.served import Tab, served
@@ -302,14 +303,35 @@ async def test_a_telegram_photo_reaches_the_model(config_dir, data_dir):
 
 
 @pytest.mark.slow
-async def test_a_slack_picture_reaches_the_model(config_dir, data_dir):
+@pytest.mark.parametrize("name", [n for n, cls in HARNESSES.items() if "files_in" in cls.features])
+async def test_a_picture_sent_as_a_file_reaches_the_model_on_every_platform(config_dir, data_dir,
+                                                                           name):
     model = ScriptedModel()
-    harness = SlackHttpHarness(config_dir=config_dir, data_dir=data_dir)
+    harness = HARNESSES[name](config_dir=config_dir, data_dir=data_dir)
     try:
         await start(harness, model)
-        await harness.user_says("what is this?", document=("photo.jpg", jpeg(4000, 1000)))
+        await sends_picture(harness, "what is this?", ("photo.jpg", jpeg(4000, 1000)))
         await harness.wait_shown(lambda s: any("what is this?" in m.text for m in s))
         [image] = model.images[-1]
         assert within(image) and (image.width, image.height) == (1568, 392)
     finally:
         await harness.close()
+
+
+async def sends_picture(harness: Any, text: str, file: tuple[str, bytes]) -> None:
+    """A user sends a picture with ``text`` in the direct chat (the harnesses whose
+    ``user_says`` sends every document as text/csv are told the image's type here)."""
+    typed = (*file, "image/jpeg")
+    match harness.name:
+        case "matrix":
+            harness.fake.user_says(harness.direct_chat, text, sender=harness.fake.alice,
+                                   file=typed)
+        case "mattermost":
+            await harness.fake.user_says(harness.direct_chat, text, sender=harness.fake.alice,
+                                         file=typed)
+        case "email":
+            harness.started.add(harness.direct_chat)
+            harness.fake.user_sends(text, sender=email_harness.ALICE,
+                                    message_id=harness.direct_chat, files=(typed,))
+        case _:
+            await harness.user_says(text, document=file)
