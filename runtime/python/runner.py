@@ -338,8 +338,9 @@ def execute(code: str, scope: dict[str, Any], shown: list[tuple[str, Any]],
     try:
         tree = ast.parse(code, "<code>", "exec")
         last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
+        if tree.body and isinstance(tail := tree.body[-1], ast.Expr):
+            tree.body.pop()
+            last = ast.Expression(tail.value)
         exec(compile(tree, "<code>", "exec"), scope)
         value = eval(compile(last, "<code>", "eval"), scope) if last is not None else None
         if value is not None:
