@@ -9,6 +9,7 @@ folder, until a sandboxed runner exists.
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 from pluto.agents.spec import AgentSpec
@@ -22,8 +23,13 @@ MAX_LISTED_FILES = 200
 def skill_tools(agent: AgentSpec) -> dict[str, Tool]:
     """``load_skill``, bound to the agent's skills (none when it has no skills)."""
     skills: tuple[Skill, ...] = getattr(agent, "skills", ())
-    if not skills:
-        return {}
+    return dict(_loader(skills)) if skills else {}
+
+
+@functools.lru_cache(maxsize=256)
+def _loader(skills: tuple[Skill, ...]) -> dict[str, Tool]:
+    """(Made once for a set of skills: a tool's schema is read from its signature, work that
+    every run of the agent would otherwise do again.)"""
     by_name = {s.name: s for s in skills}
 
     @tool(name="load_skill")
