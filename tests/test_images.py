@@ -335,3 +335,14 @@ async def sends_picture(harness: Any, text: str, file: tuple[str, bytes]) -> Non
                                     message_id=harness.direct_chat, files=(typed,))
         case _:
             await harness.user_says(text, document=file)
+
+
+def test_the_widget_history_shows_the_names_of_pictures_and_data_files():
+    from pluto.providers.web.history import with_files
+
+    data = ("[The user sent the file a.csv; it is now the dataset a (1 row × 1 column: x "
+            "BIGINT). Query it as the table a.]")
+    picture = images.note("cat photo.jpg", 640, 480, "artifacts/r1/image-0123abcd.jpg")
+    item = {"role": "user", "text": f"which?\n\n{data}\n\n{picture}"}
+    assert with_files(item) == {"role": "user", "text": "which?",
+                                "files": ["a.csv", "cat photo.jpg"]}

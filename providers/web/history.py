@@ -53,8 +53,11 @@ def with_files(item: dict[str, Any]) -> dict[str, Any]:
     ``files`` instead."""
     lines = item["text"].split("\n")
     files: list[str] = []
-    while lines and (m := FILE_NOTE.match(lines[-1]) or IMAGE_NOTE.match(lines[-1])):
-        files.insert(0, m.group(1))
+    while lines:
+        if lines[-1]:  # (a blank line parts the datasets' notes from the pictures')
+            if (m := FILE_NOTE.match(lines[-1]) or IMAGE_NOTE.match(lines[-1])) is None:
+                break
+            files.insert(0, m.group(1))
         lines.pop()
     if not files:
         return item

@@ -1,5 +1,5 @@
 """The widget's own features in Debian's Chromium (as in test_widget_browser.py): files sent by
-the button, by drag and drop and by paste (refusals in one sentence), the copy button, a page's
+the button, by drag and drop and by paste (a picture; refusals in one sentence), the copy button, a page's
 CSS variables, answers that failed or were stopped still marked after a reload, messages over
 the rate limit shown as not sent with a retry, and a page whose origin is refused told why."""
 
@@ -15,6 +15,7 @@ import playwright.async_api as playwright_api
 from aiohttp import web
 
 from pluto.runtime.errors import ModelError
+from pluto.runtime.images import text_of
 from pluto.runtime.testing import Scripted, ScriptedModel
 from tests.browser.test_widget_browser import ARGS, CHROMIUM
 from tests.helpers.served import served, url
@@ -34,7 +35,7 @@ DROP = """([name, text]) => {
 }"""
 PASTE = """() => {
   const data = new DataTransfer();
-  data.items.add(new File([new Uint8Array([137, 80, 78, 71])], "image.png", {type: "image/png"}));
+  data.items.add(new File([new Uint8Array([137, 80, 78, 71, 13, 10, 26, 10, 0, 0, 0, 13, 73, 72, 68, 82, 0, 0, 0, 3, 0, 0, 0, 2, 8, 2, 0, 0, 0, 18, 22, 241, 77, 0, 0, 0, 21, 73, 68, 65, 84, 120, 156, 99, 60, 33, 39, 199, 192, 192, 192, 192, 192, 192, 196, 0, 3, 0, 19, 46, 1, 8, 106, 192, 101, 97, 0, 0, 0, 0, 73, 69, 78, 68, 174, 66, 96, 130])], "image.png", {type: "image/png"}));
   const input = document.querySelector("[data-pluto-widget]").shadowRoot.querySelector(".pluto-input");
   input.dispatchEvent(new ClipboardEvent("paste", {clipboardData: data, bubbles: true, cancelable: true}));
 }"""
@@ -75,28 +76,29 @@ async def test_files_copy_theme_and_history_marks(config_dir, data_dir):
         await expect(page.locator(".pluto-send")).to_have_css("background-color",
                                                               "rgb(15, 118, 110)")
 
-        # a file by the button, one dropped; a pasted picture and a PDF refused in one sentence
+        # a file by the button, one dropped, a pasted picture; a PDF refused in one sentence
         await page.locator(".pluto-picker").set_input_files(
             [{"name": "sales.csv", "mimeType": "text/csv", "buffer": CSV.encode()},
              {"name": "report.pdf", "mimeType": "application/pdf", "buffer": b"%PDF-1.4"}])
         await page.evaluate(DROP, ["more.csv", CSV])
         await page.evaluate(PASTE)
         refusals = page.locator(".pluto-system.pluto-error")
-        await expect(refusals).to_have_count(2)
+        await expect(refusals).to_have_count(1)
         await expect(refusals.nth(0)).to_contain_text("Files like report.pdf cannot be read")
-        await expect(refusals.nth(1)).to_contain_text("Pictures cannot be read")
-        await expect(page.locator(".pluto-file.pluto-file-ready")).to_have_count(2)
+        await expect(page.locator(".pluto-file.pluto-file-ready")).to_have_count(3)
         await _ask(page, "which region sells most?")
         mine = page.locator(".pluto-user .pluto-bubble")
-        await expect(mine.locator(".pluto-attached")).to_have_text(["sales.csv", "more.csv"])
+        await expect(mine.locator(".pluto-attached")).to_have_text(["sales.csv", "more.csv",
+                                                                    "image.png"])
         await expect(page.locator(".pluto-files .pluto-file")).to_have_count(0)
         answer = page.locator(".pluto-bot").last
         await expect(answer.locator(".pluto-bubble")).to_have_text("42 regions, north first")
         await expect(page.locator(".pluto-system").filter(has_text="Added dataset")).to_have_text(
             ["Added dataset `sales_2`: 2 rows × 2 columns.",  # (the demo has a `sales`)
              "Added dataset `more`: 2 rows × 2 columns."])
-        sent = model.calls[0][-1]["content"]
+        sent = text_of(model.calls[0][-1]["content"])
         assert "which region sells most?" in sent and "[The user sent the file more.csv" in sent
+        assert [(i.width, i.height) for i in model.images[0]] == [(3, 2)]  # the pasted picture
 
         # the copy button copies the answer as written (Markdown)
         await answer.locator(".pluto-copy").click()
@@ -117,7 +119,7 @@ async def test_files_copy_theme_and_history_marks(config_dir, data_dir):
         await expect(page.locator(".pluto-stopped")).to_have_count(1)
         await expect(page.locator(".pluto-user")).to_have_count(3)
         await expect(page.locator(".pluto-user .pluto-bubble").first).to_have_text(
-            "which region sells most?sales.csvmore.csv")  # the files' names, not the notes
+            "which region sells most?sales.csvmore.csvimage.png")  # names, not the notes
         assert errors == []
         await context.close()
 
