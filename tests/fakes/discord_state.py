@@ -22,9 +22,11 @@ import mimetypes
 import re
 import struct
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from tests.fakes.changes import Changes
 
 DISCORD_EPOCH_MS = 1_420_070_400_000
 MAX_CONTENT = 2000
@@ -292,8 +294,10 @@ def detect_content_type(filename: str, data: bytes) -> str | None:
 _MENTION = re.compile(r"<@!?(\d{15,21})>")
 
 
-class Controls:
+class Controls(Changes):
     """Platform state plus the Python API tests use (HTTP and the gateway live in FakeDiscord)."""
+
+    FAKE = "Discord"
 
     def __init__(self, token: str, bot_id: int, bot_name: str, application_name: str) -> None:
         self.token = token
@@ -333,16 +337,6 @@ class Controls:
         return "http://127.0.0.1:0"
 
     # ------------------------------------------------------------------ change notification
-    def _notify(self) -> None:
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
-
-    async def _wait_change(self, timeout: float | None) -> None:
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
-
     # ------------------------------------------------------------------ hooks for the gateway half
     def _broadcast(self, event: str, data: dict, *, guild_id: int | None, intent: int,
                    message: dict | None = None) -> None:
@@ -800,18 +794,6 @@ class Controls:
     def history(self, channel_id: int) -> list[dict]:
         """Every message in the channel now (users' and the bot's), oldest first, REST JSON."""
         return [copy.deepcopy(m) for _, m in sorted(self._msgs.get(int(channel_id), {}).items())]
-
-    async def wait_until(self, predicate: Callable[[], Any], timeout: float = 5.0,
-                         what: str = "condition") -> Any:
-        """Wait until ``predicate()`` is truthy and return its value; TimeoutError otherwise."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not (value := predicate()):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise TimeoutError(f"fake Discord: timed out after {timeout}s waiting for {what}")
-            await self._wait_change(min(remaining, 0.05))
-        return value
 
     async def wait_for_messages(self, channel_id: int, n: int = 1, timeout: float = 5.0) -> list[Sent]:
         """Wait until the bot has created at least ``n`` messages in ``channel_id``; returns them all."""

@@ -27,19 +27,19 @@ import asyncio
 import itertools
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from email import policy
 from email.message import EmailMessage
 from email.parser import BytesParser
 from email.utils import formatdate, make_msgid
-from typing import Any, TypeVar
+from typing import Any
 
 from aiosmtpd.smtp import SMTP, AuthResult, LoginPassword
 
+from tests.fakes.changes import Changes
+
 __all__ = ["FakeMail", "Stored", "Sent", "USER", "PASSWORD", "BOT"]
 
-T = TypeVar("T")
 USER = "bot@pluto.test"
 BOT = USER
 PASSWORD = "imap-app-password-7f3a9c"
@@ -88,7 +88,9 @@ def _args(text: str) -> list[str]:
             for quoted, paren, atom in _ARG.findall(text)]
 
 
-class FakeMail:
+class FakeMail(Changes):
+
+    FAKE = "mail"
     def __init__(self, *, user: str = USER, password: str = PASSWORD, idle: bool = True):
         self.user, self.password, self.idle = user, password, idle
         self.mailbox: list[Stored] = []
@@ -198,26 +200,6 @@ class FakeMail:
 
     def in_thread(self, thread: str) -> list[Sent]:
         return [s for s in self.sent if s.thread == thread]
-
-    async def wait_change(self, timeout: float | None) -> None:
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
-
-    async def wait_until(self, check: Callable[[], T], timeout: float = 5.0,
-                         what: str = "the condition") -> T:
-        deadline = time.monotonic() + timeout
-        while not (value := check()):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"fake mail: {what} did not happen in {timeout}s")
-            await self.wait_change(min(remaining, 0.05))
-        return value
-
-    def _notify(self) -> None:
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
 
     # SMTP -------------------------------------------------------------------------------------
 

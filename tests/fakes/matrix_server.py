@@ -37,14 +37,15 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import quote
 
 from aiohttp import web
 
+from tests.fakes.changes import Changes
+
 __all__ = ["FakeMatrix", "MatrixFailure", "TOKEN", "SERVER"]
 
-T = TypeVar("T")
 TOKEN = "syt_cGx1dG8_FakePlutoMatrixToken_0123456789"
 SERVER = "fake.local"
 
@@ -83,8 +84,10 @@ class Room:
     encrypted: bool = False
 
 
-class FakeMatrix:
+class FakeMatrix(Changes):
     """One homeserver with a bot account. Use ``async with`` or ``start()`` / ``stop()``."""
+
+    FAKE = "Matrix"
 
     def __init__(self, *, token: str = TOKEN, bot_localpart: str = "pluto",
                  bot_name: str = "Pluto") -> None:
@@ -136,26 +139,6 @@ class FakeMatrix:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-    def _notify(self) -> None:
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
-
-    async def _wait_change(self, timeout: float | None) -> None:
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
-
-    async def wait_until(self, check: Callable[[], T], timeout: float = 5.0,
-                         what: str = "the condition") -> T:
-        deadline = time.monotonic() + timeout
-        while not (value := check()):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"fake Matrix: {what} did not happen in {timeout}s")
-            await self._wait_change(min(remaining, 0.05))
-        return value
 
     # test controls ----------------------------------------------------------------------------
 

@@ -16,11 +16,12 @@ import string
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from aiohttp import web
 
-T = TypeVar("T")
+from tests.fakes.changes import Changes
+
 
 MAX_MESSAGE = 16383  # runes in one post's message
 MAX_FILE = 100 * 1024 * 1024  # the default MaxFileSize
@@ -94,8 +95,10 @@ class Throttle:
     when: Callable[[Call], bool]
 
 
-class State:
+class State(Changes):
     """Everything the fake holds, and the controls a test uses."""
+
+    FAKE = "Mattermost"
 
     def __init__(self, token: str, bot_username: str) -> None:
         self.token = token
@@ -132,24 +135,7 @@ class State:
     # changes ------------------------------------------------------------------------------
 
     def notify(self) -> None:
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
-
-    async def _wait_change(self, timeout: float | None) -> None:
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
-
-    async def wait_until(self, check: Callable[[], T], timeout: float = 5.0,
-                         what: str = "the condition") -> T:
-        deadline = time.monotonic() + timeout
-        while not (value := check()):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"fake Mattermost: {what} did not happen in {timeout}s")
-            await self._wait_change(min(remaining, 0.05))
-        return value
+        self._notify()
 
     # test controls --------------------------------------------------------------------------
 

@@ -14,9 +14,10 @@ import itertools
 import re
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from tests.fakes.changes import Changes
 
 MAX_TEXT = 40_000          # chat.postMessage / chat.update: longer text -> msg_too_long
 MAX_BLOCKS = 50            # more blocks -> invalid_blocks
@@ -243,8 +244,10 @@ def check_blocks(blocks: Any) -> None:
                     f"must be between 1 and {MAX_HEADER_TEXT} characters [json-pointer:/blocks/{i}/text/text]"]})
 
 
-class Controls:
+class Controls(Changes):
     """Workspace state plus the Python API tests use (the HTTP side lives in FakeSlack)."""
+
+    FAKE = "Slack"
 
     def __init__(self, *, bot_token: str, app_token: str, signing_secret: str, team_id: str, team_name: str,
                  bot_user_id: str, bot_id: str, app_id: str, bot_name: str,
@@ -283,16 +286,6 @@ class Controls:
         self.default_user = self.add_user(name="alice", real_name="Alice Example")["id"]
 
     # ------------------------------------------------------------------ change notification
-    def _notify(self) -> None:
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
-
-    async def _wait_change(self, timeout: float | None) -> None:
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
-
     # ------------------------------------------------------------------ ids
     def _id(self, prefix: str) -> str:
         return f"{prefix}0FAKE{next(self._seq):05d}"
@@ -620,17 +613,6 @@ class Controls:
 
     def calls_to(self, method: str) -> list[Call]:
         return [c for c in self.calls if c.method == method]
-
-    async def wait_until(self, predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
-        """Wait until ``predicate()`` is truthy and return its value; TimeoutError otherwise."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not (value := predicate()):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise TimeoutError(f"fake Slack: timed out after {timeout}s waiting for {what}")
-            await self._wait_change(min(remaining, 0.05))
-        return value
 
     async def wait_for_posts(self, channel: str, n: int = 1, timeout: float = 5.0) -> list[Posted]:
         """Wait until the app posted at least ``n`` messages to ``channel``; returns them all."""

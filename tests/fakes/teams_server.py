@@ -41,17 +41,17 @@ import math
 import secrets
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import jwt
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-T = TypeVar("T")
+from tests.fakes.changes import Changes
+
 
 __all__ = ["FakeTeams", "APP_ID", "APP_PASSWORD", "BOT_NAME", "Sent", "Said", "Delivery"]
 
@@ -119,8 +119,10 @@ class Refused(Exception):
         return web.json_response(body, status=self.status, headers=self.headers)
 
 
-class FakeTeams:
+class FakeTeams(Changes):
     """One Azure Bot in a fake Teams tenant. Use ``async with`` or ``start()``/``stop()``."""
+
+    FAKE = "Teams"
 
     def __init__(self, *, app_id: str = APP_ID, app_password: str = APP_PASSWORD,
                  endpoint_url: str | None = None, max_bytes: int = MAX_BYTES,
@@ -203,26 +205,6 @@ class FakeTeams:
         await self.stop()
 
     # waits --------------------------------------------------------------------------------
-
-    def _notify(self) -> None:
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
-
-    async def wait_change(self, timeout: float | None) -> None:
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
-
-    async def wait_until(self, check: Callable[[], T], timeout: float = 5.0,
-                         what: str = "the condition") -> T:
-        deadline = time.monotonic() + timeout
-        while not (value := check()):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"fake Teams: {what} did not happen in {timeout}s")
-            await self.wait_change(min(remaining, 0.05))
-        return value
 
     # login and keys ------------------------------------------------------------------------
 

@@ -14,9 +14,10 @@ import math
 import re
 import struct
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from tests.fakes.changes import Changes
 
 DEFAULT_DESCRIPTIONS = {
     400: "Bad Request",
@@ -182,8 +183,10 @@ def image_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-class Controls:
+class Controls(Changes):
     """Platform state plus the Python API tests use (the HTTP side lives in FakeTelegram)."""
+
+    FAKE = "Telegram"
 
     def __init__(self, token: str, bot_username: str, bot_name: str) -> None:
         self.token = token
@@ -219,16 +222,6 @@ class Controls:
         self._changed = asyncio.Event()
 
     # ------------------------------------------------------------------ change notification
-    def _notify(self) -> None:
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
-
-    async def _wait_change(self, timeout: float | None) -> None:
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
-
     # ------------------------------------------------------------------ chats, files, updates
     def add_chat(self, chat_id: int, *, chat_type: str | None = None, title: str | None = None,
                  username: str | None = None, first_name: str | None = None, is_forum: bool = False) -> dict:
@@ -449,17 +442,6 @@ class Controls:
     @property
     def webhook_url(self) -> str | None:
         return self._webhook["url"] if self._webhook else None
-
-    async def wait_until(self, predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
-        """Wait until ``predicate()`` is truthy and return its value; TimeoutError otherwise."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not (value := predicate()):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise TimeoutError(f"fake Telegram: timed out after {timeout}s waiting for {what}")
-            await self._wait_change(remaining)
-        return value
 
     async def wait_for_messages(self, chat_id: int, n: int = 1, timeout: float = 5.0) -> list[Sent]:
         """Wait until the bot has sent at least ``n`` new messages to ``chat_id``; returns them all."""

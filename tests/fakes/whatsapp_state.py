@@ -7,9 +7,10 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-T = TypeVar("T")
+from tests.fakes.changes import Changes
+
 
 MAX_TEXT = 4096
 MAX_CAPTION = 1024
@@ -103,8 +104,10 @@ class Said:
     delivery: Delivery
 
 
-class Controls:
+class Controls(Changes):
     """Test controls, records and waits shared by the fake."""
+
+    FAKE = "WhatsApp"
 
     def __init__(self) -> None:
         self.calls: list[Call] = []
@@ -120,26 +123,6 @@ class Controls:
         self._failures: list[tuple[Callable[[dict[str, Any]], bool], GraphFailure]] = []
         self._seq = itertools.count(1)
         self._changed = asyncio.Event()
-
-    def _notify(self) -> None:
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
-
-    async def _wait_change(self, timeout: float | None) -> None:
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
-
-    async def wait_until(self, check: Callable[[], T], timeout: float = 5.0,
-                         what: str = "the condition") -> T:
-        deadline = time.monotonic() + timeout
-        while not (value := check()):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"fake WhatsApp: {what} did not happen in {timeout}s")
-            await self._wait_change(min(remaining, 0.05))
-        return value
 
     def wamid(self) -> str:
         return f"wamid.HBgLFAKE{next(self._seq):08d}=="
