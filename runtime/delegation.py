@@ -22,10 +22,9 @@ the parent's tool call (``/stop``) cancels the child run, which is recorded canc
 
 ``handoff: [writer]`` gives ``handoff_to(name)``: from the next message on, the session is
 answered by that agent (until ``/new``, which starts a new session); the chat is told
-"Handing over to writer.". A handoff is the session's ``handoff_to`` tool message; this
-process remembers it (:attr:`Delegation.handoffs`) and, the first time it sees a session whose
-route's agent may hand over, looks for it in the session's newest messages (so it holds across
-a restart).
+"Handing over to writer.". A handoff is the session's ``handoff_to`` tool message: for a
+message to a session whose route's agent may hand over, its newest such message is read from
+storage (one indexed query) — so it holds across a restart and on every instance alike.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ import contextlib
 import logging
 import re
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
@@ -55,8 +53,6 @@ log = logging.getLogger(__name__)
 ASK = "ask_"
 HANDOFF = "handoff_to"
 CHILD_TIME_SHARE = 0.75  # of the parent's time left; the rest is for the parent's answer
-MAX_HANDOFFS = 100_000  # sessions whose handoff is remembered (least recently set go)
-HANDOFF_LOOKBACK = 500  # messages of a session searched for its handoff, once per process
 HANDED = "Handing over to"
 _HANDED_RE = re.compile(rf"{HANDED} ([a-z0-9][a-z0-9_-]{{0,63}})\.")
 
@@ -110,8 +106,6 @@ class Delegation:
         # the runs this process holds (run id -> message id; the gateway's, which its recovery
         # sweep leaves alone): a child run is held while it runs, with its parent's message
         self.live: dict[str, str | None] = {}
-        # session id -> the agent it was handed to (None: looked, none)
-        self.handoffs: OrderedDict[str, str | None] = OrderedDict()
 
     def charged(self, run_id: str) -> Lineage | None:
         """A child run's place (its usage is its root run's), None for a run nobody asked."""
@@ -121,25 +115,17 @@ class Delegation:
                         store: ConversationStore) -> AgentSpec:
         """The agent that answers the session: the one it was handed to (while that one is
         available), else ``default`` (the route's). Raises as the loader does for ``default``."""
-        if session_id not in self.handoffs:
-            spec = await self.load(default)
-            if not spec.handoff:  # (a session handed on by a later agent began with one)
-                return spec
-            self._remember(session_id, await _handed_to(store, session_id))
-        name = self.handoffs.get(session_id)
+        spec = await self.load(default)
+        if not spec.handoff:  # (a session handed on by a later agent began with one)
+            return spec
+        name = await _handed_to(store, session_id)
         if name is not None and name != default:
             try:
                 return await self.load(name)
             except (PlutoError, LookupError) as e:
                 log.warning("session %s was handed to agent %s, which is not available (%s); "
                             "%s answers", session_id, name, e, default)
-        return await self.load(default)
-
-    def _remember(self, session_id: str, agent: str | None) -> None:
-        self.handoffs[session_id] = agent
-        self.handoffs.move_to_end(session_id)
-        while len(self.handoffs) > MAX_HANDOFFS:
-            self.handoffs.popitem(last=False)
+        return spec
 
     async def tools_for(self, runner: Runner, parent: ParentRun) -> dict[str, Tool]:
         """The parent run's tools to ask its agents and hand over (those the route allows)."""
@@ -258,8 +244,7 @@ class Delegation:
         except (PlutoError, LookupError):
             return ToolResult(f"Error: the agent '{name}' is not available right now.",
                               is_error=True)
-        self._remember(parent.req.session.id, name)
-        line = f"{HANDED} {name}."
+        line = f"{HANDED} {name}."  # (kept by the tool message the run records)
         if parent.req.notify is not None:
             with contextlib.suppress(Exception):  # the chat's notice never stops the answer
                 await parent.req.notify(line)
@@ -269,13 +254,10 @@ class Delegation:
 
 
 async def _handed_to(store: ConversationStore, session_id: str) -> str | None:
-    """The agent the session's newest handoff (in its last :data:`HANDOFF_LOOKBACK` messages)
-    named, if any."""
-    for row in reversed(await store.messages(session_id, HANDOFF_LOOKBACK)):
-        if row.role == "tool" and row.name == HANDOFF and row.content:
-            if (m := _HANDED_RE.match(row.content)) is not None:
-                return m.group(1)
-    return None
+    """The agent the session's newest handoff named, if any."""
+    said = await store.newest_tool_result(session_id, HANDOFF)
+    m = _HANDED_RE.match(said) if said else None
+    return m.group(1) if m is not None else None
 
 
 def _child_budget(parent: ParentRun, spec: AgentSpec, now: float) -> Budget | str:

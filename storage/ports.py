@@ -56,6 +56,10 @@ class ConversationStore(RunReader, Protocol):
         """The active session for ``key``, created when there is none."""
         ...
 
+    async def newest_tool_result(self, session_id: str, name: str) -> str | None:
+        """What the session's newest call of tool ``name`` returned (None: never called)."""
+        ...
+
     async def reset_session(self, key: str) -> bool:
         """Close the active session of ``key`` (kept, no longer used); False if none."""
         ...

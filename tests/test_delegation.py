@@ -226,6 +226,28 @@ async def test_a_handoff_is_found_again_after_a_restart(store, tmp_path):
     assert (await again.agent_for(session, "lead", store.conversations)).name == "lead"
 
 
+@pytest.mark.postgres
+async def test_a_handoff_made_on_one_instance_holds_on_another_that_saw_the_session(tmp_path):
+    from pluto.storage.postgres import PostgresStore
+    from tests.helpers.pg import fresh_schema
+
+    with fresh_schema() as url:
+        async with PostgresStore(url) as a, PostgresStore(url) as b:
+            model = ScriptedModel(
+                Scripted(tool_calls=[ToolCall("h1", "handoff_to", '{"name": "writer"}')]),
+                Scripted(text="The writer takes over."))
+            agents = (spec("lead", tmp_path, handoff=("writer",)), spec("writer", tmp_path))
+            on_b = Setup(b, ScriptedModel(), *agents)
+            session = (await b.conversations.session("chat", "lead")).id
+            # B answered the chat before: the route's agent
+            assert (await on_b.delegation.agent_for(session, "lead", b.conversations)).name \
+                == "lead"
+            await Setup(a, model, *agents).run("lead")  # A's run hands the session over
+            # ... and B, which saw the session before, follows the handoff at its next message
+            assert (await on_b.delegation.agent_for(session, "lead", b.conversations)).name \
+                == "writer"
+
+
 # agent.yaml ---------------------------------------------------------------------------------
 
 def write_agent(root: Path, name: str, yaml: str) -> Path:

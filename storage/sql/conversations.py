@@ -346,6 +346,13 @@ class SqliteConversations:
             " LIMIT ?", (session_id, limit))
         return [_message_row(tuple(r)) for r in reversed(rows)]
 
+    async def newest_tool_result(self, session_id: str, name: str) -> str | None:
+        """What the session's newest call of tool ``name`` returned (None: never called)."""
+        row = await self.engine.fetchone(
+            "SELECT content FROM messages WHERE session_id = ? AND role = 'tool' AND name = ?"
+            " ORDER BY id DESC LIMIT 1", (session_id, name))
+        return row[0] if row is not None else None
+
     def _prefetch(self, session_id: str, rows: list[MessageRow]) -> None:
         self._prefetched[session_id] = (time.monotonic() + PREFETCH_FOR, rows)
         self._prefetched.move_to_end(session_id)
