@@ -216,7 +216,11 @@ class Gateway:
         return {name: ModelSettings(model=m.model, api_base=m.api_base, api_key_env=m.api_key_env,
                                     temperature=m.temperature,
                                     max_output_tokens=m.max_output_tokens, timeout=m.timeout,
-                                    retries=m.retries, client=m.client)
+                                    retries=m.retries, client=m.client, vision=m.vision,
+                                    image_max_side=m.image_max_side,
+                                    image_max_mb=m.image_max_mb,
+                                    images_per_message=m.images_per_message,
+                                    images_in_context=m.images_in_context)
                 for name, m in self.config.models.items()}
 
     # lifecycle ------------------------------------------------------------------------------

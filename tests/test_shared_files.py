@@ -273,9 +273,10 @@ async def test_a_file_a_platform_delivered_to_a_becomes_a_dataset_on_b(two, tmp_
     handed = UploadsFirst(_Recording(), a.files)
     await handed.submit(msg)
     assert handed.intake.got == [msg]  # type: ignore[attr-defined]
-    # only what an answer reads is kept for every instance
-    assert [k for k, *_ in await a.store.blobs.listing("uploads/")] == [
-        "uploads/telegram/42/Q3 Sales.csv"]
+    # what an answer reads is kept for every instance: the data file, and the picture (its
+    # model sees it, or is told of it)
+    assert sorted(k for k, *_ in await a.store.blobs.listing("uploads/")) == [
+        "uploads/telegram/42/Q3 Sales.csv", "uploads/telegram/42/photo.jpg"]
     text = sent.read_text()
     sent.unlink()  # B runs elsewhere: A's disk is not B's
     notes: list[tuple[str, str]] = []

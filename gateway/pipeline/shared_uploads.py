@@ -12,6 +12,7 @@ from typing import Any
 from pluto.errors import StorageError
 from pluto.gateway.ports import Intake, Ticket
 from pluto.runtime.data.service import is_data_file
+from pluto.runtime.images import is_image
 from pluto.runtime.files import SharedFiles
 from pluto.types import IncomingMessage
 
@@ -34,12 +35,13 @@ class UploadsFirst:
         return await self.intake.offer(msg)
 
     async def keep(self, msg: IncomingMessage) -> None:
-        """Publish each data file the provider saved in the data dir. One that cannot be
-        kept (over a cap, storage down) is logged: the message still goes, and an instance
-        without the file tells the user to send it again."""
+        """Publish each data file and picture the provider saved in the data dir. One that
+        cannot be kept (over a cap, storage down) is logged: the message still goes, and an
+        instance without the file tells the user to send it again."""
         for attachment in msg.attachments:
-            if attachment.path is None or self.files.key(attachment.path) is None or \
-                    not is_data_file(attachment.filename, attachment.mime_type):
+            if attachment.path is None or self.files.key(attachment.path) is None or not (
+                    is_data_file(attachment.filename, attachment.mime_type)
+                    or is_image(attachment)):
                 continue
             try:
                 await self.files.publish(attachment.path)
