@@ -8,8 +8,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
 WORKDIR /app
 # bubblewrap: the sandbox of MCP stdio servers and of run_python (docs/security.md,
 # docs/python.md); Docker's default seccomp profile still refuses it the user namespace it
-# needs, so those stay off (pluto doctor says why) until the container is allowed one
-RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap \
+# needs, so those stay off (pluto doctor says why) until the container is allowed one.
+# ffmpeg and espeak-ng: voice notes in (decoded) and out (spoken, encoded as OGG/Opus)
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap ffmpeg espeak-ng \
     && rm -rf /var/lib/apt/lists/*
 # Exact versions from the hashed locks (`bash scripts/lock.sh` regenerates them): the runtime
 # dependencies and the build backend, in a layer that a code change does not rebuild.

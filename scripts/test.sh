@@ -11,6 +11,9 @@ bash scripts/install.sh test
 missing=""
 [ -x /usr/bin/chromium ] || missing="chromium"
 command -v bwrap >/dev/null || missing="$missing bubblewrap"
+# voice notes: ffmpeg decodes and encodes them (OGG/Opus), espeak-ng speaks answers offline
+command -v ffmpeg >/dev/null || missing="$missing ffmpeg"
+command -v espeak-ng >/dev/null || missing="$missing espeak-ng"
 if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; elif command -v sudo >/dev/null; then SUDO="sudo"; else
     echo "scripts/test.sh: missing:$missing; install it: apt-get install -y$missing" >&2
