@@ -154,26 +154,8 @@ class Runner:
         agent = req.agent
         if self.tracing is not None:
             observe = self.tracing.follow(req, observe)
-        memory = await self._memory(req)  # notes, summary and tools (runtime/memory)
-        history = memory.history if memory.history is not None else await self.store.history(
-            req.session.id, agent.history.max_messages, agent.history.max_tokens)
-        # The start is committed while the model is called (one database trip off the first
-        # token's way); nothing is shown before it is on disk.
-        starting = asyncio.ensure_future(self.store.start_run(
-            req.run_id, req.session.id, agent.name, req.text,
-            RunStart(run_id=req.run_id, session_id=req.session.id, agent=agent.name),
-            source=req.source))
-        prompt = "\n\n".join(p for p in (agent.instructions, memory.system) if p)
-        system = [{"role": "system", "content": prompt}] if prompt else []
-        settings = self.settings_for(agent)
-        messages = await with_images(  # pictures' notes: image parts, or descriptions
-            system + history + [{"role": "user", "content": req.text}], settings,
-            self.data_dir, self.services.get("data"))
-        state = _RunState(req, observe, time.monotonic() + agent.budget.max_seconds,
-                          messages, self.tools_for(agent, req.tools) | memory.tools,
-                          settings, starting)
-        for key, tokens in (memory.usage or {}).items():  # a compaction's tokens are the run's
-            state.usage[key] = state.usage.get(key, 0) + tokens
+        state = await self._prepare(req, observe)
+        starting = state.starting
         try:
             async for event in self._loop(state):
                 yield event
@@ -213,6 +195,31 @@ class Runner:
             if not state.ended:  # cancelled (/stop, shutdown) or the consumer went away
                 await asyncio.shield(self._finish_cancelled(state))
             await self._ledger_written(state)
+
+    async def _prepare(self, req: RunRequest, observe: Observer) -> _RunState:
+        """The run's state: its memory and history read, its prompt made, its start being
+        committed (while the model is called: one database trip off the first token's way;
+        nothing is shown before it is on disk)."""
+        agent = req.agent
+        memory = await self._memory(req)  # notes, summary and tools (runtime/memory)
+        history = memory.history if memory.history is not None else await self.store.history(
+            req.session.id, agent.history.max_messages, agent.history.max_tokens)
+        starting = asyncio.ensure_future(self.store.start_run(
+            req.run_id, req.session.id, agent.name, req.text,
+            RunStart(run_id=req.run_id, session_id=req.session.id, agent=agent.name),
+            source=req.source))
+        prompt = "\n\n".join(p for p in (agent.instructions, memory.system) if p)
+        system = [{"role": "system", "content": prompt}] if prompt else []
+        settings = self.settings_for(agent)
+        messages = await with_images(  # pictures' notes: image parts, or descriptions
+            system + history + [{"role": "user", "content": req.text}], settings,
+            self.data_dir, self.services.get("data"))
+        state = _RunState(req, observe, time.monotonic() + agent.budget.max_seconds,
+                          messages, self.tools_for(agent, req.tools) | memory.tools,
+                          settings, starting)
+        for key, tokens in (memory.usage or {}).items():  # a compaction's tokens are the run's
+            state.usage[key] = state.usage.get(key, 0) + tokens
+        return state
 
     async def _end_with(self, state: _RunState, message: str) -> AsyncIterator[RunEvent]:
         """The run's start if not shown yet, then ``message`` as its error and its end (a
