@@ -188,7 +188,8 @@ class Gateway:
         self.outbox.files = self.files if self.files.shared else None  # replies made elsewhere
         self.data = DataCommands(data_service(self.config, self.config_dir, self.data_dir,
                                               files=self.files),
-                                 self.registry, self.store.conversations)
+                                 self.registry, self.store.conversations,
+                                 voice=lambda: self.config.voice)
         self.mcp = McpHub(max_servers=self.config.agents.mcp_max_servers,  # agents' MCP servers
                           idle_seconds=self.config.agents.mcp_idle_seconds,
                           log_dir=self.data_dir / "logs" / "mcp")

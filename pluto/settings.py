@@ -215,6 +215,27 @@ class DataConfig(Strict):
         return v
 
 
+class TranscriptionConfig(Strict):
+    """An OpenAI-compatible ``/audio/transcriptions`` endpoint (Whisper API, Groq, a local
+    whisper server); without one, voice notes are transcribed offline (pocketsphinx)."""
+
+    model: str = Field(min_length=1)  # e.g. whisper-1
+    api_base: str | None = None  # e.g. https://api.groq.com/openai/v1 (default: OpenAI's)
+    api_key_env: str | None = Field(default=None, pattern=ENV_NAME)
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) or None if self.api_key_env else None
+
+
+class VoiceConfig(Strict):
+    """Voice notes users send (docs/voice.md): transcribed and answered as text."""
+
+    transcription: TranscriptionConfig | None = None
+    max_seconds: int = Field(default=300, ge=1, le=3600)  # longer notes are refused
+    max_mb: float = Field(default=20, gt=0, le=200)  # one note
+    timeout_seconds: float = Field(default=120, gt=0, le=3600)  # decoding; transcribing
+
+
 class StorageConfig(Strict):
     """Where sessions, runs and the outbox are kept: SQLite in the data dir by default;
     PostgreSQL when the variable named by ``url_env`` holds a ``postgresql://`` URL (needed
@@ -292,6 +313,7 @@ class PlutoConfig(Strict):
     admin: AdminConfig = AdminConfig()
     agents: AgentsPolicy = AgentsPolicy()
     data: DataConfig = DataConfig()
+    voice: VoiceConfig = VoiceConfig()
     storage: StorageConfig = StorageConfig()
     usage: UsageConfig = UsageConfig()
     tracing: TracingConfig = TracingConfig()
@@ -315,6 +337,7 @@ class PlutoConfig(Strict):
         names = [m.api_key_env for m in self.models.values() if m.api_key_env]
         names += [self.admin.api_key_env] if self.admin.api_key_env else []
         names += self.agents.api_key_envs
+        names += [t.api_key_env] if (t := self.voice.transcription) and t.api_key_env else []
         names += [self.storage.url_env]  # the database URL may carry a password
         names += [self.tracing.headers_env] if self.tracing.headers_env else []
         for p in self.providers.values():

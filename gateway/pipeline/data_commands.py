@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 from pluto.agents.registry import AgentRegistry
 from pluto.errors import PlutoError, StorageError
 from pluto.gateway.pipeline.commands import Commands, Failed
-from pluto.settings import PlutoConfig
+from pluto.settings import PlutoConfig, VoiceConfig
 from pluto.types import Attachment, IncomingMessage, Route
 from pluto.runtime.data.ingest_limits import IngestLimits
 from pluto.runtime.data.service import (DataService, DatasetSource, QueryLimits, Retention,
@@ -26,6 +26,7 @@ from pluto.runtime.data.service import (DataService, DatasetSource, QueryLimits,
 from pluto.runtime.files import SharedFiles
 from pluto.runtime.images import CANNOT_SEE, Limits, is_image, keep_images, neutralized
 from pluto.runtime.model import ModelSettings
+from pluto.runtime.voice import VoiceLimits, heard, is_audio, transcribe_notes
 from pluto.storage.ports import BlobStore, ConversationStore
 
 if TYPE_CHECKING:
@@ -63,6 +64,14 @@ def data_service(config: PlutoConfig, config_dir: Path, data_dir: Path, *,
                                            max_columns=data.ingest_max_columns))
 
 
+def voice_limits(config: VoiceConfig) -> VoiceLimits:
+    """The caps and the transcription endpoint of ``voice:`` in pluto.yaml."""
+    t = config.transcription
+    return VoiceLimits(max_seconds=config.max_seconds, max_bytes=int(config.max_mb * 2**20),
+                       timeout=config.timeout_seconds, model=t.model if t else None,
+                       api_base=t.api_base if t else None, api_key=t.api_key() if t else None)
+
+
 def one_line(message: str) -> str:
     """DuckDB's message without the echo of the query that it appends (``LINE 1: ...``)."""
     text = message.split("\nLINE ")[0]
@@ -71,8 +80,10 @@ def one_line(message: str) -> str:
 
 class DataCommands:
     def __init__(self, service: DataService, registry: AgentRegistry,
-                 conversations: ConversationStore):
+                 conversations: ConversationStore,
+                 voice: Callable[[], VoiceConfig] = VoiceConfig):
         self.service = service
+        self.voice = voice  # (read for each note: a reloaded pluto.yaml applies)
         self.registry = registry
         self.conversations = conversations
         self._preparing: asyncio.Task[None] | None = None
@@ -227,6 +238,31 @@ class DataCommands:
         if not notes:
             return text if text.strip() else None
         return f"{text}\n\n{notes}" if text.strip() else notes
+
+    async def take_voice(self, msg: IncomingMessage, text: str, notify: Notify) -> str | None:
+        """``text`` joined by the words of each voice note ``msg`` came with (runtime/voice.py),
+        each shown to the user as "heard: …"; a note not heard is one sentence. None when
+        nothing is left to answer (no text, and no note could be heard)."""
+        notes = [a for a in msg.attachments
+                 if is_audio(a) and not is_data_file(a.filename, a.mime_type)]
+        if not notes:
+            return text
+        sources = [await self._received(a) for a in notes]
+        words, problems = await transcribe_notes(notes, voice_limits(self.voice()), sources)
+        for problem in problems:
+            await notify(problem, "error")
+        for said in words:
+            await notify(heard(said), "notice")
+        joined = "\n\n".join([text, *words] if text.strip() else words)
+        return joined if joined.strip() else None
+
+    async def _received(self, attachment: Attachment) -> Path | None:
+        """:meth:`_located`, or None (logged) when the shared store cannot be read now."""
+        try:
+            return await self._located(attachment)
+        except StorageError as e:
+            log.warning("%s could not be fetched: %s", attachment.filename, e)
+            return None
 
     async def _located(self, attachment: Attachment) -> Path | None:
         """A file sent, in this data dir (fetched when another instance received it)."""

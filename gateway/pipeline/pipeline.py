@@ -304,6 +304,8 @@ class Pipeline:
         if text is not None:  # images: kept with the run, a note each in the message
             text = await self.data.take_images(msg, text, job.run_id, session.id,
                                                self.runner.settings_for(agent), notify)
+        if text is not None:  # voice notes: their words become the message (runtime/voice.py)
+            text = await self.data.take_voice(msg, text, notify)
         if text is None:  # only files were sent, or one could not be read: the user was told
             await self._deliver(provider, msg, job, self._without_run(job, "ok", None, observe))
             return

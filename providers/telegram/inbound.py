@@ -92,7 +92,7 @@ def to_incoming(message: Message, bot_id: int, username: str,
 
 
 class Downloads:
-    """Files users send (documents, photos) saved under ``<data_dir>/uploads/telegram/<chat>``."""
+    """Files users send (documents, photos, voice notes, audio) saved under ``<data_dir>/uploads/telegram/<chat>``."""
 
     def __init__(self, data_dir: Path, max_mb: float):
         self.root = data_dir / "uploads" / PROVIDER
@@ -125,6 +125,14 @@ def _file_spec(message: Message) -> tuple[str, str, str, int, Literal["file", "i
         doc = message.document
         return (doc.file_id, doc.file_name or f"document-{message.message_id}",
                 doc.mime_type or "application/octet-stream", doc.file_size or 0, "file")
+    if message.voice is not None:  # a voice note: OGG/Opus
+        voice = message.voice
+        return (voice.file_id, f"voice-{message.message_id}.ogg",
+                voice.mime_type or "audio/ogg", voice.file_size or 0, "file")
+    if message.audio is not None:
+        audio = message.audio
+        return (audio.file_id, audio.file_name or f"audio-{message.message_id}.mp3",
+                audio.mime_type or "audio/mpeg", audio.file_size or 0, "file")
     if message.photo:
         photo = message.photo[-1]  # the largest size
         return (photo.file_id, f"photo-{message.message_id}.jpg", "image/jpeg",

@@ -24,7 +24,7 @@ from pluto.types import Attachment, IncomingMessage
 log = logging.getLogger(__name__)
 
 PROVIDER = "whatsapp"
-READABLE = ("text", "document", "image")
+READABLE = ("text", "document", "image")  # "audio": see docs/voice.md
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +99,15 @@ def text_of(inbound: Inbound) -> str:
 
 
 def media_of(inbound: Inbound) -> tuple[str, str, str, Literal["file", "image"]] | None:
-    """(media id, file name, MIME type, kind) of a document or an image."""
+    """(media id, file name, MIME type, kind) of a document, an image or audio."""
     media = inbound.raw.get(inbound.kind)
-    if inbound.kind not in ("document", "image") or not isinstance(media, dict):
+    if inbound.kind not in ("document", "image", "audio") or not isinstance(media, dict):
         return None
     mime = str(media.get("mime_type") or "application/octet-stream")
+    if inbound.kind == "audio":  # a voice note (OGG/Opus, ``voice: true``) or an audio file
+        ext = {"audio/mpeg": "mp3", "audio/mp4": "m4a", "audio/aac": "aac",
+               "audio/amr": "amr"}.get(mime.split(";")[0].strip(), "ogg")
+        return str(media.get("id") or ""), f"voice-{_short(inbound.id)}.{ext}", mime, "file"
     if inbound.kind == "image":
         ext = {"image/png": "png", "image/webp": "webp"}.get(mime, "jpg")
         return str(media.get("id") or ""), f"photo-{_short(inbound.id)}.{ext}", mime, "image"

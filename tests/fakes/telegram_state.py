@@ -306,7 +306,8 @@ class Controls(Changes):
                        chat_title: str | None = None, entities: list[dict] | None = None,
                        reply_to_message_id: int | None = None, message_thread_id: int | None = None,
                        document: bytes | None = None, file_name: str = "file.bin", mime_type: str | None = None,
-                       photo: bytes | None = None, caption: str | None = None) -> dict:
+                       photo: bytes | None = None, caption: str | None = None,
+                       voice: bytes | None = None, duration: int = 1) -> dict:
         """A user writes to the bot. Returns the Update; ``update["message"]["message_id"]`` is its id.
 
         Private chats have positive ids (chat id == user id); groups negative (``-100...`` = supergroup).
@@ -325,7 +326,8 @@ class Controls(Changes):
         if reply_to_message_id is not None:
             replied = self._msgs[(chat_id, reply_to_message_id)]
             msg["reply_to_message"] = {k: v for k, v in replied.items() if k != "reply_to_message"}
-        body, key = (text, "entities") if document is None and photo is None else (caption, "caption_entities")
+        media = document is not None or photo is not None or voice is not None
+        body, key = (caption, "caption_entities") if media else (text, "entities")
         if body is not None:
             msg["text" if key == "entities" else "caption"] = body
             found = detect_entities(body) if entities is None else entities
@@ -341,6 +343,10 @@ class Controls(Changes):
             w, h = image_size(photo) or (1, 1)
             msg["photo"] = [{"file_id": stored.file_id, "file_unique_id": stored.file_unique_id,
                              "width": w, "height": h, "file_size": len(photo)}]
+        if voice is not None:  # a voice note: OGG/Opus, its duration as the client measured it
+            stored = self.add_file(voice, file_name="voice.oga", mime_type="audio/ogg", folder="voice")
+            msg["voice"] = {"file_id": stored.file_id, "file_unique_id": stored.file_unique_id,
+                            "duration": duration, "mime_type": "audio/ogg", "file_size": len(voice)}
         self._msgs[(chat_id, msg["message_id"])] = msg
         return self.inject_update({"message": msg})
 

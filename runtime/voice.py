@@ -1,0 +1,269 @@
+"""Voice notes users send (issue 32): decoded with ffmpeg, transcribed, and the words made the
+message.
+
+- :func:`transcribe_notes` (the gateway, before a run): each audio file a message came with is
+  measured with ffprobe (a file over :attr:`VoiceLimits.max_seconds` or ``max_bytes`` is refused
+  before anything is decoded), decoded by ffmpeg — a subprocess, within a timeout, never more
+  than ``max_seconds`` of it (``-t``) — to 16 kHz mono 16-bit PCM, and transcribed: by an
+  OpenAI-compatible ``/audio/transcriptions`` endpoint when one is configured, else offline by
+  pocketsphinx (its English model ships in the wheel) in a worker thread, at most
+  :data:`PARALLEL` at once per process. Each file that cannot be heard is one sentence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import queue
+import wave
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pluto.errors import PlutoError
+
+if TYPE_CHECKING:
+    from pluto.types import Attachment
+
+log = logging.getLogger(__name__)
+
+SUFFIXES = frozenset({".ogg", ".oga", ".opus", ".mp3", ".m4a", ".aac", ".wav", ".flac",
+                      ".webm", ".amr", ".3gp", ".caf"})
+RATE = 16_000  # samples a second, mono, s16le: what pocketsphinx's model was trained on
+PARALLEL = 2  # offline transcriptions at once (per process)
+FFMPEG = "ffmpeg"
+FFPROBE = "ffprobe"
+
+_slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+_decoders: queue.SimpleQueue[Any] = queue.SimpleQueue()  # pocketsphinx decoders, reused
+
+
+class VoiceRefused(PlutoError):
+    """An audio file that is not heard; the message is one sentence for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceLimits:
+    """Caps and the transcription endpoint (``voice:`` in pluto.yaml)."""
+
+    max_seconds: int = 300
+    max_bytes: int = 20 * 2**20
+    timeout: float = 120.0  # seconds for decoding, and again for transcribing, one note
+    model: str | None = None  # an OpenAI-compatible transcription model; None: offline
+    api_base: str | None = None
+    api_key: str | None = None
+
+
+def is_audio(attachment: Attachment) -> bool:
+    """Whether a file sent with a message is meant as audio (its content decides later)."""
+    return (attachment.mime_type.lower().startswith("audio/")
+            or Path(attachment.filename).suffix.lower() in SUFFIXES)
+
+
+def heard(transcript: str) -> str:
+    """The notice that shows the user what was understood."""
+    return f"heard: {transcript}"
+
+
+async def transcribe_notes(attachments: Sequence[Attachment], limits: VoiceLimits,
+                           sources: Sequence[Path | None]) -> tuple[list[str], list[str]]:
+    """The transcript of each audio file (``sources``: where each is on disk, None when it
+    was not received), and a sentence for each one that could not be heard."""
+    words: list[str] = []
+    problems: list[str] = []
+    for attachment, source in zip(attachments, sources, strict=True):
+        name = attachment.filename
+        try:
+            if source is None:
+                raise VoiceRefused(f"I did not receive {name}; please send it again.")
+            words.append(await transcribe(source, name, limits))
+        except VoiceRefused as e:
+            problems.append(str(e))
+        except TimeoutError:
+            problems.append(f"{name} took too long to listen to, so I skipped it.")
+        except Exception:
+            log.exception("transcribing %s failed", name)
+            problems.append(f"Could not listen to {name}: something went wrong on our side; "
+                            "the error has been logged.")
+    return words, problems
+
+
+async def transcribe(source: Path, name: str, limits: VoiceLimits) -> str:
+    """The words of one audio file, or :class:`VoiceRefused`."""
+    size = source.stat().st_size
+    if size > limits.max_bytes:
+        raise VoiceRefused(f"{name} is too large ({size / 2**20:.3g} MB; at most "
+                           f"{limits.max_bytes / 2**20:.3g} MB).")
+    seconds = await duration(source, name, limits.timeout)
+    if seconds is not None and seconds > limits.max_seconds:
+        raise VoiceRefused(f"{name} is too long ({_minutes(seconds)}; I listen to at most "
+                           f"{_minutes(limits.max_seconds)}).")
+    pcm = await decode(source, name, limits)
+    if len(pcm) < RATE // 10 * 2:
+        raise VoiceRefused(f"I could not make out any words in {name}.")
+    if limits.model:
+        text = await remote(pcm, name, limits)
+    else:
+        text = await _offline(pcm, limits.timeout)
+    text = " ".join(text.split())
+    if not text:
+        raise VoiceRefused(f"I could not make out any words in {name}.")
+    return text
+
+
+def _minutes(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min"
+
+
+# ffmpeg ----------------------------------------------------------------------------------------
+
+async def _run(args: list[str], timeout: float) -> tuple[int, bytes, bytes]:
+    """A subprocess's exit code, stdout and stderr; killed when over ``timeout``."""
+    proc = await asyncio.create_subprocess_exec(
+        *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        async with asyncio.timeout(timeout):
+            out, err = await proc.communicate()
+    except BaseException:  # (the timeout, or cancelled): nothing is left running
+        if proc.returncode is None:
+            proc.kill()
+            await asyncio.shield(proc.wait())
+        raise
+    return proc.returncode or 0, out, err
+
+
+def _head(source: Path) -> bytes:
+    with source.open("rb") as f:
+        return f.read(12)
+
+
+def _looks_like_audio(head: bytes) -> bool:
+    """Whether a file starts as an audio container does (so unreadable means damaged)."""
+    return (head.startswith((b"OggS", b"ID3", b"RIFF", b"fLaC", b"\x1aE\xdf\xa3", b"#!AMR"))
+            or head[4:8] == b"ftyp" or (len(head) > 1 and head[0] == 0xFF
+                                        and head[1] & 0xE0 == 0xE0))
+
+
+def _damaged(name: str) -> VoiceRefused:
+    return VoiceRefused(f"{name} seems to be damaged (its audio is incomplete), so I could "
+                        "not listen to it.")
+
+
+def _not_audio(name: str) -> VoiceRefused:
+    return VoiceRefused(f"{name} is not an audio file I can listen to (a voice note, OGG, "
+                        "MP3, M4A, WAV or FLAC).")
+
+
+async def duration(source: Path, name: str, timeout: float) -> float | None:
+    """The length its container states (None when it states none); :class:`VoiceRefused`
+    when it holds no audio."""
+    code, out, _ = await _run([FFPROBE, "-v", "error", "-select_streams", "a",
+                               "-show_entries", "stream=codec_type:format=duration",
+                               "-of", "json", str(source)], timeout)
+    try:
+        info = json.loads(out) if code == 0 else {}
+    except ValueError:
+        info = {}
+    if not info.get("streams"):
+        head = await asyncio.to_thread(_head, source)
+        raise _damaged(name) if code != 0 and _looks_like_audio(head) else _not_audio(name)
+    try:
+        return float(info.get("format", {}).get("duration"))
+    except (TypeError, ValueError):
+        return None
+
+
+async def decode(source: Path, name: str, limits: VoiceLimits) -> bytes:
+    """16 kHz mono s16le PCM of at most ``max_seconds`` (a longer stream is refused)."""
+    code, pcm, err = await _run([FFMPEG, "-nostdin", "-v", "error", "-i", str(source),
+                                 "-t", str(limits.max_seconds + 1), "-vn", "-ac", "1",
+                                 "-ar", str(RATE), "-f", "s16le", "pipe:1"], limits.timeout)
+    if code != 0:
+        log.info("audio %s undecodable: %s", name, err[-300:].decode("utf-8", "replace"))
+        raise _damaged(name)
+    if len(pcm) > limits.max_seconds * RATE * 2:
+        raise VoiceRefused(f"{name} is too long (I listen to at most "
+                           f"{_minutes(limits.max_seconds)}).")
+    return pcm
+
+
+# transcribing ----------------------------------------------------------------------------------
+
+async def _offline(pcm: bytes, timeout: float) -> str:
+    """pocketsphinx in a worker thread, at most :data:`PARALLEL` at once, within ``timeout``
+    (the thread runs on when it is over; the caller no longer waits)."""
+    loop = asyncio.get_running_loop()
+    slots = _slots.get(loop)
+    if slots is None:
+        slots = _slots[loop] = asyncio.Semaphore(PARALLEL)
+        for old in [other for other in _slots if other.is_closed()]:
+            del _slots[old]
+    async with asyncio.timeout(timeout):
+        async with slots:
+            return await asyncio.to_thread(offline, pcm)
+
+
+def offline(pcm: bytes) -> str:
+    """In a worker thread: the words pocketsphinx (its default en-us model) hears."""
+    try:
+        decoder = _decoders.get_nowait()
+    except queue.Empty:
+        from pocketsphinx import Decoder  # type: ignore[import-untyped]
+
+        decoder = Decoder(samprate=RATE, loglevel="ERROR")
+    try:
+        decoder.start_utt()
+        decoder.process_raw(pcm, full_utt=True)
+        decoder.end_utt()
+        hyp = decoder.hyp()
+        return str(hyp.hypstr) if hyp is not None else ""
+    finally:
+        _decoders.put(decoder)
+
+
+def wav(pcm: bytes) -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(RATE)
+        w.writeframes(pcm)
+    return out.getvalue()
+
+
+async def remote(pcm: bytes, name: str, limits: VoiceLimits) -> str:
+    """The words an OpenAI-compatible ``/audio/transcriptions`` endpoint hears (a WAV of the
+    decoded audio is sent: every such server reads it, and it is within the caps)."""
+    import aiohttp
+
+    form = aiohttp.FormData()
+    form.add_field("model", str(limits.model))
+    form.add_field("response_format", "json")
+    form.add_field("file", await asyncio.to_thread(wav, pcm), filename="voice.wav",
+                   content_type="audio/wav")
+    base = (limits.api_base or "https://api.openai.com/v1").rstrip("/")
+    headers = {"Authorization": f"Bearer {limits.api_key}"} if limits.api_key else {}
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limits.timeout)) \
+                as session, session.post(f"{base}/audio/transcriptions", data=form,
+                                         headers=headers) as resp:
+            body = await resp.content.read(1_000_000)
+            if resp.status != 200:
+                log.warning("transcribing %s: the endpoint answered %d", name, resp.status)
+                raise VoiceRefused(f"Could not transcribe {name} right now (the speech "
+                                   "service refused it); please try again later.")
+    except (aiohttp.ClientError, TimeoutError) as e:
+        log.warning("transcribing %s: %s", name, type(e).__name__)
+        raise VoiceRefused(f"Could not transcribe {name} right now (the speech service did "
+                           "not answer); please try again later.") from None
+    try:
+        return str(json.loads(body)["text"])
+    except (ValueError, KeyError, TypeError):
+        raise VoiceRefused(f"Could not transcribe {name}: the speech service's answer was "
+                           "not understood.") from None
