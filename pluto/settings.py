@@ -234,6 +234,8 @@ class VoiceConfig(Strict):
     max_seconds: int = Field(default=300, ge=1, le=3600)  # longer notes are refused
     max_mb: float = Field(default=20, gt=0, le=200)  # one note
     timeout_seconds: float = Field(default=120, gt=0, le=3600)  # decoding; transcribing
+    # agents whose answers are also spoken (espeak-ng), sent as a voice note after the text
+    speak_agents: list[str] = Field(default_factory=list)
 
 
 class StorageConfig(Strict):

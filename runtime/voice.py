@@ -8,6 +8,9 @@ message.
   OpenAI-compatible ``/audio/transcriptions`` endpoint when one is configured, else offline by
   pocketsphinx (its English model ships in the wheel) in a worker thread, at most
   :data:`PARALLEL` at once per process. Each file that cannot be heard is one sentence.
+- :class:`SpokenAnswer` (the gateway, for an agent whose answers are spoken): the run's final
+  text, read aloud by espeak-ng and encoded by ffmpeg as OGG/Opus, kept as
+  ``artifacts/<run>/voice-<id>.ogg`` and sent as a voice note after the text.
 """
 
 from __future__ import annotations
@@ -18,15 +21,17 @@ import json
 import logging
 import queue
 import wave
-from collections.abc import Sequence
+import re
+import uuid
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pluto.errors import PlutoError
 
-if TYPE_CHECKING:
-    from pluto.types import Attachment
+from pluto.events import MessageFinal, RunEvent
+from pluto.types import Attachment
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,8 @@ RATE = 16_000  # samples a second, mono, s16le: what pocketsphinx's model was tr
 PARALLEL = 2  # offline transcriptions at once (per process)
 FFMPEG = "ffmpeg"
 FFPROBE = "ffprobe"
+ESPEAK = "espeak-ng"
+MAX_SPOKEN = 2000  # characters of an answer spoken (the rest is in the text)
 
 _slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
 _decoders: queue.SimpleQueue[Any] = queue.SimpleQueue()  # pocketsphinx decoders, reused
@@ -122,14 +129,16 @@ def _minutes(seconds: float) -> str:
 
 # ffmpeg ----------------------------------------------------------------------------------------
 
-async def _run(args: list[str], timeout: float) -> tuple[int, bytes, bytes]:
-    """A subprocess's exit code, stdout and stderr; killed when over ``timeout``."""
+async def _run(args: list[str], timeout: float,
+               data: bytes | None = None) -> tuple[int, bytes, bytes]:
+    """A subprocess's exit code, stdout and stderr (``data``: its stdin); killed when over
+    ``timeout``."""
     proc = await asyncio.create_subprocess_exec(
-        *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        *args, stdin=asyncio.subprocess.DEVNULL if data is None else asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         async with asyncio.timeout(timeout):
-            out, err = await proc.communicate()
+            out, err = await proc.communicate(data)
     except BaseException:  # (the timeout, or cancelled): nothing is left running
         if proc.returncode is None:
             proc.kill()
@@ -267,3 +276,66 @@ async def remote(pcm: bytes, name: str, limits: VoiceLimits) -> str:
     except (ValueError, KeyError, TypeError):
         raise VoiceRefused(f"Could not transcribe {name}: the speech service's answer was "
                            "not understood.") from None
+
+
+# speaking (answers) ----------------------------------------------------------------------------
+
+def speakable(markdown: str) -> str:
+    """An answer's Markdown as words to read: no code blocks, links as their text, no marks."""
+    text = re.sub(r"```.*?(```|$)", " ", markdown, flags=re.S)
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    text = re.sub(r"[*_`#>|~]+", " ", text)
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_SPOKEN else text[:MAX_SPOKEN].rsplit(" ", 1)[0] + " …"
+
+
+async def speak(text: str, timeout: float = 60.0) -> bytes:
+    """``text`` read aloud by espeak-ng (offline), as OGG/Opus made by ffmpeg."""
+    code, speech, err = await _run([ESPEAK, "--stdin", "--stdout", "-v", "en-us"], timeout,
+                                   text.encode("utf-8"))
+    if code != 0 or not speech:
+        raise VoiceRefused(f"espeak-ng failed: {err[-200:].decode('utf-8', 'replace')}")
+    code, ogg, err = await _run([FFMPEG, "-nostdin", "-v", "error", "-i", "pipe:0", "-vn",
+                                 "-c:a", "libopus", "-b:a", "32k", "-ar", "48000", "-ac", "1",
+                                 "-application", "voip", "-f", "ogg", "pipe:1"], timeout, speech)
+    if code != 0 or not ogg:
+        raise VoiceRefused(f"ffmpeg failed: {err[-200:].decode('utf-8', 'replace')}")
+    return ogg
+
+
+class SpokenAnswer:
+    """A run's answer, heard on its way to the chat and then spoken as a voice note."""
+
+    def __init__(self, data_dir: Path, run_id: str, timeout: float = 60.0):
+        self.data_dir = data_dir
+        self.run_id = run_id
+        self.timeout = timeout
+        self.text = ""
+
+    async def listen(self, events: AsyncIterator[RunEvent]) -> AsyncIterator[RunEvent]:
+        async for event in events:
+            if isinstance(event, MessageFinal):
+                self.text = event.text
+            yield event
+
+    async def note(self) -> Attachment | None:
+        """The answer as an OGG/Opus voice note kept with the run; None when there was no
+        answer, or it could not be spoken (logged: the text was sent all the same)."""
+        words = speakable(self.text)
+        if not words:
+            return None
+        try:
+            ogg = await speak(words, self.timeout)
+        except (VoiceRefused, TimeoutError, OSError) as e:
+            log.warning("speaking the answer of run %s failed: %s", self.run_id, e)
+            return None
+        folder = re.sub(r"[^A-Za-z0-9_-]", "_", self.run_id)[:64] or "run"
+        path = self.data_dir / "artifacts" / folder / f"voice-{uuid.uuid4().hex[:8]}.ogg"
+        await asyncio.to_thread(_write, path, ogg)
+        return Attachment(filename="answer.ogg", mime_type="audio/ogg", size=len(ogg),
+                          path=path, kind="file")
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)

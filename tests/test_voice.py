@@ -19,6 +19,7 @@ import wave
 from pathlib import Path
 
 import pytest
+import aiohttp
 from aiohttp import web
 
 from pluto.gateway.pipeline.data_commands import voice_limits
@@ -177,3 +178,41 @@ async def test_a_telegram_voice_note_is_heard_and_answered(config_dir, data_dir)
         assert "voice-" in json.dumps([m.text for m in harness.shown()])
     finally:
         await harness.close()
+
+
+@pytest.mark.slow
+async def test_a_spoken_answer_is_a_telegram_voice_note_after_its_text(config_dir, data_dir):
+    model = ScriptedModel(Scripted(text="The answer is **42**."))
+    harness = TelegramHarness(config_dir=config_dir, data_dir=data_dir)
+    try:
+        await harness.open()
+        gateway = await harness.start(model)
+        gateway.config = gateway.config.model_copy(
+            update={"voice": VoiceConfig(speak_agents=["default"])})
+        chat = int(harness.direct_chat)
+        harness.fake.inject_message(chat, text="what is six times seven?")
+        await harness.wait_shown(lambda s: len(s) >= 2)
+        text, voice = harness.fake.messages(chat)[:2]
+        assert (text.kind, text.text, voice.kind) == ("message", "The answer is 42.", "voice")
+        assert voice.file_bytes is not None and voice.file_bytes.startswith(b"OggS")
+        (note := data_dir / "answer.ogg").write_bytes(voice.file_bytes)
+        words, problems = await transcribe_notes([Attachment(filename="answer.ogg")],
+                                                 VoiceLimits(), [note])
+        assert problems == [] and words[0]  # pocketsphinx hears words in it
+    finally:
+        await harness.close()
+
+
+async def test_the_fake_takes_only_ogg_opus_voice_notes():
+    from tests.fakes.telegram_server import FakeTelegram
+
+    async with FakeTelegram() as fake:
+        chat = fake.add_chat(5)["id"]
+        url = f"{fake.base_url}{fake.token}/sendVoice"
+        async with aiohttp.ClientSession() as session:
+            for data, status in ((b"OggS" + b"\0" * 24 + b"OpusHead" + b"\0" * 40, 200),
+                                 (png(), 400)):
+                form = aiohttp.FormData({"chat_id": str(chat)})
+                form.add_field("voice", data, filename="v.ogg")
+                async with session.post(url, data=form) as resp:
+                    assert resp.status == status

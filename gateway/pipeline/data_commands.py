@@ -26,7 +26,8 @@ from pluto.runtime.data.service import (DataService, DatasetSource, QueryLimits,
 from pluto.runtime.files import SharedFiles
 from pluto.runtime.images import CANNOT_SEE, Limits, is_image, keep_images, neutralized
 from pluto.runtime.model import ModelSettings
-from pluto.runtime.voice import VoiceLimits, heard, is_audio, transcribe_notes
+from pluto.runtime.voice import (SpokenAnswer, VoiceLimits, heard, is_audio,
+                                 transcribe_notes)
 from pluto.storage.ports import BlobStore, ConversationStore
 
 if TYPE_CHECKING:
@@ -255,6 +256,13 @@ class DataCommands:
             await notify(heard(said), "notice")
         joined = "\n\n".join([text, *words] if text.strip() else words)
         return joined if joined.strip() else None
+
+    def spoken(self, agent: str, run_id: str) -> SpokenAnswer | None:
+        """For an agent in ``voice.speak_agents``: what speaks its answer in this run."""
+        config = self.voice()
+        if agent not in config.speak_agents:
+            return None
+        return SpokenAnswer(self.service.data_dir, run_id, config.timeout_seconds)
 
     async def _received(self, attachment: Attachment) -> Path | None:
         """:meth:`_located`, or None (logged) when the shared store cannot be read now."""

@@ -25,12 +25,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pluto.agents.registry import AgentRegistry
 from pluto.errors import PlutoError, ProviderError, RunTakenOver, StorageError
 from pluto.events import RunEnd, RunError, RunEvent
-from pluto.gateway.delivery.delivery import Delivery
+from pluto.gateway.delivery.delivery import Delivery, reply_to
 from pluto.gateway.metrics import Metrics
 from pluto.gateway.pipeline.access import Access
 from pluto.gateway.pipeline.commands import Commands, Failed
@@ -44,6 +44,7 @@ from pluto.runtime.delegation import Delegation
 from pluto.runtime.memory import Speaker
 from pluto.runtime.runner import INTERNAL_ERROR, STORAGE_FAILED, Runner, RunRequest
 from pluto.runtime.usage import Attribution
+from pluto.runtime.voice import SpokenAnswer
 from pluto.storage.ports import ConversationStore, InboundStore
 from pluto.storage.rows import SessionRow
 from pluto.types import (Accepted, Answered, Dropped, IncomingMessage, Outcome, Refused, Route,
@@ -317,7 +318,20 @@ class Pipeline:
                          notify=lambda line: self.delivery.reply(provider, msg, line,
                                                                  kind="notice"))
         events = self.runner.run(req, observe)
+        spoken = self.data.spoken(agent.name, job.run_id)  # voice.speak_agents
+        if spoken is not None and provider.capabilities.can_send_files:
+            events = spoken.listen(events)
         await self._deliver(provider, msg, job, job.wrap(events) if job.wrap else events)
+        if spoken is not None and spoken.text:
+            await self._speak(provider, msg, job, spoken)
+
+    async def _speak(self, provider: Provider, msg: IncomingMessage, job: Job,
+                     spoken: SpokenAnswer) -> None:
+        """The answer, spoken, as a voice note after its text (docs/voice.md)."""
+        note = await spoken.note()
+        if note is not None:
+            await self.delivery.outbox.deliver(provider, f"voice:{job.run_id}", [replace(
+                reply_to(msg, ""), attachments=(note,))])
 
     async def _deliver(self, provider: Provider, msg: IncomingMessage, job: Job,
                        events: AsyncIterator[RunEvent]) -> None:

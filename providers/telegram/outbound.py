@@ -89,6 +89,10 @@ class Outbound:
                          attachment.filename, e.message)
             except TelegramError as e:
                 raise provider_error(e) from None
+        if attachment.mime_type == "audio/ogg":  # OGG/Opus: a voice note (docs/voice.md)
+            return await self._call(self.bot.send_voice(
+                voice=data, filename=attachment.filename, caption=caption, parse_mode=mode,
+                **target))
         return await self._call(self.bot.send_document(
             document=data, filename=attachment.filename, caption=caption, parse_mode=mode,
             **target))

@@ -34,9 +34,17 @@ from .telegram_state import (CHAT_ACTIONS, MAX_CAPTION, MAX_TEXT, ApiError, Call
 
 __all__ = ["FakeTelegram", "DEFAULT_TOKEN"]
 
+
+def ogg_seconds(data: bytes) -> int:
+    """An OGG/Opus stream's length: the last page's granule position (48 kHz samples)."""
+    last = data.rfind(b"OggS")
+    if last < 0 or last + 14 > len(data):
+        return 0
+    return round(int.from_bytes(data[last + 6:last + 14], "little") / 48_000)
+
 DEFAULT_TOKEN = "123456789:AAFakeTokenForPlutoTests_0123456789ab"
 METHODS = ["getMe", "getUpdates", "setWebhook", "deleteWebhook", "getWebhookInfo", "sendMessage",
-           "editMessageText", "sendChatAction", "sendPhoto", "sendDocument", "getFile", "setMyCommands",
+           "editMessageText", "sendChatAction", "sendPhoto", "sendDocument", "sendVoice", "getFile", "setMyCommands",
            "getMyCommands", "deleteMyCommands", "deleteMessage", "answerCallbackQuery", "getChat"]
 NOT_MODIFIED = ("message is not modified: specified new message content and reply markup are exactly the "
                 "same as a current content and reply markup of the message")
@@ -412,6 +420,26 @@ class FakeTelegram(Controls):
         msg = self._bot_message(chat, p, reply, document=self._document_json(stored),
                                 caption=caption or None, caption_entities=ents)
         self._record("document", msg, p, caption, ents, raw=p.get("caption"), stored=stored)
+        return msg
+
+    async def _m_send_voice(self, p: dict, files: dict) -> dict:
+        """A voice note: OGG/Opus (as the Bot API asks; MP3 and M4A are sent as audio), at most
+        1 MB; its duration from the ``duration`` parameter, else read from the file."""
+        caption, ents = self._caption(p)
+        chat = self._chat(p)
+        data, _, _ = self._input_file(p, files, "voice")
+        if not data.startswith(b"OggS") or b"OpusHead" not in data[:200]:
+            raise bad("wrong file type: a voice message must be OGG/Opus")
+        if len(data) > 1024 * 1024:
+            raise bad("file is too big")
+        reply = self._reply_to(chat, p)
+        self._check_flood(chat["id"])
+        stored = self.add_file(data, file_name="voice.oga", mime_type="audio/ogg", folder="voice")
+        voice = {"file_id": stored.file_id, "file_unique_id": stored.file_unique_id,
+                 "duration": int(p.get("duration") or ogg_seconds(data)), "mime_type": "audio/ogg",
+                 "file_size": len(data)}
+        msg = self._bot_message(chat, p, reply, voice=voice, caption=caption or None, caption_entities=ents)
+        self._record("voice", msg, p, caption, ents, raw=p.get("caption"), stored=stored)
         return msg
 
     async def _m_get_file(self, p: dict, files: dict) -> dict:
