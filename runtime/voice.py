@@ -24,6 +24,7 @@ import wave
 import re
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ FFPROBE = "ffprobe"
 ESPEAK = "espeak-ng"
 MAX_SPOKEN = 2000  # characters of an answer spoken (the rest is in the text)
 
-_slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+_pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="voice")  # offline transcription
 _decoders: queue.SimpleQueue[Any] = queue.SimpleQueue()  # pocketsphinx decoders, reused
 
 
@@ -205,17 +206,11 @@ async def decode(source: Path, name: str, limits: VoiceLimits) -> bytes:
 # transcribing ----------------------------------------------------------------------------------
 
 async def _offline(pcm: bytes, timeout: float) -> str:
-    """pocketsphinx in a worker thread, at most :data:`PARALLEL` at once, within ``timeout``
-    (the thread runs on when it is over; the caller no longer waits)."""
+    """pocketsphinx in :data:`_pool` (:data:`PARALLEL` threads), within ``timeout`` (a note
+    still waiting then is dropped; one already being heard finishes unawaited)."""
     loop = asyncio.get_running_loop()
-    slots = _slots.get(loop)
-    if slots is None:
-        slots = _slots[loop] = asyncio.Semaphore(PARALLEL)
-        for old in [other for other in _slots if other.is_closed()]:
-            del _slots[old]
     async with asyncio.timeout(timeout):
-        async with slots:
-            return await asyncio.to_thread(offline, pcm)
+        return await loop.run_in_executor(_pool, offline, pcm)
 
 
 def offline(pcm: bytes) -> str:
