@@ -21,6 +21,7 @@ import json
 import logging
 import queue
 import wave
+import weakref
 import re
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -46,6 +47,9 @@ ESPEAK = "espeak-ng"
 MAX_SPOKEN = 2000  # characters of an answer spoken (the rest is in the text)
 
 _pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="voice")  # offline transcription
+# notes measured and decoded at once (ffmpeg processes), per event loop
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = \
+    weakref.WeakKeyDictionary()
 _decoders: queue.SimpleQueue[Any] = queue.SimpleQueue()  # pocketsphinx decoders, reused
 
 
@@ -105,11 +109,12 @@ async def transcribe(source: Path, name: str, limits: VoiceLimits) -> str:
     if size > limits.max_bytes:
         raise VoiceRefused(f"{name} is too large ({size / 2**20:.3g} MB; at most "
                            f"{limits.max_bytes / 2**20:.3g} MB).")
-    seconds = await duration(source, name, limits.timeout)
-    if seconds is not None and seconds > limits.max_seconds:
-        raise VoiceRefused(f"{name} is too long ({_minutes(seconds)}; I listen to at most "
-                           f"{_minutes(limits.max_seconds)}).")
-    pcm = await decode(source, name, limits)
+    async with _gate():
+        seconds = await duration(source, name, limits.timeout)
+        if seconds is not None and seconds > limits.max_seconds:
+            raise VoiceRefused(f"{name} is too long ({_minutes(seconds)}; I listen to at most "
+                               f"{_minutes(limits.max_seconds)}).")
+        pcm = await decode(source, name, limits)
     if len(pcm) < RATE // 10 * 2:
         raise VoiceRefused(f"I could not make out any words in {name}.")
     if limits.model:
@@ -120,6 +125,11 @@ async def transcribe(source: Path, name: str, limits: VoiceLimits) -> str:
     if not text:
         raise VoiceRefused(f"I could not make out any words in {name}.")
     return text
+
+
+def _gate() -> asyncio.Semaphore:
+    """Taken while ffmpeg or espeak-ng run: at most :data:`PARALLEL` notes at once."""
+    return _gates.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(PARALLEL))
 
 
 def _minutes(seconds: float) -> str:
@@ -286,6 +296,11 @@ def speakable(markdown: str) -> str:
 
 async def speak(text: str, timeout: float = 60.0) -> bytes:
     """``text`` read aloud by espeak-ng (offline), as OGG/Opus made by ffmpeg."""
+    async with _gate():
+        return await _spoken(text, timeout)
+
+
+async def _spoken(text: str, timeout: float) -> bytes:
     code, speech, err = await _run([ESPEAK, "--stdin", "--stdout", "-v", "en-us"], timeout,
                                    text.encode("utf-8"))
     if code != 0 or not speech:
