@@ -227,6 +227,12 @@ class TranscriptionConfig(Strict):
         return os.environ.get(self.api_key_env) or None if self.api_key_env else None
 
 
+class SpeechConfig(TranscriptionConfig):
+    """An OpenAI-compatible ``/audio/speech`` endpoint; without one, espeak-ng speaks."""
+
+    voice: str = Field(default="alloy", min_length=1)  # e.g. tts-1's alloy
+
+
 class VoiceConfig(Strict):
     """Voice notes users send (docs/voice.md): transcribed and answered as text."""
 
@@ -236,6 +242,7 @@ class VoiceConfig(Strict):
     timeout_seconds: float = Field(default=120, gt=0, le=3600)  # decoding; transcribing
     # agents whose answers are also spoken (espeak-ng), sent as a voice note after the text
     speak_agents: list[str] = Field(default_factory=list)
+    speech: SpeechConfig | None = None
 
 
 class StorageConfig(Strict):
@@ -339,7 +346,8 @@ class PlutoConfig(Strict):
         names = [m.api_key_env for m in self.models.values() if m.api_key_env]
         names += [self.admin.api_key_env] if self.admin.api_key_env else []
         names += self.agents.api_key_envs
-        names += [t.api_key_env] if (t := self.voice.transcription) and t.api_key_env else []
+        names += [t.api_key_env for t in (self.voice.transcription, self.voice.speech)
+                  if t is not None and t.api_key_env]
         names += [self.storage.url_env]  # the database URL may carry a password
         names += [self.tracing.headers_env] if self.tracing.headers_env else []
         for p in self.providers.values():

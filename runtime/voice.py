@@ -251,6 +251,32 @@ def wav(pcm: bytes) -> bytes:
     return out.getvalue()
 
 
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """An OpenAI-compatible audio endpoint: its base URL (``…/v1``) and key."""
+
+    api_base: str | None = None  # None: OpenAI's
+    api_key: str | None = None
+    timeout: float = 120.0
+
+    async def post(self, path: str, limit: int, **body: Any) -> bytes:
+        """The answer's body (at most ``limit`` bytes); :class:`OSError` when there is none."""
+        import aiohttp
+
+        base = (self.api_base or "https://api.openai.com/v1").rstrip("/")
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            async with aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=self.timeout)) as session, \
+                    session.post(f"{base}{path}", headers=headers, **body) as resp:
+                data = await resp.content.read(limit)
+                if resp.status != 200:
+                    raise OSError(f"{path} answered {resp.status}")
+                return data
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise OSError(f"{path}: {type(e).__name__}") from None
+
+
 async def remote(pcm: bytes, name: str, limits: VoiceLimits) -> str:
     """The words an OpenAI-compatible ``/audio/transcriptions`` endpoint hears (a WAV of the
     decoded audio is sent: every such server reads it, and it is within the caps)."""
@@ -261,19 +287,11 @@ async def remote(pcm: bytes, name: str, limits: VoiceLimits) -> str:
     form.add_field("response_format", "json")
     form.add_field("file", await asyncio.to_thread(wav, pcm), filename="voice.wav",
                    content_type="audio/wav")
-    base = (limits.api_base or "https://api.openai.com/v1").rstrip("/")
-    headers = {"Authorization": f"Bearer {limits.api_key}"} if limits.api_key else {}
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limits.timeout)) \
-                as session, session.post(f"{base}/audio/transcriptions", data=form,
-                                         headers=headers) as resp:
-            body = await resp.content.read(1_000_000)
-            if resp.status != 200:
-                log.warning("transcribing %s: the endpoint answered %d", name, resp.status)
-                raise VoiceRefused(f"Could not transcribe {name} right now (the speech "
-                                   "service refused it); please try again later.")
-    except (aiohttp.ClientError, TimeoutError) as e:
-        log.warning("transcribing %s: %s", name, type(e).__name__)
+        body = await Endpoint(limits.api_base, limits.api_key, limits.timeout).post(
+            "/audio/transcriptions", 1_000_000, data=form)
+    except OSError as e:
+        log.warning("transcribing %s: %s", name, e)
         raise VoiceRefused(f"Could not transcribe {name} right now (the speech service did "
                            "not answer); please try again later.") from None
     try:
@@ -294,20 +312,35 @@ def speakable(markdown: str) -> str:
     return text if len(text) <= MAX_SPOKEN else text[:MAX_SPOKEN].rsplit(" ", 1)[0] + " …"
 
 
-async def speak(text: str, timeout: float = 60.0) -> bytes:
-    """``text`` read aloud by espeak-ng (offline), as OGG/Opus made by ffmpeg."""
+@dataclass(frozen=True, slots=True)
+class Speech:
+    """An OpenAI-compatible ``/audio/speech`` endpoint; without one, espeak-ng speaks."""
+
+    model: str
+    voice: str = "alloy"
+    endpoint: Endpoint = Endpoint()
+
+
+async def speak(text: str, timeout: float = 60.0, speech: Speech | None = None) -> bytes:
+    """``text`` read aloud (espeak-ng, offline, or ``speech``), as OGG/Opus made by ffmpeg."""
     async with _gate():
-        return await _spoken(text, timeout)
+        if speech is None:
+            code, audio, err = await _run([ESPEAK, "--stdin", "--stdout", "-v", "en-us"],
+                                          timeout, text.encode("utf-8"))
+            if code != 0 or not audio:
+                raise VoiceRefused(f"espeak-ng failed: {err[-200:].decode('utf-8', 'replace')}")
+        else:
+            audio = await speech.endpoint.post("/audio/speech", 50 * 2**20, json={
+                "model": speech.model, "input": text, "voice": speech.voice,
+                "response_format": "opus"})
+        return await _opus(audio, timeout)
 
 
-async def _spoken(text: str, timeout: float) -> bytes:
-    code, speech, err = await _run([ESPEAK, "--stdin", "--stdout", "-v", "en-us"], timeout,
-                                   text.encode("utf-8"))
-    if code != 0 or not speech:
-        raise VoiceRefused(f"espeak-ng failed: {err[-200:].decode('utf-8', 'replace')}")
+async def _opus(audio: bytes, timeout: float) -> bytes:
+    """Any audio as mono OGG/Opus, the format of a voice note."""
     code, ogg, err = await _run([FFMPEG, "-nostdin", "-v", "error", "-i", "pipe:0", "-vn",
                                  "-c:a", "libopus", "-b:a", "32k", "-ar", "48000", "-ac", "1",
-                                 "-application", "voip", "-f", "ogg", "pipe:1"], timeout, speech)
+                                 "-application", "voip", "-f", "ogg", "pipe:1"], timeout, audio)
     if code != 0 or not ogg:
         raise VoiceRefused(f"ffmpeg failed: {err[-200:].decode('utf-8', 'replace')}")
     return ogg
@@ -316,10 +349,12 @@ async def _spoken(text: str, timeout: float) -> bytes:
 class SpokenAnswer:
     """A run's answer, heard on its way to the chat and then spoken as a voice note."""
 
-    def __init__(self, data_dir: Path, run_id: str, timeout: float = 60.0):
+    def __init__(self, data_dir: Path, run_id: str, timeout: float = 60.0,
+                 speech: Speech | None = None):
         self.data_dir = data_dir
         self.run_id = run_id
         self.timeout = timeout
+        self.speech = speech
         self.text = ""
 
     async def listen(self, events: AsyncIterator[RunEvent]) -> AsyncIterator[RunEvent]:
@@ -335,7 +370,7 @@ class SpokenAnswer:
         if not words:
             return None
         try:
-            ogg = await speak(words, self.timeout)
+            ogg = await speak(words, self.timeout, self.speech)
         except (VoiceRefused, TimeoutError, OSError) as e:
             log.warning("speaking the answer of run %s failed: %s", self.run_id, e)
             return None

@@ -11,12 +11,15 @@ it reliably gets, "what is"."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
 import subprocess
 import wave
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import aiohttp
@@ -24,7 +27,8 @@ from aiohttp import web
 
 from pluto.gateway.pipeline.data_commands import voice_limits
 from pluto.runtime.testing import Scripted, ScriptedModel
-from pluto.runtime.voice import VoiceLimits, is_audio, transcribe_notes
+from pluto.runtime.voice import (Endpoint, Speech, VoiceLimits, is_audio, speak,
+                                 transcribe_notes)
 from pluto.settings import PlutoConfig, VoiceConfig
 from pluto.types import Attachment
 from tests.conformance.telegram_harness import TelegramHarness
@@ -114,12 +118,28 @@ def test_what_counts_as_audio():
 def test_the_settings(monkeypatch):
     config = PlutoConfig.model_validate({"voice": {
         "transcription": {"model": "whisper-large-v3", "api_base": "http://127.0.0.1:9/v1",
-                          "api_key_env": "GROQ_KEY"}, "max_seconds": 60}})
+                          "api_key_env": "GROQ_KEY"}, "max_seconds": 60,
+        "speech": {"model": "tts-1", "voice": "nova", "api_key_env": "TTS_KEY"}}})
+    assert {"GROQ_KEY", "TTS_KEY"} <= set(config.secret_names())
     monkeypatch.setenv("GROQ_KEY", "k")
     limits = voice_limits(config.voice)
     assert (limits.model, limits.api_key, limits.max_seconds) == ("whisper-large-v3", "k", 60)
     assert "GROQ_KEY" in config.secret_names()
     assert voice_limits(VoiceConfig()).model is None  # offline by default
+
+
+@contextlib.asynccontextmanager
+async def endpoint(path: str, handler: Any) -> AsyncIterator[str]:
+    """A one-route server on 127.0.0.1; yields its ``…/v1`` base URL."""
+    app = web.Application()
+    app.router.add_post(f"/v1{path}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    finally:
+        await runner.cleanup()
 
 
 async def test_a_configured_endpoint_transcribes(tmp_path):
@@ -134,25 +154,32 @@ async def test_a_configured_endpoint_transcribes(tmp_path):
                         "channels": w.getnchannels(), "auth": request.headers["Authorization"]})
         return web.json_response({"text": " what is six times seven "})
 
-    app = web.Application()
-    app.router.add_post("/v1/audio/transcriptions", transcriptions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = runner.addresses[0][1]
-    try:
+    async with endpoint("/audio/transcriptions", transcriptions) as base:
         words, problems = await heard(tmp_path, {"voice.ogg": spoken()}, VoiceLimits(
-            model="whisper-1", api_base=f"http://127.0.0.1:{port}/v1", api_key="sk-test"))
+            model="whisper-1", api_base=base, api_key="sk-test"))
         assert (words, problems) == (["what is six times seven"], [])
         assert got == [{"model": "whisper-1", "rate": 16000, "channels": 1,
                         "auth": "Bearer sk-test"}]
-    finally:
-        await runner.cleanup()
     words, problems = await heard(tmp_path, {"voice.ogg": spoken()}, VoiceLimits(
-        model="whisper-1", api_base=f"http://127.0.0.1:{port}/v1", timeout=5))
+        model="whisper-1", api_base=base, timeout=5))  # (the server is gone)
     assert words == [] and problems == [
         "Could not transcribe voice.ogg right now (the speech service did not answer); please "
         "try again later."]
+
+
+async def test_a_configured_endpoint_speaks():
+    asked: list[dict[str, object]] = []
+
+    async def speech(request: web.Request) -> web.Response:
+        asked.append(await request.json())
+        return web.Response(body=run("espeak-ng", "--stdout", "forty two"),
+                            content_type="audio/wav")  # (any audio: made a voice note)
+
+    async with endpoint("/audio/speech", speech) as base:
+        ogg = await speak("Forty-two.", 30, Speech("tts-1", "nova", Endpoint(base, "k")))
+    assert asked == [{"model": "tts-1", "input": "Forty-two.", "voice": "nova",
+                      "response_format": "opus"}]
+    assert ogg.startswith(b"OggS") and b"OpusHead" in ogg[:200]
 
 
 def answer(messages: list[dict]) -> Scripted:

@@ -26,7 +26,7 @@ from pluto.runtime.data.service import (DataService, DatasetSource, QueryLimits,
 from pluto.runtime.files import SharedFiles
 from pluto.runtime.images import CANNOT_SEE, Limits, is_image, keep_images, neutralized
 from pluto.runtime.model import ModelSettings
-from pluto.runtime.voice import (SpokenAnswer, VoiceLimits, heard, is_audio,
+from pluto.runtime.voice import (Endpoint, Speech, SpokenAnswer, VoiceLimits, heard, is_audio,
                                  transcribe_notes)
 from pluto.storage.ports import BlobStore, ConversationStore
 
@@ -262,7 +262,10 @@ class DataCommands:
         config = self.voice()
         if agent not in config.speak_agents:
             return None
-        return SpokenAnswer(self.service.data_dir, run_id, config.timeout_seconds)
+        t = config.speech
+        speech = Speech(t.model, t.voice, Endpoint(t.api_base, t.api_key(),
+                                                   config.timeout_seconds)) if t else None
+        return SpokenAnswer(self.service.data_dir, run_id, config.timeout_seconds, speech)
 
     async def _received(self, attachment: Attachment) -> Path | None:
         """:meth:`_located`, or None (logged) when the shared store cannot be read now."""
