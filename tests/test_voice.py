@@ -31,6 +31,7 @@ from pluto.runtime.voice import (Endpoint, Speech, VoiceLimits, is_audio, speak,
                                  transcribe_notes)
 from pluto.settings import PlutoConfig, VoiceConfig
 from pluto.types import Attachment
+from tests.conformance.conftest import HARNESSES
 from tests.conformance.telegram_harness import TelegramHarness
 
 QUESTION = "what is six times seven"
@@ -243,3 +244,25 @@ async def test_the_fake_takes_only_ogg_opus_voice_notes():
                 form.add_field("voice", data, filename="v.ogg")
                 async with session.post(url, data=form) as resp:
                     assert resp.status == status
+
+
+def answers_42(messages: list[dict]) -> Scripted:
+    text = str(messages[-1]["content"])
+    return Scripted(text="42" if "\n\nwhat is" in text else f"echo: {text}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n, cls in HARNESSES.items() if "files_in" in cls.features
+                                  and n not in ("matrix", "mattermost", "email")])
+async def test_an_audio_file_is_heard_on_every_platform(config_dir, data_dir, name):
+    """(Matrix, Mattermost and email: their harnesses send every file as text/csv.)"""
+    model = ScriptedModel(fallback=answers_42)
+    harness = HARNESSES[name](config_dir=config_dir, data_dir=data_dir)
+    try:
+        await harness.open()
+        await harness.start(model)
+        await harness.user_says("please answer", document=("voice.ogg", spoken()))
+        await harness.wait_shown(lambda s: any(m.text == "42" for m in s))
+        assert str(model.calls[-1][-1]["content"]).startswith("please answer\n\nwhat is")
+    finally:
+        await harness.close()
