@@ -266,3 +266,19 @@ async def test_an_audio_file_is_heard_on_every_platform(config_dir, data_dir, na
         assert str(model.calls[-1][-1]["content"]).startswith("please answer\n\nwhat is")
     finally:
         await harness.close()
+
+
+@pytest.mark.slow
+async def test_a_whatsapp_voice_note_is_heard_and_answered(config_dir, data_dir):
+    model = ScriptedModel(fallback=answer)
+    harness = HARNESSES["whatsapp"](config_dir=config_dir, data_dir=data_dir)
+    try:
+        await harness.open()
+        await harness.start(model)
+        await harness.fake.user_says(harness.direct_chat, voice=spoken())  # type: ignore[attr-defined]
+        await harness.wait_shown(lambda s: any(m.text == "42" for m in s))
+        said = str(model.calls[-1][-1]["content"])
+        assert said.startswith("what is")
+        assert [m.text for m in harness.shown()][:2] == [f"heard: {said}", "42"]
+    finally:
+        await harness.close()

@@ -194,12 +194,13 @@ async def test_a_redelivery_is_taken_once(rig: Rig) -> None:
 
 async def test_a_message_it_cannot_read_gets_a_notice(rig: Rig) -> None:
     await rig.start()
-    await rig.fake.user_says(ALICE, kind="audio")
+    await rig.fake.user_says(ALICE, kind="sticker")
     await rig.fake.user_says(ALICE, kind="reaction")  # no answer to a reaction
     await settled(rig.fake)
     assert rig.intake.got == []
     assert [s.text for s in rig.fake.messages_to(ALICE)] == [
-        "I can read text, documents and images; please send your question as one of those."]
+        "I can read text, documents, images and voice notes; please send your question as one "
+        "of those."]
 
 
 async def test_a_document_is_downloaded_and_a_too_large_one_refused(rig: Rig) -> None:

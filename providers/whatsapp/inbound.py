@@ -24,7 +24,7 @@ from pluto.types import Attachment, IncomingMessage
 log = logging.getLogger(__name__)
 
 PROVIDER = "whatsapp"
-READABLE = ("text", "document", "image")  # "audio": see docs/voice.md
+READABLE = ("text", "document", "image", "audio")  # audio: a voice note (docs/voice.md)
 
 
 @dataclass(frozen=True, slots=True)

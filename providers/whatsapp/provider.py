@@ -160,8 +160,8 @@ class WhatsAppProvider(Provider):
         self._note_inbound(inbound)
         if inbound.kind not in READABLE:
             if inbound.kind not in ("reaction", "unsupported", "system", "request_welcome"):
-                await self._quiet_notice(inbound.wa_id, "I can read text, documents and images; "
-                                         "please send your question as one of those.")
+                await self._quiet_notice(inbound.wa_id, "I can read text, documents, images and voice "
+                                         "notes; please send your question as one of those.")
             self._remember(inbound.id)
             return True
         attachments: tuple[Attachment, ...] = ()

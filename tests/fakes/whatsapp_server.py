@@ -295,8 +295,8 @@ class FakeWhatsApp(Controls):
         self._spawn(self.post_webhook(self._envelope({"statuses": [st]})))
 
     async def user_says(self, wa_id: str, text: str = "", *, document: tuple[str, bytes] | None = None,
-                        image: bytes | None = None, reply_to: str | None = None,
-                        kind: str | None = None) -> Said:
+                        image: bytes | None = None, voice: bytes | None = None,
+                        reply_to: str | None = None, kind: str | None = None) -> Said:
         """A person writes to the business number: a signed webhook post (awaited)."""
         name = self.users.setdefault(wa_id, "Alice")
         wamid = self.wamid()
@@ -312,6 +312,12 @@ class FakeWhatsApp(Controls):
             self.media[media_id] = (image, "image/jpeg", "photo.jpg")
             msg |= {"type": "image", "image": {"id": media_id, "mime_type": "image/jpeg",
                                                 **({"caption": text} if text else {})}}
+        elif voice is not None:  # a voice note recorded in WhatsApp: OGG/Opus, no caption
+            media_id = str(800000000000000 + next(self._seq))
+            self.media[media_id] = (voice, "audio/ogg; codecs=opus", "voice.ogg")
+            msg |= {"type": "audio", "audio": {"id": media_id, "mime_type": "audio/ogg; codecs=opus",
+                                                "sha256": hashlib.sha256(voice).hexdigest(),
+                                                "voice": True}}
         elif kind is not None:
             msg |= {"type": kind, kind: {}}
         else:
