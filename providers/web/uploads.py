@@ -27,6 +27,7 @@ from pluto.ids import new_id
 from pluto.providers.web import protocol
 from pluto.runtime.data.filetypes import SPREADSHEETS
 from pluto.runtime.data.service import is_data_file
+from pluto.runtime.voice import is_audio
 from pluto.types import Attachment
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,9 @@ FLUSH_BYTES = 1 << 20  # bytes gathered before one write (in a thread)
 ACCEPTS_IMAGES = True
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 KINDS = "CSV, TSV, JSON or Parquet"  # (what a dataset is made of: runtime/data/filetypes.py)
+# Voice notes and audio files (the widget's microphone records WebM/Opus, or what the browser
+# has) go to the gateway's voice hook (runtime/voice.py): heard, and their words the message.
+ACCEPTS_AUDIO = True
 
 
 @dataclass(slots=True)
@@ -70,9 +74,12 @@ def kind_refusal(name: str, mime: str) -> str | None:
         return None  # (a spreadsheet is told by the gateway how to send it instead)
     if mime in IMAGE_TYPES and ACCEPTS_IMAGES:
         return None
+    if ACCEPTS_AUDIO and is_audio(Attachment(filename=name, mime_type=mime)):
+        return None  # (its content is checked when it is heard: ffprobe, then ffmpeg)
     if mime.startswith("image/"):
         return f"Pictures like {name} cannot be read in this chat; send PNG, JPEG, GIF or WebP."
-    return f"Files like {name} cannot be read in this chat yet; send data as {KINDS}."
+    return (f"Files like {name} cannot be read in this chat yet; send data as {KINDS}, or "
+            "audio (a voice note).")
 
 
 class Uploads:
@@ -94,6 +101,7 @@ class Uploads:
             await self._drop(self._current)
         name, size = frame.name, frame.size
         mime = (frame.mime or mimetypes.guess_type(name)[0] or "application/octet-stream")
+        mime = mime.split(";")[0].strip() or "application/octet-stream"  # (audio/webm;codecs=opus)
         refusal = kind_refusal(name, mime.lower())
         if refusal is None and size > self.max_bytes:
             refusal = (f"{name} is too large to send here ({human(size)}; the limit is "
