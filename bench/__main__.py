@@ -13,7 +13,7 @@ import time
 from bench.common import Report
 
 SECTIONS = ("startup", "roundtrip", "streaming", "statements", "memory", "data", "python",
-            "cluster", "schedules", "slowloris")
+            "cluster", "schedules", "slowloris", "voice")
 
 
 def main() -> int:
@@ -56,6 +56,9 @@ def main() -> int:
             case "slowloris":
                 from bench import slowloris
                 slowloris.run(report, quick=args.quick)
+            case "voice":
+                from bench import voice
+                voice.run(report, quick=args.quick)
     path = report.write()
     missed = [f for f in report.figures if f.met is False]
     print(f"\n{len(report.figures)} figures in {time.monotonic() - t0:.0f} s, written to {path}")

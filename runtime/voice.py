@@ -19,20 +19,21 @@ import asyncio
 import io
 import json
 import logging
-import queue
-import wave
-import weakref
+import multiprocessing
 import re
 import uuid
+import wave
+import weakref
 from collections.abc import AsyncIterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pluto.errors import PlutoError
-
 from pluto.events import MessageFinal, RunEvent
+from pluto.runtime.voice_worker import hear
 from pluto.types import Attachment
 
 log = logging.getLogger(__name__)
@@ -46,11 +47,10 @@ FFPROBE = "ffprobe"
 ESPEAK = "espeak-ng"
 MAX_SPOKEN = 2000  # characters of an answer spoken (the rest is in the text)
 
-_pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="voice")  # offline transcription
+_pool: ProcessPoolExecutor | None = None  # offline transcription, started at the first note
 # notes measured and decoded at once (ffmpeg processes), per event loop
 _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = \
     weakref.WeakKeyDictionary()
-_decoders: queue.SimpleQueue[Any] = queue.SimpleQueue()  # pocketsphinx decoders, reused
 
 
 class VoiceRefused(PlutoError):
@@ -216,29 +216,20 @@ async def decode(source: Path, name: str, limits: VoiceLimits) -> bytes:
 # transcribing ----------------------------------------------------------------------------------
 
 async def _offline(pcm: bytes, timeout: float) -> str:
-    """pocketsphinx in :data:`_pool` (:data:`PARALLEL` threads), within ``timeout`` (a note
-    still waiting then is dropped; one already being heard finishes unawaited)."""
+    """pocketsphinx in worker processes (:data:`PARALLEL`; runtime/voice_worker.py says why not
+    threads), within ``timeout`` (a note still waiting then is dropped; one being heard finishes
+    unawaited). A worker that died is replaced for the next note."""
+    global _pool
+    if _pool is None:
+        _pool = ProcessPoolExecutor(PARALLEL, mp_context=multiprocessing.get_context("spawn"))
     loop = asyncio.get_running_loop()
-    async with asyncio.timeout(timeout):
-        return await loop.run_in_executor(_pool, offline, pcm)
-
-
-def offline(pcm: bytes) -> str:
-    """In a worker thread: the words pocketsphinx (its default en-us model) hears."""
     try:
-        decoder = _decoders.get_nowait()
-    except queue.Empty:
-        from pocketsphinx import Decoder  # type: ignore[import-untyped]
-
-        decoder = Decoder(samprate=RATE, loglevel="ERROR")
-    try:
-        decoder.start_utt()
-        decoder.process_raw(pcm, full_utt=True)
-        decoder.end_utt()
-        hyp = decoder.hyp()
-        return str(hyp.hypstr) if hyp is not None else ""
-    finally:
-        _decoders.put(decoder)
+        async with asyncio.timeout(timeout):
+            return await loop.run_in_executor(_pool, hear, pcm)
+    except BrokenProcessPool:
+        log.error("voice: a transcribing process died; a new one hears the next note")
+        _pool = None
+        raise
 
 
 def wav(pcm: bytes) -> bytes:
