@@ -282,3 +282,22 @@ async def test_a_whatsapp_voice_note_is_heard_and_answered(config_dir, data_dir)
         assert [m.text for m in harness.shown()][:2] == [f"heard: {said}", "42"]
     finally:
         await harness.close()
+
+
+@pytest.mark.slow
+async def test_a_spoken_answer_is_a_whatsapp_voice_note_after_its_text(config_dir, data_dir):
+    model = ScriptedModel(Scripted(text="The answer is **42**."))
+    harness = HARNESSES["whatsapp"](config_dir=config_dir, data_dir=data_dir)
+    try:
+        await harness.open()
+        gateway = await harness.start(model)
+        gateway.config = gateway.config.model_copy(
+            update={"voice": VoiceConfig(speak_agents=["default"])})
+        fake = harness.fake  # type: ignore[attr-defined]
+        await fake.user_says(harness.direct_chat, "what is six times seven?")
+        await fake.wait_until(lambda: len(fake.messages_to(harness.direct_chat)) >= 2)
+        text, voice = fake.messages_to(harness.direct_chat)[:2]
+        assert (text.type, voice.type) == ("text", "audio") and "42" in text.text
+        assert voice.file_bytes is not None and voice.file_bytes.startswith(b"OggS")
+    finally:
+        await harness.close()

@@ -335,6 +335,10 @@ class WhatsAppProvider(Provider):
         if attachment.kind == "image" and attachment.mime_type in ("image/png", "image/jpeg"):
             content: dict[str, str] = {"id": media_id}
             kind = "image"
+        elif attachment.mime_type == "audio/ogg":  # OGG/Opus: a voice note (docs/voice.md)
+            if caption:  # (an audio message takes none: the text goes first)
+                await self.api.message(to, "text", {"body": caption, "preview_url": False})
+            return await self.api.message(to, "audio", {"id": media_id})
         else:
             content, kind = {"id": media_id, "filename": attachment.filename}, "document"
         if caption:

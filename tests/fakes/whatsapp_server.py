@@ -61,6 +61,8 @@ def sign(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
+AUDIO = ("audio/ogg", "audio/mpeg", "audio/mp4", "audio/aac", "audio/amr")  # (OGG: Opus)
+
 class FakeWhatsApp(Controls):
     """One business number on a fake Cloud API. Use ``async with`` or ``start()``/``stop()``."""
 
@@ -182,7 +184,8 @@ class FakeWhatsApp(Controls):
             raise GraphFailure(100, "Invalid parameter 'to'")
         kind = p.get("type") or "text"
         content = p.get(kind)
-        if kind not in ("text", "image", "document", "template") or not isinstance(content, dict):
+        if kind not in ("text", "image", "document", "audio", "template") or \
+                not isinstance(content, dict):
             raise GraphFailure(100, f"Invalid parameter type or missing {kind} object")
         failure = self._take_failure(p)
         if failure is not None:
@@ -252,6 +255,11 @@ class FakeWhatsApp(Controls):
         data, mime, name = self.media[media_id]
         if kind == "image" and mime not in ("image/png", "image/jpeg"):
             raise GraphFailure(131053, f"{mime} is not an image type WhatsApp sends")
+        if kind == "audio" and (caption or mime.split(";")[0] not in AUDIO):
+            raise GraphFailure(131053, f"an audio message takes no caption and one of {AUDIO}"
+                                       f" (got {mime})")
+        if kind == "audio" and mime.startswith("audio/ogg") and not data.startswith(b"OggS"):
+            raise GraphFailure(131053, "the audio is not OGG")
         return caption, media_id, data, str(c.get("filename") or name)
 
     async def _upload(self, request: web.Request) -> dict[str, Any]:

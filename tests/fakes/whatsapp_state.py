@@ -72,7 +72,7 @@ class Sent:
 
     id: str
     to: str
-    type: str  # text | image | document | template
+    type: str  # text | image | document | audio | template
     text: str  # the body, the caption, or a template's variable
     media_id: str | None
     file_bytes: bytes | None
