@@ -234,6 +234,18 @@
   picker.type = "file";
   picker.multiple = true;
   picker.tabIndex = -1;
+  // the microphone: only where the browser can record, and only on a secure page (https or
+  // localhost: elsewhere browsers refuse getUserMedia)
+  var canRecord = !!(window.MediaRecorder && window.isSecureContext && navigator.mediaDevices &&
+    navigator.mediaDevices.getUserMedia);
+  var micBtn = canRecord ? form.appendChild(el("button", "pluto-mic")) : null;
+  var recTime = canRecord ? form.appendChild(el("span", "pluto-rec-time", "0:00")) : null;
+  if (micBtn) {
+    micBtn.type = "button";
+    micBtn.setAttribute("aria-pressed", "false");
+    micBtn.appendChild(svg("M12 3a3 3 0 0 0-3 3v6a3 3 0 0 0 6 0V6a3 3 0 0 0-3-3zM5 11a7 7 0 0 0 14 0M12 18v3"));
+    recTime.setAttribute("aria-hidden", "true");
+  }
   var drop = panel.appendChild(el("div", "pluto-drop", "Drop files to send them"));
   var input = form.appendChild(el("textarea", "pluto-input"));
   input.rows = 1;
@@ -433,6 +445,7 @@
           input.maxLength = f.limits.max_message_chars;
           limits.max_upload_bytes = f.limits.max_upload_bytes || limits.max_upload_bytes;
           limits.max_files = f.limits.max_files || limits.max_files;
+          VOICE_SECONDS = f.limits.max_voice_seconds || VOICE_SECONDS;
         }
         if (f.reset === "expired") { resetNote = "Your earlier conversation expired; this is a new one."; }
         break;
@@ -601,7 +614,7 @@
   function humanSize(n) {
     return n >= 1048576 ? +(n / 1048576).toPrecision(3) + " MB" : +(n / 1024).toPrecision(3) + " kB";
   }
-  function addFiles(list) {
+  function addFiles(list, autoSend) {
     Array.prototype.forEach.call(list || [], function (file) {
       var name = file.name || "pasted file";
       if (files.length >= limits.max_files) {
@@ -612,7 +625,8 @@
       } else if (!file.size) {
         systemLine(name + " is empty.", "pluto-error");
       } else {
-        var item = { id: "f" + newId().slice(1), file: file, name: name, size: file.size, state: "waiting" };
+        var item = { id: "f" + newId().slice(1), file: file, name: name, size: file.size, state: "waiting",
+          autoSend: !!autoSend };
         item.chip = chips.appendChild(el("div", "pluto-file"));
         item.chip.appendChild(el("span", "pluto-file-name", name));
         item.meter = item.chip.appendChild(el("span", "pluto-file-state", humanSize(file.size)));
@@ -684,6 +698,8 @@
     if (uploading === item || !item) { uploading = null; }
     pumpFiles();
     updateSend();
+    var allReady = files.every(function (f) { return f.state === "ready"; });
+    if (allReady && files.some(function (f) { return f.autoSend; })) { submit(); }  // a voice note
   }
   function fileRefused(id, message) {
     var item = fileById(id);
@@ -830,6 +846,87 @@
     panel.classList.remove("pluto-dragging");
     addFiles(e.dataTransfer.files);
   });
+
+  // ---- voice: the microphone records a note, sent as a file (the gateway hears it) ------------
+  var VOICE_SECONDS = 300;  // the gateway's voice.max_seconds unless it says otherwise
+  var VOICE_TYPES = ["audio/webm;codecs=opus", "audio/ogg;codecs=opus", "audio/webm", "audio/mp4"];
+  var recording = null;     // {recorder, stream, chunks, bytes, started, ticker}
+  function voiceType() {
+    var can = MediaRecorder.isTypeSupported || function () { return false; };
+    return VOICE_TYPES.filter(function (t) { return can.call(MediaRecorder, t); })[0] || "";
+  }
+  function voiceName(type) {
+    var ext = /ogg/.test(type) ? "ogg" : /mp4|aac/.test(type) ? "m4a" : /mpeg/.test(type) ? "mp3" : "webm";
+    return "voice-" + new Date().toTimeString().slice(0, 8).replace(/:/g, "") + "." + ext;
+  }
+  function micState(on) {
+    form.classList.toggle("pluto-recording", on);
+    micBtn.setAttribute("aria-pressed", on ? "true" : "false");
+    micBtn.setAttribute("aria-label", on ? "Stop recording and send" : "Record a voice message");
+    micBtn.title = on ? "Stop recording and send (Escape: discard)" : "Record a voice message";
+    recTime.textContent = "0:00";
+  }
+  function startRecording() {
+    micBtn.disabled = true;
+    navigator.mediaDevices.getUserMedia({ audio: true }).then(function (stream) {
+      micBtn.disabled = false;
+      var type = voiceType();
+      var rec = recording = { stream: stream, chunks: [], bytes: 0, started: Date.now(),
+        recorder: type ? new MediaRecorder(stream, { mimeType: type }) : new MediaRecorder(stream) };
+      rec.recorder.ondataavailable = function (e) { voiceData(rec, e.data); };
+      rec.recorder.onstop = function () { recorded(rec); };
+      rec.recorder.start(1000);
+      rec.ticker = setInterval(function () { voiceTick(rec); }, 250);
+      micState(true);
+    }, function (err) {
+      micBtn.disabled = false;
+      systemLine(micRefusal(err), "pluto-error");
+    });
+  }
+  function voiceData(rec, data) {
+    if (!data || !data.size) { return; }
+    rec.chunks.push(data);
+    rec.bytes += data.size;
+    if (rec.bytes > limits.max_upload_bytes * 0.9) { stopRecording(false); }  // (within the cap)
+  }
+  function voiceTick(rec) {
+    var seconds = Math.floor((Date.now() - rec.started) / 1000);
+    recTime.textContent = Math.floor(seconds / 60) + ":" + ("0" + seconds % 60).slice(-2);
+    if (seconds >= VOICE_SECONDS) { stopRecording(false); }
+  }
+  function micRefusal(err) {
+    var name = err && err.name;
+    if (name === "NotAllowedError" || name === "SecurityError") {
+      return "The microphone is blocked for this page; allow it in your browser to send a voice message.";
+    }
+    if (name === "NotFoundError") { return "No microphone was found, so a voice message cannot be recorded."; }
+    return "The microphone could not be started (" + (name || "an error") + ").";
+  }
+  function stopRecording(discard) {
+    var rec = recording;
+    if (!rec) { return; }
+    recording = null;
+    rec.discard = discard;
+    clearInterval(rec.ticker);
+    micState(false);
+    if (rec.recorder.state !== "inactive") { rec.recorder.stop(); } else { recorded(rec); }
+  }
+  function recorded(rec) {
+    rec.stream.getTracks().forEach(function (t) { t.stop(); });
+    if (rec.discard) { return; }
+    var type = (rec.recorder.mimeType || voiceType() || "audio/webm").split(";")[0];
+    var blob = new Blob(rec.chunks, { type: type });
+    if (!blob.size) { systemLine("Nothing was recorded; please try again.", "pluto-error"); return; }
+    blob.name = voiceName(type);  // (a Blob with a name is enough for addFiles)
+    addFiles([blob], true);
+  }
+  if (micBtn) {
+    micState(false);
+    micBtn.addEventListener("click", function () { if (recording) { stopRecording(false); } else { startRecording(); } });
+    micBtn.addEventListener("keydown", function (e) {
+      if (e.key === "Escape" && recording) { e.preventDefault(); stopRecording(true); }
+    });
+  }
 
   function start() {
     document.body.appendChild(host);
