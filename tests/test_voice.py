@@ -301,3 +301,21 @@ async def test_a_spoken_answer_is_a_whatsapp_voice_note_after_its_text(config_di
         assert voice.file_bytes is not None and voice.file_bytes.startswith(b"OggS")
     finally:
         await harness.close()
+
+
+@pytest.mark.slow
+async def test_a_matrix_voice_message_is_heard_and_answered(config_dir, data_dir):
+    model = ScriptedModel(fallback=answer)
+    harness = HARNESSES["matrix"](config_dir=config_dir, data_dir=data_dir)
+    try:
+        await harness.open()
+        await harness.start(model)
+        fake = harness.fake  # type: ignore[attr-defined]
+        fake.user_says(harness.direct_chat, "", sender=fake.alice,
+                       file=("Voice message.ogg", spoken(), "audio/ogg"))
+        await harness.wait_shown(lambda s: any(m.text == "42" for m in s))
+        said = str(model.calls[-1][-1]["content"])
+        assert said.startswith("what is")
+        assert [m.text for m in harness.shown()][:2] == [f"heard: {said}", "42"]
+    finally:
+        await harness.close()

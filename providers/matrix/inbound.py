@@ -19,7 +19,7 @@ from pluto.providers.kit.payload import dict_at, text_at
 from pluto.types import Attachment, IncomingMessage
 
 PROVIDER = "matrix"
-FILE_TYPES = {"m.file": "file", "m.image": "image"}
+FILE_TYPES = {"m.file": "file", "m.image": "image", "m.audio": "file"}  # m.audio: voice notes
 TEXT_TYPES = ("m.text", "m.emote")  # m.notice is what bots send: never answered (no loops)
 
 
@@ -74,7 +74,8 @@ class Event:
         return ts / 1000 if isinstance(ts, (int, float)) else 0.0
 
     def file(self) -> tuple[str, str, str, int, Literal["file", "image"]] | None:
-        """(mxc url, file name, MIME type, size, kind) of an ``m.file`` or ``m.image``."""
+        """(mxc url, file name, MIME type, size, kind) of an ``m.file``, ``m.image`` or
+        ``m.audio`` (a voice message too: docs/voice.md)."""
         kind = FILE_TYPES.get(self.msgtype)
         url = self.content.get("url")
         if kind is None or not isinstance(url, str) or not url.startswith("mxc://"):

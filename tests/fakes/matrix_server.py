@@ -178,9 +178,12 @@ class FakeMatrix(Changes):
         if file is not None:
             name, data, mime = file
             mxc = self._store_media(data, mime, name)
-            content = {"msgtype": "m.image" if mime.startswith("image/") else "m.file",
-                       "body": text or name, "filename": name, "url": mxc,
+            msgtype = ("m.image" if mime.startswith("image/") else
+                       "m.audio" if mime.startswith("audio/") else "m.file")
+            content = {"msgtype": msgtype, "body": text or name, "filename": name, "url": mxc,
                        "info": {"mimetype": mime, "size": len(data)}}
+            if msgtype == "m.audio":  # (Element's voice message)
+                content |= {"org.matrix.msc3245.voice": {}, "org.matrix.msc1767.audio": {}}
         if thread:
             content["m.relates_to"] = {"rel_type": "m.thread", "event_id": thread,
                                        "is_falling_back": True,
