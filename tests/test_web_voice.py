@@ -10,7 +10,7 @@ import pytest
 
 from pluto.providers.web.uploads import kind_refusal
 from pluto.runtime.testing import ScriptedModel
-from tests.helpers.served import Tab, served
+from tests.helpers.served import Tab, served, url
 from tests.test_voice import answer, spoken
 from tests.test_web_uploads import _upload
 
@@ -40,3 +40,23 @@ async def test_a_voice_note_sent_from_the_widget_is_heard_and_answered(config_di
         said = str(model.calls[-1][-1]["content"])
         assert said.startswith("what is") and notice["text"] == f"heard: {said}"
         assert final["text"] == "42"
+
+
+@pytest.mark.slow
+async def test_a_spoken_answer_is_a_clip_the_tab_plays_after_its_text(config_dir, data_dir):
+    from pluto.runtime.testing import Scripted
+    from pluto.settings import VoiceConfig
+
+    model = ScriptedModel(Scripted(text="The answer is **42**."))
+    async with served(config_dir, data_dir, model,
+                      voice=VoiceConfig(speak_agents=["default"])) as gw, \
+            aiohttp.ClientSession() as http:
+        tab = await Tab.open(http, gw)
+        await tab.ask("what is six times seven?", msg_id="m1")
+        voice = await tab.until("voice", timeout=60)
+        assert voice["url"].startswith("/web/file/") and voice["reply_to"] == "m1"
+        async with http.get(url(gw, voice["url"])) as got:
+            assert got.status == 200 and got.content_type == "audio/ogg"
+            assert (await got.read()).startswith(b"OggS")
+        async with http.get(url(gw, voice["url"].replace("/web/file/", "/web/file/x"))) as bad:
+            assert bad.status == 404  # a forged signature plays nothing

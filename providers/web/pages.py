@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 ORIGIN_SETTING = "providers.web.allowed_origins"
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")  # never SVG: it runs script
 DOWNLOADS = ("text/csv",)  # served as attachments, never shown in the gateway's origin
+AUDIO_TYPES = ("audio/ogg",)  # spoken answers (docs/voice.md), played by the widget
 DEMO_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self' ws: wss:; "
-            "img-src 'self' data: https: http:; frame-ancestors 'none'; base-uri 'none'; "
+            "img-src 'self' data: https: http:; media-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
             "form-action 'none'")
 
 
@@ -55,7 +56,7 @@ def mount(router: web.UrlDispatcher, provider: WebProvider) -> None:
             return web.json_response({"error": "The file cannot be read right now; try again "
                                       "shortly."}, status=503, headers={"Retry-After": "5"})
         ctype = mimetypes.guess_type(path.name)[0] if path else None
-        if path is None or ctype not in IMAGE_TYPES + DOWNLOADS:
+        if path is None or ctype not in IMAGE_TYPES + DOWNLOADS + AUDIO_TYPES:
             return web.json_response({"error": "No such file."}, status=404)
         disposition = "attachment" if ctype in DOWNLOADS else "inline"
         return web.FileResponse(path, headers={

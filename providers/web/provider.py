@@ -73,7 +73,7 @@ class WebProvider(Provider):
     # images need no message of their own
     capabilities = Capabilities(max_message_length=100_000, markup=MARKDOWN,
                                 streams_deltas=True, answers_from_feed=True,
-                                can_send_images=True)
+                                can_send_images=True, can_send_files=True)
     runs: RunReader | None = None  # (from the context) a run going on elsewhere, looked up
 
     def __init__(self, settings: WebSettings, *, key: bytes, data_dir: Path, feed: RunFeed,
@@ -252,6 +252,8 @@ class WebProvider(Provider):
         before replies were taken from the feed) is shown to the chat as it was then."""
         if message.kind == "delta":
             return None  # progress comes from the run feed
+        if message.attachments:  # a spoken answer (docs/voice.md): played in the widget
+            return self._send_voice(message)
         run: dict[str, Any] = {"id": f"{message.run_id}:{message.seq}",
                                "run_id": message.run_id,
                                "seq": message.seq} if message.run_id is not None else {}
@@ -268,6 +270,20 @@ class WebProvider(Provider):
                 frame = protocol.error("gateway", message.text, reply_to=_client_id(message))
         self.rooms.broadcast(message.chat_id, frame)
         return str(frame["id"])
+
+    def _send_voice(self, message: OutgoingMessage) -> str | None:
+        """Each OGG voice note of ``message`` as a ``voice`` frame: a signed link the tab plays
+        (other files: the widget has no place for them, they are left out)."""
+        sent = None
+        for attachment in message.attachments:
+            link = self.links.link(str(attachment.path)) if attachment.path else None
+            if link is None or attachment.mime_type != "audio/ogg":
+                continue
+            frame = protocol.frame("voice", url=link, name=attachment.filename,
+                                   reply_to=_client_id(message))
+            self.rooms.broadcast(message.chat_id, frame)
+            sent = sent or str(frame["id"])
+        return sent
 
     # shutting down ------------------------------------------------------------------------
 

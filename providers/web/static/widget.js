@@ -355,6 +355,15 @@
     drawQueued[runId] = true;
     (window.requestAnimationFrame || setTimeout)(function () { drawQueued[runId] = false; draw(run); });
   }
+  function voiceClip(f) {
+    if (typeof f.url !== "string" || !/^\/web\/file\//.test(f.url)) { return; }
+    var node = el("div", "pluto-msg pluto-bot pluto-voice");
+    var audio = node.appendChild(document.createElement("audio"));
+    audio.controls = true; audio.preload = "none";
+    audio.src = new URL(f.url, base).href;
+    audio.setAttribute("aria-label", "The answer, spoken");
+    add(node);
+  }
   function imageSrc(src) {
     if (/^data:image\/(png|jpeg|gif|webp);base64,/.test(src)) { return src; }
     if (/^https?:\/\//i.test(src)) { return src; }
@@ -506,6 +515,9 @@
         break;
       case "notice":
         systemLine(f.text);
+        break;
+      case "voice":  // a spoken answer, after its text: a clip to play
+        voiceClip(f);
         break;
       case "error":
         if (f.code === "not_received") { notReceived(f); break; }
