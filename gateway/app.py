@@ -189,7 +189,7 @@ class Gateway:
         self.data = DataCommands(data_service(self.config, self.config_dir, self.data_dir,
                                               files=self.files),
                                  self.registry, self.store.conversations,
-                                 voice=lambda: self.config.voice)
+                                 voice=lambda: self.config.voice_resolved())
         self.mcp = McpHub(max_servers=self.config.agents.mcp_max_servers,  # agents' MCP servers
                           idle_seconds=self.config.agents.mcp_idle_seconds,
                           log_dir=self.data_dir / "logs" / "mcp")

@@ -236,7 +236,9 @@ class SpeechConfig(TranscriptionConfig):
 class VoiceConfig(Strict):
     """Voice notes users send (docs/voice.md): transcribed and answered as text."""
 
-    transcription: TranscriptionConfig | None = None
+    # the transcription endpoint: the name of an entry under ``models:`` (its model, api_base
+    # and api_key_env), or those three here; unset: offline
+    transcription: str | TranscriptionConfig | None = None
     max_seconds: int = Field(default=300, ge=1, le=3600)  # longer notes are refused
     max_mb: float = Field(default=20, gt=0, le=200)  # one note
     timeout_seconds: float = Field(default=120, gt=0, le=3600)  # decoding; transcribing
@@ -334,6 +336,25 @@ class PlutoConfig(Strict):
     def _default_dir(cls, v: Any) -> Any:
         return v or ".pluto"
 
+    @model_validator(mode="after")
+    def _transcription_model_is_known(self) -> PlutoConfig:
+        named = self.voice.transcription
+        if isinstance(named, str) and named not in self.models:
+            raise ValueError(f"voice.transcription: no model named '{named}' under models "
+                             f"(known: {', '.join(sorted(self.models))})")
+        return self
+
+    def voice_resolved(self) -> VoiceConfig:
+        """``voice:`` with its transcription endpoint spelled out (a name under ``models:``
+        replaced by that model's model, api_base and api_key_env)."""
+        named = self.voice.transcription
+        if not isinstance(named, str):
+            return self.voice
+        m = self.models[named]
+        endpoint = TranscriptionConfig(model=m.model, api_base=m.api_base,
+                                       api_key_env=m.api_key_env)
+        return self.voice.model_copy(update={"transcription": endpoint})
+
     @field_validator("data_dir")
     @classmethod
     def _absolute(cls, v: Path) -> Path:
@@ -346,8 +367,8 @@ class PlutoConfig(Strict):
         names = [m.api_key_env for m in self.models.values() if m.api_key_env]
         names += [self.admin.api_key_env] if self.admin.api_key_env else []
         names += self.agents.api_key_envs
-        names += [t.api_key_env for t in (self.voice.transcription, self.voice.speech)
-                  if t is not None and t.api_key_env]
+        names += [t.api_key_env for t in (self.voice_resolved().transcription, self.voice.speech)
+                  if isinstance(t, TranscriptionConfig) and t.api_key_env]
         names += [self.storage.url_env]  # the database URL may carry a password
         names += [self.tracing.headers_env] if self.tracing.headers_env else []
         for p in self.providers.values():

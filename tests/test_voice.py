@@ -129,6 +129,21 @@ def test_the_settings(monkeypatch):
     assert voice_limits(VoiceConfig()).model is None  # offline by default
 
 
+def test_the_transcription_endpoint_can_be_a_model_under_models(monkeypatch):
+    config = PlutoConfig.model_validate({
+        "models": {"default": {"model": "offline"},
+                   "whisper": {"model": "whisper-large-v3", "api_base": "http://127.0.0.1:9/v1",
+                               "api_key_env": "GROQ_KEY"}},
+        "voice": {"transcription": "whisper"}})
+    monkeypatch.setenv("GROQ_KEY", "k")
+    limits = voice_limits(config.voice_resolved())
+    assert (limits.model, limits.api_base, limits.api_key) == (
+        "whisper-large-v3", "http://127.0.0.1:9/v1", "k")
+    assert "GROQ_KEY" in config.secret_names()  # (never logged, never in a prompt)
+    with pytest.raises(ValueError, match="no model named 'whispr' under models"):
+        PlutoConfig.model_validate({"voice": {"transcription": "whispr"}})
+
+
 @contextlib.asynccontextmanager
 async def endpoint(path: str, handler: Any) -> AsyncIterator[str]:
     """A one-route server on 127.0.0.1; yields its ``…/v1`` base URL."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 from pluto.agents.registry import AgentRegistry
 from pluto.errors import PlutoError, StorageError
 from pluto.gateway.pipeline.commands import Commands, Failed
-from pluto.settings import PlutoConfig, VoiceConfig
+from pluto.settings import PlutoConfig, TranscriptionConfig, VoiceConfig
 from pluto.types import Attachment, IncomingMessage, Route
 from pluto.runtime.data.ingest_limits import IngestLimits
 from pluto.runtime.data.service import (DataService, DatasetSource, QueryLimits, Retention,
@@ -66,8 +66,9 @@ def data_service(config: PlutoConfig, config_dir: Path, data_dir: Path, *,
 
 
 def voice_limits(config: VoiceConfig) -> VoiceLimits:
-    """The caps and the transcription endpoint of ``voice:`` in pluto.yaml."""
-    t = config.transcription
+    """The caps and the transcription endpoint of ``voice:`` in pluto.yaml (resolved: a model
+    name is spelled out by ``PlutoConfig.voice_resolved``)."""
+    t = config.transcription if isinstance(config.transcription, TranscriptionConfig) else None
     return VoiceLimits(max_seconds=config.max_seconds, max_bytes=int(config.max_mb * 2**20),
                        timeout=config.timeout_seconds, model=t.model if t else None,
                        api_base=t.api_base if t else None, api_key=t.api_key() if t else None)
