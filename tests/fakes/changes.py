@@ -5,6 +5,7 @@ by the changes — never by a fixed sleep."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -26,10 +27,8 @@ class Changes:
 
     async def wait_change(self, timeout: float | None) -> None:
         """Until the next change, or ``timeout`` seconds."""
-        try:
+        with contextlib.suppress(TimeoutError):  # (no change in time: the caller looks again)
             await asyncio.wait_for(self._changed.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
 
     _wait_change = wait_change
 

@@ -177,7 +177,7 @@ class Image:
 
 
 class _BadImage(Exception):
-    pass
+    """An image part OpenAI would refuse (the fake answers 400 with its message)."""
 
 
 def _images_of(body: dict[str, Any]) -> list[Image]:
