@@ -15,6 +15,8 @@ skills: []                # its skills: folders with a SKILL.md
 agents: [analyst]         # agents it may ask: a tool ask_analyst(question) (runtime/delegation)
 handoff: [writer]         # agents it may hand the conversation to: a tool handoff_to(name)
 delegation: {max_depth: 2, max_children: 5}   # how deep asks may nest; asks per run
+approval: {run_sql: always, "files_*": first_time}  # tool calls a person approves first
+approval_timeout: 300     # seconds: nobody deciding by then means denied
 ```
 
 Agent files are data, never templates: ``${NAME}`` in them stays as written (only ``pluto.yaml``
@@ -25,6 +27,7 @@ can copy a secret out of the environment. An agent may name a key in ``api_key_e
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -91,6 +94,10 @@ class MemorySpec(_Strict):
     short_term: ShortTermMemory | None = None
 
 
+ApprovalRule = Literal["always", "first_time", "never"]
+_TOOL_PATTERN = re.compile(r"[A-Za-z0-9_.\-*?\[\]!]{1,128}")
+
+
 class AgentFile(_Strict):
     """What ``agent.yaml`` may say."""
 
@@ -111,6 +118,18 @@ class AgentFile(_Strict):
     agents: list[str] = Field(default_factory=list)
     handoff: list[str] = Field(default_factory=list)
     delegation: DelegationLimits = DelegationLimits()
+    # tool name or pattern (fnmatch: files_*) -> always | first_time (per session) | never
+    approval: dict[str, ApprovalRule] = Field(default_factory=dict)
+    approval_timeout: float = Field(default=300.0, ge=1, le=7 * 86400)
+
+    @field_validator("approval", mode="after")
+    @classmethod
+    def _patterns(cls, v: dict[str, ApprovalRule]) -> dict[str, ApprovalRule]:
+        for pattern in v:
+            if not _TOOL_PATTERN.fullmatch(pattern):
+                raise ValueError(f"{pattern!r} is not a tool name or pattern (letters, digits, "
+                                 "'_', '-', '.', and the wildcards * ? [ ])")
+        return v
 
     @field_validator("api_base", mode="before")
     @classmethod
@@ -145,6 +164,19 @@ class AgentSpec:
     agents: tuple[str, ...] = ()  # agents it may ask (a tool ask_<name> each)
     handoff: tuple[str, ...] = ()  # agents it may hand the conversation to (handoff_to)
     delegation: DelegationLimits = DelegationLimits()
+    approval: tuple[tuple[str, ApprovalRule], ...] = ()  # (tool or pattern, rule), as written
+    approval_timeout: float = 300.0
+
+    def approval_rule(self, tool: str) -> ApprovalRule:
+        """Whether a person approves a call of ``tool`` first: its own entry, else the first
+        pattern that matches it, else never."""
+        for name, rule in self.approval:
+            if name == tool:
+                return rule
+        for name, rule in self.approval:
+            if fnmatch.fnmatchcase(tool, name):
+                return rule
+        return "never"
 
 
 def load_agent(agent_dir: Path, key_envs: Collection[str] = (),
@@ -205,6 +237,8 @@ def load_agent(agent_dir: Path, key_envs: Collection[str] = (),
         agents=tuple(spec.agents),
         handoff=tuple(spec.handoff),
         delegation=spec.delegation,
+        approval=tuple(spec.approval.items()),
+        approval_timeout=spec.approval_timeout,
     )
 
 

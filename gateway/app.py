@@ -36,6 +36,7 @@ from pluto.gateway.feed import CHANNEL as FEED_CHANNEL, LocalRunFeed, SharedRunF
 from pluto.gateway.http.admin import mount_admin
 from pluto.gateway.http.server import HttpServer
 from pluto.gateway.metrics import Metrics
+from pluto.gateway.pipeline.approvals import ApprovalSweep
 from pluto.gateway.pipeline.access import Access
 from pluto.gateway.pipeline.data_commands import DataCommands, data_service, shared_files
 from pluto.gateway.pipeline.memory_commands import MemoryCommands
@@ -124,6 +125,8 @@ class Gateway:
         self.directory = Directory(lambda: self.routes, self.registry, self.store.conversations)
         self.watcher = ConfigWatcher(self)  # live reload of the config dir (serve only)
         self.scheduler = schedules.attach(self)  # schedules.yaml, /remind: agents speak first
+        # approval requests nobody decided in time, handed to their chats (docs/approvals.md)
+        self.approval_sweep = ApprovalSweep(self.store.approvals, self.intakes)
         self.serve = serve
         bind = http_bind or (self.config.http.host, self.config.http.port)
         self.http = HttpServer(self, *bind) if serve else None
@@ -206,7 +209,7 @@ class Gateway:
                                 if self.shared else MemoryBook(self.data_dir / "memory"),
                                 "history": self.store.history},
                       model_factory=model_factory, usage=self.usage,
-                      tracing=self.tracing)
+                      tracing=self.tracing, approvals=self.store.approvals)
 
     def _tool_names(self) -> Collection[str]:
         """The tools an agent may name in ``tools:`` (an unknown one is a ConfigError)."""
@@ -260,6 +263,8 @@ class Gateway:
             for provider in configured:
                 self.add_provider(provider)
             await schedules.start(self.scheduler, stack, watch=self.serve)
+            self.approval_sweep.start()
+            stack.push_async_callback(self.approval_sweep.stop)
             if self.serve:
                 self.watcher.start()
                 stack.push_async_callback(self.watcher.stop)

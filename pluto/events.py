@@ -2,7 +2,9 @@
 
 Names are an API once a client uses them (the web widget, the SSE stream), so they follow the
 seed design: run.start, message.delta, tool.start, tool.end, message.final, run.end, run.error;
-tool.progress (a long tool call's progress, as its tool reports it) was added with MCP tools.
+tool.progress (a long tool call's progress, as its tool reports it) was added with MCP tools;
+approval.request (a tool call waits for a person's decision: the run ends ``awaiting_approval``)
+and approval.decision (the decision, first in the run that resumes it) with approvals.
 
 Every event carries ``seq``: its number within its run (1, 2, 3, …), given by storage when the
 event is committed. It travels with the event everywhere (the run feed, SSE, the WebSocket, the
@@ -17,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Outcome = Literal["ok", "cancelled", "budget", "error", "interrupted"]
+Outcome = Literal["ok", "cancelled", "budget", "error", "interrupted", "awaiting_approval"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,11 +114,48 @@ class RunError:
     ts: float = field(default_factory=time.time)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalRequest:
+    """A tool call waits for a person's decision (docs/approvals.md): the run ends after this
+    with the outcome ``awaiting_approval``; a decision resumes it in a new run. ``arguments``
+    is the call's arguments as the chat shows them (JSON, truncated); ``approvers`` who may
+    decide, in words; ``expires_at`` when nobody deciding means denied (epoch seconds)."""
+
+    type: Literal["approval.request"] = "approval.request"
+    run_id: str
+    seq: int = 0
+    approval_id: str
+    call_id: str
+    name: str
+    arguments: str
+    approvers: str = ""
+    expires_at: float = 0.0
+    ts: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalDecision:
+    """What became of an approval request: the first event of the run that resumes it.
+    ``verdict``: approved, denied, expired (nobody decided in time) or cancelled."""
+
+    type: Literal["approval.decision"] = "approval.decision"
+    run_id: str
+    seq: int = 0
+    approval_id: str
+    call_id: str
+    name: str
+    verdict: Literal["approved", "denied", "expired", "cancelled"]
+    by: str = ""
+    reason: str = ""
+    ts: float = field(default_factory=time.time)
+
+
 RunEvent = (RunStart | MessageDelta | ToolStart | ToolProgress | ToolEnd | MessageFinal | RunEnd
-            | RunError)
+            | RunError | ApprovalRequest | ApprovalDecision)
 
 _EVENTS: tuple[type[RunEvent], ...] = (RunStart, MessageDelta, ToolStart, ToolProgress, ToolEnd,
-                                       MessageFinal, RunEnd, RunError)
+                                       MessageFinal, RunEnd, RunError, ApprovalRequest,
+                                       ApprovalDecision)
 _BY_TYPE: dict[str, type[RunEvent]] = {
     str(cls.__dataclass_fields__["type"].default): cls for cls in _EVENTS}
 

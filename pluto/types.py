@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pluto.events import (  # re-exported: the one place to import core types from
+    ApprovalDecision,
+    ApprovalRequest,
     MessageDelta,
     MessageFinal,
     RunEnd,
@@ -28,7 +30,7 @@ __all__ = [
     "Attachment", "Capabilities", "Dialect", "IncomingMessage", "OutgoingMessage", "Route",
     "PLAIN", "MARKDOWN", "Outcome", "Accepted", "Answered", "Refused", "Duplicate", "Dropped",
     "RunEvent", "RunStart", "MessageDelta", "ToolStart", "ToolProgress", "ToolEnd",
-    "MessageFinal", "RunEnd", "RunError",
+    "MessageFinal", "RunEnd", "RunError", "ApprovalRequest", "ApprovalDecision", "Button",
 ]
 
 
@@ -90,6 +92,9 @@ class IncomingMessage:
     # its chat's inbox like any message, so the chat's holder answers it in its turn — never
     # beside a person's message in that chat. No provider sets it.
     firing: int | None = None
+    # A message the gateway made itself to resume a run after its approval was decided without
+    # a person's message (the id of the approval: it expired). No provider sets it.
+    approval: str | None = None
 
 
 SessionScope = Literal["chat", "user", "thread", "shared"]
@@ -105,6 +110,20 @@ class Route:
     rule: str = "default"  # a human-readable name of the rule that matched
     # whether a user's long-term notes may enter this group chat; None: the agent decides
     memory_in_groups: bool | None = None
+    # who may approve a tool call the agent asks a person about (docs/approvals.md): user ids
+    # ("123" or "telegram:123"), and "asker" for whoever wrote the message being answered
+    approvers: tuple[str, ...] = ("asker",)
+
+
+@dataclass(frozen=True, slots=True)
+class Button:
+    """A button under a message (an approval's Approve / Deny). Clicking it is the same as
+    writing ``command`` in the chat (``/approve a1b2c3``), as the clicker; a platform without
+    buttons shows the commands in the text instead."""
+
+    label: str
+    command: str
+    style: Literal["primary", "danger", "default"] = "default"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,6 +141,7 @@ class OutgoingMessage:
     attachments: tuple[Attachment, ...] = ()
     edit_of: str | None = None  # the platform message id to replace, when the platform can edit
     markup: str = "plain"  # the name of the dialect ``text`` is already rendered in
+    buttons: tuple[Button, ...] = ()  # shown under the text (``Capabilities.has_buttons``)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,6 +163,9 @@ class Capabilities:
     can_send_images: bool = False
     can_send_files: bool = False
     has_typing: bool = False
+    # the provider shows ``OutgoingMessage.buttons`` and turns a click into a message with the
+    # button's command from the clicker (else the commands are written in the text)
+    has_buttons: bool = False
 
 
 # what intake says became of a message ----------------------------------------------------------

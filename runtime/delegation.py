@@ -213,11 +213,15 @@ class Delegation:
     async def _child_request(runner: Runner, parent: ParentRun, spec: AgentSpec,
                              question: str) -> RunRequest:
         """The child's run: its own id and session (per asked agent and parent session), the
-        parent's person and chat (budgets, memory); no inbox message, no chat notices."""
+        parent's person and chat (budgets, memory); no inbox message, no chat notices, nobody
+        to ask for an approval."""
         session = await runner.store.session(f"ask/{spec.name}/{parent.req.session.id}",
                                              spec.name)
+        # (a child cannot wait for a person: a call of its that needs approval is refused,
+        # and the parent reads why — docs/approvals.md)
         return replace(parent.req, run_id=new_id(), session=session, agent=spec,
-                       text=question, tools=None, source=None, notify=None)
+                       text=question, tools=None, source=None, notify=None, asking=None,
+                       resume=None)
 
     # handing over -----------------------------------------------------------------------------
 

@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from pluto.agents.spec import AgentSpec
-from pluto.events import (MessageDelta, MessageFinal, RunEnd, RunError, RunEvent, RunStart,
-                          ToolEnd, ToolProgress, ToolStart)
+from pluto.events import (ApprovalDecision, ApprovalRequest, MessageDelta, MessageFinal, RunEnd,
+                          RunError, RunEvent, RunStart, ToolEnd, ToolProgress, ToolStart)
+from pluto.runtime.approvals import (STORED_ARGUMENTS, Asking, new_approval_id, refusal_text,
+                                     shown_arguments, who_decides)
 from pluto.runtime.batching import batched
 from pluto.runtime.memory import MemoryBook, Speaker
 from pluto.runtime.memory.compaction import Summarizer, model_summarizer
@@ -40,8 +42,8 @@ from pluto.runtime.skills import skill_tools
 from pluto.runtime.tools import Progress, Tool, ToolContext, ToolError, ToolResult
 from pluto.runtime.tracing import Tracing
 from pluto.runtime.usage import Attribution, Reservation, UsageCall, UsageMeter
-from pluto.storage.ports import ConversationStore
-from pluto.storage.rows import SessionRow, estimate_tokens
+from pluto.storage.ports import ApprovalStore, ConversationStore
+from pluto.storage.rows import SessionRow, ToolApproval, estimate_tokens
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,10 @@ class RunRequest:
     who: Attribution = Attribution()  # whom it answers, for the usage ledger and budgets
     speaker: Speaker | None = None  # who wrote it, where: whose long-term memory it may use
     notify: Callable[[str], Awaitable[Any]] | None = None  # a one-line notice to the chat
+    # where a tool call may wait for a person's approval (None: nobody can be asked here, so a
+    # call that needs one is refused) — runtime/approvals.py
+    asking: Asking | None = None
+    resume: ToolApproval | None = None  # the decided request this run resumes
 
 
 @dataclass(slots=True)
@@ -88,6 +94,7 @@ class _RunState:
     ended: bool = False
     ledger: list[asyncio.Future[Any]] = field(default_factory=list)  # rows riding a commit
     reservation: Reservation | None = None  # the budgets' share the model call in flight holds
+    approved: set[str] = field(default_factory=set)  # tools approved in the session (first_time)
 
     @property
     def total_tokens(self) -> int:
@@ -101,7 +108,8 @@ class Runner:
                  services: dict[str, Any] | None = None,
                  model_factory: Callable[[ModelSettings], Model] = model_for,
                  retry_base_delay: float = 0.5, delta_interval: float = 0.04,
-                 usage: UsageMeter | None = None, tracing: Tracing | None = None):
+                 usage: UsageMeter | None = None, tracing: Tracing | None = None,
+                 approvals: ApprovalStore | None = None):
         self.store = conversations
         self.models = models
         self.tools = tools
@@ -112,6 +120,7 @@ class Runner:
         self.delta_interval = delta_interval  # text deltas are committed and shown in batches
         self.usage = usage  # the ledger (a row per model call) and budgets
         self.tracing = tracing  # spans of runs, model and tool calls (off unless configured)
+        self.approvals = approvals  # tool calls waiting for a person (runtime/approvals.py)
         # several instances: a run storage cut short is not ended with an error here but
         # handed back (its message answered again once storage works: gateway/app.py)
         self.hand_back = False
@@ -207,13 +216,13 @@ class Runner:
         starting = asyncio.ensure_future(self.store.start_run(
             req.run_id, req.session.id, agent.name, req.text,
             RunStart(run_id=req.run_id, session_id=req.session.id, agent=agent.name),
-            source=req.source))
+            source=req.source, message=req.resume is None))
         prompt = "\n\n".join(p for p in (agent.instructions, memory.system) if p)
         system = [{"role": "system", "content": prompt}] if prompt else []
         settings = self.settings_for(agent)
+        said = [{"role": "user", "content": req.text}] if req.resume is None else []
         messages = await with_images(  # pictures' notes: image parts, or descriptions
-            system + history + [{"role": "user", "content": req.text}], settings,
-            self.data_dir, self.services.get("data"))
+            system + history + said, settings, self.data_dir, self.services.get("data"))
         state = _RunState(req, observe, time.monotonic() + agent.budget.max_seconds,
                           messages, self.tools_for(agent, req.tools) | memory.tools,
                           settings, starting)
@@ -305,6 +314,11 @@ class Runner:
         if (delegation := self.services.get("delegation")) is not None:  # ask_<agent>, handoff
             state.tools.update(await delegation.tools_for(self, state))
         schemas = [t.schema() for t in state.tools.values()]
+        if state.req.resume is not None:  # a decided approval: its call first
+            async for event in self._resumed(state, state.req.resume):
+                yield event
+            if state.ended:  # it waits for another approval
+                return
         while True:
             turn = None
             items = batched(self._model_turn(state, schemas), interval=self.delta_interval,
@@ -340,6 +354,8 @@ class Runner:
                 raise BudgetExceeded(_budget_msg("tokens", state), "tokens")
             async for event in self._run_tools(state, turn):
                 yield event
+            if state.ended:  # a call waits for a person's approval
+                return
 
     async def _model_turn(self, state: _RunState,
                           schemas: list[dict[str, Any]]) -> AsyncIterator[str | ModelTurn]:
@@ -510,24 +526,146 @@ class Runner:
         calls = [c.as_message() for c in turn.tool_calls]
         await self.store.add_message(req.session.id, "assistant", turn.text or None,
                                      run_id=req.run_id, tool_calls=calls)
-        state.messages.append({"role": "assistant", "content": turn.text or None,
-                               "tool_calls": calls})
+        assistant = {"role": "assistant", "content": turn.text or None, "tool_calls": calls}
+        state.messages.append(assistant)
         state.partial = ""
-        for call in turn.tool_calls:
-            if state.tool_calls >= req.agent.budget.max_tool_calls:
+        async for event in self._calls(state, assistant, [], list(turn.tool_calls)):
+            yield event
+
+    async def _calls(self, state: _RunState, assistant: dict[str, Any],
+                     results: list[dict[str, Any]],
+                     calls: list[ToolCall]) -> AsyncIterator[RunEvent]:
+        """The turn's calls in order; one a person must approve first ends the run there
+        (``awaiting_approval``), the rest of the turn kept with its request."""
+        for i, call in enumerate(calls):
+            if state.tool_calls >= state.req.agent.budget.max_tool_calls:
                 raise BudgetExceeded(_budget_msg("tool_calls", state), "tool_calls")
-            state.tool_calls += 1
-            args, problem = _parse_arguments(call)
-            yield await self._commit(state, ToolStart(run_id=req.run_id, call_id=call.id,
-                                                      name=call.name, arguments=args or {}))
-            result = problem or await self._call_tool(state, call, args or {})
-            await self.store.add_message(req.session.id, "tool", result.content,
-                                         run_id=req.run_id, tool_call_id=call.id, name=call.name)
-            state.messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
-                                   "content": result.content})
-            yield await self._commit(state, ToolEnd(
-                run_id=req.run_id, call_id=call.id, name=call.name, content=result.content,
-                details=result.details, is_error=result.is_error))
+            if await self._needs_approval(state, call):
+                if state.req.asking is not None and self.approvals is not None:
+                    async for event in self._pause(state, assistant, results, calls[i:]):
+                        yield event
+                    return
+                async for event in self._not_run(state, call, (
+                        f"The call to {call.name} needs a person's approval, and nobody can be "
+                        "asked here; it was not run."), results):
+                    yield event
+                continue
+            async for event in self._one_call(state, call, results):
+                yield event
+
+    async def _one_call(self, state: _RunState, call: ToolCall,
+                        results: list[dict[str, Any]]) -> AsyncIterator[RunEvent]:
+        req = state.req
+        state.tool_calls += 1
+        args, problem = _parse_arguments(call)
+        yield await self._commit(state, ToolStart(run_id=req.run_id, call_id=call.id,
+                                                  name=call.name, arguments=args or {}))
+        result = problem or await self._call_tool(state, call, args or {})
+        async for event in self._tool_result(state, call, result, results):
+            yield event
+
+    async def _tool_result(self, state: _RunState, call: ToolCall, result: ToolResult,
+                           results: list[dict[str, Any]]) -> AsyncIterator[RunEvent]:
+        req = state.req
+        await self.store.add_message(req.session.id, "tool", result.content,
+                                     run_id=req.run_id, tool_call_id=call.id, name=call.name)
+        message = {"role": "tool", "tool_call_id": call.id, "name": call.name,
+                   "content": result.content}
+        state.messages.append(message)
+        results.append(message)
+        yield await self._commit(state, ToolEnd(
+            run_id=req.run_id, call_id=call.id, name=call.name, content=result.content,
+            details=result.details, is_error=result.is_error))
+
+    async def _not_run(self, state: _RunState, call: ToolCall, why: str,
+                       results: list[dict[str, Any]]) -> AsyncIterator[RunEvent]:
+        """A call refused (denied, expired, nobody to ask): the model reads why."""
+        args, _ = _parse_arguments(call)
+        yield await self._commit(state, ToolStart(run_id=state.req.run_id, call_id=call.id,
+                                                  name=call.name, arguments=args or {}))
+        async for event in self._tool_result(state, call, ToolResult(why, is_error=True),
+                                             results):
+            yield event
+
+    # approvals (runtime/approvals.py) -------------------------------------------------------
+
+    async def _needs_approval(self, state: _RunState, call: ToolCall) -> bool:
+        rule = state.req.agent.approval_rule(call.name)
+        if rule == "never" or call.name not in state.tools:
+            return False  # (an unknown tool is refused as ever: nothing runs)
+        if rule == "always":
+            return True
+        if call.name in state.approved:
+            return False
+        if self.approvals is not None and await self.approvals.approved_before(
+                state.req.session.id, call.name):
+            state.approved.add(call.name)
+            return False
+        return True
+
+    async def _pause(self, state: _RunState, assistant: dict[str, Any],
+                     results: list[dict[str, Any]],
+                     pending: list[ToolCall]) -> AsyncIterator[RunEvent]:
+        """Store the call as a request, show it, and end the run ``awaiting_approval``."""
+        req, call = state.req, pending[0]
+        asking = req.asking
+        assert asking is not None and self.approvals is not None
+        row = await self.approvals.create(
+            id=new_approval_id(), run_id=req.run_id, session_id=req.session.id,
+            session_key=req.session.key, agent=req.agent.name, provider=asking.provider,
+            chat_id=asking.chat_id, thread_id=asking.thread_id, asker=asking.asker,
+            approvers=asking.approvers, tool=call.name, call_id=call.id,
+            arguments=call.arguments[:STORED_ARGUMENTS],
+            turn={"assistant": assistant, "results": results,
+                  "pending": [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                              for c in pending],
+                  # what the resuming run needs of this one: the route's narrowing of the
+                  # tools, and whether the chat is a direct one (memory)
+                  "tools": list(req.tools) if req.tools is not None else None,
+                  "direct": req.speaker.is_direct if req.speaker is not None else False},
+            timeout=req.agent.approval_timeout)
+        log.info("run %s (agent %s): %s waits for approval %s", req.run_id, req.agent.name,
+                 call.name, row.id)
+        yield await self._commit(state, ApprovalRequest(
+            run_id=req.run_id, approval_id=row.id, call_id=call.id, name=call.name,
+            arguments=shown_arguments(call.arguments), approvers=who_decides(asking.approvers),
+            expires_at=row.expires_at))
+        yield await self._end(state, "awaiting_approval")
+
+    async def _resumed(self, state: _RunState, row: ToolApproval) -> AsyncIterator[RunEvent]:
+        """A decided request: the decision recorded, the paused turn again (the history keeps
+        only whole tool exchanges), its call run or refused, then the rest of the turn."""
+        req = state.req
+        if (start := await self._shown_start(state)) is not None:
+            yield start
+        yield await self._commit(state, ApprovalDecision(
+            run_id=req.run_id, approval_id=row.id, call_id=row.call_id, name=row.tool,
+            verdict=row.status,  # type: ignore[arg-type]
+            by=row.decided_by or "", reason=row.reason or ""))
+        turn = row.turn
+        assistant = dict(turn["assistant"])
+        await self.store.add_message(req.session.id, "assistant", assistant.get("content"),
+                                     run_id=req.run_id, tool_calls=assistant["tool_calls"])
+        state.messages.append(assistant)
+        results: list[dict[str, Any]] = []
+        for done in turn.get("results") or []:
+            await self.store.add_message(req.session.id, "tool", done["content"],
+                                         run_id=req.run_id, tool_call_id=done["tool_call_id"],
+                                         name=done.get("name"))
+            state.messages.append(done)
+            results.append(done)
+        pending = [ToolCall(c["id"], c["name"], c["arguments"]) for c in turn["pending"]]
+        first, rest = pending[0], pending[1:]
+        if row.status == "approved":
+            state.approved.add(first.name)
+            async for event in self._one_call(state, first, results):
+                yield event
+        else:
+            async for event in self._not_run(state, first, refusal_text(
+                    row.status, first.name, row.decided_by or "", row.reason or ""), results):
+                yield event
+        async for event in self._calls(state, assistant, results, rest):
+            yield event
 
     async def _call_tool(self, state: _RunState, call: ToolCall,
                          args: dict[str, Any]) -> ToolResult:

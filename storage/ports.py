@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pluto.events import RunEvent
-from pluto.storage.rows import (Approval, MessageRow, OutboxRow, PairingRequest, RunRow,
+from pluto.storage.rows import (Approval, ToolApproval, MessageRow, OutboxRow, PairingRequest, RunRow,
                                 SessionRow, StepRow, TaskRow)
 
 if TYPE_CHECKING:  # the ledger's rows, shared by both engines (SqlUsage runs on each)
@@ -98,10 +98,12 @@ class ConversationStore(RunReader, Protocol):
         ...
 
     async def start_run(self, run_id: str, session_id: str, agent: str, input_text: str,
-                        event: RunEvent, *, source: tuple[str, str] | None = None) -> RunEvent:
+                        event: RunEvent, *, source: tuple[str, str] | None = None,
+                        message: bool = True) -> RunEvent:
         """Mark the run running (recording it if it was not queued), with the user's message
-        and its ``run.start``, in one commit; ``source``: the inbox's message it answers,
-        marked handled in that commit too."""
+        (unless ``message`` is false: a run resuming an approval says nothing new) and its
+        ``run.start``, in one commit; ``source``: the inbox's message it answers, marked
+        handled in that commit too."""
         ...
 
     async def cancel_run(self, run_id: str, session_id: str, agent: str, input_text: str,
@@ -561,6 +563,37 @@ class Bus(Protocol):
         ...
 
 
+class ApprovalStore(Protocol):
+    """Tool calls waiting for a person's decision (``storage/sql/approvals``)."""
+
+    async def create(self, *, id: str, run_id: str, session_id: str, session_key: str,
+                     agent: str, provider: str, chat_id: str, thread_id: str | None,
+                     asker: str, approvers: tuple[str, ...], tool: str, call_id: str,
+                     arguments: str, turn: dict[str, Any], timeout: float) -> ToolApproval: ...
+
+    async def get(self, approval_id: str) -> ToolApproval | None: ...
+
+    async def latest_pending(self, provider: str, chat_id: str) -> ToolApproval | None: ...
+
+    async def of_run(self, run_id: str) -> builtins.list[ToolApproval]: ...
+
+    async def decide(self, approval_id: str, verdict: str, *, by: str, message_id: str | None,
+                     reason: str | None = None) -> tuple[ToolApproval | None, bool]: ...
+
+    async def expire_due(self, limit: int = 100) -> builtins.list[ToolApproval]: ...
+
+    async def unresumed(self, older_than: float,
+                        limit: int = 100) -> builtins.list[ToolApproval]: ...
+
+    async def claim_resume(self, approval_id: str, run_id: str,
+                           message_id: str | None) -> bool: ...
+
+    async def approved_before(self, session_id: str, tool: str) -> bool: ...
+
+    async def cancel_pending(self, session_key: str,
+                             reason: str) -> builtins.list[ToolApproval]: ...
+
+
 class ScheduleStore(Protocol):
     """Schedules and their firings (storage/sql/schedules.py: a firing is claimed by one
     statement, on the database's clock)."""
@@ -652,6 +685,9 @@ class Store(Protocol):
 
     @property
     def schedules(self) -> ScheduleStore: ...
+
+    @property
+    def approvals(self) -> ApprovalStore: ...
 
     @property
     def notes(self) -> NotesStore: ...

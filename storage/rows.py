@@ -108,6 +108,7 @@ class OutboxRow:
     reply_to: str | None = None
     answers: str | None = None
     edit_of: str | None = None
+    buttons: list[dict[str, str]] = field(default_factory=list)  # label, command, style
     attachments: list[dict[str, Any]] = field(default_factory=list)
     id: int | None = None
     status: str = "pending"  # pending → sent | failed
@@ -190,3 +191,45 @@ def normalize_code(code: str) -> str:
 
 def format_code(code: str) -> str:
     return f"{code[:4]}-{code[4:]}" if len(code) == CODE_LENGTH else code
+
+
+# approvals of tool calls (runtime/approvals.py) ------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ToolApproval:
+    """A tool call waiting for a person's decision, and what became of it (a durable wait: a
+    row, decided once, resumed once). ``turn``: the paused model turn — its assistant message,
+    the results of the calls before this one, and the calls still to make (this one first)."""
+
+    id: str
+    run_id: str
+    session_id: str
+    session_key: str
+    agent: str
+    provider: str
+    chat_id: str
+    thread_id: str | None
+    asker: str
+    approvers: tuple[str, ...]  # user ids ("123" or "telegram:123"); "asker" for the asker
+    tool: str
+    call_id: str
+    arguments: str
+    turn: dict[str, Any]
+    status: str  # pending | approved | denied | expired | cancelled
+    reason: str | None
+    decided_by: str | None
+    decided_at: float | None
+    decided_message: str | None
+    resumed_run: str | None
+    created_at: float
+    expires_at: float
+
+    def may_decide(self, provider: str, user_id: str) -> bool:
+        """Whether this user (of this provider) may approve or deny it."""
+        for who in self.approvers:
+            if who == "asker":
+                if provider == self.provider and user_id == self.asker:
+                    return True
+            elif who in (user_id, f"{provider}:{user_id}"):
+                return True
+        return False

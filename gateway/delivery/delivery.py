@@ -45,8 +45,10 @@ from pluto.gateway.delivery.render import render_chunks, split_text
 from pluto.gateway.delivery.streaming import EditThrottle, LivePreview, Removal, Typing
 from pluto.gateway.ports import Provider
 from pluto.ids import new_id
-from pluto.types import (PLAIN, Attachment, IncomingMessage, MessageDelta, MessageFinal,
-                         OutgoingMessage, RunError, RunEvent, ToolEnd, ToolStart)
+from pluto.runtime.approvals import decision_line, request_text
+from pluto.types import (PLAIN, ApprovalDecision, ApprovalRequest, Attachment, Button,
+                         IncomingMessage, MessageDelta, MessageFinal, OutgoingMessage, RunError,
+                         RunEvent, ToolEnd, ToolStart)
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +192,36 @@ class Delivery:
             case RunError(message=message, detail=detail):
                 full = detail if detail and provider.capabilities.operator else message
                 await self._final(provider, msg, state, event, full, "error")
+            case ApprovalRequest():
+                await self._ask(provider, msg, state, event)
+            case ApprovalDecision(verdict=verdict, name=name, by=by):
+                if not provider.capabilities.answers_from_feed:
+                    await self.outbox.deliver(provider, f"{event.run_id}:decision", self._chunks(
+                        provider, reply_to(msg, "", kind="notice"),
+                        decision_line(verdict, name, by), []))
+
+    async def _ask(self, provider: Provider, msg: IncomingMessage, state: _Run,
+                   event: ApprovalRequest) -> None:
+        """A tool call waiting for a person: its request, with Approve / Deny buttons where the
+        platform has them, else the commands to write (docs/approvals.md)."""
+        state.typing.stop()
+        if provider.capabilities.answers_from_feed:
+            return  # the widget, the API: shown from the run feed
+        if state.preview is not None:
+            await state.preview.finish()
+        approve, deny = f"/approve {event.approval_id}", f"/deny {event.approval_id}"
+        text = request_text(event)
+        buttons: tuple[Button, ...] = ()
+        if provider.capabilities.has_buttons:
+            buttons = (Button("Approve", approve, "primary"), Button("Deny", deny, "danger"))
+        else:
+            text += f"\n\nReply `{approve}` or `{deny}`."
+        messages = self._chunks(provider, reply_to(msg, text, run_id=event.run_id,
+                                                   seq=event.seq), text, [])
+        if messages:
+            messages[-1] = replace(messages[-1], buttons=buttons)
+        await self.outbox.deliver(provider, f"{event.run_id}:approval", messages)
+        state.delivered = True
 
     async def _final(self, provider: Provider, msg: IncomingMessage, state: _Run,
                      event: RunEvent, text: str, kind: Kind) -> None:

@@ -38,7 +38,7 @@ from pluto.gateway.logs import EVERY_LINE
 from pluto.gateway.ports import Provider
 from pluto.storage.ports import OutboxStore
 from pluto.storage.rows import OutboxRow
-from pluto.types import Attachment, OutgoingMessage
+from pluto.types import Attachment, Button, OutgoingMessage
 
 log = logging.getLogger(__name__)
 
@@ -525,7 +525,9 @@ def _to_row(provider: str, reply_id: str, chunk: int, m: OutgoingMessage) -> Out
                      provider=provider, chat_id=m.chat_id, thread_id=m.thread_id,
                      reply_to=m.reply_to, answers=m.answers, edit_of=m.edit_of, kind=m.kind,
                      markup=m.markup, text=m.text,
-                     attachments=[_attachment_dict(a) for a in m.attachments])
+                     attachments=[_attachment_dict(a) for a in m.attachments],
+                     buttons=[{"label": b.label, "command": b.command, "style": b.style}
+                              for b in m.buttons])
 
 
 def _to_message(row: OutboxRow) -> OutgoingMessage:
@@ -533,7 +535,10 @@ def _to_message(row: OutboxRow) -> OutgoingMessage:
                            answers=row.answers, edit_of=row.edit_of,
                            kind=row.kind,  # type: ignore[arg-type]
                            markup=row.markup, text=row.text, run_id=row.run_id, seq=row.seq,
-                           attachments=tuple(_attachment(a) for a in row.attachments))
+                           attachments=tuple(_attachment(a) for a in row.attachments),
+                           buttons=tuple(Button(b["label"], b["command"],
+                                                b.get("style", "default"))  # type: ignore[arg-type]
+                                         for b in row.buttons))
 
 
 def _attachment_dict(a: Attachment) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from pluto.events import RunEnd, RunError, RunEvent
 from pluto.gateway.delivery.delivery import Delivery, reply_to
 from pluto.gateway.metrics import Metrics
 from pluto.gateway.pipeline.access import Access
+from pluto.gateway.pipeline.approvals import ApprovalDesk
 from pluto.gateway.pipeline.commands import Commands, Failed
 from pluto.gateway.pipeline.data_commands import DataCommands
 from pluto.gateway.pipeline.lanes import SessionLanes
@@ -40,13 +41,14 @@ from pluto.gateway.pipeline.overload import Load
 from pluto.gateway.pipeline.routing import RoutingTable
 from pluto.gateway.ports import Provider
 from pluto.ids import new_id
+from pluto.runtime.approvals import Asking
 from pluto.runtime.delegation import Delegation
 from pluto.runtime.memory import Speaker
 from pluto.runtime.runner import INTERNAL_ERROR, STORAGE_FAILED, Runner, RunRequest
 from pluto.runtime.usage import Attribution
 from pluto.runtime.voice import SpokenAnswer
 from pluto.storage.ports import ConversationStore, InboundStore
-from pluto.storage.rows import SessionRow
+from pluto.storage.rows import SessionRow, ToolApproval
 from pluto.types import (Accepted, Answered, Dropped, IncomingMessage, Outcome, Refused, Route,
                          outcome_to_dict)
 
@@ -74,6 +76,7 @@ class Job:
     # "nothing to report" is not sent)
     wrap: Callable[[AsyncIterator[RunEvent]], AsyncIterator[RunEvent]] | None = None
     origin: str = "message"  # message | schedule: what started it (kept in the usage ledger)
+    resume: ToolApproval | None = None  # a decided approval request this run resumes
 
     @property
     def source(self) -> tuple[str, str] | None:
@@ -129,6 +132,11 @@ class Pipeline:
         self.delegation: Delegation = runner.services.setdefault("delegation",
                                                                  Delegation(registry.load))
         self.delegation.live = self.live  # a child run is this process's while it runs
+        # approvals of tool calls: /approve, /deny and buttons (None: no store for them)
+        self.approvals = ApprovalDesk(
+            runner.approvals, lambda p, m, text, kind: self.delivery.reply(
+                p, m, text, kind=kind),  # type: ignore[arg-type]
+            self._resume) if runner.approvals is not None else None
         self.commands = Commands(registry, conversations, self.stop, self._answering)
         data.register(self.commands)
         access.is_command = self.commands.knows
@@ -166,6 +174,8 @@ class Pipeline:
             if self.scheduled is None:
                 return Dropped("no scheduler runs here")
             return await self.scheduled(msg)
+        if msg.approval is not None:  # made by the gateway: a request decided without a click
+            return await self._resume_decided(msg)
         provider = self.providers.get(msg.provider)
         self.metrics.message_in(msg.provider)
         if provider is None:
@@ -177,6 +187,8 @@ class Pipeline:
                 await self.delivery.reply(provider, msg, admitted.notice, kind="notice")
             return admitted
         route = admitted
+        if self.approvals is not None and (decision := self.approvals.parse(msg)) is not None:
+            return await self.approvals.decide(msg, route, provider, decision)
         answer = await self.commands.handle(msg, route)
         if answer is not None:
             failed = isinstance(answer, Failed)
@@ -200,15 +212,42 @@ class Pipeline:
         session's lane like any other (access and commands were checked when it was made)."""
         return await self._queue(msg, route, wrap, origin="schedule")
 
+    async def _resume_decided(self, msg: IncomingMessage) -> Outcome:
+        """A gateway-made message for a request decided without one (it expired, or the
+        instance that took its decision died first): the run that resumes it."""
+        assert msg.approval is not None
+        row = None if self.approvals is None else await self.approvals.store.get(msg.approval)
+        if row is None or row.status == "pending" or row.provider != msg.provider:
+            return Dropped("no decided approval request to resume")
+        return await self._resume(msg, None, row)
+
+    async def _resume(self, msg: IncomingMessage, route: Route | None,
+                      row: ToolApproval) -> Outcome:
+        """Queue the run that resumes a decided request, in the request's session (not the
+        decider's: an admin's click in a group resumes the asker's conversation) — claimed
+        first, so one run resumes it, whoever handles a decision twice."""
+        assert self.approvals is not None
+        tools = row.turn.get("tools")
+        resumed = Route(agent=row.agent, session_key=row.session_key,
+                        tools=tuple(tools) if tools is not None else None, rule="approval",
+                        approvers=row.approvers,
+                        memory_in_groups=route.memory_in_groups if route is not None else None)
+        run_id = new_id()
+        if not await self.approvals.store.claim_resume(row.id, run_id, msg.message_id):
+            log.info("approval %s: resumed already (or its run was taken over)", row.id)
+            return Dropped("the request was resumed already")
+        return await self._queue(msg, resumed, origin="approval", resume=row, run_id=run_id)
+
     async def _queue(self, msg: IncomingMessage, route: Route,
                      wrap: Callable[[AsyncIterator[RunEvent]], AsyncIterator[RunEvent]]
-                     | None = None, *, origin: str = "message") -> Outcome:
+                     | None = None, *, origin: str = "message",
+                     resume: ToolApproval | None = None, run_id: str | None = None) -> Outcome:
         """Into the session's lane. A message that will wait is recorded as a queued run now;
         one that starts at once is recorded by its start (one commit fewer on the way)."""
         session = await self.conversations.session(route.session_key, route.agent)
         waiting = self.lanes.busy(route.session_key)
-        job = Job(msg, route, new_id(), time.time(), session.id,
-                  None if waiting else session, wrap, origin)
+        job = Job(msg, route, run_id or new_id(), time.time(), session.id,
+                  None if waiting else session, wrap, origin, resume)
         self.live[job.run_id] = msg.message_id
         if self.track_runs:
             self._unfinished[job.run_id] = asyncio.get_running_loop().create_future()
@@ -231,6 +270,11 @@ class Pipeline:
         running, dropped = self.lanes.cancel(session_key)
         for job in dropped:
             await self._drop(job, "dropped by /stop before it ran")
+        if self.approvals is not None:  # a run waiting for a person stops too
+            with contextlib.suppress(StorageError):
+                waiting = await self.approvals.store.cancel_pending(session_key,
+                                                                    "stopped with /stop")
+                running = running or bool(waiting)
         if everywhere and self.stop_elsewhere is not None:
             running = await self.stop_elsewhere(session_key) or running
         return running, len(dropped)
@@ -288,8 +332,8 @@ class Pipeline:
             return
         observe = self._observer(provider.name)
         try:  # the route's agent, or the one the session was handed to (until /new)
-            agent = await self.delegation.agent_for(job.session_id, route.agent,
-                                                    self.conversations)
+            agent = await self.registry.load(route.agent) if job.resume is not None else \
+                await self.delegation.agent_for(job.session_id, route.agent, self.conversations)
         except (PlutoError, LookupError) as e:
             log.error("agent %s unavailable: %s", route.agent, e)
             await self._deliver(provider, msg, job, self._without_run(
@@ -298,6 +342,10 @@ class Pipeline:
             return
         session = job.session if job.session is not None and job.session.agent == agent.name \
             else await self.conversations.session(route.session_key, agent.name)
+        if job.resume is not None:
+            await self._process_resumed(provider, job, agent, session, observe)
+            return
+
         def notify(line: str, kind: Literal["notice", "error"]) -> Awaitable[object]:
             return self.delivery.reply(provider, msg, line, kind=kind)
 
@@ -316,7 +364,9 @@ class Pipeline:
                          speaker=Speaker(msg.provider, msg.chat_id, msg.user_id, msg.is_direct,
                                          route.memory_in_groups),
                          notify=lambda line: self.delivery.reply(provider, msg, line,
-                                                                 kind="notice"))
+                                                                 kind="notice"),
+                         asking=Asking(msg.provider, msg.chat_id, msg.thread_id, msg.user_id,
+                                       route.approvers))
         events = self.runner.run(req, observe)
         spoken = self.data.spoken(agent.name, job.run_id)  # voice.speak_agents
         if spoken is not None and provider.capabilities.can_send_files:
@@ -324,6 +374,26 @@ class Pipeline:
         await self._deliver(provider, msg, job, job.wrap(events) if job.wrap else events)
         if spoken is not None and spoken.text:
             await self._speak(provider, msg, job, spoken)
+
+    async def _process_resumed(self, provider: Provider, job: Job, agent: Any,
+                               session: SessionRow,
+                               observe: Callable[[RunEvent], None]) -> None:
+        """The run that resumes a decided approval request: in the asker's name, in the
+        request's chat (its reply quotes nothing: a click is no message to quote)."""
+        row, route = job.resume, job.route
+        assert row is not None
+        msg = replace(job.msg, is_direct=True, thread_id=row.thread_id)
+        req = RunRequest(job.run_id, session, agent, "", route.tools, source=job.source,
+                         who=Attribution(row.provider, row.asker, row.chat_id, route.rule,
+                                         job.received, job.origin),
+                         speaker=Speaker(row.provider, row.chat_id, row.asker,
+                                         bool(row.turn.get("direct")), route.memory_in_groups),
+                         notify=lambda line: self.delivery.reply(provider, msg, line,
+                                                                 kind="notice"),
+                         asking=Asking(row.provider, row.chat_id, row.thread_id, row.asker,
+                                       row.approvers),
+                         resume=row)
+        await self._deliver(provider, msg, job, self.runner.run(req, observe))
 
     async def _speak(self, provider: Provider, msg: IncomingMessage, job: Job,
                      spoken: SpokenAnswer) -> None:

@@ -13,12 +13,15 @@ routes:
                                  # memory.long_term.groups, itself false)
     require_mention: true        # in groups, answer only when the bot is mentioned
     rate_limit: {user: 5/minute, chat: 30/minute}
+    approvers: admins            # who approves the agent's risky tool calls: asker (default),
+                                 # admins (the list below) or a list of user ids
   - match: {provider: telegram, direct: true}
     agent: default
     access: pairing              # unknown users get a code an admin approves
   - match: {provider: telegram}
     deny: true                   # nobody else on Telegram
 default: default                 # the agent for messages no rule matched; null: drop them
+admins: ["telegram:42", "U024BE7LH"]   # approvers: admins (a user id, or provider:user id)
 ```
 
 :meth:`RoutingTable.decide` says what happens to a message and which rule decided it;
@@ -195,9 +198,21 @@ class RateLimitSpec(_Strict):
         return ", ".join(f"{rate} per {scope}" for scope, rate in self.rates()) or "none"
 
 
+Approvers = Literal["asker", "admins"] | list[str]
+
+
+def _approvers(v: Any) -> Any:
+    if isinstance(v, list):
+        if not v:
+            raise ValueError("an empty list lets nobody approve: write asker, admins or ids")
+        return _str_list(v)
+    return v
+
+
 class RuleDefaults(_Strict):
     """Settings every rule (and the default route) gets unless it says otherwise."""
 
+    approvers: Approvers = "asker"
     rate_limit: RateLimitSpec | None = None
     require_mention: bool = False
     access: AccessMode = "open"
@@ -214,6 +229,10 @@ class Rule(_Strict):
     rate_limit: RateLimitSpec | None = None
     require_mention: bool | None = None
     access: AccessMode | None = None
+    approvers: Approvers | None = None
+
+    _approvers_list = field_validator("approvers", mode="before")(
+        classmethod(lambda cls, v: _approvers(v)))
 
     @model_validator(mode="after")
     def _agent_or_deny(self) -> Rule:
@@ -239,6 +258,12 @@ class RoutesFile(_Strict):
     defaults: RuleDefaults = RuleDefaults()
     routes: list[Rule] = Field(default_factory=list)
     default: str | None = "default"
+    admins: list[str] = Field(default_factory=list)  # approvers: admins (user ids)
+
+    @field_validator("admins", mode="before")
+    @classmethod
+    def _ids(cls, v: Any) -> Any:
+        return _str_list(v) if v is not None else []
 
     @field_validator("default")
     @classmethod
@@ -347,6 +372,16 @@ class RoutingTable:
                       d.require_mention if rule.require_mention is None else rule.require_mention,
                       rule.rate_limit if rule.rate_limit is not None else d.rate_limit)
 
+    def approvers(self, rule: Rule | None) -> tuple[str, ...]:
+        """Who may approve a tool call for a rule's chats: "asker", and user ids."""
+        chosen = rule.approvers if rule is not None and rule.approvers is not None \
+            else self.spec.defaults.approvers
+        names = [chosen] if isinstance(chosen, str) else chosen
+        out: list[str] = []
+        for name in names:
+            out += self.spec.admins if name == "admins" else [name]
+        return tuple(dict.fromkeys(out))
+
     def decide(self, m: IncomingMessage) -> Decision:
         """What happens to a message, and which rule decided it. A text_regex that runs out
         of time denies the message (by that rule): it never falls through to later rules."""
@@ -375,7 +410,8 @@ class RoutingTable:
         route = Route(agent=agent, session_key=session_key(agent, scope, m),
                       tools=tuple(rule.tools) if rule and rule.tools is not None else None,
                       rule=label,
-                      memory_in_groups=rule.memory_in_groups if rule is not None else None)
+                      memory_in_groups=rule.memory_in_groups if rule is not None else None,
+                      approvers=self.approvers(rule))
         if policy.require_mention and not m.is_direct and not m.mentions_bot:
             return Decision("needs_mention", label, i, rule, route, policy)
         return Decision("route", label, i, rule, route, policy)

@@ -437,14 +437,15 @@ class SqliteConversations:
         await self.engine.transact(queue)
 
     async def start_run(self, run_id: str, session_id: str, agent: str, input_text: str,
-                        event: RunEvent, *, source: tuple[str, str] | None = None) -> RunEvent:
+                        event: RunEvent, *, source: tuple[str, str] | None = None,
+                        message: bool = True) -> RunEvent:
         now = time.time()
         self._seq[run_id] = 0
         event = self._numbered(event)
-        message = _message("user", input_text, run_id)
+        said = _message("user", input_text, run_id) if message else None
         stmts: list[Statement] = [
             ("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id)),
-            _message_stmt(session_id, message),
+            *([_message_stmt(session_id, said)] if said is not None else []),
             _event_stmt(event)]
 
         running: Statement = (
@@ -473,7 +474,8 @@ class SqliteConversations:
             self._forget(run_id)
             raise
         self._kept[run_id] = event.seq
-        self._remember(session_id, message)
+        if said is not None:
+            self._remember(session_id, said)
         return event
 
     async def _start_together(self, run_id: str, running: Statement,

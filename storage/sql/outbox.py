@@ -53,10 +53,13 @@ MIGRATIONS: list[str] = [
         until REAL NOT NULL
     );
     """,
+    """
+    ALTER TABLE outbox ADD COLUMN buttons TEXT NOT NULL DEFAULT '[]';
+    """,
 ]
 
 _COLUMNS = ("reply_id", "chunk", "run_id", "seq", "provider", "chat_id", "thread_id", "reply_to",
-            "answers", "edit_of", "kind", "markup", "text", "attachments")
+            "answers", "edit_of", "kind", "markup", "text", "attachments", "buttons")
 
 
 _CLAIM = ("INSERT INTO outbox_claims (reply_id, owner, until) VALUES (?,?,?)"
@@ -78,7 +81,7 @@ _CLAIM_SHARED = (
 
 def _value(row: OutboxRow, column: str) -> Any:
     value = getattr(row, column)
-    return json.dumps(value) if column == "attachments" else value
+    return json.dumps(value) if column in ("attachments", "buttons") else value
 
 
 def _row(r: Any) -> OutboxRow:
@@ -87,6 +90,7 @@ def _row(r: Any) -> OutboxRow:
         provider=r["provider"], chat_id=r["chat_id"], thread_id=r["thread_id"],
         reply_to=r["reply_to"], answers=r["answers"], edit_of=r["edit_of"], kind=r["kind"],
         markup=r["markup"], text=r["text"], attachments=json.loads(r["attachments"] or "[]"),
+        buttons=json.loads(r["buttons"] or "[]"),
         status=r["status"], attempts=r["attempts"], platform_id=r["platform_id"],
         error=r["error"])
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from pluto.storage.blobs import LocalBlobs
 from pluto.storage.sql import Engine
+from pluto.storage.sql.approvals import SqlApprovals
 from pluto.storage.sql.conversations import SqliteConversations
 from pluto.storage.sql.flood import SqlFlood
 from pluto.storage.sql.idempotency import SqlIdempotency
@@ -42,6 +43,7 @@ class SqlStore:
         self.usage = SqlUsage(self.engine)
         self.idempotency = SqlIdempotency(self.engine)  # the HTTP API's Idempotency-Key
         self.schedules = SqlSchedules(self.engine)  # schedules and their firings
+        self.approvals = SqlApprovals(self.engine)  # tool calls waiting for a person
         self.blobs: Any = LocalBlobs()  # one instance: files stay in the data dir only
 
     @property
@@ -53,7 +55,8 @@ class SqlStore:
         try:
             for part in (self.conversations, self.outbox, self.inbound, self.tasks,
                          self.pairing, self.leases, self.rates, self.flood, self.usage,
-                         self.history, self.idempotency, self.schedules, self.blobs):
+                         self.history, self.idempotency, self.schedules, self.approvals,
+                         self.blobs):
                 await part.migrate()
         except BaseException:
             await self.engine.close()
