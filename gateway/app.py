@@ -321,7 +321,9 @@ class Gateway:
                                   data_dir=self.data_dir, feed=self.feed, http=mount,
                                   chats=self.directory, runs=self.store.conversations,
                                   tasks=self.store.tasks,
-                                  idempotency=self.store.idempotency, files=self.files)
+                                  idempotency=self.store.idempotency, files=self.files,
+                                  approvals=self.pipeline.approvals.check
+                                  if self.pipeline.approvals is not None else None)
             built.append(build_provider(name, ctx))
         return built
 

@@ -151,6 +151,10 @@ class ProviderContext:
     tasks: TaskStore | None = None
     idempotency: IdempotencyStore | None = None  # the HTTP API's Idempotency-Key records
     files: SharedFileReader | None = None  # the data dir's files, fetched when another made them
+    # whether a person may decide an approval request, asked before a button's click is
+    # handed over (providers/kit/buttons.py): (provider, chat, user, approval id) -> None
+    # when they may, else the sentence to show them privately
+    approvals: Callable[[str, str, str, str], Awaitable[str | None]] | None = None
 
     def secret(self, field_name: str, default_env: str) -> str | None:
         """The secret named by ``<field_name>`` in the provider's config (an env var name)."""

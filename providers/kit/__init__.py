@@ -16,7 +16,9 @@ What is the same everywhere lives here, so that a new provider is mostly its pla
 - :mod:`.settings` — settings fields and checks (environment variable names, URLs, webhook
   paths, "needs the HTTP server");
 - :mod:`.payload` — reading a platform's JSON defensively (a string, a dict, a list at a key);
-- :mod:`.http` — a request body read no further than a limit.
+- :mod:`.http` — a request body read no further than a limit;
+- :mod:`.buttons` — buttons under a message (an approval's Approve / Deny) and a click as the
+  message it stands for, checked privately first.
 
 See ``docs/provider-kit.md`` for an example of a provider built on it.
 """

@@ -13,6 +13,12 @@ Platform features (beyond the provider's :class:`Capabilities`):
 - ``flood_control``: the platform answers "too many requests" with a retry-after
 - ``files_in``: users can send files
 - ``serve``: the provider runs under ``pluto serve`` (``serve_config``), for the kill test
+- ``strangers``: a second person can act in the direct chat's conversation (a group, a
+  channel): a click by someone who may not decide is refused privately (``private_notes``)
+
+Approvals (docs/approvals.md): a provider with ``caps.has_buttons`` shows an approval request's
+buttons (``Shown.buttons``) and the harness clicks them as the platform delivers a click
+(``click``); the others show the commands in the text, and the user writes one.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class Shown:
     kind: str = "text"  # text | image | file
     data: bytes | None = None  # the file of an image or document
     edits: int = 0
+    buttons: tuple[str, ...] = ()  # the labels of the buttons under it, if it has any now
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +143,21 @@ class Harness(abc.ABC):
     @abc.abstractmethod
     def shown(self, chat: str | None = None) -> list[Shown]:
         """The bot's messages in ``chat`` as they are now, oldest first."""
+
+    async def click(self, message: Shown, label: str, *, chat: str | None = None,
+                    user: str | None = None) -> None:
+        """A person clicks the button ``label`` under ``message`` (in ``chat``, the direct chat
+        by default), as the platform delivers a click — the usual user, or ``user`` (a
+        stranger's id, feature ``strangers``). Returns once the platform has the click's
+        answer (a callback answered, an interaction acknowledged)."""
+        raise NotImplementedError(f"{self.name} has no buttons")
+
+    stranger: str = ""  # a user id that may not decide the usual user's requests
+
+    def private_notes(self, user: str) -> list[str]:
+        """What the platform showed ``user`` alone (a callback's alert, an ephemeral
+        message), oldest first."""
+        raise NotImplementedError(f"{self.name} shows nothing privately")
 
     def confirmed(self, message: UserMessage) -> bool | None:
         """Whether the platform counts ``message`` as taken by the bot (an offset past it, a

@@ -7,6 +7,7 @@ A scenario runs on the harnesses whose capabilities or platform features it need
 from __future__ import annotations
 
 import asyncio
+import re
 import struct
 import time
 import zlib
@@ -285,3 +286,111 @@ async def test_a_429_on_the_first_preview_holds_the_final_reply(harness: Harness
     [refused] = harness.refused_sends()
     assert harness.accepted_sends()[0] - refused >= 1.95
     assert [s.text for s in shown] == ["Thinking it over."]
+
+
+# approvals (issue 33, docs/approvals.md) ---------------------------------------------------------
+
+class Deleter:
+    """A tool behind an approval: it counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+        @tool
+        async def delete_file(ctx: ToolContext, path: str) -> ToolResult:
+            """Delete a file.
+
+            Args:
+                path: The file.
+            """
+            self.calls.append(path)
+            return ToolResult(f"deleted {path}")
+
+        self.tool = delete_file
+
+
+async def approving(harness: Harness, *answers: str) -> Deleter:
+    """The default agent calls delete_file behind ``approval: always``; ``answers`` follow."""
+    deleter = Deleter()
+    agent = harness.config_dir / "agents" / "default" / "agent.yaml"
+    spec = yaml.safe_load(agent.read_text())
+    agent.write_text(yaml.safe_dump({**spec, "tools": [*spec.get("tools", []), "delete_file"],
+                                     "approval": {"delete_file": "always"}}))
+    model = ScriptedModel(Scripted(tool_calls=[ToolCall("c1", "delete_file",
+                                                        '{"path": "/srv/old.log"}')]),
+                          *(Scripted(text=a) for a in answers))
+    await harness.start(model, tools={"delete_file": deleter.tool})
+    return deleter
+
+
+def request_shown(shown: list[Any]) -> Any | None:
+    return next((s for s in shown if "delete_file" in s.text and "/srv/old.log" in s.text),
+                None)
+
+
+@pytest.mark.parametrize("harness", harnesses(lambda h: h.caps.has_buttons), indirect=True)
+async def test_an_approval_click_runs_the_tool_exactly_once(harness: Harness) -> None:
+    deleter = await approving(harness, "Deleted old.log.")
+    await harness.user_says("delete the old log")
+    shown = await harness.wait_shown(lambda s: (r := request_shown(s)) is not None and
+                                     r.buttons == ("Approve", "Deny"),
+                                     what="the request with Approve / Deny")
+    ask = request_shown(shown)
+    assert deleter.calls == []  # nothing runs before a person says so
+    await harness.click(ask, "Approve")
+    await harness.wait_shown(lambda s: any(m.text == "Deleted old.log." for m in s),
+                             what="the answer after the approval")
+    assert deleter.calls == ["/srv/old.log"]
+    await harness.click(ask, "Approve")  # a second click (or a redelivered one): no effect
+    await harness.settled()
+    assert deleter.calls == ["/srv/old.log"]
+    assert [m.text for m in harness.shown()].count("Deleted old.log.") == 1
+
+
+@pytest.mark.parametrize("harness", harnesses(lambda h: h.caps.has_buttons), indirect=True)
+async def test_a_deny_click_tells_the_model_and_it_answers(harness: Harness) -> None:
+    deleter = await approving(harness, "Understood, I left it.")
+    await harness.user_says("delete the old log")
+    shown = await harness.wait_shown(lambda s: request_shown(s) is not None,
+                                     what="the request")
+    await harness.click(request_shown(shown), "Deny")
+    await harness.wait_shown(lambda s: any(m.text == "Understood, I left it." for m in s),
+                             what="the answer after the denial")
+    assert deleter.calls == []
+    assert any("denied" in str(m.get("content")) for m in harness.model.calls[-1]
+               if m["role"] == "tool")
+
+
+@pytest.mark.parametrize("harness", harnesses(lambda h: h.caps.has_buttons
+                                              and "strangers" in h.features), indirect=True)
+async def test_a_strangers_click_is_refused_privately(harness: Harness) -> None:
+    deleter = await approving(harness, "Deleted.")
+    chat = harness.group_chat or harness.direct_chat
+    await harness.user_says("delete the old log", chat=chat, mention=True)
+    shown = await harness.wait_shown(lambda s: request_shown(s) is not None, chat=chat,
+                                     what="the request")
+    before = len(harness.shown(chat))
+    await harness.click(request_shown(shown), "Approve", chat=chat, user=harness.stranger)
+    notes = harness.private_notes(harness.stranger)
+    assert notes and "can decide" in notes[-1]
+    await harness.settled()
+    assert deleter.calls == [] and len(harness.shown(chat)) == before  # nothing in the chat
+    await harness.click(request_shown(shown), "Approve", chat=chat)  # the asker may
+    await harness.wait_shown(lambda s: any(m.text == "Deleted." for m in s), chat=chat,
+                             what="the answer once the asker approved")
+    assert deleter.calls == ["/srv/old.log"]
+
+
+@pytest.mark.parametrize("harness", harnesses(lambda h: not h.caps.has_buttons), indirect=True)
+async def test_without_buttons_an_approval_is_a_command_to_write(harness: Harness) -> None:
+    deleter = await approving(harness, "Deleted by command.")
+    await harness.user_says("delete the old log")
+    shown = await harness.wait_shown(lambda s: (r := request_shown(s)) is not None and
+                                     "/approve " in r.text, what="the request and its commands")
+    found = re.search(r"/approve [a-z2-9]+", request_shown(shown).text)
+    assert found is not None, request_shown(shown).text
+    command = found.group(0)
+    await harness.user_says(command)
+    await harness.wait_shown(lambda s: any("Deleted by command." in m.text for m in s),
+                             what="the answer after /approve")
+    assert deleter.calls == ["/srv/old.log"]
