@@ -302,3 +302,28 @@ def test_rules_by_name_then_pattern(tmp_path):
     agent = load_agent(tmp_path / "a")
     assert [agent.approval_rule(t) for t in ("files_read", "files_delete", "run_sql", "x")] == [
         "never", "first_time", "always", "never"]
+
+
+async def test_a_decision_whose_instance_died_before_resuming_is_handed_over_again(tmp_path,
+                                                                                   files):
+    """The instance decided (its statement committed) and died before the resuming run began:
+    the sweep finds the decided request that no run resumed and hands it to its chat."""
+    model = ScriptedModel(Scripted(tool_calls=[delete("/tmp/k")]),
+                          Scripted(text="Deleted k in the end."))
+    async with gateway(tmp_path, model, files) as gw:
+        p = await start(gw)
+        await p.say("delete k")
+        await wait_for(lambda: any(m.buttons for m in p.sent))
+        approval_id = request_of(p).buttons[0].command.split()[1]
+        decided, fresh = await gw.store.approvals.decide(approval_id, "approved", by="u1",
+                                                         message_id="click:lost")
+        assert fresh and decided is not None
+        gw.approval_sweep.stranded_after = 0.0
+        assert await gw.approval_sweep.look() == 1
+        await wait_for(lambda: "Deleted k in the end." in p.finals())
+        assert files.deleted == ["/tmp/k"]
+        # the lost click, redelivered late, resumes nothing more
+        await p.say(f"/approve {approval_id}")
+        await gw.settled()
+        assert files.deleted == ["/tmp/k"] and p.finals().count("Deleted k in the end.") == 1
+        assert await gw.approval_sweep.look() == 0

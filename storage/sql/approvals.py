@@ -138,7 +138,7 @@ class SqlApprovals:
         decided one died before it handed the decision over): to be handed over again."""
         rows = await self.engine.fetchall(
             "SELECT * FROM tool_approvals WHERE status <> 'pending' AND resumed_run IS NULL"
-            f" AND decided_at < {self.now} - ? AND EXISTS (SELECT 1 FROM runs WHERE"
+            f" AND decided_at <= {self.now} - ? AND EXISTS (SELECT 1 FROM runs WHERE"
             " runs.id = tool_approvals.run_id AND runs.status = 'awaiting_approval')"
             " ORDER BY decided_at LIMIT ?",
             (older_than, limit))
