@@ -31,7 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pluto.events import RunEnd, RunError, RunEvent, RunStart, ToolEnd, ToolStart
+from pluto.events import (ApprovalDecision, ApprovalRequest, RunEnd, RunError, RunEvent,
+                          RunStart, ToolEnd, ToolStart)
 
 if TYPE_CHECKING:
     from pluto.runtime.runner import RunRequest
@@ -157,6 +158,16 @@ class Tracing:
             case RunError(kind=kind):
                 if (run := self._runs.get(req.run_id)) is not None:
                     run.run.set_attribute("error.type", kind)
+            case ApprovalRequest(approval_id=approval_id, name=name):  # docs/approvals.md
+                if (run := self._runs.get(req.run_id)) is not None:
+                    run.run.add_event("pluto.approval.request", {
+                        "pluto.approval.id": approval_id, "gen_ai.tool.name": name},
+                        timestamp=now)
+            case ApprovalDecision(approval_id=approval_id, name=name, verdict=verdict):
+                if (run := self._runs.get(req.run_id)) is not None:
+                    run.run.add_event("pluto.approval.decision", {
+                        "pluto.approval.id": approval_id, "gen_ai.tool.name": name,
+                        "pluto.approval.verdict": verdict}, timestamp=now)
             case RunEnd(outcome=outcome):
                 self._end_run(req.run_id, outcome, now)
 
@@ -192,7 +203,7 @@ class Tracing:
         for span in run.tools.values():
             span.end(end_time=now)
         run.run.set_attribute("pluto.outcome", outcome)
-        if outcome != "ok":
+        if outcome not in ("ok", "awaiting_approval"):  # (a pause is no failure)
             run.run.set_status(self._status("ERROR"), outcome)
         run.run.end(end_time=now)
         run.message.end(end_time=now)

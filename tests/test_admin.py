@@ -277,6 +277,44 @@ async def test_recent_runs(admin: Admin) -> None:
     assert (await admin.call("GET", "/admin/runs?limit=0"))[0] == 400
 
 
+async def test_a_run_view_shows_its_approval_and_the_decision(
+        config_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pluto.runtime.model import ToolCall
+
+    agent = config_dir / "agents" / "default" / "agent.yaml"
+    agent.write_text(agent.read_text() + "\napproval: {current_time: always}\n")
+    monkeypatch.setenv("PLUTO_ADMIN_KEY", KEY)
+    gw, p = await make_admin(config_dir, data_dir)
+    gw.runner.model_factory = ScriptedModel(
+        Scripted(tool_calls=[ToolCall("t1", "current_time", '{"timezone": "UTC"}')]),
+        Scripted(text="It is noon."))
+    async with aiohttp.ClientSession() as http:
+        try:
+            await _approval_view(Admin(gw, http, p))
+        finally:
+            await gw.stop()
+
+
+async def _approval_view(admin: Admin) -> None:
+    await admin.p.say("what time is it?")
+    [ask] = await admin.p.wait_finals(1)
+    approval_id = ask.split("`/approve ")[1].split("`")[0]
+    await admin.p.say(f"/deny {approval_id} not now")
+    await admin.p.wait_finals(2)
+    await admin.gw.settled()
+    _, body = await admin.call("GET", "/admin/runs?limit=5")
+    paused = next(r for r in body["runs"] if r["status"] == "awaiting_approval")
+    status, view = await admin.call("GET", f"/admin/runs/{paused['id']}")
+    assert status == 200 and "approval.request" in [e["type"] for e in view["events"]]
+    [approval] = view["approvals"]
+    assert (approval["id"], approval["tool"], approval["status"], approval["reason"]) == (
+        approval_id, "current_time", "denied", "not now")
+    assert "turn" not in approval and approval["resumed_run"]
+    _, resumed = await admin.call("GET", f"/admin/runs/{approval['resumed_run']}")
+    decision = next(e for e in resumed["events"] if e["type"] == "approval.decision")
+    assert (decision["verdict"], decision["reason"]) == ("denied", "not now")
+
+
 # the A2A Agent Card -------------------------------------------------------------------------------
 
 async def test_agent_card(admin: Admin, config_dir: Path) -> None:

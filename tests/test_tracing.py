@@ -130,6 +130,39 @@ async def test_one_message_is_traced_route_run_model_and_tool(config_dir: Path, 
     assert retry.endswith(f"trace={trace_id}")
 
 
+async def test_an_approval_and_its_decision_are_events_of_the_runs_spans(
+        config_dir: Path, data_dir: Path, fake: FakeOpenAI):
+    agent = config_dir / "agents" / "default" / "agent.yaml"
+    agent.write_text(agent.read_text() + "\napproval: {current_time: always}\n")
+    fake.script(Reply(tool_calls=[FakeCall("current_time", {})]), Reply(text="It is noon."))
+    async with Collector() as collector:
+        config = PlutoConfig(
+            data_dir=data_dir, tracing=TracingConfig(otlp_endpoint=collector.url),
+            models={"default": ModelConfig(model="openai/gpt-4o-mini",
+                                           api_base=fake.base_url)})
+        async with Gateway(config_dir, config=config) as gw:
+            p = RecordingProvider()
+            gw.add_provider(p)
+            await p.running.wait()
+            await p.say("what time is it?")
+            await p.wait_finals(1)  # the request (no buttons here: the commands in its text)
+            [approval] = [w for w in p.sent[0].text.split("`") if w.startswith("/approve ")]
+            await p.say(approval)
+            assert (await p.wait_finals(2))[-1] == "It is noon."
+    runs = sorted((s for s in collector.spans if s.name == "invoke_agent default"),
+                  key=lambda s: s.start_time_unix_nano)
+    assert [attrs(r)["pluto.outcome"] for r in runs] == ["awaiting_approval", "ok"]
+    assert runs[0].status.code != 2  # a pause is no error
+    paused, resumed = ([(e.name, {a.key: a.value.string_value for a in e.attributes})
+                        for e in r.events] for r in runs)
+    approval_id = approval.split()[1]
+    assert paused == [("pluto.approval.request", {"pluto.approval.id": approval_id,
+                                                  "gen_ai.tool.name": "current_time"})]
+    assert resumed == [("pluto.approval.decision", {
+        "pluto.approval.id": approval_id, "gen_ai.tool.name": "current_time",
+        "pluto.approval.verdict": "approved"})]
+
+
 async def test_tracing_is_off_by_default_and_costs_nothing(config_dir: Path, data_dir: Path):
     gw = Gateway(config_dir, config=PlutoConfig(data_dir=data_dir))
     async with gw:

@@ -15,6 +15,7 @@ Without a configured key the admin API is off and says so (403). Endpoints (JSON
 - ``GET /admin/pairing``, ``POST /admin/pairing/approve``,
   ``DELETE /admin/pairing/{provider}/{user}``: pairing requests and approvals
 - ``GET /admin/runs?limit=&agent=&status=``, ``GET /admin/runs/{id}``: recent runs, one run
+  (its events, and the approvals it asked for with their decisions)
 - ``GET /admin/usage?by=&since=``, ``GET /admin/usage/runs/{id}``, ``GET /admin/usage/budgets``,
   ``POST /admin/usage/reset``: the usage ledger and budgets (:mod:`.admin_usage`)
 
@@ -278,8 +279,16 @@ async def _run(request: web.Request) -> web.Response:
     if row is None:
         return _error(404, f"no run {run_id!r}")
     events = [event_to_dict(e) for e in await conversations.events(run_id)]
+    # the tool calls it asked a person about, and their decisions (docs/approvals.md)
+    approvals = [_approval(a) for a in
+                 await request.app[GATEWAY_KEY].store.approvals.of_run(run_id)]
     return web.json_response({"run": dataclasses.asdict(row), "trace_id": trace_id_for(run_id),
-                              "events": events}, dumps=_dumps)
+                              "events": events, "approvals": approvals}, dumps=_dumps)
+
+
+def _approval(row: Any) -> dict[str, Any]:
+    """An approval request as the admin run view shows it (its paused turn stays inside)."""
+    return {k: v for k, v in dataclasses.asdict(row).items() if k != "turn"}
 
 
 # helpers ------------------------------------------------------------------------------------------
