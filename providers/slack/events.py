@@ -10,7 +10,9 @@ it is given once intake recorded the message. When it could not be recorded (sto
 :class:`~pluto.providers.handover.NotRecorded`), an HTTP post is answered 503 and a Socket Mode
 envelope is not acknowledged, and Slack delivers the event again. The signature is checked before anything else is read, so a forged or
 malformed request learns nothing (401, then 400 for a signed body that is not an event, or
-whose JSON nests deeper than :data:`pluto.jsonlimits.MAX_DEPTH`).
+whose JSON nests deeper than :data:`pluto.jsonlimits.MAX_DEPTH`). Interactivity (a click's
+``block_actions``, form-encoded ``payload=``) may be posted to the same URL: it is checked the
+same way, then answered by the click's listener (``buttons.py``).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import parse_qsl
 
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
-from slack_bolt.async_app import AsyncApp
+from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.logger.messages import warning_client_prioritized_and_token_skipped
 from slack_bolt.request.async_request import AsyncBoltRequest
@@ -34,6 +37,7 @@ from pluto import jsonlimits
 from pluto.jsonlimits import JsonTooDeep
 from pluto.providers.handover import NotRecorded
 from pluto.providers.kit.http import read_limited
+from pluto.providers.slack.buttons import ACTION_PATTERN
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,7 @@ MAX_BODY = 1024 * 1024  # Slack's event posts are a few kilobytes
 BOLT_LOG = logging.getLogger("pluto.providers.slack.bolt")
 Authorize = Callable[[], Awaitable[AuthorizeResult]]
 OnEvent = Callable[[dict[str, Any], str | None], Awaitable[None]]  # (payload, retry number)
+OnClick = Callable[[dict[str, Any]], Awaitable[None]]  # a block_actions payload, before the ack
 
 
 class _NotTheTokenNotice(logging.Filter):
@@ -55,8 +60,10 @@ BOLT_LOG.addFilter(_NotTheTokenNotice())
 
 
 def build_app(*, api_base: str, signing_secret: str | None, authorize: Authorize,
-              on_event: OnEvent) -> AsyncApp:
-    """The bolt app: message and app_mention events go to ``on_event``; others are ignored."""
+              on_event: OnEvent, on_click: OnClick | None = None) -> AsyncApp:
+    """The bolt app: message and app_mention events go to ``on_event``, clicks of our buttons
+    (``block_actions``) to ``on_click`` (acknowledged once it returned; it must return within
+    Slack's 3 s); others are acknowledged and ignored."""
     app = AsyncApp(
         client=AsyncWebClient(base_url=api_base, timeout=30),  # no token: bolt needs none
         signing_secret=signing_secret or "",
@@ -78,6 +85,16 @@ def build_app(*, api_base: str, signing_secret: str | None, authorize: Authorize
         log.warning("slack: event %s not handled: %s", _event_id(body), _sentence(error))
         return None
 
+    async def on_action(body: dict[str, Any], ack: AsyncAck) -> None:
+        if on_click is not None:
+            await on_click(body)  # NotRecorded propagates: no ack (Socket Mode delivers again)
+        await ack()
+
+    async def other_action(ack: AsyncAck) -> None:
+        await ack()  # not one of our buttons: answered, ignored
+
+    app.action(ACTION_PATTERN)(on_action)
+    app.action(re.compile(".*"))(other_action)
     app.event("message")(on_message)
     app.event("app_mention")(on_message)
     app.event(re.compile(".*"))(ignore)
@@ -111,7 +128,7 @@ class HttpEvents:
             return web.json_response({"error": "invalid request"}, status=401)
         try:
             text = raw.decode("utf-8")
-            if not jsonlimits.nesting_within(raw):  # bolt parses it again, recursively
+            if not jsonlimits.nesting_within(_json_part(text)):  # bolt parses it, recursively
                 raise JsonTooDeep("nested too deeply")
             bolt_request = AsyncBoltRequest(body=text, query=request.query_string,
                                             headers={k: v for k, v in headers.items()})
@@ -124,6 +141,14 @@ class HttpEvents:
             return web.json_response({"error": "not ready"}, status=503)  # Slack retries
         response = await self.app.async_dispatch(bolt_request)
         return await to_aiohttp_response(response)
+
+
+def _json_part(text: str) -> str:
+    """The JSON of a post: the body itself (events), or its ``payload`` field (interactivity,
+    form-encoded)."""
+    if text.lstrip().startswith("{"):
+        return text
+    return dict(parse_qsl(text, keep_blank_values=True)).get("payload", "")
 
 
 def _event_id(body: Any) -> str:

@@ -1,5 +1,6 @@
-"""Sending to Slack: mrkdwn text (``chat.postMessage``), edits (``chat.update``) and files
-through the external upload flow (``files_upload_v2``), each into the message's thread.
+"""Sending to Slack: mrkdwn text (``chat.postMessage``; with buttons, as Block Kit sections
+and an actions block, see ``buttons.py``), edits (``chat.update``) and files through the
+external upload flow (``files_upload_v2``), each into the message's thread.
 
 A message's platform id is its ``ts`` (the channel is the chat id). Every failure is a
 :class:`ProviderError` (see ``errors.py``); nothing is retried here: the outbox does that.
@@ -18,6 +19,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from pluto.errors import DeliveryRefused, ProviderError
 from pluto.gateway.delivery.render.dialects import escape_html
 from pluto.types import Attachment, OutgoingMessage
+from pluto.providers.slack.buttons import blocks_for
 from pluto.providers.slack.errors import provider_error
 from pluto.providers.slack.markup import SLACK_MRKDWN
 
@@ -34,7 +36,8 @@ class Outbound:
             return await self._upload(message)
         response = await _call(self.client.chat_postMessage(
             channel=message.chat_id, text=_text(message), thread_ts=message.thread_id,
-            mrkdwn=message.markup == SLACK_MRKDWN.name, unfurl_links=False, unfurl_media=False))
+            blocks=_blocks(message), mrkdwn=message.markup == SLACK_MRKDWN.name,
+            unfurl_links=False, unfurl_media=False))
         ts = str(response.get("ts") or "")
         if not ts:
             raise ProviderError("Slack accepted the message but gave no id for it")
@@ -44,7 +47,7 @@ class Outbound:
     async def edit(self, message: OutgoingMessage) -> None:
         assert message.edit_of is not None
         await _call(self.client.chat_update(channel=message.chat_id, ts=message.edit_of,
-                                            text=_text(message)))
+                                            text=_text(message), blocks=_blocks(message)))
 
     async def delete(self, chat_id: str, ts: str) -> bool:
         try:
@@ -78,6 +81,14 @@ def _text(message: OutgoingMessage) -> str:
     if message.markup == SLACK_MRKDWN.name:
         return message.text
     return escape_html(message.text)
+
+
+def _blocks(message: OutgoingMessage) -> list[dict[str, Any]] | None:
+    """Block Kit for a message with buttons (the text as sections, then the buttons); None for
+    plain text (``text`` alone)."""
+    if not message.buttons:
+        return None
+    return blocks_for(_text(message), message.buttons)
 
 
 async def _read(attachment: Attachment) -> bytes:

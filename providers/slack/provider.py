@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,11 @@ from slack_sdk.web.async_client import AsyncWebClient
 from pluto.errors import ProviderError, ProviderUnusable
 
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
+from pluto.providers.kit.buttons import ApprovalCheck
 from pluto.providers.kit.notices import notice, quiet_notice
 from pluto.providers.handover import HandOver, NotRecorded
 from pluto.types import Attachment, Capabilities, OutgoingMessage
+from pluto.providers.slack.buttons import Clicks
 from pluto.providers.slack.errors import provider_error, redact_secrets_in_logs
 from pluto.providers.slack.events import HttpEvents, build_app
 from pluto.providers.slack.files import Downloads, FileProblem
@@ -61,10 +64,11 @@ class SlackProvider(Provider):
     # Slack takes 40,000 characters, but its clients fold long messages and its guidance is to
     # keep a message under 4,000: a long answer reads better as a few messages of ~3,900.
     capabilities = Capabilities(max_message_length=3900, markup=SLACK_MRKDWN, can_edit=True,
-                                can_send_images=True, can_send_files=True)
+                                can_send_images=True, can_send_files=True, has_buttons=True)
 
     def __init__(self, settings: SlackSettings, secrets: SlackSecrets, *, data_dir: Path,
-                 http_app: HttpMount | web.Application | None = None):
+                 http_app: HttpMount | web.Application | None = None,
+                 approvals: ApprovalCheck | None = None):
         redact_secrets_in_logs(secrets.values())
         self.settings = settings
         self._secrets = secrets
@@ -79,9 +83,11 @@ class SlackProvider(Provider):
         self.outbound = Outbound(self.client, self.threads.join)
         self.downloads = Downloads(data_dir, settings.max_download_mb, secrets.bot_token,
                                    settings.api_base)
+        self.clicks = Clicks(self.name, self.reader, approvals, self._after_ack)
         self.app = build_app(api_base=settings.api_base,
                              signing_secret=secrets.signing_secret if settings.mode == "http"
-                             else None, authorize=self._authorize, on_event=self._on_event)
+                             else None, authorize=self._authorize, on_event=self._on_event,
+                             on_click=self._on_click)
         redact_secrets_in_logs(secrets.values())  # bolt made its loggers just now
         self._intake: Intake | None = None
         self._identity_lock = asyncio.Lock()
@@ -97,7 +103,7 @@ class SlackProvider(Provider):
     def from_context(cls, ctx: ProviderContext) -> SlackProvider:
         settings, secrets = load_settings(ctx)
         return cls(settings, secrets, data_dir=ctx.data_dir,
-                   http_app=ctx.http)
+                   http_app=ctx.http, approvals=ctx.approvals)
 
     # lifecycle ---------------------------------------------------------------------------
 
@@ -181,6 +187,25 @@ class SlackProvider(Provider):
             self._recording.pop(key, None)
             if task is not None:
                 self._handling.discard(task)
+
+    async def _on_click(self, body: dict[str, Any]) -> None:
+        """A click of a button of ours, before Slack's ack (within its 3 s). :class:`NotRecorded`
+        propagates (no ack: a Socket Mode envelope comes again); anything else is logged."""
+        intake = self._intake
+        try:
+            await self.clicks.on_click(
+                body, None if intake is None else (lambda m: self.handover(intake.submit, m)))
+        except (NotRecorded, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.exception("slack: handling a click failed")
+
+    def _after_ack(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Work a click may leave for after its ack (a refusal shown, buttons taken off)."""
+        task = asyncio.create_task(work)
+        self._handling.add(task)
+        task.add_done_callback(self._handling.discard)
+        return task
 
     async def _copy_of(self, key: str, retry: str | None, event: dict[str, Any]) -> None:
         """Another copy of a message (a retry, the ``app_mention`` of a ``message``): it is

@@ -4,6 +4,7 @@ with events posted over HTTP to the gateway's aiohttp server and once over Socke
 from __future__ import annotations
 
 import copy
+import dataclasses
 import html
 import os
 import re
@@ -17,7 +18,7 @@ import yaml
 from tests.helpers.gateway import provider_context
 from pluto.settings import ProviderConfig
 from pluto.gateway.http.server import HttpServer
-from pluto.gateway.ports import Provider
+from pluto.gateway.ports import Provider, ProviderContext
 from pluto.providers.slack import SlackProvider
 from tests.conformance.harness import Harness, Shown, UserMessage
 from tests.fakes.slack_server import FakeSlack, slack_escape
@@ -70,6 +71,13 @@ def read_mrkdwn(raw: str) -> tuple[str, tuple[str, ...]]:
     return text, tuple(code)
 
 
+def _buttons(msg: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, action_id) of the buttons in a message's actions blocks."""
+    return [(str((el.get("text") or {}).get("text") or ""), str(el.get("action_id") or ""))
+            for block in msg.get("blocks") or [] if block.get("type") == "actions"
+            for el in block.get("elements") or [] if el.get("type") == "button"]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -82,8 +90,9 @@ class SlackHarness(Harness):
 
     caps: Any = SlackProvider.capabilities
     features: frozenset[str] = frozenset(
-        {"groups", "redelivery", "flood_control", "files_in", "serve"})
+        {"groups", "redelivery", "flood_control", "files_in", "serve", "strangers"})
     direct_chat: str = "D0PLUTODM1"
+    stranger: str = "U0STRANGER"
     group_chat: str = "C0PLUTOTEAM"
     mode: str = "http"
     fake: FloodingSlack = field(default_factory=FloodingSlack)
@@ -91,7 +100,9 @@ class SlackHarness(Harness):
     async def open(self) -> None:
         await self.fake.start()
         self.fake.add_dm(channel_id=self.direct_chat)
-        self.fake.add_channel("team", channel_id=self.group_chat)
+        self.fake.add_user(self.stranger, name="mallory")
+        self.fake.add_channel("team", channel_id=self.group_chat,
+                              members=(self.fake.default_user, self.stranger))
         os.environ.update(self.secrets())
 
     async def close(self) -> None:
@@ -156,8 +167,35 @@ class SlackHarness(Harness):
                 kind = "image" if str(files[0].get("mimetype", "")).startswith("image/") else "file"
                 data = self.fake.file_bytes(files[0]["id"])
             out.append(Shown(id=msg["ts"], text=text, raw=raw, code=code, kind=kind, data=data,
-                             edits=len(self.fake.edits(chat, msg["ts"]))))
+                             edits=len(self.fake.edits(chat, msg["ts"])),
+                             buttons=tuple(label for label, _ in _buttons(msg))))
         return out
+
+    def checked(self, ctx: ProviderContext) -> ProviderContext:
+        """The context as the gateway gives it: who may decide an approval is asked of it."""
+        assert self.gateway is not None
+        check = self.gateway.pipeline.approvals
+        return dataclasses.replace(ctx, approvals=check.check if check is not None else None)
+
+    async def click(self, message: Shown, label: str, *, chat: str | None = None,
+                    user: str | None = None) -> None:
+        """A click as Slack delivers it; the button is found on the message as it is now, or
+        as it was posted (a client still showing it before the buttons were taken off)."""
+        chat = chat or self.direct_chat
+        now = self.fake.message(chat, message.id) or {}
+        versions = [now] + [{**now, "blocks": p.blocks} for p in self.fake.posts(chat)
+                            if p.ts == message.id and p.blocks]
+        for version in versions:
+            for found, action_id in _buttons(version):
+                if found == label:
+                    await self.fake.click(chat, message.id, action_id, user=user,
+                                          message=version if version is not now else None)
+                    assert not self.fake.interaction_failures, self.fake.interaction_failures
+                    return
+        raise AssertionError(f"no button {label!r} under message {message.id}")
+
+    def private_notes(self, user: str) -> list[str]:
+        return self.fake.notes_for(user)
 
     def rate_limit_sends(self, chat: str, *, after: int, retry_after: int) -> None:
         self.fake.hold[chat] = (after, retry_after)
@@ -187,8 +225,8 @@ class SlackHttpHarness(SlackHarness):
         assert self.gateway is not None
         self.expect_connection()
         self.server = HttpServer(self.gateway, "127.0.0.1", 0)
-        ctx = provider_context(ProviderConfig(**self.provider_config()), self.data_dir,
-                              self.server)
+        ctx = self.checked(provider_context(ProviderConfig(**self.provider_config()),
+                                            self.data_dir, self.server))
         provider = SlackProvider.from_context(ctx)  # mounts its endpoint
         await self.server.start()
         self.fake.events_url = f"{self.server.url}/slack/events"
@@ -232,7 +270,7 @@ class SlackSocketHarness(SlackHarness):
     async def make_provider(self) -> Provider:
         self.expect_connection()
         ctx = provider_context(ProviderConfig(**self.provider_config()), self.data_dir, None)
-        return SlackProvider.from_context(ctx)
+        return SlackProvider.from_context(self.checked(ctx))
 
     def expect_connection(self) -> None:
         self._sockets = len(self.fake.socket_connections)

@@ -30,7 +30,8 @@ It behaves like Slack where an app can tell:
 - The app's own messages come back as ``message`` events (``bot_id`` set) where it is subscribed
   (``message.im`` by default), as on Slack; ``echo_bot_messages=False`` turns that off.
 
-Test controls, records and waits are in slack_state.py (``Controls``).
+Test controls, records and waits are in slack_state.py (``Controls``); button clicks
+(``block_actions``), ephemeral messages and the 3 s ack deadline in slack_clicks.py.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from urllib.parse import quote
 import aiohttp
 from aiohttp import web
 
+from .slack_clicks import Interactivity, check_actions
 from .slack_state import (DEFAULT_SUBSCRIPTIONS, MAX_TEXT, Ack, Attempt, Call, Controls, Delivery, Edit,
                           PendingFile, Posted, SlackError, Uploaded, UserMessage, check_blocks, mimetype_for,
                           slack_escape)
@@ -105,7 +107,7 @@ class SocketConnection:
         return self.closed is None and not self.ws.closed
 
 
-class FakeSlack(Controls):
+class FakeSlack(Interactivity, Controls):
     """One Slack workspace with one installed app. Use ``async with`` or ``start()`` / ``stop()``.
 
     ``event_ack_timeout``: seconds Slack waits for a 2xx / an ack (3 on Slack).
@@ -136,6 +138,7 @@ class FakeSlack(Controls):
         self._tickets: dict[str, bool] = {}                 # ticket -> used
         self._envelopes: dict[str, tuple[Delivery, Attempt, asyncio.Future]] = {}
         self._rr = itertools.count()
+        self._init_clicks()
         self._methods = {
             "api.test": self._m_api_test, "auth.test": self._m_auth_test,
             "chat.postMessage": self._m_chat_post_message, "chat.update": self._m_chat_update,
@@ -145,6 +148,7 @@ class FakeSlack(Controls):
             "files.getUploadURLExternal": self._m_files_get_upload_url_external,
             "files.completeUploadExternal": self._m_files_complete_upload_external, "files.info": self._m_files_info,
             "apps.connections.open": self._m_apps_connections_open, "reactions.add": self._m_reactions_add,
+            "chat.postEphemeral": self._m_chat_post_ephemeral,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -165,6 +169,7 @@ class FakeSlack(Controls):
         app.router.add_get("/files-pri/{team_file}/download/{name}", self._handle_file)
         app.router.add_get("/files-pri/{team_file}/{name}", self._handle_file)
         app.router.add_get("/socket", self._handle_socket)
+        app.router.add_post("/actions/{key}", self._handle_response_url)
         app.router.add_get("/", self._handle_signin)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
@@ -302,6 +307,9 @@ class FakeSlack(Controls):
         attachments = _json_param(p, "attachments", "invalid_attachments")
         if blocks is not None:
             check_blocks(blocks)
+            for i, block in enumerate(blocks):
+                if block.get("type") == "actions":
+                    check_actions(i, block)
         if required and not text and not blocks and not attachments:
             raise SlackError("no_text")
         if text is not None and len(text) > MAX_TEXT:
