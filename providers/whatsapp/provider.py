@@ -7,7 +7,8 @@ to intake before the post is answered 200; when intake is full the answer is 503
 delivers the post again (a redelivery is recognised by its ``wamid``, here and by the gateway's
 dedupe). Documents and images are downloaded into the data dir.
 Sending: text in WhatsApp's own formatting, images and documents (uploaded first), the read
-receipt with the typing indicator. WhatsApp cannot edit a message. Free-form messages reach a
+receipt with the typing indicator; approval buttons as reply buttons, whose taps come back as
+the clicker's commands (``buttons.py``). WhatsApp cannot edit a message. Free-form messages reach a
 person only within 24 hours of their last message: a reply that would fall outside (known here,
 or refused with 131047) is logged and the admin is told; it is never dropped silently.
 """
@@ -30,11 +31,13 @@ from pluto import jsonlimits
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
 from pluto.providers.kit.bounded import remember
+from pluto.providers.kit.buttons import ApprovalCheck, click_message
 from pluto.providers.kit.files import (TooLarge, max_bytes, not_downloaded, read_outgoing,
                                        too_large)
 from pluto.providers.kit.notices import notice, quiet_notice
 from pluto.providers.kit.signatures import body_signature_ok, same_secret
 from pluto.providers.whatsapp.api import GraphApi
+from pluto.providers.whatsapp.buttons import interactive_messages, tapped
 from pluto.providers.whatsapp.errors import (OUTSIDE_WINDOW, GraphError, Waits, provider_error,
                                              redact_secrets_in_logs)
 from pluto.providers.whatsapp.inbound import (READABLE, Inbound, Status, media_of, parse,
@@ -52,15 +55,16 @@ TYPING_LASTS = 20.0  # WhatsApp shows it up to 25 s, or until the reply
 REMEMBERED = 4096  # message ids kept to recognise redeliveries before any work is done
 ADMIN_NOTICE_EVERY = 3600.0  # per person, so an admin is told once, not once per chunk
 NETWORK = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
+CHECK_BUDGET = 5.0  # seconds to ask whether a tap's person may decide
 
 
 class WhatsAppProvider(Provider):
     name = "whatsapp"
     capabilities = Capabilities(max_message_length=4096, markup=WHATSAPP, can_send_images=True,
-                                can_send_files=True, has_typing=True)
+                                can_send_files=True, has_typing=True, has_buttons=True)
 
     def __init__(self, settings: WhatsAppSettings, secrets: WhatsAppSecrets, *, data_dir: Path,
-                 http: HttpMount | None):
+                 http: HttpMount | None, approvals: ApprovalCheck | None = None):
         redact_secrets_in_logs(secrets.values())
         self.settings = settings
         self._secrets = secrets
@@ -77,6 +81,7 @@ class WhatsAppProvider(Provider):
         self._told_admin: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.handover = HandOver(self.name)
+        self.approvals = approvals
         if http is not None:
             http.router.add_get(settings.webhook_path, self._on_verify)
             http.router.add_post(settings.webhook_path, self._on_webhook)
@@ -84,7 +89,8 @@ class WhatsAppProvider(Provider):
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> WhatsAppProvider:
         settings, secrets = load_settings(ctx)
-        return cls(settings, secrets, data_dir=ctx.data_dir, http=ctx.http)
+        return cls(settings, secrets, data_dir=ctx.data_dir, http=ctx.http,
+                   approvals=ctx.approvals)
 
     # lifecycle ---------------------------------------------------------------------------
 
@@ -158,6 +164,8 @@ class WhatsAppProvider(Provider):
             log.debug("whatsapp: message %s arrived again; ignored", inbound.id)
             return True
         self._note_inbound(inbound)
+        if inbound.kind == "interactive":
+            return await self._on_tap(inbound, intake)
         if inbound.kind not in READABLE:
             if inbound.kind not in ("reaction", "unsupported", "system", "request_welcome"):
                 await self._quiet_notice(inbound.wa_id, "I can read text, documents, images and voice "
@@ -178,6 +186,37 @@ class WhatsAppProvider(Provider):
             return False
         self._remember(inbound.id)
         return True
+
+    async def _on_tap(self, inbound: Inbound, intake: Intake) -> bool:
+        """A tap on a reply button: checked, then handed over as the clicker's command, or
+        answered in their chat (WhatsApp has no private notes); False when intake had no room."""
+        found = tapped(inbound.raw)
+        if found is None:
+            log.info("whatsapp: ignored a button reply that is not one of ours (%s)", inbound.id)
+            self._remember(inbound.id)
+            return True
+        command, approval_id = found
+        refusal = await self._refusal(inbound.wa_id, approval_id)
+        if refusal is not None:
+            self._remember(inbound.id)
+            await self._quiet_notice(inbound.wa_id, refusal)
+            return True
+        click = click_message(self.name, chat_id=inbound.wa_id, user_id=inbound.wa_id,
+                              command=command, click_id=inbound.id, user_name=inbound.name,
+                              is_direct=True)
+        if await self.handover(intake.offer, click) is None:
+            return False
+        self._remember(inbound.id)
+        return True
+
+    async def _refusal(self, wa_id: str, approval_id: str) -> str | None:
+        if self.approvals is None:
+            return None
+        try:
+            return await asyncio.wait_for(self.approvals(self.name, wa_id, wa_id, approval_id),
+                                          CHECK_BUDGET)
+        except asyncio.TimeoutError:
+            return "That took too long to check; please tap the button again."
 
     def _note_inbound(self, inbound: Inbound) -> None:
         when = inbound.timestamp or time.time()
@@ -302,6 +341,8 @@ class WhatsAppProvider(Provider):
         try:
             if message.attachments:
                 return await self._send_files(message)
+            if message.buttons:
+                return await self._send_with_buttons(message)
             wamid = await self.api.message(to, "text", {"body": message.text,
                                                          "preview_url": False},
                                            reply_to=message.reply_to)
@@ -316,6 +357,16 @@ class WhatsAppProvider(Provider):
             raise provider_error(e, self.waits) from None
         except NETWORK as e:
             raise provider_error(e, self.waits) from None
+
+    async def _send_with_buttons(self, message: OutgoingMessage) -> str:
+        """The text with reply buttons (``buttons.py``); the first message's wamid."""
+        first: str | None = None
+        for kind, content in interactive_messages(message.text, message.buttons):
+            sent = await self.api.message(message.chat_id, kind, content,
+                                          reply_to=None if first else message.reply_to)
+            first = first or sent
+        assert first is not None
+        return first
 
     async def _send_files(self, message: OutgoingMessage) -> str:
         caption: str | None = message.text if len(message.text) <= MAX_CAPTION else None

@@ -9,6 +9,7 @@ retry-after a scenario asks for.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -72,6 +73,13 @@ def read_whatsapp(raw: str) -> tuple[str, tuple[str, ...]]:
     return text, tuple(code)
 
 
+def _buttons(payload: dict[str, Any]) -> list[tuple[str, str]]:
+    """(title, id) of the reply buttons of an interactive message the bot sent."""
+    interactive = payload.get("interactive") or {}
+    return [(b["reply"]["title"], b["reply"]["id"])
+            for b in (interactive.get("action") or {}).get("buttons") or []]
+
+
 @dataclass
 class WhatsAppHarness(Harness):
     name: str = "whatsapp"
@@ -110,6 +118,8 @@ class WhatsAppHarness(Harness):
         self.server = HttpServer(self.gateway, "127.0.0.1", 0)
         ctx = provider_context(ProviderConfig(**self.provider_config()), self.data_dir,
                                self.server)
+        check = self.gateway.pipeline.approvals  # who may decide, as the gateway asks it
+        ctx = dataclasses.replace(ctx, approvals=check.check if check is not None else None)
         provider = WhatsAppProvider.from_context(ctx)  # mounts its webhook
         await self.server.start()
         self.fake.webhook_url = f"{self.server.url}{PATH}"
@@ -165,8 +175,18 @@ class WhatsAppHarness(Harness):
             text, code = read_whatsapp(sent.text)
             kind = {"image": "image", "document": "file"}.get(sent.type, "text")
             out.append(Shown(id=sent.id, text=text, raw=sent.text, code=code, kind=kind,
-                             data=sent.file_bytes))
+                             data=sent.file_bytes,
+                             buttons=tuple(title for title, _ in _buttons(sent.payload))))
         return out
+
+    async def click(self, message: Shown, label: str, *, chat: str | None = None,
+                    user: str | None = None) -> None:
+        """A tap on a reply button: WhatsApp posts the button_reply webhook (awaited)."""
+        chat = chat or self.direct_chat
+        sent = next(s for s in self.fake.messages_to(chat) if s.id == message.id)
+        button_id = next(b for title, b in _buttons(sent.payload) if title == label)
+        said = await self.fake.user_clicks(user or chat, message.id, button_id)
+        assert said.delivery.delivered, said.delivery.statuses
 
     def rate_limit_sends(self, chat: str, *, after: int, retry_after: int) -> None:
         self.fake.hold[chat] = (after, retry_after)

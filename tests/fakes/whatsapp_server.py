@@ -22,6 +22,10 @@ It behaves like the Graph API where a business app can tell:
 - ``POST /<version>/<phone_number_id>/media`` (multipart ``file``, ``type``,
   ``messaging_product``) → ``{"id"}``; ``GET /<version>/<media_id>`` → ``{"url", "mime_type",
   "sha256", "file_size", "id"}``; the URL serves the bytes to the bearer token only.
+- ``interactive`` reply-button messages (``type: button``): at most 3 buttons, each title at
+  most 20 characters and id at most 256, unique; body text at most 1,024 — else 131009 with
+  the Cloud API's details. ``user_clicks()`` posts the ``interactive.button_reply`` a tap sends
+  (its ``context.id`` the bot's message).
 - ``GET /<version>/<phone_number_id>`` → the number's ``display_phone_number``.
 - Webhooks: JSON posts signed ``X-Hub-Signature-256: sha256=<HMAC-SHA256(app secret, body)>``;
   an answer other than 200 (or none) is retried after ``retry_delays`` (WhatsApp retries with
@@ -61,6 +65,7 @@ def sign(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
+MAX_BUTTONS, MAX_BUTTON_TITLE, MAX_BUTTON_ID, MAX_INTERACTIVE_BODY = 3, 20, 256, 1024
 AUDIO = ("audio/ogg", "audio/mpeg", "audio/mp4", "audio/aac", "audio/amr")  # (OGG: Opus)
 
 class FakeWhatsApp(Controls):
@@ -184,7 +189,7 @@ class FakeWhatsApp(Controls):
             raise GraphFailure(100, "Invalid parameter 'to'")
         kind = p.get("type") or "text"
         content = p.get(kind)
-        if kind not in ("text", "image", "document", "audio", "template") or \
+        if kind not in ("text", "image", "document", "audio", "template", "interactive") or \
                 not isinstance(content, dict):
             raise GraphFailure(100, f"Invalid parameter type or missing {kind} object")
         failure = self._take_failure(p)
@@ -199,7 +204,10 @@ class FakeWhatsApp(Controls):
                 self._status_later(wamid, to, status)
             return {"messaging_product": "whatsapp", "contacts": [{"input": to, "wa_id": to}],
                     "messages": [{"id": wamid}]}
-        text, media_id, data, filename = self._content(kind, content)
+        if kind == "interactive":
+            text, media_id, data, filename = check_interactive(content), None, None, None
+        else:
+            text, media_id, data, filename = self._content(kind, content)
         wamid = self.wamid()
         context = p.get("context") if isinstance(p.get("context"), dict) else {}
         self.sent.append(Sent(wamid, to, kind, text, media_id, data, filename,
@@ -339,6 +347,27 @@ class FakeWhatsApp(Controls):
         delivery = await self.post_webhook(payload, wait=False)
         return Said(wa_id, wamid, delivery)
 
+    async def user_clicks(self, wa_id: str, message_id: str, button_id: str) -> Said:
+        """A person taps a reply button under the bot's interactive message ``message_id``: an
+        ``interactive.button_reply`` message in a signed webhook post (awaited)."""
+        sent = next((s for s in self.sent if s.id == message_id and s.to == wa_id), None)
+        buttons = (sent.payload.get("interactive") or {}).get("action", {}).get("buttons", []) \
+            if sent is not None and sent.type == "interactive" else []
+        reply = next((b["reply"] for b in buttons if b["reply"]["id"] == button_id), None)
+        if reply is None:
+            raise ValueError(f"fake WhatsApp: no button {button_id!r} under {message_id}")
+        wamid = self.wamid()
+        msg = {"from": wa_id, "id": wamid, "timestamp": str(int(time.time())),
+               "context": {"from": DISPLAY_NUMBER, "id": message_id}, "type": "interactive",
+               "interactive": {"type": "button_reply",
+                               "button_reply": {"id": reply["id"], "title": reply["title"]}}}
+        self.last_inbound[wa_id] = time.time()
+        self.inbound_ids[wamid] = wa_id
+        name = self.users.setdefault(wa_id, "Alice")
+        payload = self._envelope({"contacts": [{"profile": {"name": name}, "wa_id": wa_id}],
+                                  "messages": [msg]})
+        return Said(wa_id, wamid, await self.post_webhook(payload, wait=True))
+
     async def redeliver(self, said: Said) -> Delivery:
         """The same post again (WhatsApp does this when it saw no 200 in time)."""
         return await self.post_webhook(copy.deepcopy(said.delivery.payload), wait=False)
@@ -394,6 +423,40 @@ class FakeWhatsApp(Controls):
                   "hub.verify_token": self.verify_token if token is None else token}
         async with self._session.get(self.webhook_url, params=params) as r:
             return r.status, await r.text()
+
+
+def check_interactive(c: dict[str, Any]) -> str:
+    """An interactive reply-button message checked as the Cloud API checks it; its body."""
+    def bad(details: str) -> GraphFailure:
+        return GraphFailure(131009, details)
+    if c.get("type") != "button":
+        raise GraphFailure(100, "Invalid parameter: interactive['type'] (the fake takes button)")
+    body = c.get("body")
+    text = body.get("text") if isinstance(body, dict) else None
+    if not isinstance(text, str) or not text.strip():
+        raise GraphFailure(100, "The parameter interactive['body']['text'] is required.")
+    if len(text) > MAX_INTERACTIVE_BODY:
+        raise bad(f"Body text length invalid. Min length: 1, Max length: {MAX_INTERACTIVE_BODY}")
+    action = c.get("action")
+    buttons = action.get("buttons") if isinstance(action, dict) else None
+    if not isinstance(buttons, list) or not 1 <= len(buttons) <= MAX_BUTTONS:
+        raise bad(f"Buttons count invalid. Min: 1, Max: {MAX_BUTTONS}")
+    ids, titles = set(), set()
+    for b in buttons:
+        reply = b.get("reply") if isinstance(b, dict) and b.get("type") == "reply" else None
+        if not isinstance(reply, dict):
+            raise GraphFailure(100, "Invalid parameter: each button needs type reply and reply")
+        bid, title = reply.get("id"), reply.get("title")
+        if not isinstance(bid, str) or not 1 <= len(bid) <= MAX_BUTTON_ID:
+            raise bad(f"Button id length invalid. Min length: 1, Max length: {MAX_BUTTON_ID}")
+        if not isinstance(title, str) or not 1 <= len(title) <= MAX_BUTTON_TITLE:
+            raise bad(f"Button title length invalid. Min length: 1, Max length: "
+                      f"{MAX_BUTTON_TITLE}")
+        if bid in ids or title in titles:
+            raise bad("Button title and id must be unique")
+        ids.add(bid)
+        titles.add(title)
+    return text
 
 
 def _mime(filename: str) -> str:
