@@ -16,6 +16,7 @@ from telegram.error import BadRequest, TelegramError
 from pluto.errors import DeliveryRefused, ProviderError
 from pluto.providers.kit.files import read_outgoing
 from pluto.types import Attachment, OutgoingMessage
+from pluto.providers.telegram.buttons import keyboard
 from pluto.providers.telegram.errors import CANT_PARSE, GONE, NOT_MODIFIED, provider_error
 from pluto.providers.telegram.inbound import platform_message_id
 from pluto.providers.telegram.markup import TELEGRAM_HTML
@@ -33,18 +34,21 @@ class Outbound:
         target = _target(message)
         if message.attachments:
             return await self._send_files(message, target)
+        markup = keyboard(message.buttons)
         sent = await self._with_plain_fallback(
             message, lambda text, mode: self.bot.send_message(text=text, parse_mode=mode,
-                                                              **target))
+                                                              reply_markup=markup, **target))
         return str(sent.message_id)
 
     async def edit(self, message: OutgoingMessage) -> None:
         assert message.edit_of is not None
         chat_id, message_id = _chat(message.chat_id), platform_message_id(message.edit_of)
+        markup = keyboard(message.buttons)
         try:
             await self._with_plain_fallback(
                 message, lambda text, mode: self.bot.edit_message_text(
-                    text, chat_id=chat_id, message_id=message_id, parse_mode=mode))
+                    text, chat_id=chat_id, message_id=message_id, parse_mode=mode,
+                    reply_markup=markup))
         except ProviderError as e:
             if NOT_MODIFIED not in str(e).lower():
                 raise

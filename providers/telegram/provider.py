@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from telegram import Bot, BotCommand, Message, Update
+from telegram import Bot, BotCommand, CallbackQuery, Message, Update
 from telegram.error import InvalidToken, TelegramError, TimedOut
 from telegram.request import HTTPXRequest
 
@@ -33,6 +33,7 @@ from pluto.providers.kit.loops import Backoff, retry_until_done
 from pluto.providers.kit.notices import notice, quiet_notice
 from pluto.providers.kit.signatures import same_secret
 from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
+from pluto.providers.telegram.buttons import Check, Clicks
 from pluto.providers.telegram.errors import provider_error, redact_token_in_logs
 from pluto.providers.telegram.inbound import Downloads, command_target, to_incoming
 from pluto.providers.telegram.markup import TELEGRAM_HTML
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 HandOverTo = Callable[[IncomingMessage], Awaitable[Ticket | None]]  # intake.submit / offer
-UPDATES = ["message"]
+UPDATES = ["message", "callback_query"]
 SEND_POOL = 8  # connections for sends, edits and typing
 COMMANDS = [BotCommand("help", "what I can do"), BotCommand("new", "start a fresh conversation"),
             BotCommand("stop", "stop the answer in progress")]
@@ -53,12 +54,13 @@ COMMANDS = [BotCommand("help", "what I can do"), BotCommand("new", "start a fres
 class TelegramProvider(Provider):
     name = "telegram"
     capabilities = Capabilities(max_message_length=4096, markup=TELEGRAM_HTML, can_edit=True,
-                                can_send_images=True, can_send_files=True, has_typing=True)
+                                can_send_images=True, can_send_files=True, has_typing=True,
+                                has_buttons=True)
 
     def __init__(self, settings: TelegramSettings, token: str, *, data_dir: Path,
                  webhook_secret: str | None = None,
                  http_app: HttpMount | web.Application | None = None,
-                 send_pool: int = SEND_POOL):
+                 send_pool: int = SEND_POOL, approvals: Check | None = None):
         redact_token_in_logs(token)
         self.settings = settings
         self._token = token
@@ -69,6 +71,7 @@ class TelegramProvider(Provider):
         self.bot = self._new_bot()
         self.outbound = Outbound(self.bot)
         self.downloads = Downloads(data_dir, settings.max_download_mb)
+        self.clicks = Clicks(approvals)
         self.secret = webhook_secret or ""
         self._intake: Intake | None = None
         self._init_lock = asyncio.Lock()
@@ -80,7 +83,7 @@ class TelegramProvider(Provider):
     def from_context(cls, ctx: ProviderContext) -> TelegramProvider:
         settings, token, secret = load_settings(ctx)
         return cls(settings, token, data_dir=ctx.data_dir, webhook_secret=secret,
-                   http_app=ctx.http)
+                   http_app=ctx.http, approvals=ctx.approvals)
 
     # lifecycle ---------------------------------------------------------------------------
 
@@ -203,9 +206,14 @@ class TelegramProvider(Provider):
         failed — so Telegram must deliver it again. Failing to read an update is logged and
         skipped (reading it again cannot help), never fatal to receiving."""
         message = update.message
-        if message is None or message.from_user is None or message.from_user.is_bot:
+        query = update.callback_query
+        if query is None and (message is None or message.from_user is None
+                              or message.from_user.is_bot):
             return True
         try:
+            if query is not None:
+                return await self._click(query, hand_over)
+            assert message is not None
             return await self._receive(message, hand_over)
         except NotRecorded:
             return False
@@ -231,6 +239,17 @@ class TelegramProvider(Provider):
             incoming = to_incoming(message, bot_id, username, attachments)
         if incoming.text or incoming.attachments:
             return await self.handover(hand_over, incoming) is not None
+        return True
+
+    async def _click(self, query: CallbackQuery, hand_over: HandOverTo) -> bool:
+        """A button pressed: answered in time, handed over when the clicker may decide, then
+        the keyboard taken off the request (see ``buttons.py``)."""
+        incoming = await self.clicks.receive(self.bot, query)
+        if incoming is None:
+            return True
+        if await self.handover(hand_over, incoming) is None:
+            return False
+        await self.clicks.take_off(self.bot, query)
         return True
 
     async def _quiet_notice(self, chat_id: str, text: str, thread_id: str | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -9,7 +10,7 @@ from typing import Any
 
 from tests.helpers.gateway import provider_context
 from pluto.settings import ProviderConfig
-from pluto.gateway.ports import Provider
+from pluto.gateway.ports import Provider, ProviderContext
 from pluto.providers.telegram import TelegramProvider
 from tests.conformance.harness import Harness, Shown, UserMessage
 from tests.fakes.telegram_server import FakeTelegram
@@ -46,7 +47,8 @@ class TelegramHarness(Harness):
     name: str = "telegram"
     caps: Any = TelegramProvider.capabilities
     features: frozenset[str] = frozenset(
-        {"groups", "redelivery", "flood_control", "files_in", "serve"})
+        {"groups", "redelivery", "flood_control", "files_in", "serve", "strangers"})
+    stranger: str = "999"
     direct_chat: str = "4242"
     group_chat: str = "-1001234567890"
     fake: FloodingTelegram = field(default_factory=FloodingTelegram)
@@ -73,7 +75,27 @@ class TelegramHarness(Harness):
     async def make_provider(self) -> Provider:
         self.expect_connection()
         ctx = provider_context(ProviderConfig(**self.provider_config()), self.data_dir, None)
-        return TelegramProvider.from_context(ctx)
+        return TelegramProvider.from_context(self.checked(ctx))
+
+    def checked(self, ctx: ProviderContext) -> ProviderContext:
+        """The context as the gateway gives it: who may decide an approval is asked of it."""
+        assert self.gateway is not None
+        check = self.gateway.pipeline.approvals
+        return dataclasses.replace(ctx, approvals=check.check if check is not None else None)
+
+    async def click(self, message: Shown, label: str, *, chat: str | None = None,
+                    user: str | None = None) -> None:
+        """A press as Telegram delivers it (a callback_query update); returns once the bot
+        answered the query. The button is found on the message as it is now, or as it was
+        sent (a client still showing it before the keyboard was taken off)."""
+        chat = chat or self.direct_chat
+        default = 777 if chat == self.group_chat else int(chat)
+        await self.fake.click(int(chat), int(message.id), label,
+                              user_id=int(user) if user else default)
+        assert not self.fake.callback_failures, self.fake.callback_failures
+
+    def private_notes(self, user: str) -> list[str]:
+        return self.fake.notes_for(int(user))
 
     def expect_connection(self) -> None:
         self._polls = len(self.fake.calls_to("getUpdates"))
@@ -124,7 +146,9 @@ class TelegramHarness(Harness):
             out.append(Shown(id=str(message_id), text=text, raw=history[-1].raw_text or "",
                              code=code, kind={"photo": "image", "document": "file"}.get(
                                  first.kind, "text"),
-                             data=first.file_bytes, edits=len(history) - 1))
+                             data=first.file_bytes, edits=len(history) - 1,
+                             buttons=tuple(label for label, _ in
+                                           self.fake.buttons(chat_id, message_id))))
         return out
 
     def rate_limit_sends(self, chat: str, *, after: int, retry_after: int) -> None:

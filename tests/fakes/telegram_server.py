@@ -29,7 +29,7 @@ import aiohttp
 from aiohttp import web
 
 from .telegram_markup import parse_text
-from .telegram_state import (CHAT_ACTIONS, MAX_CAPTION, MAX_TEXT, ApiError, Call, Controls, Described,
+from .telegram_state import (QUERY_TOO_OLD, check_markup, CHAT_ACTIONS, MAX_CAPTION, MAX_TEXT, ApiError, Call, Controls, Described,
                              StoredFile, Upload, bad, coerce_param, image_size)
 
 __all__ = ["FakeTelegram", "DEFAULT_TOKEN"]
@@ -45,7 +45,8 @@ def ogg_seconds(data: bytes) -> int:
 DEFAULT_TOKEN = "123456789:AAFakeTokenForPlutoTests_0123456789ab"
 METHODS = ["getMe", "getUpdates", "setWebhook", "deleteWebhook", "getWebhookInfo", "sendMessage",
            "editMessageText", "sendChatAction", "sendPhoto", "sendDocument", "sendVoice", "getFile", "setMyCommands",
-           "getMyCommands", "deleteMyCommands", "deleteMessage", "answerCallbackQuery", "getChat"]
+           "getMyCommands", "deleteMyCommands", "deleteMessage", "answerCallbackQuery", "getChat",
+           "editMessageReplyMarkup"]
 NOT_MODIFIED = ("message is not modified: specified new message content and reply markup are exactly the "
                 "same as a current content and reply markup of the message")
 
@@ -348,6 +349,7 @@ class FakeTelegram(Controls):
             raise bad("message text is empty")
         if len(text) > MAX_TEXT:
             raise bad("message is too long")
+        check_markup(p.get("reply_markup"))
         reply = self._reply_to(chat, p)
         self._check_flood(chat["id"])
         msg = self._bot_message(chat, p, reply, text=text, entities=ents)
@@ -373,6 +375,7 @@ class FakeTelegram(Controls):
         if len(text) > MAX_TEXT:
             raise bad("MESSAGE_TOO_LONG")
         markup = p.get("reply_markup") if isinstance(p.get("reply_markup"), dict) else None
+        check_markup(markup)
         if text == msg["text"] and ents == msg.get("entities", []) and markup == msg.get("reply_markup"):
             raise bad(NOT_MODIFIED)
         self._check_flood(chat["id"])
@@ -481,10 +484,43 @@ class FakeTelegram(Controls):
         return True
 
     async def _m_answer_callback_query(self, p: dict, files: dict) -> bool:
-        if not p.get("callback_query_id"):
-            raise bad("query is too old and response timeout expired or query ID is invalid")
+        """Each callback query is answered once, within its window; a second answer, an unknown
+        id or a late one: 400 "query is too old" (a late one is also a recorded failure)."""
+        query = self._callbacks.get(str(p.get("callback_query_id") or ""))
+        if query is None or query.answered is not None:
+            raise bad(QUERY_TOO_OLD)
+        text = p.get("text")
+        if text is not None and len(str(text)) > 200:
+            raise bad("MESSAGE_TOO_LONG")
+        query.answered = time.monotonic()
+        query.text, query.show_alert = text, bool(p.get("show_alert"))
+        if query.answered - query.time > self.callback_window:
+            raise bad(QUERY_TOO_OLD)
         self.callback_answers.append(dict(p))
         return True
+
+    async def _m_edit_message_reply_markup(self, p: dict, files: dict) -> dict:
+        if "inline_message_id" in p:
+            raise bad("message to edit not found")
+        chat = self._chat(p)
+        msg = self._msgs.get((chat["id"], int(p.get("message_id") or 0)))
+        if msg is None:
+            raise bad("message to edit not found")
+        if msg["from"]["id"] != self.bot_user["id"]:
+            raise bad("message can't be edited")
+        markup = p.get("reply_markup") if isinstance(p.get("reply_markup"), dict) else None
+        check_markup(markup)
+        if not (markup or {}).get("inline_keyboard"):
+            markup = None
+        if markup == msg.get("reply_markup"):
+            raise bad(NOT_MODIFIED)
+        if markup:
+            msg["reply_markup"] = markup
+        else:
+            msg.pop("reply_markup", None)
+        msg["edit_date"] = int(time.time())
+        self.markup_edits.append((chat["id"], msg["message_id"], markup))
+        return msg
 
     async def _m_get_chat(self, p: dict, files: dict) -> dict:
         return {**self._chat(p), "accent_color_id": 0, "max_reaction_count": 11}

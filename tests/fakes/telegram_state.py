@@ -36,6 +36,9 @@ CHAT_ACTIONS = {
 }
 MAX_TEXT = 4096      # code points after entity parsing (tdlib: utf8_length(text) > 4096 for bots)
 MAX_CAPTION = 1024
+MAX_CALLBACK_DATA = 64  # bytes
+CALLBACK_WINDOW = 10.0  # seconds a client waits for answerCallbackQuery before it shows an error
+QUERY_TOO_OLD = "query is too old and response timeout expired or query ID is invalid"
 
 
 class ApiError(Exception):
@@ -60,6 +63,44 @@ class ApiError(Exception):
 
 def bad(description: str) -> ApiError:
     return ApiError(400, "Bad Request: " + description)
+
+
+def check_markup(markup: Any) -> None:
+    """An inline keyboard as the Bot API checks it: rows of buttons with a text and exactly one
+    action; ``callback_data`` 1-64 bytes (else BUTTON_DATA_INVALID)."""
+    if markup is None or not isinstance(markup, dict) or "inline_keyboard" not in markup:
+        return
+    rows = markup["inline_keyboard"]
+    if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+        raise bad("can't parse inline keyboard button: InlineKeyboardMarkup must be an array of "
+                  "button rows")
+    for row in rows:
+        for button in row:
+            if not isinstance(button, dict) or not str(button.get("text") or ""):
+                raise bad("can't parse inline keyboard button: Text buttons are unallowed in the "
+                          "inline keyboard")
+            data = button.get("callback_data")
+            if data is not None:
+                if not isinstance(data, str) or not 1 <= len(data.encode()) <= MAX_CALLBACK_DATA:
+                    raise bad("BUTTON_DATA_INVALID")
+            elif not any(k in button for k in ("url", "switch_inline_query", "web_app",
+                                                "login_url", "pay", "copy_text")):
+                raise bad("can't parse inline keyboard button: InlineKeyboardButton must have "
+                          "exactly one optional field")
+
+
+@dataclass
+class Callback:
+    """A callback query (a button pressed) and how the bot answered it."""
+    id: str
+    chat_id: int
+    message_id: int
+    user_id: int
+    data: str
+    time: float = field(default_factory=time.monotonic)
+    answered: float | None = None   # when (monotonic), None while unanswered
+    text: str | None = None
+    show_alert: bool = False
 
 
 @dataclass
@@ -198,6 +239,9 @@ class Controls(Changes):
         self.deleted: list[tuple[int, int]] = []    # (chat_id, message_id)
         self.chat_actions: list[tuple[int, str]] = []
         self.callback_answers: list[dict] = []
+        self.callback_window = CALLBACK_WINDOW
+        self._callbacks: dict[str, Callback] = {}
+        self.markup_edits: list[tuple[int, int, dict | None]] = []  # editMessageReplyMarkup
         self.commands: list[dict] = []
         self.webhook_deliveries: list[dict] = []    # {update_id, url, status, error, time}
         # platform state
@@ -362,13 +406,71 @@ class Controls(Changes):
         return self.inject_update({"edited_message": msg})
 
     def inject_callback_query(self, chat_id: int, message_id: int, data: str, *,
-                              user_id: int | None = None) -> dict:
-        """The user presses an inline button under the bot's message."""
+                              user_id: int | None = None, first_name: str = "Alice",
+                              query_id: str | None = None) -> dict:
+        """The user presses an inline button under the bot's message (``data``: its
+        callback_data, or anything a forged client sends). ``query_id`` repeats an earlier
+        query's id (a redelivered update carries the same query)."""
         uid = user_id if user_id is not None else (chat_id if chat_id > 0 else 10_001)
-        query = {"id": str(next(self._update_ids)), "chat_instance": str(chat_id), "data": data,
-                 "from": {"id": uid, "is_bot": False, "first_name": "Alice", "username": f"user{uid}"},
+        qid = query_id or str(next(self._update_ids) * 1_000_003)
+        query = {"id": qid, "chat_instance": str(chat_id), "data": data,
+                 "from": {"id": uid, "is_bot": False, "first_name": first_name,
+                          "username": f"user{uid}"},
                  "message": self._msgs[(chat_id, message_id)]}
+        self._callbacks.setdefault(qid, Callback(qid, chat_id, message_id, uid, data))
         return self.inject_update({"callback_query": query})
+
+    def buttons(self, chat_id: int, message_id: int, *, as_sent: bool = False) -> list[tuple[str, str]]:
+        """(text, callback_data) of the inline buttons under a message now (or as first sent)."""
+        if as_sent:
+            sent = next((s for s in self.sent if (s.chat_id, s.message_id) == (chat_id, message_id)
+                         and s.kind != "edit"), None)
+            markup = sent.reply_markup if sent is not None else None
+        else:
+            markup = (self.message(chat_id, message_id) or {}).get("reply_markup")
+        rows = (markup or {}).get("inline_keyboard") or []
+        return [(b["text"], b.get("callback_data", "")) for row in rows for b in row]
+
+    async def click(self, chat_id: int, message_id: int, label: str, *, user_id: int | None = None,
+                    timeout: float = 10.0) -> Callback:
+        """Press the button ``label`` (on the message as it is now, or as it was sent: a client
+        still showing it) and wait until the bot answered the query."""
+        found = dict(self.buttons(chat_id, message_id))
+        found = found if label in found else dict(self.buttons(chat_id, message_id, as_sent=True))
+        if label not in found:
+            raise AssertionError(f"fake Telegram: no button {label!r} under message {message_id}")
+        update = self.inject_callback_query(chat_id, message_id, found[label], user_id=user_id)
+        return await self.wait_answered(update["callback_query"]["id"], timeout)
+
+    async def wait_answered(self, query_id: str, timeout: float = 10.0) -> Callback:
+        query = self._callbacks[query_id]
+        await self.wait_until(lambda: query.answered is not None, timeout,
+                              f"callback query {query_id} to be answered")
+        return query
+
+    def callback(self, query_id: str) -> Callback:
+        return self._callbacks[query_id]
+
+    @property
+    def callbacks(self) -> list[Callback]:
+        return list(self._callbacks.values())
+
+    @property
+    def callback_failures(self) -> list[str]:
+        """Callback queries answered late or never within the window (the user saw an error)."""
+        now = time.monotonic()
+        out = []
+        for q in self._callbacks.values():
+            waited = (q.answered if q.answered is not None else now) - q.time
+            if waited > self.callback_window:
+                out.append(f"callback {q.id} ({q.data!r}) "
+                           f"{'answered after' if q.answered else 'unanswered for'} {waited:.1f}s")
+        return out
+
+    def notes_for(self, user_id: int) -> list[str]:
+        """What the bot showed this user alone: its answers (toasts, alerts) to their presses."""
+        return [q.text for q in sorted(self._callbacks.values(), key=lambda q: q.answered or 0)
+                if q.user_id == user_id and q.answered is not None and q.text]
 
     # ------------------------------------------------------------------ scripted trouble
     def fail_next(self, method: str, times: int = 1, *, error_code: int = 500, description: str | None = None,
