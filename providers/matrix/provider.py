@@ -11,6 +11,8 @@ repository first), edits (``m.replace``) for streamed replies, the typing indica
 the thread a message came from. Rate limits (``M_LIMIT_EXCEEDED``) carry the homeserver's
 ``retry_after_ms``. End-to-end encrypted rooms are not supported: the bot says so in the log
 (once per room) and leaves their events alone.
+Approvals: no buttons; a request is decided by ``/approve <id>`` / ``/deny <id>``, or by a reply
+``approve`` / ``deny`` or a reaction ✅ 👍 / ❌ 👎 on the request message (``approvals.py``).
 """
 
 from __future__ import annotations
@@ -32,11 +34,14 @@ from mautrix.util.logging import TraceLogger
 from pluto.errors import ProviderUnusable
 from pluto.gateway.ports import Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
+from pluto.providers.kit.buttons import ApprovalCheck, click_message
 from pluto.providers.kit.bounded import remember
 from pluto.providers.kit.files import (CHUNK, TooLarge, max_bytes, not_downloaded, save_stream,
                                        too_large)
 from pluto.providers.kit.loops import Backoff, retry_until_done
 from pluto.providers.kit.notices import notice, quiet_notice
+from pluto.providers.matrix.approvals import (Request, approval_in, command,
+                                             verdict_of_key, verdict_of_reply)
 from pluto.providers.matrix.errors import (FAILURES, HomeserverApi, provider_error,
                                           redact_secrets_in_logs)
 from pluto.providers.matrix.inbound import (TEXT_TYPES, Event, mentions, to_incoming,
@@ -61,7 +66,8 @@ class MatrixProvider(Provider):
     capabilities = Capabilities(max_message_length=4000, markup=MATRIX_HTML, can_edit=True,
                                 can_send_images=True, can_send_files=True, has_typing=True)
 
-    def __init__(self, settings: MatrixSettings, token: str, *, data_dir: Path):
+    def __init__(self, settings: MatrixSettings, token: str, *, data_dir: Path,
+                 approvals: ApprovalCheck | None = None):
         redact_secrets_in_logs([token])
         self.settings = settings
         self._token = token
@@ -77,13 +83,15 @@ class MatrixProvider(Provider):
         self._mine: OrderedDict[str, bool] = OrderedDict()  # event → sent by the bot?
         self._threads: OrderedDict[str, None] = OrderedDict()  # threads the bot is part of
         self._seen: OrderedDict[str, None] = OrderedDict()
+        self._requests: OrderedDict[str, Request | None] = OrderedDict()  # event → approval
+        self.approvals = approvals
         self.handover = HandOver(self.name)
         self.outbound = Outbound(self.client, self._sent)
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> MatrixProvider:
         settings, token = load_settings(ctx)
-        return cls(settings, token, data_dir=ctx.data_dir)
+        return cls(settings, token, data_dir=ctx.data_dir, approvals=ctx.approvals)
 
     # lifecycle ---------------------------------------------------------------------------
 
@@ -177,7 +185,7 @@ class MatrixProvider(Provider):
             if timeline.get("limited") and isinstance(timeline.get("prev_batch"), str):
                 gap = await self._backfill(room_id, timeline["prev_batch"], since)
             for ev in gap + _events(timeline):
-                if ev.get("type") == "m.room.message":
+                if ev.get("type") in ("m.room.message", "m.reaction"):
                     await self._dispatch(Event(room_id, ev), intake)
 
     async def _backfill(self, room_id: str, prev_batch: str, since: str) -> list[dict[str, Any]]:
@@ -190,7 +198,8 @@ class MatrixProvider(Provider):
                 page = await self.client().api.request(
                     Method.GET, ApiPath.v3.rooms[room_id].messages,
                     query_params={"dir": "b", "from": token, "to": since, "limit": "100",
-                                  "filter": json.dumps({"types": ["m.room.message"]})})
+                                  "filter": json.dumps({"types": ["m.room.message",
+                                                                  "m.reaction"]})})
             except FAILURES as e:  # what came in the sync is still handled
                 log.warning("matrix: could not fetch the messages missed in %s: %s", room_id,
                             provider_error(e))
@@ -228,7 +237,10 @@ class MatrixProvider(Provider):
         if not event.id or event.id in self._seen:
             return
         try:
-            incoming = await self._receive(event)
+            if event.raw.get("type") == "m.reaction":
+                incoming = await self._reaction(event)
+            else:
+                incoming = await self._receive(event)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -249,6 +261,12 @@ class MatrixProvider(Provider):
         addressed = direct or await self._addressed(event, me)
         if not addressed and self.settings.room_messages == "mentions":
             return None
+        if event.reply_to and event.msgtype in TEXT_TYPES:
+            verdict = verdict_of_reply(event.text())
+            request = await self._request(event.room_id, event.reply_to) if verdict else None
+            if verdict is not None and request is not None:  # a decision, not a message
+                return await self._decision(event, request, command(
+                    verdict[0], request.approval_id, verdict[1]), direct)
         if addressed:  # a thread on a message to the bot, or one it was called into
             self._join_thread(event.thread_root or event.id)
         attachments: tuple[Attachment, ...] = ()
@@ -259,6 +277,69 @@ class MatrixProvider(Provider):
         incoming = to_incoming(event, bot_id=me, bot_name=self.display_name, direct=direct,
                                addressed=addressed, attachments=attachments)
         return incoming if incoming.text or incoming.attachments else None
+
+    # approvals ---------------------------------------------------------------------------
+
+    async def _reaction(self, event: Event) -> IncomingMessage | None:
+        """A ✅ / ❌ reaction on an approval request the bot showed: the decision."""
+        me = await self.identity()
+        relates = event.relates_to
+        target = relates.get("event_id")
+        if (event.sender == me or event.room_id in self._encrypted
+                or relates.get("rel_type") != "m.annotation" or not isinstance(target, str)):
+            return None
+        verdict = verdict_of_key(relates.get("key"))
+        request = await self._request(event.room_id, target) if verdict else None
+        if verdict is None or request is None:
+            return None  # a reaction to something else: nothing to do
+        return await self._decision(event, request, command(verdict, request.approval_id),
+                                    await self._is_direct(event.room_id))
+
+    async def _decision(self, event: Event, request: Request, text: str,
+                        direct: bool) -> IncomingMessage | None:
+        """A reply or a reaction that decides ``request``, from its author — after asking
+        the gateway whether they may (Matrix shows nobody anything privately: a refusal is
+        logged, the room sees nothing)."""
+        if self.approvals is not None:
+            refusal = await self.approvals(self.name, event.room_id, event.sender,
+                                           request.approval_id)
+            if refusal is not None:
+                log.info("matrix: %s's decision on approval %s in %s was not taken: %s",
+                         event.sender, request.approval_id, event.room_id, refusal)
+                return None
+        return click_message(self.name, chat_id=event.room_id, user_id=event.sender,
+                             command=text, click_id=event.id, user_name=event.sender,
+                             thread_id=request.thread_id, is_direct=direct)
+
+    async def _request(self, room_id: str, event_id: str) -> Request | None:
+        """The approval request the bot showed as ``event_id``, if it is one: known from
+        sending it, else read from the homeserver (after a restart)."""
+        if event_id in self._requests:
+            return self._requests[event_id]
+        if self._mine.get(event_id) is False:
+            return None
+        try:
+            found = await self.client().api.request(
+                Method.GET, ApiPath.v3.rooms[room_id].event[event_id])
+        except FAILURES as e:  # not provably a request of the bot's
+            log.debug("matrix: event %s not read: %s", event_id, provider_error(e))
+            return None
+        if not isinstance(found, dict):
+            return None
+        shown = Event(room_id, found)
+        mine = shown.sender == self.user_id
+        self._remember(event_id, mine)
+        content = _dict(shown.content.get("m.new_content")) or shown.content
+        approval = approval_in(str(content.get("body") or "")) if mine else None
+        request = Request(approval, shown.thread_root) if approval else None
+        remember(self._requests, event_id, request, REMEMBERED)
+        return request
+
+    def _note_request(self, event_id: str | None, message: OutgoingMessage) -> None:
+        approval = approval_in(message.text)
+        if event_id and approval:
+            remember(self._requests, event_id, Request(approval, message.thread_id),
+                     REMEMBERED)
 
     async def _addressed(self, event: Event, me: str) -> bool:
         if mentions(event, me, self.display_name):
@@ -332,10 +413,13 @@ class MatrixProvider(Provider):
     # sending -----------------------------------------------------------------------------
 
     async def send(self, message: OutgoingMessage) -> str | None:
-        return await self.outbound.send(message)
+        sent = await self.outbound.send(message)
+        self._note_request(sent, message)
+        return sent
 
     async def edit(self, message: OutgoingMessage) -> None:
         await self.outbound.edit(message)
+        self._note_request(message.edit_of, message)
 
     async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
         await self.identity()  # the typing path names the bot

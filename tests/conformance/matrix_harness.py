@@ -3,6 +3,7 @@ receiving by ``/sync`` long polling."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import os
 import re
@@ -19,6 +20,7 @@ from tests.helpers.gateway import provider_context
 
 TOKEN_ENV = "PLUTO_CONFORMANCE_MATRIX_TOKEN"
 BOB = f"@bob:{SERVER}"
+MALLORY = f"@mallory:{SERVER}"
 
 
 class FloodingMatrix(FakeMatrix):
@@ -61,14 +63,17 @@ class MatrixHarness(Harness):
         {"groups", "redelivery", "flood_control", "files_in", "serve"})
     direct_chat: str = f"!dm:{SERVER}"
     group_chat: str = f"!team:{SERVER}"
+    stranger: str = MALLORY  # in the group room; may not decide Bob's requests
     fake: FloodingMatrix = field(default_factory=FloodingMatrix)
     _syncs: int = 0
 
     async def open(self) -> None:
         await self.fake.start()
         self.fake.add_user(BOB, "Bob")
+        self.fake.add_user(MALLORY, "Mallory")
         self.fake.add_room(self.direct_chat, members=[self.fake.alice, self.fake.bot_id])
-        self.fake.add_room(self.group_chat, members=[self.fake.alice, BOB, self.fake.bot_id])
+        self.fake.add_room(self.group_chat,
+                           members=[self.fake.alice, BOB, MALLORY, self.fake.bot_id])
         os.environ[TOKEN_ENV] = self.fake.token
 
     async def close(self) -> None:
@@ -86,6 +91,9 @@ class MatrixHarness(Harness):
     async def make_provider(self) -> Provider:
         self.expect_connection()
         ctx = provider_context(ProviderConfig(**self.provider_config()), self.data_dir, None)
+        if self.gateway is not None:  # who may decide an approval is asked of the gateway
+            check = self.gateway.pipeline.approvals
+            ctx = dataclasses.replace(ctx, approvals=check.check if check is not None else None)
         return MatrixProvider.from_context(ctx)
 
     def _long_polls(self) -> int:

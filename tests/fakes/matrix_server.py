@@ -24,7 +24,8 @@ It behaves like a homeserver where a client can tell:
 - ``whoami``, ``profile/{user}/displayname``, ``rooms/{id}/joined_members``,
   ``rooms/{id}/event/{id}``, ``rooms/{id}/join``, ``rooms/{id}/typing/{user}``.
 
-Test controls: ``add_room``, ``invite``, ``user_says``, ``replay`` (the next sync carries an
+Test controls: ``add_room``, ``invite``, ``user_says`` (``reply_to``: a rich reply),
+``user_reacts`` (an ``m.reaction`` annotation), ``replay`` (the next sync carries an
 event again), ``fail_next``, and the records ``calls``, ``typing``.
 """
 
@@ -195,6 +196,18 @@ class FakeMatrix(Changes):
                        "m.new_content": {"msgtype": "m.text", "body": text},
                        "m.relates_to": {"rel_type": "m.replace", "event_id": edit_of}}
         event = self._event(room_id, "m.room.message", content, sender)
+        self._append(room_id, event)
+        return event
+
+    def user_reacts(self, room_id: str, event_id: str, key: str, *,
+                    sender: str | None = None) -> dict[str, Any]:
+        """A person reacts to an event (``m.reaction``, an ``m.annotation`` with ``key``, as
+        Element sends it); the reaction event (it reaches the bot by the next sync)."""
+        if event_id not in self.events:
+            raise KeyError(f"no event {event_id}")
+        content = {"m.relates_to": {"rel_type": "m.annotation", "event_id": event_id,
+                                    "key": key}}
+        event = self._event(room_id, "m.reaction", content, sender or self.alice)
         self._append(room_id, event)
         return event
 
