@@ -1,15 +1,19 @@
 """Sending to Mattermost: posts (in the thread a message came from: ``root_id``), files
 uploaded first and attached by ``file_ids`` (five per post at most), edits of a streamed reply
-(``PUT /posts/{id}/patch``), deletes. Every failure is a :class:`ProviderError`."""
+(``PUT /posts/{id}/patch``), deletes; approval buttons as interactive message buttons, or as
+the commands to write where clicks have nowhere to go (``buttons.py``). Every failure is a
+:class:`ProviderError`."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from pluto.errors import DeliveryRefused
 from pluto.providers.kit.files import read_outgoing
 from pluto.providers.mattermost.api import MattermostApi
+from pluto.providers.mattermost.buttons import attachments_for, written
 from pluto.providers.mattermost.errors import FAILURES, ApiError, provider_error
 from pluto.types import Attachment, OutgoingMessage
 
@@ -18,13 +22,16 @@ MAX_LENGTH = 16383  # Mattermost's limit for one post's message
 FILES_PER_POST = 5
 MAX_FILE = 100 * 1024 * 1024  # the server's default MaxFileSize
 Sent = Callable[[str, str | None], None]  # (post id, thread root): what the bot wrote
+ButtonsAt = tuple[str, bytes]  # (actions_url, the buttons' token key)
 
 
 class Outbound:
-    def __init__(self, api: MattermostApi, sent: Sent, token_env: str):
+    def __init__(self, api: MattermostApi, sent: Sent, token_env: str,
+                 buttons: ButtonsAt | None = None):
         self.api = api
         self._sent = sent
         self._token_env = token_env
+        self.buttons = buttons  # where clicks are posted; None: commands are written
 
     async def call(self, coro: Awaitable[T]) -> T:
         try:
@@ -33,6 +40,11 @@ class Outbound:
             raise provider_error(e, self._token_env) from None
 
     async def send(self, message: OutgoingMessage) -> str:
+        props: dict[str, Any] = {}
+        if message.buttons and self.buttons is not None:
+            props["attachments"] = attachments_for(message.buttons, *self.buttons)
+        elif message.buttons:
+            message = replace(message, text=f"{message.text}\n\n{written(message.buttons)}")
         if len(message.text) > MAX_LENGTH:
             raise DeliveryRefused(f"a message longer than {MAX_LENGTH} characters")
         file_ids = [await self._upload(message.chat_id, a) for a in message.attachments]
@@ -48,6 +60,8 @@ class Outbound:
                 payload["root_id"] = message.thread_id
             if files:
                 payload["file_ids"] = files
+            if props and i == 0:
+                payload["props"] = props
             post = await self.call(self.api.create_post(payload))
             post_id = str(post.get("id") or "")
             if not post_id:

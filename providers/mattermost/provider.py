@@ -11,7 +11,8 @@ Direct messages are always answered; in channels and group messages the bot answ
 ``@mentions`` and threads it takes part in (``channel_messages``), in a thread under the post
 (``reply_in_thread``). Files users send are downloaded into the data dir (capped).
 Sending: posts in Mattermost's Markdown (``markup.py``), files (``POST /files`` then a post with
-``file_ids``), edits for streamed replies, deletes, the typing indicator over the WebSocket.
+``file_ids``), edits for streamed replies, deletes, the typing indicator over the WebSocket;
+approval buttons whose clicks Mattermost posts to ``actions_url`` (``buttons.py``).
 A ``429`` carries ``X-Ratelimit-Reset``: the outbox holds the chat that long.
 """
 
@@ -21,18 +22,21 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable, RateLimited
-from pluto.gateway.ports import Intake, Provider, ProviderContext
+from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
 from pluto.providers.kit.bounded import remember
+from pluto.providers.kit.buttons import ApprovalCheck
 from pluto.providers.kit.loops import Backoff, retry_until_done
 from pluto.providers.kit.notices import notice, quiet_notice
 from pluto.providers.mattermost.api import MattermostApi
+from pluto.providers.mattermost.buttons import Actions, key_of
 from pluto.providers.mattermost.files import Downloads
 from pluto.providers.mattermost.errors import FAILURES, provider_error, redact_secrets_in_logs
 from pluto.providers.mattermost.inbound import (BadPayload, Post, mentioned_ids, mentions,
@@ -56,9 +60,11 @@ class MattermostProvider(Provider):
     name = "mattermost"
     # Mattermost takes 16,383 characters a post; replies are cut at 4,000, which reads better
     capabilities = Capabilities(max_message_length=4000, markup=MATTERMOST, can_edit=True,
-                                can_send_images=True, can_send_files=True, has_typing=True)
+                                can_send_images=True, can_send_files=True, has_typing=True,
+                                has_buttons=True)
 
-    def __init__(self, settings: MattermostSettings, token: str, *, data_dir: Path):
+    def __init__(self, settings: MattermostSettings, token: str, *, data_dir: Path,
+                 http: HttpMount | None = None, approvals: ApprovalCheck | None = None):
         redact_secrets_in_logs([token])
         self.settings = settings
         self._token = token
@@ -67,8 +73,18 @@ class MattermostProvider(Provider):
         self.known = Known(self.api)
         self.downloads = Downloads(self.api, data_dir / "uploads" / "mattermost",
                                    settings.max_download_mb)
-        self.outbound = Outbound(self.api, self.known.sent, settings.token_env)
         self.handover = HandOver(self.name)
+        self._intake: Intake | None = None
+        key = key_of(token)
+        buttons_at = None
+        if http is not None and settings.actions_url and settings.actions_path:
+            actions = Actions(self.name, key, self.api, self.known, approvals, self._hand_over)
+            http.router.add_post(settings.actions_path, actions.handle)
+            buttons_at = (settings.actions_url, key)
+        elif settings.actions_url:
+            log.warning("mattermost: actions_url is set but the HTTP server is not running "
+                        "(pluto serve): approvals are asked as commands to write")
+        self.outbound = Outbound(self.api, self.known.sent, settings.token_env, buttons_at)
         self.user_id = ""
         self.username = ""
         self._identity_lock = asyncio.Lock()
@@ -82,7 +98,15 @@ class MattermostProvider(Provider):
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> MattermostProvider:
         settings, token = load_settings(ctx)
-        return cls(settings, token, data_dir=ctx.data_dir)
+        return cls(settings, token, data_dir=ctx.data_dir, http=ctx.http,
+                   approvals=ctx.approvals)
+
+    def _hand_over(self) -> Callable[[IncomingMessage], Awaitable[object]] | None:
+        """How a button's click is handed to intake; None while not receiving."""
+        intake = self._intake
+        if intake is None:
+            return None
+        return lambda msg: self.handover(intake.submit, msg)
 
     # lifecycle ---------------------------------------------------------------------------
 
@@ -117,6 +141,13 @@ class MattermostProvider(Provider):
     async def run(self, intake: Intake) -> None:
         await self.identity()
         await self._load_positions()
+        self._intake = intake  # (button clicks come by the HTTP server)
+        try:
+            await self._receive_all(intake)
+        finally:
+            self._intake = None
+
+    async def _receive_all(self, intake: Intake) -> None:
         backoff = Backoff(first=1.0, cap=MAX_BACKOFF)
         async with aiohttp.ClientSession() as session:
             while True:

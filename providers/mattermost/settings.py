@@ -13,17 +13,29 @@ providers:
     ignore_bots: true                     # never answer other bots' posts (no loops)
     max_download_mb: 50                   # files users send, larger ones are refused
     request_timeout_seconds: 30           # one REST call, at most
+    actions_url: https://pluto.example.com/mattermost/actions
+                                          # approval buttons: where the Mattermost server
+                                          # posts a click (this gateway's HTTP server, as the
+                                          # Mattermost server reaches it; its path is mounted).
+                                          # Unset, or without pluto serve: the commands to
+                                          # reply with are written instead of buttons. (A
+                                          # private address must be in Mattermost's
+                                          # AllowedUntrustedInternalConnections.)
 ```
 """
 
 from __future__ import annotations
 
+import re
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
 from pluto.gateway.ports import ProviderContext, provider_settings, required_env
 from pluto.providers.kit.settings import ENV_NAME, ProviderSettings, http_url
+
+URL_PATH_RE = re.compile(r"/[A-Za-z0-9._~/-]*")
 
 
 class MattermostSettings(ProviderSettings):
@@ -34,11 +46,26 @@ class MattermostSettings(ProviderSettings):
     ignore_bots: bool = True
     max_download_mb: float = Field(default=50, gt=0, le=1000)
     request_timeout_seconds: float = Field(default=30, gt=0, le=600)
+    actions_url: str | None = None
 
     @field_validator("url")
     @classmethod
     def _http_url(cls, v: str) -> str:
         return http_url(v).removesuffix("/api/v4")
+
+    @field_validator("actions_url")
+    @classmethod
+    def _actions_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        v = http_url(v)
+        if not URL_PATH_RE.fullmatch(urlsplit(v).path or "/"):
+            raise ValueError("its path must be a plain URL path, such as /mattermost/actions")
+        return v
+
+    @property
+    def actions_path(self) -> str | None:
+        return (urlsplit(self.actions_url).path or "/") if self.actions_url else None
 
     @property
     def api_url(self) -> str:

@@ -3,6 +3,7 @@ receiving over its WebSocket and catching up with ``since`` after a reconnect.""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -10,10 +11,13 @@ from typing import Any
 
 from markdown_it import MarkdownIt
 
+from pluto.gateway.http.server import HttpServer
 from pluto.gateway.ports import Provider
 from pluto.providers.mattermost import MattermostProvider
 from pluto.settings import ProviderConfig
 from tests.conformance.harness import Harness, Shown, UserMessage
+from tests.conformance.slack_harness import free_port
+from tests.fakes.mattermost_buttons import actions_of
 from tests.fakes.mattermost_server import ApiFailure, FakeMattermost
 from tests.helpers.gateway import provider_context
 
@@ -79,15 +83,18 @@ class MattermostHarness(Harness):
     name: str = "mattermost"
     caps: Any = MattermostProvider.capabilities
     features: frozenset[str] = frozenset(
-        {"groups", "redelivery", "flood_control", "files_in", "serve"})
+        {"groups", "redelivery", "flood_control", "files_in", "serve", "strangers"})
     fake: FloodingMattermost = field(default_factory=FloodingMattermost)
+    server: HttpServer | None = None
+    actions_url: str = ""
     _sockets: int = 0
 
     async def open(self) -> None:
         await self.fake.start()
         self.direct_chat = self.fake.add_direct(self.fake.alice)
         self.group_chat = self.fake.add_channel(
-            "town-square", [self.fake.alice, self.fake.bob, self.fake.bot])
+            "town-square", [self.fake.alice, self.fake.bob, self.fake.carol, self.fake.bot])
+        self.stranger = self.fake.carol["id"]
         os.environ[TOKEN_ENV] = self.fake.token
 
     async def close(self) -> None:
@@ -102,9 +109,40 @@ class MattermostHarness(Harness):
         return {"mattermost": self.provider_config()}, {TOKEN_ENV: self.fake.token}
 
     async def make_provider(self) -> Provider:
+        """The provider with the gateway's HTTP server, where Mattermost posts clicks."""
+        assert self.gateway is not None
         self.expect_connection()
-        ctx = provider_context(ProviderConfig(**self.provider_config()), self.data_dir, None)
-        return MattermostProvider.from_context(ctx)
+        port = free_port()
+        self.server = HttpServer(self.gateway, "127.0.0.1", port)
+        self.actions_url = f"http://127.0.0.1:{port}/mattermost/actions"
+        config = {**self.provider_config(), "actions_url": self.actions_url}
+        ctx = provider_context(ProviderConfig(**config), self.data_dir, self.server)
+        check = self.gateway.pipeline.approvals  # who may decide, as the gateway asks it
+        ctx = dataclasses.replace(ctx, approvals=check.check if check is not None else None)
+        provider = MattermostProvider.from_context(ctx)  # mounts its actions endpoint
+        await self.server.start()
+        return provider
+
+    async def stop_gateway(self) -> None:
+        await super().stop_gateway()
+        if self.server is not None:
+            await self.server.stop()
+            self.server = None
+
+    async def click(self, message: Shown, label: str, *, chat: str | None = None,
+                    user: str | None = None) -> None:
+        """A click as the Mattermost server makes it (the integration's answer applied); a
+        button taken off meanwhile is one a stale client still shows (the server refuses it)."""
+        chat = chat or self.direct_chat
+        default = self.fake.bob if chat == self.group_chat else self.fake.alice
+        who = self.fake.users[user] if user else default
+        actions = self.fake.created_actions.get(message.id, [])
+        action = next(a for a in actions if a["name"] == label)
+        await self.fake.click(message.id, action["id"], who)
+        assert not self.fake.click_failures, self.fake.click_failures
+
+    def private_notes(self, user: str) -> list[str]:
+        return list(self.fake.ephemerals.get(user, []))
 
     def expect_connection(self) -> None:
         self._sockets = self.fake.sockets_opened
@@ -150,9 +188,11 @@ class MattermostHarness(Harness):
                 info = self.fake.files[files[0]][1]
                 kind = "image" if info["mime_type"].startswith("image/") else "file"
                 data = self.fake.file_bytes(files[0])
+            actions = actions_of(post)
             out.append(Shown(id=post["id"], text=text, raw=post["message"], code=code,
                              kind=kind, data=data, edits=len(self.fake.edits.get(post["id"],
-                                                                                 []))))
+                                                                                 [])),
+                             buttons=tuple(a["name"] for a in actions)))
         return out
 
     def rate_limit_sends(self, chat: str, *, after: int, retry_after: int) -> None:

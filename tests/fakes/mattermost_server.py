@@ -24,6 +24,7 @@ It behaves like Mattermost where a client can tell:
   ``GET /files/{id}/info``.
 - ``GET /users/me``, ``/users/me/teams``, ``/users/me/teams/{id}/channels``, ``/channels/{id}``.
 
+Interactive message buttons, and clicks posted to their integration URL: mattermost_buttons.py.
 Test controls (``mattermost_state.State``): ``add_direct``, ``add_channel``, ``user_says``,
 ``touch``, ``disconnect`` (every socket closes, as a network blip does), ``throttle``,
 ``fail_next``; records ``calls``, ``typing``, ``edits``, ``refused``, ``sockets_opened``.
@@ -31,12 +32,14 @@ Test controls (``mattermost_state.State``): ``add_direct``, ``add_channel``, ``u
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from tests.fakes.mattermost_buttons import Buttons, actions_of, check_attachments
 from tests.fakes.mattermost_state import (FILES_PER_POST, MAX_FILE, MAX_MESSAGE, ApiFailure,
                                           Call, Channel, State, new_id)
 
@@ -58,11 +61,12 @@ class _Socket:
             await self.ws.send_json(frame)
 
 
-class FakeMattermost(State):
+class FakeMattermost(Buttons, State):
     """One server with a bot account. Use ``async with`` or ``start()`` / ``stop()``."""
 
     def __init__(self, *, token: str = TOKEN, bot_username: str = "pluto") -> None:
         super().__init__(token, bot_username)
+        self._init_buttons()
         self.sockets: list[_Socket] = []
         self.sockets_opened = 0  # authenticated sockets so far
         self._runner: web.AppRunner | None = None
@@ -295,7 +299,11 @@ class FakeMattermost(State):
         file_ids = self._files_for(body.get("file_ids"), channel.id)
         if not message and not file_ids:
             raise ApiFailure(400, "model.post.is_valid.msg.app_error", "A post needs text.")
+        props = check_attachments(body.get("props"))
         post = self.make_post(channel, self.bot["id"], message, root, file_ids)
+        post["props"].update(props)
+        if actions_of(post):
+            self.created_actions[post["id"]] = copy.deepcopy(actions_of(post))
         self.sent_at[post["id"]] = time.monotonic()
         await self._broadcast_post(channel, post, self.bot)
         return web.json_response(post, status=201)

@@ -106,7 +106,8 @@ class State(Changes):
         self.bot = self._user(bot_username, is_bot=True)
         self.alice = self._user("alice")
         self.bob = self._user("bob")
-        self.users = {u["id"]: u for u in (self.bot, self.alice, self.bob)}
+        self.carol = self._user("carol")
+        self.users = {u["id"]: u for u in (self.bot, self.alice, self.bob, self.carol)}
         self.channels: dict[str, Channel] = {}
         self.posts: dict[str, dict[str, Any]] = {}  # id → the post now
         self.order: list[str] = []  # post ids, oldest first
