@@ -22,6 +22,7 @@ from pluto.gateway.delivery.render import render
 from pluto.gateway.delivery.render.dialects import escape_markdown
 from pluto.providers.kit.files import read_outgoing
 from pluto.types import MARKDOWN, Attachment, OutgoingMessage
+from pluto.providers.discord.buttons import view_of
 from pluto.providers.discord.errors import provider_error
 from pluto.providers.discord.holds import sending
 from pluto.providers.discord.markup import DISCORD
@@ -72,6 +73,8 @@ async def send(client: discord.Client, message: OutgoingMessage) -> str:
                               "nonce": nonce_for(message)}
     if files:
         kwargs["files"] = files
+    if message.buttons and (view := view_of(message.buttons)) is not None:
+        kwargs["view"] = view
     try:
         with sending():  # a 429 is the outbox's (flood control), not a wait in this call
             sent = await channel.send(discord_text(message) or None, **kwargs)
@@ -85,10 +88,13 @@ async def edit(client: discord.Client, message: OutgoingMessage) -> None:
     if not message.edit_of.isdigit():
         raise DeliveryRefused(f"{message.edit_of!r} is not a Discord message id")
     channel = client.get_partial_messageable(channel_id(message.chat_id, message.thread_id))
+    kwargs: dict[str, Any] = {}
+    if message.buttons and (view := view_of(message.buttons)) is not None:
+        kwargs["view"] = view
     try:
         with sending():
             await channel.get_partial_message(int(message.edit_of)).edit(
-                content=discord_text(message), allowed_mentions=MENTIONS)
+                content=discord_text(message), allowed_mentions=MENTIONS, **kwargs)
     except FAILURES as e:
         raise provider_error(e) from None
 

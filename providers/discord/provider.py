@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from pluto.providers.handover import NOT_TAKEN, HandOver, NotRecorded
 from pluto.providers.kit.bounded import remember
 from pluto.providers.kit.notices import notice, quiet_notice
 from pluto.types import Capabilities, IncomingMessage, OutgoingMessage
-from pluto.providers.discord import holds, outbound
+from pluto.providers.discord import buttons, holds, outbound
 from pluto.providers.discord.errors import LIBRARY_WAIT, provider_error, redact_token_in_logs
 from pluto.providers.discord.inbound import USER_MESSAGES, Downloads, to_incoming
 from pluto.providers.discord.markup import DISCORD
@@ -49,9 +50,17 @@ RECENT = 4096  # message ids remembered to drop replays without downloading file
 class _Client(discord.Client):
     """discord.py's client; every user message goes to ``queue``, in the order received."""
 
-    def __init__(self, queue: asyncio.Queue[discord.Message], **options: Any):
+    def __init__(self, queue: asyncio.Queue[discord.Message],
+                 on_click: Callable[[discord.Interaction], Awaitable[None]] | None = None,
+                 **options: Any):
         super().__init__(**options)
         self.queue = queue
+        self.on_click = on_click
+
+    async def on_interaction(self, interaction: discord.Interaction) -> None:
+        """A button clicked (INTERACTION_CREATE type 3): see ``buttons.py``."""
+        if interaction.type == discord.InteractionType.component and self.on_click is not None:
+            await self.on_click(interaction)
 
     async def on_message(self, message: discord.Message) -> None:
         own = self.user is not None and message.author.id == self.user.id
@@ -86,9 +95,11 @@ async def _close(client: discord.Client) -> None:
 class DiscordProvider(Provider):
     name = "discord"
     capabilities = Capabilities(max_message_length=2000, markup=DISCORD, can_edit=True,
-                                can_send_images=True, can_send_files=True, has_typing=True)
+                                can_send_images=True, can_send_files=True, has_typing=True,
+                                has_buttons=True)
 
-    def __init__(self, settings: DiscordSettings, token: str, *, data_dir: Path):
+    def __init__(self, settings: DiscordSettings, token: str, *, data_dir: Path,
+                 approvals: buttons.Check | None = None):
         redact_token_in_logs(token)
         point_discord_at(settings.api_base, settings.gateway_url)
         self.settings = settings
@@ -100,6 +111,8 @@ class DiscordProvider(Provider):
         self._recent: OrderedDict[int, None] = OrderedDict()
         self._closed = False
         self.handover = HandOver(self.name)
+        self.approvals = approvals
+        self._intake: Intake | None = None
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> DiscordProvider:
@@ -107,7 +120,7 @@ class DiscordProvider(Provider):
         # discord.py logs every gateway heartbeat and resume at INFO: keep them out of the way
         discord_log = logging.getLogger("discord.gateway")
         discord_log.setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
-        return cls(settings, token, data_dir=ctx.data_dir)
+        return cls(settings, token, data_dir=ctx.data_dir, approvals=ctx.approvals)
 
     # lifecycle ---------------------------------------------------------------------------
 
@@ -115,7 +128,7 @@ class DiscordProvider(Provider):
         intents = discord.Intents.none()
         intents.guilds = intents.guild_messages = intents.dm_messages = True
         intents.message_content = self.settings.message_content_intent
-        client = _Client(self._queue, intents=intents, max_ratelimit_timeout=LIBRARY_WAIT,
+        client = _Client(self._queue, self._on_click, intents=intents, max_ratelimit_timeout=LIBRARY_WAIT,
                          guild_ready_timeout=self.settings.guild_ready_timeout,
                          max_messages=None, chunk_guilds_at_startup=False)
         holds.adopt(client)  # 429s on sends go to the outbox's flood control (holds.py)
@@ -150,12 +163,14 @@ class DiscordProvider(Provider):
     async def run(self, intake: Intake) -> None:
         client = await self._logged_in()
         consumer = asyncio.create_task(self._consume(client, intake), name="discord:inbox")
+        self._intake = intake
         try:
             await client.connect(reconnect=True)
         except outbound.FAILURES as e:
             await _close(client)
             raise self._error(e) from None
         finally:
+            self._intake = None
             consumer.cancel()
             await asyncio.gather(consumer, return_exceptions=True)
 
@@ -216,6 +231,25 @@ class DiscordProvider(Provider):
             except NotRecorded:  # (logged once per outage by the hand-over)
                 self._recent.pop(message.id, None)
                 await self._quiet_notice(incoming, NOT_TAKEN)
+
+    async def _on_click(self, interaction: discord.Interaction) -> None:
+        """A button clicked: answered within Discord's 3 s, handed over when the clicker may
+        decide, then the buttons taken off the request (see ``buttons.py``)."""
+        try:
+            incoming = await buttons.receive(interaction, self.approvals)
+            intake = self._intake
+            if incoming is None or intake is None:
+                return
+            try:
+                await self.handover.persist(intake.submit, incoming)
+            except NotRecorded:
+                await self._quiet_notice(incoming, NOT_TAKEN)
+                return
+            await buttons.take_off(interaction)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("discord: handling interaction %s failed", interaction.id)
 
     async def _quiet_notice(self, to: IncomingMessage, text: str) -> None:
         await quiet_notice(

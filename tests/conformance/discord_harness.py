@@ -3,6 +3,7 @@ gateway websocket). The direct chat is a DM channel; the group is a server's tex
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -14,9 +15,10 @@ from markdown_it import MarkdownIt
 
 from tests.helpers.gateway import provider_context
 from pluto.settings import ProviderConfig
-from pluto.gateway.ports import Provider
+from pluto.gateway.ports import Provider, ProviderContext
 from pluto.providers.discord import DiscordProvider
 from tests.conformance.harness import Harness, Shown, UserMessage
+from tests.fakes.discord_clicks import buttons_of
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.discord_state import Failure, Sent, normalize_route
 
@@ -66,7 +68,7 @@ def as_shown(raw: str) -> tuple[str, tuple[str, ...]]:
     return "\n".join(blocks), tuple(code)
 
 
-def _shown(sent: Sent) -> Shown:
+def _shown(sent: Sent, components: list[dict] | None = None) -> Shown:
     raw = sent.current_content or ""
     text, code = as_shown(raw)
     files = sent.current_attachments
@@ -74,7 +76,8 @@ def _shown(sent: Sent) -> Shown:
     if files:
         kind = "image" if (files[0].content_type or "").startswith("image/") else "file"
     return Shown(id=str(sent.message_id), text=text, raw=raw, code=code, kind=kind,
-                 data=files[0].data if files else None, edits=len(sent.edits))
+                 data=files[0].data if files else None, edits=len(sent.edits),
+                 buttons=tuple(label for label, _, _ in buttons_of(components)))
 
 
 @dataclass
@@ -82,7 +85,7 @@ class DiscordHarness(Harness):
     name: str = "discord"
     caps: Any = DiscordProvider.capabilities
     features: frozenset[str] = frozenset(
-        {"groups", "redelivery", "flood_control", "files_in", "serve"})
+        {"groups", "redelivery", "flood_control", "files_in", "serve", "strangers"})
     fake: FloodingDiscord = field(default_factory=FloodingDiscord)
     member: str = ""  # a user in the server who talks in the group
     guild: str = ""
@@ -96,6 +99,9 @@ class DiscordHarness(Harness):
         guild = self.fake.add_guild(name="Pluto Lab", members=[bob["id"]])
         channel = self.fake.add_channel(guild["id"], name="general")
         dm = self.fake.add_dm(self.fake.default_user)
+        mallory = self.fake.add_user(username="mallory", global_name="Mallory")
+        self.fake.add_member(guild["id"], mallory["id"])
+        self.stranger = mallory["id"]
         self.member, self.guild = bob["id"], str(guild["id"])
         self.direct_chat, self.group_chat = dm["id"], channel["id"]
         os.environ[TOKEN_ENV] = self.fake.token
@@ -116,7 +122,39 @@ class DiscordHarness(Harness):
     async def make_provider(self) -> Provider:
         self.expect_connection()
         ctx = provider_context(ProviderConfig(**self.provider_config()), self.data_dir, None)
-        return DiscordProvider.from_context(ctx)
+        return DiscordProvider.from_context(self.checked(ctx))
+
+    def checked(self, ctx: ProviderContext) -> ProviderContext:
+        """The context as the gateway gives it: who may decide an approval is asked of it."""
+        assert self.gateway is not None
+        check = self.gateway.pipeline.approvals
+        return dataclasses.replace(ctx, approvals=check.check if check is not None else None)
+
+    async def click(self, message: Shown, label: str, *, chat: str | None = None,
+                    user: str | None = None) -> None:
+        """A click as Discord delivers it (INTERACTION_CREATE over the gateway); returns once
+        the bot responded to the interaction. The button is found on the message as it is now,
+        or as it was sent (a client still showing it before the buttons were taken off)."""
+        channel = int(chat or self.direct_chat)
+        now = self.fake.message(channel, int(message.id)) or {}
+        sent = self.fake.sent_message(int(message.id))
+        for components in (now.get("components"), sent.payload.get("components")):
+            for found, custom_id, _ in buttons_of(components):
+                if found == label:
+                    if user is None and chat == self.group_chat:
+                        user = self.member
+                    shown = now if components is now.get("components") else {
+                        **now, "components": components}
+                    interaction = self.fake.click(channel, int(message.id), custom_id,
+                                                  user=int(user) if user else None,
+                                                  message=shown or None)
+                    await self.fake.wait_responded(interaction, timeout=10)
+                    assert not self.fake.interaction_failures, self.fake.interaction_failures
+                    return
+        raise AssertionError(f"no button {label!r} under message {message.id}")
+
+    def private_notes(self, user: str) -> list[str]:
+        return self.fake.notes_for(int(user))
 
     def identified(self) -> int:
         return len([i for i in self.fake.identifies if i.accepted])
@@ -152,7 +190,8 @@ class DiscordHarness(Harness):
 
     def shown(self, chat: str | None = None) -> list[Shown]:
         channel = int(chat or self.direct_chat)
-        return [_shown(s) for s in self.fake.messages(channel, include_deleted=False)]
+        return [_shown(s, (self.fake.message(channel, s.message_id) or {}).get("components"))
+                for s in self.fake.messages(channel, include_deleted=False)]
 
     def rate_limit_sends(self, chat: str, *, after: int, retry_after: int) -> None:
         self.fake.hold[int(chat)] = (after, float(retry_after))

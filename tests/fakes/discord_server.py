@@ -44,6 +44,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from .discord_clicks import Clicks, check_components
 from .discord_state import (INTENT_GUILD_MEMBERS, INTENT_GUILDS, INTENT_MESSAGE_CONTENT, MAX_CONTENT, MAX_FILES,
                             MESSAGEABLE_TYPES, PRIVILEGED_INTENTS, ROUTE_ALIASES, THREAD_TYPES, ApiError, Attachment,
                             Call, Controls, Edit, Identify, Resume, Sent, Typing, form_error, iso)
@@ -73,6 +74,8 @@ ROUTES: list[tuple[str, str, str, bool]] = [   # method, path template, handler,
     ("PATCH", "/channels/{channel_id}/messages/{message_id}", "_r_edit", True),
     ("DELETE", "/channels/{channel_id}/messages/{message_id}", "_r_delete", True),
     ("POST", "/channels/{channel_id}/typing", "_r_typing", True),
+    ("POST", "/interactions/{interaction_id}/{interaction_token}/callback", "_r_interaction_callback",
+     False),
 ]
 
 
@@ -152,7 +155,7 @@ class Session:
         return (((guild_id or 0) >> 22) % count) == shard_id
 
 
-class FakeDiscord(Controls):
+class FakeDiscord(Controls, Clicks):
     """One fake bot application on a local Discord. Use ``async with`` or ``start()`` / ``stop()``."""
 
     def __init__(self, token: str = DEFAULT_TOKEN, *, bot_id: int = DEFAULT_BOT_ID,
@@ -176,6 +179,7 @@ class FakeDiscord(Controls):
         self._runner: web.AppRunner | None = None
         self._tasks: set[asyncio.Task] = set()
         self._route_table = [(m, self._compile(p), p, h, auth) for m, p, h, auth in ROUTES]
+        self._clicks_init()
 
     # ------------------------------------------------------------------ lifecycle and URLs
     @property
@@ -554,7 +558,7 @@ class FakeDiscord(Controls):
             params: dict[str, str] = {}
             for seg, part in zip(segs, parts):
                 if seg.startswith("{"):
-                    if part.startswith("@") or not part.isdigit():
+                    if part.startswith("@") or not (part.isdigit() or seg.endswith("token}")):
                         break
                     params[seg[1:-1]] = part
                 elif seg != part:
@@ -845,6 +849,7 @@ class FakeDiscord(Controls):
         body = body if isinstance(body, dict) else {}
         content = self._content_of(body)
         embeds = body.get("embeds") or []
+        components = check_components(body.get("components"))
         uploads = self._uploads(channel, body, files)
         if not content and not embeds and not uploads and not body.get("sticker_ids") and not body.get("poll"):
             raise ApiError(400, 50006)
@@ -865,6 +870,7 @@ class FakeDiscord(Controls):
         msg = self._new_message(channel, self.bot_user, content, attachments=list(uploads.values()),
                                 mentions=self._outgoing_mentions(content, body, replied), reply_to=replied,
                                 nonce=nonce, embeds=embeds)
+        msg["components"] = components
         mid = int(msg["id"])
         if nonce is not None and body.get("enforce_nonce"):
             self._nonces[(int(channel["id"]), str(nonce))] = (time.monotonic(), mid)
@@ -895,8 +901,10 @@ class FakeDiscord(Controls):
         embeds = body["embeds"] or [] if "embeds" in body else msg["embeds"]
         if not content and not new_atts and not embeds:
             raise ApiError(400, 50006)
+        components = (check_components(body.get("components")) if "components" in body
+                      else msg.get("components") or [])
         msg.update(content=content, attachments=new_atts, embeds=embeds, edited_timestamp=iso(),
-                   mentions=self._outgoing_mentions(content, body, None))
+                   mentions=self._outgoing_mentions(content, body, None), components=components)
         if (sent := self._sent_by_id.get(int(msg["id"]))) is not None:
             files_now = [self._files[int(a["id"])] for a in new_atts if int(a["id"]) in self._files]
             sent.edits.append(Edit(content if "content" in body else None, files_now, time.monotonic(),
