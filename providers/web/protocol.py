@@ -14,8 +14,17 @@ message names the files received that go with it (its text may then be empty). S
 
 Server → client: ``ready``, ``history``, ``ack``, ``file.accept``, ``file.received``,
 ``message.user`` (sent from another tab), ``run.start``, ``message.delta``, ``tool.start``,
-``tool.progress``, ``tool.end``, ``message.final``, ``run.end``, ``notice``, ``error``. Every frame has an ``id``; frames of a
-run carry ``run_id`` and ``seq``. A message is acknowledged (``ack``) once it is recorded; one
+``tool.progress``, ``tool.end``, ``approval.request``, ``approval.decision``, ``message.final``,
+``run.end``, ``notice``, ``error``. Every frame has an ``id``; frames of a run carry ``run_id``
+and ``seq``.
+
+A tool call waiting for a person (docs/approvals.md) is ``approval.request`` {approval_id,
+call_id, name, arguments (JSON text, cut short), approvers (words), expires_at (epoch s),
+approve, deny (the commands its buttons send)}; the run then ends (``run.end`` outcome
+``awaiting_approval``). The decision — the visitor sends ``approve`` / ``deny`` as a message, or
+it expires — resumes it in a new run whose first frame after ``run.start`` is
+``approval.decision`` {approval_id, name, verdict approved|denied|expired|cancelled, by,
+reason}; that run's frames follow as any run's. A message is acknowledged (``ack``) once it is recorded; one
 that could not be (storage failed) gets ``error`` with code ``not_received``, its ``reply_to``
 and a ``retry_after`` in seconds: the tab keeps it and sends it again (same id) after that.
 See the README for the full description.
@@ -37,6 +46,8 @@ from pluto.errors import PlutoError
 from pluto.ids import new_id
 from pluto.jsonlimits import JsonTooDeep
 from pluto.types import (
+    ApprovalDecision,
+    ApprovalRequest,
     MessageDelta,
     MessageFinal,
     RunEnd,
@@ -252,6 +263,18 @@ def run_frame(seq: int, event: RunEvent, link: Linker) -> dict[str, Any] | None:
             return frame("message.final", text=text, **base)
         case RunError(message=message, kind=kind):
             return frame("error", code=f"run_{kind}", message=message, reply_to=None, **base)
+        case ApprovalRequest():
+            return frame("approval.request", approval_id=event.approval_id,
+                         call_id=event.call_id, name=event.name,
+                         arguments=event.arguments[:MAX_DETAIL_TEXT],
+                         approvers=event.approvers[:MAX_DETAIL_TEXT],
+                         expires_at=event.expires_at,
+                         approve=f"/approve {event.approval_id}",
+                         deny=f"/deny {event.approval_id}", **base)
+        case ApprovalDecision():
+            return frame("approval.decision", approval_id=event.approval_id,
+                         call_id=event.call_id, name=event.name, verdict=event.verdict,
+                         by=event.by[:200], reason=event.reason[:MAX_DETAIL_TEXT], **base)
         case RunEnd(outcome=outcome):
             return frame("run.end", outcome=outcome, **base)
     return None

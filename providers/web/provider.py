@@ -73,7 +73,8 @@ class WebProvider(Provider):
     # images need no message of their own
     capabilities = Capabilities(max_message_length=100_000, markup=MARKDOWN,
                                 streams_deltas=True, answers_from_feed=True,
-                                can_send_images=True, can_send_files=True)
+                                can_send_images=True, can_send_files=True,
+                                has_buttons=True)  # an approval's card (widget.js)
     runs: RunReader | None = None  # (from the context) a run going on elsewhere, looked up
 
     def __init__(self, settings: WebSettings, *, key: bytes, data_dir: Path, feed: RunFeed,

@@ -48,7 +48,9 @@ from tests.conformance.harness import Harness, Shown, UserMessage
 
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)\n```", re.DOTALL | re.MULTILINE)
 _INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
-RUN_FRAMES = ("run.start", "message.delta", "tool.start", "tool.end", "message.final", "run.end")
+RUN_FRAMES = ("run.start", "message.delta", "tool.start", "tool.end", "message.final", "run.end",
+              "approval.request", "approval.decision")
+APPROVAL_ID = re.compile(r"^[a-z2-9]{6,16}$")
 
 
 def code_of(text: str) -> tuple[str, ...]:
@@ -146,6 +148,29 @@ class _Bubble:
     final: bool = False
     images: list[bytes] = field(default_factory=list)
     error: str | None = None
+    approvals: list[_Card] = field(default_factory=list)
+
+
+@dataclass
+class _Card:
+    """An approval request's card in a run's bubble (the widget's ``approvalRequest``): the
+    tool, its arguments in a ``<pre>``, Approve / Deny until one is clicked or it is decided."""
+
+    approval_id: str
+    name: str
+    arguments: str
+    commands: dict[str, str]  # label → the command its click sends
+    clicked: str | None = None  # the client id of the message a click sent
+    decision: str | None = None  # the decision's line
+
+    @property
+    def text(self) -> str:
+        line = f"\n{self.decision}" if self.decision else ""
+        return f"The agent wants to run {self.name} with:\n{self.arguments}{line}"
+
+    @property
+    def buttons(self) -> tuple[str, ...]:
+        return () if self.clicked or self.decision else tuple(self.commands)
 
 
 class Tab:
@@ -295,6 +320,10 @@ class Tab:
             elif kind == "run.end":
                 bubble.final = True
                 self.ended.add(run)
+            elif kind == "approval.request":
+                self._approval_request(bubble, f)
+            elif kind == "approval.decision":
+                self._approval_decision(f)
         elif kind == "error" and f.get("run_id") and f.get("code") != "rate_limited":
             run = self._check_run_frame(f)
             if run is not None:
@@ -307,6 +336,26 @@ class Tab:
             self.items.append(("notice", f["text"]))
         elif kind != "message.user":  # what another tab of the visitor sent
             self.violation(f"a frame of an unknown type: {f}")
+
+    def _approval_request(self, bubble: _Bubble, f: dict[str, Any]) -> None:
+        approval_id = f["approval_id"]
+        assert isinstance(approval_id, str) and APPROVAL_ID.fullmatch(approval_id), f
+        assert f["approve"] == f"/approve {approval_id}" and f["deny"] == f"/deny {approval_id}"
+        assert isinstance(f["arguments"], str) and isinstance(f["expires_at"], int | float)
+        if self.card(approval_id) is None:
+            bubble.approvals.append(_Card(approval_id, f["name"], f["arguments"],
+                                          {"Approve": f["approve"], "Deny": f["deny"]}))
+
+    def _approval_decision(self, f: dict[str, Any]) -> None:
+        assert f["verdict"] in ("approved", "denied", "expired", "cancelled"), f
+        card = self.card(f["approval_id"])
+        if card is not None and card.decision is None:
+            by = f" by {f['by']}" if f.get("by") else ""
+            card.decision = f"{f['name']} {f['verdict']}{by}."
+
+    def card(self, approval_id: str) -> _Card | None:
+        return next((c for b in self.runs.values() for c in b.approvals
+                     if c.approval_id == approval_id), None)
 
     async def _redraw(self, messages: list[dict[str, Any]]) -> None:
         """The conversation as stored (the widget's ``showHistory``)."""
@@ -332,6 +381,9 @@ class Tab:
             if isinstance(item, tuple):
                 out.append(Shown(id=f"{item[0]}:{len(out)}", text=item[1], raw=item[1]))
                 continue
+            for card in item.approvals:
+                out.append(Shown(id=f"approval:{card.approval_id}", text=card.text,
+                                 raw=card.text, code=(card.arguments,), buttons=card.buttons))
             if item.text:
                 out.append(Shown(id=item.id, text=item.text, raw=item.text,
                                  code=code_of(item.text)))
@@ -399,6 +451,26 @@ class WebHarness(ServedHarness):
         client_id, text = message.ref
         await self.reconnect()
         await self.tab.say(client_id, text)
+
+    async def click(self, message: Shown, label: str, *, chat: str | None = None,
+                    user: str | None = None) -> None:
+        """What the widget does on a click of the card's button: send its command as the
+        visitor's message (a new client id) and disable both buttons. A click on a card
+        already clicked is its message sent again with the same id (what the widget does
+        after a reconnect). Returns once the message is acknowledged."""
+        assert chat in (None, self.direct_chat) and user is None, "web: one visitor per chat"
+        assert self.tab is not None
+        card = self.tab.card(message.id.removeprefix("approval:"))
+        assert card is not None, f"web: no approval card {message.id}"
+        if card.clicked is None:
+            assert label in card.buttons, f"web: no button {label} on {card.buttons}"
+            self._ids += 1
+            card.clicked = f"m{self._ids}"
+            await self.tab.say(card.clicked, card.commands[label])
+        else:
+            await self.tab.say(card.clicked, card.commands[label])
+        while card.clicked not in self.tab.acks:
+            await self.changed()
 
     def confirmed(self, message: UserMessage) -> bool | None:
         """Confirmed: the tab got the message's ``ack`` (and may forget it)."""

@@ -411,6 +411,53 @@
     details(f.details, run.tools);
   }
   var TOOL_FRAMES = {"tool.start": toolStart, "tool.progress": toolProgress, "tool.end": toolEnd};
+  // a tool call waiting for the visitor's decision (docs/approvals.md): a card with the call's
+  // arguments (text only, whatever the model wrote in them) and Approve / Deny, each a command
+  // sent as the visitor's message; the decision comes back as the first frame of the run that
+  // resumes it
+  var approvals = {};  // approval id → {node, buttons, line}
+  var APPROVAL_ID = /^[a-z2-9]{6,16}$/;
+  function approvalRequest(run, f) {
+    if (!APPROVAL_ID.test(String(f.approval_id)) || approvals[f.approval_id]) { return; }
+    var card = run.tools.appendChild(el("div", "pluto-approval"));
+    card.setAttribute("data-approval", f.approval_id);
+    card.setAttribute("role", "group");
+    card.setAttribute("aria-label", "Approval needed for " + f.name);
+    card.appendChild(el("div", "pluto-approval-title", "The agent wants to run " + f.name + " with:"));
+    card.appendChild(el("pre", "pluto-approval-args", String(f.arguments || "")));
+    if (f.approvers) { card.appendChild(el("div", "pluto-note", String(f.approvers) + " may decide.")); }
+    var row = card.appendChild(el("div", "pluto-approval-buttons"));
+    var item = { node: card, buttons: [], line: null };
+    [["Approve", "/approve ", "pluto-approve"], ["Deny", "/deny ", "pluto-deny"]].forEach(function (b) {
+      var button = row.appendChild(el("button", b[2], b[0]));
+      button.type = "button";
+      button.setAttribute("aria-label", b[0] + " running " + f.name);
+      button.addEventListener("click", function () {
+        if (button.disabled) { return; }
+        item.buttons.forEach(function (x) { x.disabled = true; });
+        sendCommand(b[1] + f.approval_id);
+      });
+      item.buttons.push(button);
+    });
+    approvals[f.approval_id] = item;
+  }
+  var DECIDED = { approved: function (t, by) { return "✅ " + t + " approved" + (by ? " by " + by : "") + "."; },
+    denied: function (t, by) { return "🚫 " + t + " denied" + (by ? " by " + by : "") + "."; },
+    expired: function (t) { return "⏱ Nobody approved " + t + " in time, so it was not run."; },
+    cancelled: function (t) { return t + " was not run (the request was cancelled)."; } };
+  function approvalDecision(run, f) {
+    var say = DECIDED[f.verdict] || DECIDED.cancelled;
+    var text = say(String(f.name || "the tool"), f.by ? String(f.by) : "");
+    var item = approvals[f.approval_id];
+    if (item) {
+      item.buttons.forEach(function (x) { x.disabled = true; });
+      if (!item.line) { item.line = item.node.appendChild(el("div", "pluto-approval-decision", text)); }
+      return;
+    }
+    run.tools.appendChild(el("div", "pluto-approval-decision", text));
+  }
+  TOOL_FRAMES["approval.request"] = approvalRequest;
+  TOOL_FRAMES["approval.decision"] = approvalDecision;
   function setBusy() {
     var busy = Object.keys(active).length > 0;
     form.classList.toggle("pluto-busy", busy);
@@ -498,6 +545,8 @@
       case "tool.start":
       case "tool.progress":
       case "tool.end":
+      case "approval.request":
+      case "approval.decision":
         run = botBubble(f.run_id);
         if (!run.final) { TOOL_FRAMES[f.type](run, f); }
         break;
@@ -798,6 +847,15 @@
   }
 
   // ---- sending -------------------------------------------------------------------------------
+  function sendCommand(text) {  // a button's command, sent as the visitor's message
+    var id = newId();
+    var msg = { id: id, text: text, files: [], names: [] };
+    var b = userBubble(text, id, []);
+    if (Date.now() < limitedUntil) { failed[id] = msg; drawNotSent(b, msg, true); return; }
+    pending.push(msg);
+    if (!sendFrame(messageFrame(msg))) { b.classList.add("pluto-pending"); }
+    scrollDown();
+  }
   function submit() {
     var text = input.value;
     if (files.some(function (f) { return f.state !== "ready"; })) { return; }  // (the button says so)
