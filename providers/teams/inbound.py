@@ -127,13 +127,19 @@ def to_incoming(activity: Activity, attachments: tuple[Attachment, ...] = ()) ->
     sender = activity.sender
     return IncomingMessage(
         provider=PROVIDER, chat_id=chat, thread_id=thread,
-        user_id=_str(sender.get("aadObjectId"), 128) or _str(sender.get("id"), 256),
+        user_id=user_of(activity),
         user_name=_str(sender.get("name"), 256) or None, text=text_of(activity),
         message_id=message_id(activity), attachments=attachments,
         reply_to_id=reply[0] if reply else None, is_direct=activity.kind == "personal",
         mentions_bot=activity.kind == "personal" or mentions(activity) or to_bot,
         guild_id=_str(dict_at(channel_data, "team").get("id"), 256) or None,
         timestamp=_timestamp(activity.raw.get("timestamp")))
+
+
+def user_of(activity: Activity) -> str:
+    """Who acted: the person's Entra object id, else their Teams id."""
+    sender = activity.sender
+    return _str(sender.get("aadObjectId"), 128) or _str(sender.get("id"), 256)
 
 
 def message_id(activity: Activity) -> str:

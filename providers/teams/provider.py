@@ -12,6 +12,10 @@ Sending: Markdown text, tables as Adaptive Cards (``markup.py``), small images i
 of a message for streamed replies, deletes, the typing indicator; to the conversation's
 ``serviceUrl`` as the last verified activity named it (``conversations.py``), so proactive
 messages (schedules) reach a conversation after a restart too.
+Approvals: an approval request carries an Adaptive Card of ``Action.Execute`` buttons; a click
+is an ``adaptiveCard/action`` invoke, checked like any activity, refused privately in the
+invoke response (Teams shows it to the clicker alone), else handed over as the clicker's
+command (``buttons.py``, where the choice of Execute over Submit is explained).
 """
 
 from __future__ import annotations
@@ -32,15 +36,20 @@ from pluto.errors import DeliveryRefused, ProviderError
 from pluto.gateway.logs import MaskSecrets
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
+from pluto.providers.kit.bounded import remember
+from pluto.providers.kit.buttons import ApprovalCheck, click_message
 from pluto.providers.kit.files import (TooLarge, max_bytes, not_downloaded, read_outgoing,
                                        safe_filename, save_stream, too_large)
 from pluto.providers.kit.http import read_limited
+from pluto.providers.kit.payload import dict_at
 from pluto.providers.kit.notices import notice, quiet_notice
 from pluto.providers.teams.auth import (AppToken, KeysUnavailable, Unauthorized, Verifier)
+from pluto.providers.teams.buttons import (CHECK_BUDGET, INVOKE, NOT_OURS, TOO_SLOW,
+                                          buttons_card, click_of, note, taken, without_buttons)
 from pluto.providers.teams.connector import NETWORK, Connector, provider_error
 from pluto.providers.teams.conversations import Conversations
 from pluto.providers.teams.inbound import (Activity, BadActivity, FileIn, activity_part,
-                                           files_of, message_id, parse, to_incoming)
+                                           files_of, message_id, parse, to_incoming, user_of)
 from pluto.providers.teams.markup import TEAMS, lift_tables, table_card
 from pluto.providers.teams.settings import TeamsSecrets, TeamsSettings, load_settings
 from pluto.types import Attachment, Capabilities, IncomingMessage, OutgoingMessage
@@ -57,10 +66,10 @@ _MASK = MaskSecrets(placeholder="<secret>")
 class TeamsProvider(Provider):
     name = "teams"
     capabilities = Capabilities(max_message_length=4000, markup=TEAMS, can_edit=True,
-                                can_send_images=True, has_typing=True)
+                                can_send_images=True, has_typing=True, has_buttons=True)
 
     def __init__(self, settings: TeamsSettings, secrets: TeamsSecrets, *, data_dir: Path,
-                 http: HttpMount | None):
+                 http: HttpMount | None, approvals: ApprovalCheck | None = None):
         _MASK.add(secrets.app_password)
         _MASK.attach("pluto.providers.teams", "aiohttp.client")
         self.settings = settings
@@ -78,13 +87,18 @@ class TeamsProvider(Provider):
         self.handover = HandOver(self.name)
         self._intake: Intake | None = None
         self._seen: OrderedDict[str, None] = OrderedDict()
+        self.approvals = approvals
+        # messages with buttons: activity id → (serviceUrl, conversation, the activity sent)
+        self._cards: OrderedDict[str, tuple[str, str, dict[str, Any]]] = OrderedDict()
+        self._later: set[asyncio.Task[None]] = set()
         if http is not None:
             http.router.add_post(settings.messaging_path, self._on_activity)
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> TeamsProvider:
         settings, secrets = load_settings(ctx)
-        return cls(settings, secrets, data_dir=ctx.data_dir, http=ctx.http)
+        return cls(settings, secrets, data_dir=ctx.data_dir, http=ctx.http,
+                   approvals=ctx.approvals)
 
     # lifecycle ---------------------------------------------------------------------------
 
@@ -122,6 +136,9 @@ class TeamsProvider(Provider):
             await old.close()
 
     async def close(self) -> None:
+        for task in list(self._later):
+            task.cancel()
+        await asyncio.gather(*self._later, return_exceptions=True)
         await self.reset()
 
     # receiving ---------------------------------------------------------------------------
@@ -155,6 +172,8 @@ class TeamsProvider(Provider):
         chat, _ = activity.chat_and_thread
         if chat:
             await self.conversations.remember(chat, activity.service_url)
+        if activity.type == "invoke" and activity.raw.get("name") == INVOKE:
+            return await self._click(activity, intake)
         if activity.type != "message":
             return web.json_response({}) if activity.type == "invoke" else web.Response()
         try:
@@ -183,6 +202,62 @@ class TeamsProvider(Provider):
                 return False
         self._remember(key)
         return True
+
+    async def _click(self, activity: Activity, intake: Intake) -> web.StreamResponse:
+        """A click on one of our buttons (see ``buttons.py``): checked, handed over, answered
+        with what the clicker alone sees."""
+        found = click_of(activity.raw)
+        chat, thread = activity.chat_and_thread
+        user_id = user_of(activity)
+        if found is None or not chat or not user_id or not activity.id:
+            log.warning("teams: ignored a card action that is not one of our buttons")
+            return web.json_response(note(NOT_OURS))
+        command, approval_id = found
+        refusal = await self._refusal(chat, user_id, approval_id)
+        if refusal is not None:
+            log.info("teams: a click on approval %s by %s was refused: %s", approval_id,
+                     user_id[:80], refusal)
+            return web.json_response(note(refusal))
+        sender = activity.sender
+        name = sender.get("name")
+        team = dict_at(dict_at(activity.raw, "channelData"), "team").get("id")
+        incoming = click_message(
+            self.name, chat_id=chat, user_id=user_id, command=command, click_id=activity.id,
+            user_name=name[:256] if isinstance(name, str) and name else None, thread_id=thread,
+            guild_id=team[:256] if isinstance(team, str) and team else None,
+            is_direct=activity.kind == "personal")
+        try:
+            if await self.handover(intake.offer, incoming) is None:
+                return web.Response(status=503, text="busy")
+        except NotRecorded:
+            return web.Response(status=503, text="not recorded; try again")
+        card = activity.raw.get("replyToId")
+        if isinstance(card, str) and card in self._cards:
+            task = asyncio.get_running_loop().create_task(self._take_off(card))
+            self._later.add(task)
+            task.add_done_callback(self._later.discard)
+        return web.json_response(taken(command))
+
+    async def _refusal(self, chat: str, user_id: str, approval_id: str) -> str | None:
+        if self.approvals is None:
+            return None
+        try:
+            return await asyncio.wait_for(self.approvals(self.name, chat, user_id, approval_id),
+                                          CHECK_BUDGET)
+        except asyncio.TimeoutError:
+            return TOO_SLOW
+
+    async def _take_off(self, activity_id: str) -> None:
+        """The request message again, without its buttons (best effort)."""
+        found = self._cards.pop(activity_id, None)
+        if found is None:
+            return
+        service, conversation, sent = found
+        try:
+            await self.connector.update(service, conversation, activity_id,
+                                        without_buttons(sent))
+        except ProviderError as e:
+            log.info("teams: could not take the buttons off %s: %s", activity_id, e)
 
     def _remember(self, key: str) -> None:
         self._seen[key] = None
@@ -239,8 +314,14 @@ class TeamsProvider(Provider):
         service, conversation = await self._target(message.chat_id, message.thread_id)
         first: str | None = None
         if message.text:
-            first = await self.connector.post(service, conversation, _activity(message.text),
+            activity = _activity(message.text)
+            if message.buttons:
+                activity["attachments"] = [*activity.get("attachments", []),
+                                           buttons_card(message.buttons)]
+            first = await self.connector.post(service, conversation, activity,
                                               message.thread_id)
+            if message.buttons and first:
+                remember(self._cards, first, (service, conversation, activity), REMEMBERED)
         for attachment in message.attachments:
             sent = await self.connector.post(service, conversation,
                                              await self._file_activity(attachment),

@@ -5,11 +5,15 @@ and takes its replies on the fake Connector.
 The direct chat is a personal conversation; the group is a group chat, where the bot answers
 @mentions and quoted replies to its messages. What a person sees of a message is its Markdown
 text as Teams shows it, then the tables of its Adaptive Cards (a card's table is a grid, its
-columns aligned: counted as a monospaced block too).
+columns aligned: counted as a monospaced block too). Buttons are the card actions under a
+message; a click is the signed ``adaptiveCard/action`` invoke Teams posts, from Alice or from
+Mallory (the stranger, in the group chat), and what Teams showed a person alone is the invoke
+answers it got.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
@@ -57,7 +61,8 @@ def shown_of(sent: Sent) -> Shown:
     image = inline_image(sent)
     return Shown(id=sent.id, text="\n".join([text, *grids]).strip("\n"), raw=sent.text,
                  code=code + tuple(grids), kind="image" if image is not None else "text",
-                 data=image, edits=sent.edits)
+                 data=image, edits=sent.edits,
+                 buttons=tuple(str(a.get("title")) for a in FakeTeams.buttons(sent)))
 
 
 @dataclass
@@ -65,7 +70,8 @@ class TeamsHarness(Harness):
     name: str = "teams"
     caps: Any = TeamsProvider.capabilities
     features: frozenset[str] = frozenset(
-        {"groups", "redelivery", "flood_control", "files_in", "serve"})
+        {"groups", "redelivery", "flood_control", "files_in", "serve", "strangers"})
+    stranger: str = "Mallory"  # the fake's users are named; an id is made per name
     direct_chat: str = "a:1PlutoPersonalChatWithAlice"
     group_chat: str = "19:pluto-team-chat@thread.v2"
     fake: FakeTeams = field(default_factory=FakeTeams)
@@ -98,6 +104,8 @@ class TeamsHarness(Harness):
         self.server = HttpServer(self.gateway, "127.0.0.1", 0)
         ctx = provider_context(ProviderConfig(**self.provider_config()), self.data_dir,
                                self.server)
+        check = self.gateway.pipeline.approvals  # who may decide is asked of the gateway
+        ctx = dataclasses.replace(ctx, approvals=check.check if check is not None else None)
         provider = TeamsProvider.from_context(ctx)  # mounts its messaging endpoint
         await self.server.start()
         self.fake.endpoint_url = f"{self.server.url}{PATH}"
@@ -150,6 +158,19 @@ class TeamsHarness(Harness):
 
     def shown(self, chat: str | None = None) -> list[Shown]:
         return [shown_of(s) for s in self.fake.bot_messages(chat or self.direct_chat)]
+
+    async def click(self, message: Shown, label: str, *, chat: str | None = None,
+                    user: str | None = None) -> None:
+        """A click as Teams delivers it, on the button as shown now or as first posted (a
+        client that still shows it)."""
+        chat = chat or self.direct_chat
+        sent = next(s for s in self.fake.bot_messages(chat) if s.id == message.id)
+        now = any(a.get("title") == label for a in self.fake.buttons(sent))
+        await self.fake.click(sent, label, user=user or "Alice", as_posted=not now)
+        assert not self.fake.invoke_failures, self.fake.invoke_failures
+
+    def private_notes(self, user: str) -> list[str]:
+        return list(self.fake.notes.get(user, []))
 
     def rate_limit_sends(self, chat: str, *, after: int, retry_after: int) -> None:
         self.fake.hold(chat, after=after, retry_after=retry_after)

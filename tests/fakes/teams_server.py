@@ -25,6 +25,18 @@ It behaves like the Bot Framework where a bot can tell:
   (RS256, ``iss`` https://api.botframework.com, ``aud`` the app id, ``serviceurl``, ``nbf``,
   ``exp``). An answer of 5xx, or none within ``timeout``, is retried after ``retry_delays``, the
   same activity each time, as the Bot Connector does; a 2xx or 4xx ends it.
+- **Card buttons** (Universal Actions): a message may carry an Adaptive Card whose
+  ``actions`` are ``Action.Execute`` (card ``version`` >= 1.4, a ``title``, a ``verb``, ``data``
+  an object; at most 6 shown) or ``Action.Submit``; anything else is 400 ``BadArgument``. A
+  click on an Execute button (``click``) posts a signed ``invoke`` named
+  ``adaptiveCard/action`` (``value.action`` = the action, ``replyToId`` = the card's message)
+  from the chosen person, once (the Connector does not retry invokes). Its HTTP answer must come
+  within :data:`INVOKE_DEADLINE` seconds, with status 200 and an invoke response
+  (``{"statusCode": 200, "type": <card | message>, "value": …}``); otherwise the clicker sees
+  "Something went wrong" and the fake records it in ``invoke_failures``. A ``message`` answer
+  is what Teams shows that person alone (``notes[user]``); a card answer replaces the card for
+  them alone (``private_cards[user]``). Clicking a Submit button posts a ``message`` activity
+  with ``value`` = its data.
 - **Files** a user sends: a ``file.download.info`` attachment whose ``downloadUrl`` serves the
   bytes to anyone holding the URL; pasted images: a ``contentUrl`` on the Connector, served to
   the bot's token only.
@@ -63,6 +75,9 @@ ISSUER = "https://api.botframework.com"
 SCOPE = "https://api.botframework.com/.default"
 MAX_BYTES = 28 * 1024
 CARD = "application/vnd.microsoft.card.adaptive"
+INVOKE_MESSAGE = "application/vnd.microsoft.activity.message"
+INVOKE_DEADLINE = 5.0  # seconds Teams waits for an invoke's answer
+MAX_ACTIONS = 6
 FILE_INFO = "application/vnd.microsoft.teams.file.download.info"
 
 
@@ -88,6 +103,7 @@ class Delivery:
 
     activity: dict[str, Any]
     statuses: list[int] = field(default_factory=list)  # each attempt's HTTP status (0: none)
+    bodies: list[Any] = field(default_factory=list)  # each attempt's answer (JSON, or text)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -146,6 +162,9 @@ class FakeTeams(Changes):
         self.throttled: dict[str, float] = {}  # conversation → until (monotonic)
         self.holds: dict[str, tuple[int, float]] = {}  # conversation → (after n, seconds)
         self.refused: list[float] = []  # messages refused with 429 (monotonic)
+        self.notes: dict[str, list[str]] = {}  # person → invoke answers shown to them alone
+        self.private_cards: dict[str, list[dict[str, Any]]] = {}  # person → cards (theirs)
+        self.invoke_failures: list[str] = []  # clicks Teams showed "Something went wrong" for
         self.port = 0
         self._ids = itertools.count(1)
         self._changed = asyncio.Event()
@@ -304,6 +323,9 @@ class FakeTeams(Changes):
         if payload["type"] == "message" and not payload.get("text") \
                 and not payload.get("attachments"):
             raise Refused(400, "BadArgument", "Activity must have text or attachments.")
+        for item in payload.get("attachments") or []:
+            if isinstance(item, dict) and item.get("contentType") == CARD:
+                _check_card(item.get("content"))
         return payload
 
     def _throttle(self, cid: str, payload: dict[str, Any] | None) -> None:
@@ -352,6 +374,56 @@ class FakeTeams(Changes):
         return [s for s in self.sent if s.type == "message" and not s.deleted
                 and (s.conversation == conversation
                      or s.conversation.startswith(conversation + ";messageid="))]
+
+    @staticmethod
+    def buttons(sent: Sent, *, as_posted: bool = False) -> list[dict[str, Any]]:
+        """The actions shown under a message now (or as it was first posted)."""
+        items = sent.payload.get("attachments") if as_posted else sent.attachments
+        return [a for item in items or [] if isinstance(item, dict)
+                and item.get("contentType") == CARD
+                for a in ((item.get("content") or {}).get("actions") or [])[:MAX_ACTIONS]]
+
+    async def click(self, sent: Sent, title: str, *, user: str = "Alice",
+                    as_posted: bool = False) -> Delivery:
+        """``user`` clicks the button ``title`` under ``sent`` (as shown now, or as first
+        posted: a client that has not refreshed): Teams posts the click, signed, and waits for
+        its answer."""
+        action = next((a for a in self.buttons(sent, as_posted=as_posted)
+                       if a.get("title") == title), None)
+        if action is None:
+            raise AssertionError(f"no button {title!r} under {sent.id}")
+        activity = self.activity(sent.conversation, "", user=user)
+        activity.pop("text")
+        activity.pop("textFormat")
+        activity["replyToId"] = sent.id
+        if action["type"] == "Action.Submit":
+            activity["value"] = copy.deepcopy(action.get("data"))
+            return await self.post_activity(activity)
+        activity |= {"type": "invoke", "name": "adaptiveCard/action", "value": {
+            "action": {"type": "Action.Execute", "title": title, "verb": action.get("verb"),
+                       "data": copy.deepcopy(action.get("data"))}, "trigger": "manual"}}
+        delivery = Delivery(activity)
+        self.deliveries.append(delivery)
+        started = time.monotonic()
+        status, body = await self._attempt(json.dumps(activity).encode(), {
+            "Content-Type": "application/json; charset=utf-8",
+            "Authorization": f"Bearer {self.token_for()}"})
+        delivery.statuses.append(status)
+        delivery.bodies.append(body)
+        delivery.done.set()
+        took = time.monotonic() - started
+        if took > INVOKE_DEADLINE:
+            self.invoke_failures.append(f"{title} by {user}: answered after {took:.1f} s")
+        elif status != 200 or not isinstance(body, dict) or body.get("statusCode") != 200:
+            self.invoke_failures.append(f"{title} by {user}: HTTP {status} {body!r}"[:300])
+        elif body.get("type") == INVOKE_MESSAGE and isinstance(body.get("value"), str):
+            self.notes.setdefault(user, []).append(body["value"])
+        elif body.get("type") == CARD and isinstance(body.get("value"), dict):
+            self.private_cards.setdefault(user, []).append(body["value"])
+        else:
+            self.invoke_failures.append(f"{title} by {user}: not an invoke response {body!r}")
+        self._notify()
+        return delivery
 
     def typing(self, conversation: str) -> list[Sent]:
         return [s for s in self.sent if s.type == "typing" and s.conversation == conversation]
@@ -448,8 +520,9 @@ class FakeTeams(Changes):
                     await asyncio.sleep(delay)
                 headers = {"Content-Type": "application/json; charset=utf-8",
                            "Authorization": f"Bearer {token or self.token_for()}"}
-                status = await self._attempt(body, headers)
+                status, answer = await self._attempt(body, headers)
                 delivery.statuses.append(status)
+                delivery.bodies.append(answer)
                 first.set()
                 self._notify()
                 if 200 <= status < 500:
@@ -458,16 +531,45 @@ class FakeTeams(Changes):
             first.set()
             delivery.done.set()
 
-    async def _attempt(self, body: bytes, headers: dict[str, str]) -> int:
+    async def _attempt(self, body: bytes, headers: dict[str, str]) -> tuple[int, Any]:
         if not self.endpoint_url or self._session is None:
-            return 0
+            return 0, None
         try:
             async with self._session.post(self.endpoint_url, data=body, headers=headers,
                                           timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
-                await r.read()
-                return r.status
+                raw = await r.read()
+                try:
+                    answer: Any = json.loads(raw) if raw else None
+                except ValueError:
+                    answer = raw.decode(errors="replace")
+                return r.status, answer
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
-            return 0
+            return 0, None
+
+
+def _check_card(card: Any) -> None:
+    """What Teams refuses of an Adaptive Card's actions."""
+    if not isinstance(card, dict) or card.get("type") != "AdaptiveCard":
+        raise Refused(400, "BadArgument", "The card is not an AdaptiveCard.")
+    actions = card.get("actions") or []
+    if not isinstance(actions, list):
+        raise Refused(400, "BadArgument", "The card's actions are not an array.")
+    for action in actions:
+        kind = action.get("type") if isinstance(action, dict) else None
+        if kind not in ("Action.Execute", "Action.Submit", "Action.OpenUrl"):
+            raise Refused(400, "BadArgument", f"Unknown card action {kind!r}.")
+        if not isinstance(action.get("title"), str) or not action["title"].strip():
+            raise Refused(400, "BadArgument", "A card action needs a title.")
+        if kind == "Action.Execute":
+            try:
+                major, minor = (int(p) for p in str(card.get("version")).split(".")[:2])
+            except ValueError:
+                major, minor = 0, 0
+            if (major, minor) < (1, 4):
+                raise Refused(400, "BadArgument", "Action.Execute needs card version 1.4.")
+            if not isinstance(action.get("verb"), str) or not isinstance(
+                    action.get("data", {}), dict):
+                raise Refused(400, "BadArgument", "Action.Execute needs a verb and data.")
 
 
 def inline_image(sent: Sent) -> bytes | None:
