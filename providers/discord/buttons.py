@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 import aiohttp
 import discord
 
+from pluto.providers.kit.bounded import remember
 from pluto.providers.kit.buttons import click_message, command_of, payload_of
 from pluto.types import Button, IncomingMessage
 
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 
 PROVIDER = "discord"
 NOT_VALID = "This button is no longer valid."
+ANSWERED = 4096  # interaction ids remembered as responded to
 CHECK_WITHIN = 2.0  # seconds for the approvals check: Discord wants an answer within 3
 STYLES = {"primary": discord.ButtonStyle.primary, "danger": discord.ButtonStyle.danger}
 FAILURES = (discord.DiscordException, aiohttp.ClientError, OSError, asyncio.TimeoutError)
@@ -70,28 +73,35 @@ async def _check(approvals: Check | None, chat_id: str, user_id: str,
         return None
 
 
-async def receive(interaction: discord.Interaction,
-                  approvals: Check | None) -> IncomingMessage | None:
-    """Respond to a component interaction; the message to hand over when the click is allowed."""
+async def receive(interaction: discord.Interaction, approvals: Check | None,
+                  answered: OrderedDict[int, None]) -> IncomingMessage | None:
+    """Respond to a component interaction; the message to hand over when the click is allowed.
+    ``answered``: interactions responded to already (the same one dispatched again is not
+    responded to twice: Discord would refuse, 40060)."""
+    again = interaction.id in answered
+    remember(answered, interaction.id, None, ANSWERED)
     data = interaction.data or {}
     found = command_of(data.get("custom_id"))
     user = interaction.user
     if found is None or interaction.channel_id is None or user.bot:
-        await _respond(interaction, NOT_VALID)
+        if not again:
+            await _respond(interaction, NOT_VALID)
         return None
     command, approval_id = found
     chat_id, user_id = str(interaction.channel_id), str(user.id)
     refusal = await _check(approvals, chat_id, user_id, approval_id)
     if refusal is not None:
-        await _respond(interaction, refusal)
+        if not again:
+            await _respond(interaction, refusal)
         return None
-    try:
-        await interaction.response.defer()  # type 6: DEFERRED_UPDATE_MESSAGE
-    except discord.InteractionResponded:
-        pass  # the same interaction dispatched again: answered already
-    except FAILURES as e:
-        log.info("discord: acknowledging interaction %s failed: %s", interaction.id,
-                 type(e).__name__)
+    if not again:
+        try:
+            await interaction.response.defer()  # type 6: DEFERRED_UPDATE_MESSAGE
+        except discord.InteractionResponded:
+            pass
+        except FAILURES as e:
+            log.info("discord: acknowledging interaction %s failed: %s", interaction.id,
+                     type(e).__name__)
     thread = isinstance(interaction.channel, discord.Thread)
     return click_message(PROVIDER, chat_id=chat_id, user_id=user_id, command=command,
                          click_id=str(interaction.id), user_name=user.display_name,

@@ -113,6 +113,7 @@ class DiscordProvider(Provider):
         self.handover = HandOver(self.name)
         self.approvals = approvals
         self._intake: Intake | None = None
+        self._clicked: OrderedDict[int, None] = OrderedDict()
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> DiscordProvider:
@@ -236,7 +237,7 @@ class DiscordProvider(Provider):
         """A button clicked: answered within Discord's 3 s, handed over when the clicker may
         decide, then the buttons taken off the request (see ``buttons.py``)."""
         try:
-            incoming = await buttons.receive(interaction, self.approvals)
+            incoming = await buttons.receive(interaction, self.approvals, self._clicked)
             intake = self._intake
             if incoming is None or intake is None:
                 return
