@@ -14,6 +14,12 @@ Message-ID), so each thread is one conversation. The user id is the sender's add
 
 Sending: one mail per message (no edits, no streaming), text and HTML, threaded; files as
 attachments. SMTP 4xx waits and tries again (a flood hold), 5xx is a permanent refusal.
+
+Approvals (no buttons): a request's mail ends with "Reply `/approve <id>` or `/deny <id>`";
+a reply whose new text (above the quoted mail) is that command decides it. A reply to the
+request mail whose new text is just ``approve`` or ``deny`` (a reason may follow ``deny``) is
+taken as that command too: the provider keeps the Message-IDs of the request mails it sent
+(bounded, in memory: after a restart the full command is needed).
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable
@@ -34,6 +42,7 @@ from pluto.providers.email.outbound import compose, read_files, submit
 from pluto.providers.email.settings import EmailSettings, load_settings
 from pluto.providers.email.threads import Origin, ThreadBook, thread_key
 from pluto.providers.handover import HandOver, NotRecorded
+from pluto.providers.kit.bounded import remember
 from pluto.providers.kit.files import safe_filename, save_bytes, too_large
 from pluto.providers.kit.loops import Backoff
 from pluto.types import MARKDOWN, Attachment, Capabilities, IncomingMessage, OutgoingMessage
@@ -45,6 +54,9 @@ MAX_REPLY = 5000  # characters of one mail; a longer reply goes out as several m
 SENDS = 4  # SMTP connections at once
 FIRST_DELAY, MAX_DELAY = 0.5, 60.0  # reconnecting
 READ_SECONDS = 30.0  # reading one mail (parsing, decoding its files)
+REQUESTS = 1024  # request mails remembered (Message-ID → approval id)
+_REQUEST = re.compile(r"/approve ([a-z2-9]{6,16})\b")
+_WORD = re.compile(r"(approve|deny)\b[\s.,:;!-]*(.*)", re.I | re.S)
 UNREADABLE = ("I could not read your email (its structure is broken); please send it again "
               "as plain text.")
 _MASK = MaskSecrets(placeholder="<password>")
@@ -69,6 +81,7 @@ class EmailProvider(Provider):
         self._sending = asyncio.Semaphore(SENDS)
         self._backoff = Backoff(first=FIRST_DELAY, cap=MAX_DELAY)  # reconnecting
         self._chats = chats  # routing: who may be told anything at all
+        self._requests: OrderedDict[str, str] = OrderedDict()  # request mail → approval id
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> EmailProvider:
@@ -160,6 +173,7 @@ class EmailProvider(Provider):
             return
         attachments, problems = await self._save(reading.files, chat, message_id)
         text = reading.text or ("" if attachments else mail.subject)
+        text = self._decision(mail, text)
         if text or attachments:
             async def hand(msg: IncomingMessage) -> Ticket:
                 await self.threads.note(chat, origin)  # what its reply needs, kept first
@@ -192,6 +206,16 @@ class EmailProvider(Provider):
                         "dkim, spf or dmarc pass for its domain)", mail.message_id, mail.sender)
             return None
         return reading
+
+    def _decision(self, mail: Mail, text: str) -> str:
+        """A bare ``approve`` / ``deny [reason]`` answering a request mail, as its command
+        (the gateway checks who may decide, as for any command); any other text as it is."""
+        approval = self._requests.get(mail.in_reply_to or "")
+        found = _WORD.fullmatch(" ".join(text.split())) if approval else None
+        if approval is None or found is None:
+            return text
+        verdict, reason = found.group(1).lower(), found.group(2).strip()[:500]
+        return f"/{verdict} {approval}" + (f" {reason}" if verdict == "deny" and reason else "")
 
     async def _chat_of(self, references: tuple[str, ...], own: str | None) -> str:
         """The thread's root: the first of References (or In-Reply-To), mapped back to its
@@ -263,6 +287,9 @@ class EmailProvider(Provider):
         mail = compose(self.settings, origin, message_id, text, files)
         async with self._sending:
             await submit(self.settings, self._smtp_password, mail)
+        request = _REQUEST.search(text)
+        if request is not None:
+            remember(self._requests, message_id, request.group(1), REQUESTS)
         return message_id
 
 
