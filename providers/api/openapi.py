@@ -14,7 +14,7 @@ from pluto.providers.api.idempotency import PATTERN as IDEMPOTENCY_KEY_PATTERN
 
 NON_BLANK = "[^ \\t\\n\\r\\f\\v]"  # the same rule the handlers apply: not only spaces
 AGENT = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-OUTCOMES = ["ok", "error", "cancelled", "budget", "interrupted", None]
+OUTCOMES = ["ok", "error", "cancelled", "budget", "interrupted", "awaiting_approval", None]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -37,10 +37,12 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 def _errors(*codes: int) -> dict[str, Any]:
     text = {400: "The request is malformed (the error says how).",
-            401: "No valid API key.", 403: "routes.yaml does not send this to an agent.",
+            401: "No valid API key.", 403: "routes.yaml does not send this to an agent (for "
+                 "approve / deny: this key may not decide the request).",
             404: "Not found (the task, step, run, artifact or agent).",
             409: "A request with this Idempotency-Key is still being answered (send it again "
-                 "once it is done).",
+                 "once it is done); for approve / deny: the step waits for no decision (none "
+                 "pending, or decided already, or expired).",
             410: "The artifact's file is no longer kept (old files are deleted).",
             413: "The request body is too large.",
             422: "This Idempotency-Key was used with another request (a different body or "
@@ -58,7 +60,9 @@ def _schemas(max_input: int) -> dict[str, Any]:
         "task_id": {"type": "string"}, "step_id": {"type": "string"},
         "name": _nullable("string"), "input": {"type": "string"},
         "additional_input": {"type": "object"}, "run_id": _nullable("string"),
-        "status": {"enum": ["created", "running", "completed"]},
+        "status": {"enum": ["created", "running", "completed", "awaiting_approval"],
+                   "description": "awaiting_approval: a tool call waits for a person's "
+                                  "decision (see approval)."},
         "outcome": {"enum": OUTCOMES, "description": "How the step ended (null until it has)."},
         "output": _nullable("string"), "error": _nullable("string"),
         "is_last": {"type": "boolean"}, "created_at": {"type": "number"},
@@ -66,6 +70,21 @@ def _schemas(max_input: int) -> dict[str, Any]:
         "artifacts": {"type": "array", "items": _ref("Artifact"),
                       "description": "The files the step's run made (charts, query results)."},
         "events_url": _nullable("string"), "additional_output": {"type": "object"},
+        "approval": {"anyOf": [_ref("Approval"), {"type": "null"}],
+                     "description": "The tool call the step's run waits on (status "
+                                    "awaiting_approval), else null."},
+    })
+    approval = _obj({
+        "approval_id": {"type": "string", "pattern": "^[a-z2-9]{6,16}$"},
+        "tool": {"type": "string"},
+        "arguments": {"type": "string", "description": "The call's arguments as JSON text "
+                      "(cut short)."},
+        "approvers": {"type": "string", "description": "Who may decide, in words."},
+        "expires_at": {"type": "number", "description": "When nobody deciding means denied "
+                       "(epoch seconds)."},
+        "approve_url": {"type": "string"}, "deny_url": {"type": "string"},
+        "commands": {"type": "array", "items": {"type": "string"},
+                     "description": "The same decisions as chat commands (a step's input)."},
     })
     artifact = _obj({
         "artifact_id": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
@@ -82,6 +101,10 @@ def _schemas(max_input: int) -> dict[str, Any]:
                              "additional_input": extra}, ["input"]),
         "StepRequest": _obj({"input": text_input, "additional_input": extra}, ["input"]),
         "Step": step,
+        "Approval": approval,
+        "DecisionRequest": _obj({"reason": {"type": ["string", "null"], "maxLength": 300,
+                                            "description": "Why (a denial's reason, told to "
+                                            "the model)."}}, []),
         "Artifact": artifact,
         "ArtifactList": _obj({"artifacts": {"type": "array", "items": _ref("Artifact")},
                               "pagination": _ref("Pagination")}),
@@ -173,7 +196,27 @@ def _paths() -> dict[str, Any]:
                                            {"type": "string", "pattern": "^[0-9a-f]{32}$"},
                                            "The step's id.")],
             "responses": {"200": _json(_ref("Step"), "The step."), **_errors(401, 404, 503)}}},
-        **_artifact_paths(), **_event_paths()}
+        **_approval_paths(), **_artifact_paths(), **_event_paths()}
+
+
+def _approval_paths() -> dict[str, Any]:
+    step_id = _param("step_id", "path", {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+                     "The step's id.")
+    out = {}
+    for verb, says in (("approve", "Approve"), ("deny", "Deny")):
+        out[f"/api/v1/agent/tasks/{{task_id}}/steps/{{step_id}}/{verb}"] = {"post": {
+            "operationId": f"{verb}AgentTaskStep",
+            "summary": f"{says} the tool call the step waits on (status awaiting_approval).",
+            "description": "Sent as the task's user, in the task's conversation, like the chat "
+                           f"command `/{verb} <approval_id>`. Decided: the step continues with "
+                           "the run that resumes it (its run_id and events_url are that run's; "
+                           "it ends with the answer). Sent again: the step as it is now.",
+            "parameters": [TASK_ID, step_id],
+            "requestBody": {"required": False, "content": {"application/json": {
+                "schema": _ref("DecisionRequest")}}},
+            "responses": {"200": _json(_ref("Step"), "The step, continuing."),
+                          **_errors(400, 401, 403, 404, 409, 503)}}}
+    return out
 
 
 def _artifact_paths() -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +34,8 @@ from pluto.providers.api.views import ApiError
 from pluto.providers.handover import HandOver, NotRecorded
 from pluto.storage.ports import IdempotencyStore, RunReader, TaskStore
 from pluto.storage.rows import StepRow, TaskRow
-from pluto.types import MARKDOWN, Capabilities, IncomingMessage, OutgoingMessage
+from pluto.types import (MARKDOWN, Accepted, Answered, Capabilities, Duplicate,
+                         IncomingMessage, OutgoingMessage, Refused)
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,9 @@ class ApiProvider(Provider):
         r.add_get(f"{PREFIX}/agent/tasks/{{task_id}}/steps", self._guard(self._list_steps, page))
         r.add_get(f"{PREFIX}/agent/tasks/{{task_id}}/steps/{{step_id}}",
                   self._guard(self._get_step))
+        for verb in ("approve", "deny"):  # a step whose run waits for a person's decision
+            r.add_post(f"{PREFIX}/agent/tasks/{{task_id}}/steps/{{step_id}}/{verb}",
+                       self._guard(self._decide))
         r.add_get(f"{PREFIX}/agent/tasks/{{task_id}}/artifacts",
                   self._guard(self._list_artifacts, page))
         r.add_get(f"{PREFIX}/agent/tasks/{{task_id}}/artifacts/{{artifact_id}}",
@@ -257,16 +262,100 @@ class ApiProvider(Provider):
         task = await self._task(request)
         number, size = views.page(request)
         rows, total = await self.tasks.steps(task.id, (number - 1) * size, size)
-        items = [await views.step_view(self.runs, s, self.files) for s in rows]
+        items = [await views.step_view(self.runs, await self._continued(task, s) or s,
+                                       self.files) for s in rows]
         return web.json_response({"steps": items,
                                   "pagination": views.pagination(total, number, size)})
 
     async def _get_step(self, request: web.Request) -> web.Response:
         task = await self._task(request)
-        step = await self.tasks.step(task.id, request.match_info["step_id"])
+        step = await self._continued(task, await self.tasks.step(task.id,
+                                                                 request.match_info["step_id"]))
         if step is None:
             raise ApiError(404, "not_found", "That task has no step with that id.")
         return web.json_response(await views.step_view(self.runs, step, self.files))
+
+    # approvals: a step whose run waits for a person (docs/approvals.md) ------------------
+
+    async def _decide(self, request: web.Request) -> web.Response:
+        """``POST …/steps/{id}/approve`` or ``/deny`` (body optional: ``{"reason": …}``): the
+        command sent as the task's user, in the task's chat. Decided: the step continues with
+        the run that resumes it (its ``run_id`` and ``events_url`` are that run's)."""
+        task = await self._task(request)
+        step = await self.tasks.step(task.id, request.match_info["step_id"])
+        if step is None:
+            raise ApiError(404, "not_found", "That task has no step with that id.")
+        verb = request.path.rsplit("/", 1)[-1]
+        reason = await self._reason(request)
+        reason = reason if verb == "deny" else ""
+        if step.run_id is None:
+            raise ApiError(409, "not_waiting", "This step waits for no approval.")
+        run = await self.runs.run(step.run_id)
+        waiting = views.pending_approval(await self.runs.events(step.run_id)) \
+            if run is not None and run.status == "awaiting_approval" else None
+        if waiting is None:
+            raise ApiError(409, "not_waiting", "This step waits for no approval.")
+        assert self._intake is not None
+        command = f"/{verb} {waiting.approval_id}" + (f" {reason}" if reason else "")
+        caller = request[CALLER] or "api"
+        msg = IncomingMessage(provider=self.name, chat_id=task.id, user_id=caller,
+                              user_name=caller, text=command,
+                              message_id=f"{step.id}:{verb}:{waiting.approval_id}",
+                              guild_id=task.requested_agent, is_direct=True)
+        try:
+            outcome = await (await self.handover.guard(self._intake).submit(msg)).outcome()
+        except NotRecorded:
+            raise ApiError(503, "not_recorded", "The decision could not be recorded just now; "
+                           "send it again in a moment.") from None
+        match outcome:
+            case Accepted(run_id=run_id):
+                await self.tasks.started(step.id, run_id)
+            case Duplicate():
+                pass  # sent before: the step as it is now
+            case Refused(reason="not an approver", notice=notice):
+                raise ApiError(403, "not_an_approver", notice or "You may not decide this.")
+            case Answered(text=text):
+                raise ApiError(409, "not_waiting", text)
+            case _:
+                raise ApiError(409, "not_waiting", "The decision was not taken.")
+        step = await self.tasks.step(task.id, step.id) or step
+        return web.json_response(await views.step_view(self.runs, step, self.files))
+
+    async def _continued(self, task: TaskRow, step: StepRow | None) -> StepRow | None:
+        """A step waiting for a decision nobody took in time: the gateway resumed its run
+        itself (a message of its own, not this API's), so the step is pointed at that run once
+        its answer is in the task's conversation."""
+        if step is None or step.run_id is None:
+            return step
+        run = await self.runs.run(step.run_id)
+        if run is None or run.status != "awaiting_approval":
+            return step
+        waiting = views.pending_approval(await self.runs.events(step.run_id))
+        if waiting is None or waiting.expires_at > time.time():
+            return step  # decided here (POST approve / deny) or still open
+        probe = IncomingMessage(provider=self.name, chat_id=task.id, user_id="api", text="",
+                                guild_id=task.requested_agent, is_direct=True)
+        ended = run.ended_at or 0.0
+        for item in await self.chats.transcript(probe, limit=50):
+            if item.role == "assistant" and item.run_id and item.run_id != step.run_id and \
+                    item.ts >= ended and not await self.tasks.has_run(item.run_id):
+                await self.tasks.started(step.id, item.run_id)
+                return await self.tasks.step(task.id, step.id) or step
+        return step
+
+    @staticmethod
+    async def _reason(request: web.Request) -> str:
+        """The optional body's ``reason`` (a denial's, shown to the model), one line."""
+        if request.body_exists and (request.content_length or 1) > 0:
+            data = await views.json_body(request, ("reason",), 4096)
+        else:
+            data = {}
+        reason = data.get("reason")
+        if reason is None:
+            return ""
+        if not isinstance(reason, str) or not views.is_text(reason) or len(reason) > 300:
+            raise views.bad("'reason' must be a string of at most 300 characters.")
+        return " ".join(reason.split())
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         run_id = request.match_info["run_id"]
@@ -308,6 +397,7 @@ class ApiProvider(Provider):
 
     async def _task_view(self, task: TaskRow, last: StepRow | None) -> dict[str, Any]:
         made = await self._artifacts(task) if self.files is not None else []
+        last = await self._continued(task, last)
         return await views.task_view(self.runs, task, last, self.files, made)
 
     async def _list_artifacts(self, request: web.Request) -> web.Response:

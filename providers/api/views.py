@@ -15,7 +15,8 @@ from aiohttp import web
 from pluto import jsonlimits
 from pluto.errors import PlutoError
 from pluto.jsonlimits import JsonTooDeep
-from pluto.events import MessageDelta, MessageFinal, RunEvent, ToolEnd, ToolStart
+from pluto.events import (ApprovalRequest, MessageDelta, MessageFinal, RunEvent, ToolEnd,
+                          ToolStart)
 from pluto.gateway.ports import SharedFileReader
 from pluto.providers.api.artifacts import Artifact, artifacts_of
 from pluto.providers.kit.http import read_limited
@@ -179,6 +180,22 @@ def run_output(events: list[RunEvent]) -> str | None:
     return "".join(partial) or None
 
 
+def pending_approval(events: list[RunEvent]) -> ApprovalRequest | None:
+    """The request a run that ended ``awaiting_approval`` waits on (its last)."""
+    found = [e for e in events if isinstance(e, ApprovalRequest)]
+    return found[-1] if found else None
+
+
+def approval_view(row: StepRow, request: ApprovalRequest) -> dict[str, Any]:
+    """What a step waiting for a person shows: the call, and how to decide it."""
+    base = f"/api/v1/agent/tasks/{row.task_id}/steps/{row.id}"
+    return {"approval_id": request.approval_id, "tool": request.name,
+            "arguments": request.arguments, "approvers": request.approvers,
+            "expires_at": request.expires_at, "approve_url": f"{base}/approve",
+            "deny_url": f"{base}/deny",
+            "commands": [f"/approve {request.approval_id}", f"/deny {request.approval_id}"]}
+
+
 async def step_view(runs: RunReader, row: StepRow,
                     files: SharedFileReader | None = None) -> dict[str, Any]:
     """A step as the API shows it; with ``files``, the files its run made as artifacts."""
@@ -186,7 +203,7 @@ async def step_view(runs: RunReader, row: StepRow,
         "task_id": row.task_id, "step_id": row.id, "name": None, "input": row.input,
         "additional_input": row.additional_input, "run_id": row.run_id,
         "created_at": row.created_at, "artifacts": [], "events_url": None,
-        "additional_output": {},
+        "additional_output": {}, "approval": None,
     }
     if row.run_id is None:
         status = "created" if row.status == "created" else "completed"
@@ -207,6 +224,11 @@ async def step_view(runs: RunReader, row: StepRow,
             "additional_output": {"usage": run.usage if run else {}},
             "artifacts": [a.view(row.task_id) for a in artifacts_of(events, files)],
         }
+        if run is not None and run.status == "awaiting_approval" and \
+                (request := pending_approval(events)) is not None:
+            # a tool call waits for a person: POST approve_url or deny_url (the step then
+            # continues with the run that resumes it)
+            view |= {"status": "awaiting_approval", "approval": approval_view(row, request)}
     view["is_last"] = view["status"] == "completed"
     return view
 

@@ -9,7 +9,10 @@ later one is a step (``POST /agent/tasks/{id}/steps``). The chat ids scenarios u
 
 What the client is shown for a chat is its task's steps as ``GET /agent/tasks/{id}/steps``
 returns them: each step's ``output`` (its run's final text, or what it had written so far), or
-its ``error``; a step with neither shows nothing yet. The client reads them continuously in the
+its ``error``; a step with neither shows nothing yet. A step waiting for a person's decision
+(status ``awaiting_approval``) shows its ``approval``: the tool, its arguments, and the
+commands that decide it (the API has no buttons: a client POSTs ``approve_url`` /
+``deny_url``, or sends a command as its next step, which these scenarios do). The client reads them continuously in the
 background, and follows each step's run over SSE (``GET /agent/{run_id}/events``, resuming with
 ``Last-Event-ID`` after a restart), checking as it reads: every event's ``id`` is its ``seq``,
 the seqs only grow, the stream ends with ``run.end``, and a finished step's output is the text
@@ -245,10 +248,23 @@ class ApiHarness(ServedHarness):
         for step in self.steps.get(task, []):
             self._check(step)
             text = step["output"] if step["output"] is not None else step["error"]
+            if step["status"] == "awaiting_approval":
+                text = self._approval_text(step)
             if text is not None:
                 out.append(Shown(id=step["step_id"], text=text, raw=text, code=code_of(text)))
         assert not self.violations, f"api: the HTTP API broke its contract: {self.violations}"
         return out
+
+    @staticmethod
+    def _approval_text(step: dict[str, Any]) -> str:
+        approval = step["approval"]
+        assert approval is not None, f"a step awaiting approval without it: {step}"
+        base = f"/api/v1/agent/tasks/{step['task_id']}/steps/{step['step_id']}"
+        assert approval["approve_url"] == f"{base}/approve", approval
+        assert approval["deny_url"] == f"{base}/deny", approval
+        approve, deny = approval["commands"]
+        return (f"The agent wants to run {approval['tool']} with:\n{approval['arguments']}\n"
+                f"Reply `{approve}` or `{deny}`.")
 
     async def caught_up(self) -> None:
         """A pass of the poller that began after now has read every chat's steps, and every
