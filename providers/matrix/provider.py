@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -34,7 +35,7 @@ from mautrix.util.logging import TraceLogger
 from pluto.errors import ProviderUnusable
 from pluto.gateway.ports import Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
-from pluto.providers.kit.buttons import ApprovalCheck, click_message
+from pluto.providers.kit.buttons import click_message
 from pluto.providers.kit.bounded import remember
 from pluto.providers.kit.files import (CHUNK, TooLarge, max_bytes, not_downloaded, save_stream,
                                        too_large)
@@ -54,6 +55,8 @@ from pluto.types import Attachment, Capabilities, IncomingMessage, OutgoingMessa
 
 log = logging.getLogger(__name__)
 
+Check = Callable[[str, str, str, str], Awaitable[str | None]]  # ProviderContext.approvals
+
 FILTER = json.dumps({"presence": {"not_types": ["*"]}, "account_data": {"not_types": ["*"]},
                      "room": {"timeline": {"limit": 100}, "ephemeral": {"not_types": ["*"]},
                               "state": {"lazy_load_members": True}}})
@@ -67,7 +70,7 @@ class MatrixProvider(Provider):
                                 can_send_images=True, can_send_files=True, has_typing=True)
 
     def __init__(self, settings: MatrixSettings, token: str, *, data_dir: Path,
-                 approvals: ApprovalCheck | None = None):
+                 approvals: Check | None = None):
         redact_secrets_in_logs([token])
         self.settings = settings
         self._token = token

@@ -25,6 +25,7 @@ import base64
 import hashlib
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from pluto.gateway.logs import MaskSecrets
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
 from pluto.providers.kit.bounded import remember
-from pluto.providers.kit.buttons import ApprovalCheck, click_message
+from pluto.providers.kit.buttons import click_message
 from pluto.providers.kit.files import (TooLarge, max_bytes, not_downloaded, read_outgoing,
                                        safe_filename, save_stream, too_large)
 from pluto.providers.kit.http import read_limited
@@ -56,6 +57,8 @@ from pluto.types import Attachment, Capabilities, IncomingMessage, OutgoingMessa
 
 log = logging.getLogger(__name__)
 
+Check = Callable[[str, str, str, str], Awaitable[str | None]]  # ProviderContext.approvals
+
 TIMEOUT = aiohttp.ClientTimeout(total=30, connect=10)
 MAX_BODY = 1024 * 1024  # an activity is a few kilobytes
 REMEMBERED = 4096  # activity ids kept to recognise redeliveries before any work is done
@@ -69,7 +72,7 @@ class TeamsProvider(Provider):
                                 can_send_images=True, has_typing=True, has_buttons=True)
 
     def __init__(self, settings: TeamsSettings, secrets: TeamsSecrets, *, data_dir: Path,
-                 http: HttpMount | None, approvals: ApprovalCheck | None = None):
+                 http: HttpMount | None, approvals: Check | None = None):
         _MASK.add(secrets.app_password)
         _MASK.attach("pluto.providers.teams", "aiohttp.client")
         self.settings = settings
