@@ -5,6 +5,11 @@ intake; a run's progress is printed from the run feed as it streams (text as it 
 a note when a tool is used), and the replies — a run's final answer or error, a command's
 answer, a notice — come through delivery like on every platform. Ctrl+C while a reply streams
 sends ``/stop`` (the same command any chat platform uses); Ctrl+D leaves.
+
+A tool call that waits for a person (docs/approvals.md) is printed with its arguments, then the
+terminal asks ``Approve? [y/N]``: ``y`` sends ``/approve <id>``, anything else ``/deny <id>``
+(typing ``/approve <id>`` or ``/deny <id> [reason]`` at the prompt works too); the run that
+resumes it is shown like any other.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ import uuid
 from collections import OrderedDict
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
-from pluto.events import MessageDelta, MessageFinal, RunError, ToolEnd, ToolStart
+from pluto.events import (ApprovalRequest, MessageDelta, MessageFinal, RunError, ToolEnd,
+                          ToolStart)
 from pluto.providers.cli.screen import Screen, wants_markdown
 from pluto.gateway.ports import Intake, Provider, ProviderContext, RunFeed
 from pluto.providers.handover import HandOver, NotRecorded
@@ -72,6 +78,10 @@ class CliProvider(Provider):
         self.unsent = 0  # messages the person was asked to send again (not recorded)
         self.interrupted = False
         self.handover = HandOver(self.name)
+        # where the person's answers come from (``run``: the terminal or a pipe); None: no one
+        # to ask (an approval then waits for a typed command)
+        self.reader: _Reader | None = None
+        self._waiting: dict[str, ApprovalRequest] = {}  # runs paused for a decision
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> CliProvider:
@@ -86,9 +96,12 @@ class CliProvider(Provider):
 
     async def run(self, intake: Intake) -> None:
         if self.once is not None:
+            if sys.stdin.isatty():  # (an approval is asked on the terminal)
+                self.reader = _TtyReader(None)
             await self.ask(intake, self.once)
             return
         reader = _TtyReader(self.history_file) if sys.stdin.isatty() else _PipeReader()
+        self.reader = reader
         while True:
             try:
                 line = await reader.read("you> ")
@@ -131,6 +144,8 @@ class CliProvider(Provider):
             match outcome:
                 case Accepted(run_id=run_id):
                     await self._show(run_id)
+                    if (waiting := self._waiting.pop(run_id, None)) is not None:
+                        await self._decide(intake, waiting)
                 case Refused(notice=None, reason=reason) | Dropped(notice=None, reason=reason):
                     self._say(f"! no answer: {reason}")
                     self.errors += 1
@@ -147,6 +162,23 @@ class CliProvider(Provider):
             self._replies.pop(msg.message_id or "", None)
             if installed:
                 loop.remove_signal_handler(signal.SIGINT)
+
+    async def _decide(self, intake: Intake, request: ApprovalRequest) -> None:
+        """Ask the person about a paused tool call (its request is printed above) and send
+        their decision: ``y`` approves, anything else denies; a typed command goes as is."""
+        if self.reader is None:
+            return  # nobody to ask here: /approve or /deny, typed, decides it
+        try:
+            answer = (await self.reader.read("Approve? [y/N] ", self.err)).strip()
+        except EOFError:
+            answer = ""
+        if answer.lower().startswith(("/approve", "/deny")):
+            command = answer
+        elif answer.lower() in ("y", "yes"):
+            command = f"/approve {request.approval_id}"
+        else:
+            command = f"/deny {request.approval_id}"
+        await self.ask(intake, command)
 
     def _expect(self, msg: IncomingMessage) -> asyncio.Future[OutgoingMessage]:
         future: asyncio.Future[OutgoingMessage] = asyncio.get_running_loop().create_future()
@@ -177,6 +209,11 @@ class CliProvider(Provider):
                         expects_reply = True
                     case RunError():  # (an error's reply comes without the files)
                         expects_reply, files = True, []
+                    case ApprovalRequest():  # its text and commands come through delivery
+                        self._end_line(run_id)
+                        self._waiting[run_id] = event
+                        remember_waiting(self._waiting)
+                        expects_reply = True
         if expects_reply:
             await _wait(self._final(run_id))
             self._finals.pop(run_id, None)
@@ -312,10 +349,23 @@ def _user() -> str:
         return "local"
 
 
+def remember_waiting(waiting: dict[str, ApprovalRequest]) -> None:
+    """Keep the paused runs bounded (each is asked about once, then forgotten)."""
+    while len(waiting) > KEPT_RUNS:
+        waiting.pop(next(iter(waiting)))
+
+
+class _Reader(Protocol):
+    async def read(self, prompt: str, err: TextIO | None = None) -> str: ...
+
+
 class _PipeReader:
     """Lines from a non-interactive stdin (scripts, tests)."""
 
-    async def read(self, prompt: str) -> str:
+    async def read(self, prompt: str, err: TextIO | None = None) -> str:
+        if err is not None:  # (a question, not the chat prompt: said where the notes go)
+            err.write(prompt + "\n")
+            err.flush()
         line = await asyncio.to_thread(sys.stdin.readline)
         if not line:
             raise EOFError
@@ -335,7 +385,7 @@ class _TtyReader:
             history = FileHistory(str(history_file))
         self.session: PromptSession[str] = PromptSession(history=history)
 
-    async def read(self, prompt: str) -> str:
+    async def read(self, prompt: str, err: TextIO | None = None) -> str:
         while True:
             try:
                 return await self.session.prompt_async(prompt)
