@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import discord
@@ -80,7 +81,7 @@ async def receive(interaction: discord.Interaction, approvals: Check | None,
     responded to twice: Discord would refuse, 40060)."""
     again = interaction.id in answered
     remember(answered, interaction.id, None, ANSWERED)
-    data = interaction.data or {}
+    data: dict[str, Any] = dict(interaction.data or {})
     found = command_of(data.get("custom_id"))
     user = interaction.user
     if found is None or interaction.channel_id is None or user.bot:

@@ -129,7 +129,8 @@ class DiscordProvider(Provider):
         intents = discord.Intents.none()
         intents.guilds = intents.guild_messages = intents.dm_messages = True
         intents.message_content = self.settings.message_content_intent
-        client = _Client(self._queue, self._on_click, intents=intents, max_ratelimit_timeout=LIBRARY_WAIT,
+        client = _Client(self._queue, self._on_click, intents=intents,
+                         max_ratelimit_timeout=LIBRARY_WAIT,
                          guild_ready_timeout=self.settings.guild_ready_timeout,
                          max_messages=None, chunk_guilds_at_startup=False)
         holds.adopt(client)  # 429s on sends go to the outbox's flood control (holds.py)

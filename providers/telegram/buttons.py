@@ -13,6 +13,7 @@ over, the keyboard is taken off the request message (best effort).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 
 PROVIDER = "telegram"
 NOT_VALID = "This button is no longer valid"
+CHECK_WITHIN = 5.0  # seconds for the approvals check (a client gives up on an answer ~10 s)
 ANSWERED = 4096  # query ids remembered as answered (a redelivered update is not answered twice)
 Check = Callable[[str, str, str, str], Awaitable[str | None]]
 
@@ -59,8 +61,7 @@ class Clicks:
             return None
         command, approval_id = found
         chat_id, user_id = str(message.chat.id), str(query.from_user.id)
-        refusal = (await self.approvals(PROVIDER, chat_id, user_id, approval_id)
-                   if self.approvals is not None else None)
+        refusal = await self._check(chat_id, user_id, approval_id)
         if refusal is not None:
             await self._answer(bot, query, refusal, alert=True)
             return None
@@ -73,6 +74,19 @@ class Clicks:
                              click_id=query.id, user_name=user.username or user.full_name,
                              thread_id=str(thread) if topic and thread else None,
                              is_direct=message.chat.type == "private")
+
+    async def _check(self, chat_id: str, user_id: str, approval_id: str) -> str | None:
+        """The approvals check, bounded so the query is answered in Telegram's window: when it
+        takes too long, the click is handed over and the gateway decides (it checks again)."""
+        if self.approvals is None:
+            return None
+        try:
+            async with asyncio.timeout(CHECK_WITHIN):
+                return await self.approvals(PROVIDER, chat_id, user_id, approval_id)
+        except TimeoutError:
+            log.warning("telegram: checking a click took over %gs; the gateway decides",
+                        CHECK_WITHIN)
+            return None
 
     async def _answer(self, bot: Bot, query: CallbackQuery, text: str, *, alert: bool) -> None:
         """Answer once (a redelivered update is not answered again: Telegram would refuse)."""

@@ -50,7 +50,8 @@ def check_components(components: Any) -> list[dict]:
     if components is None:
         return []
     if not isinstance(components, list):
-        raise form_error("components", "MODEL_TYPE_CONVERT", "Only iterables may be used in a ListType")
+        raise form_error("components", "MODEL_TYPE_CONVERT",
+                         "Only iterables may be used in a ListType")
     if len(components) > 5:
         raise form_error("components", "BASE_TYPE_MAX_LENGTH", "Must be 5 or fewer in length.")
     seen: set[str] = set()
@@ -76,7 +77,8 @@ def check_components(components: Any) -> list[dict]:
             custom_id = button.get("custom_id")
             if style == 5:
                 if not button.get("url") or custom_id is not None:
-                    raise form_error(where, "COMPONENT_LAYOUT_WIDTH_EXCEEDED", "Invalid link button")
+                    raise form_error(where, "COMPONENT_LAYOUT_WIDTH_EXCEEDED",
+                                     "Invalid link button")
                 continue
             if not isinstance(custom_id, str) or not 1 <= len(custom_id) <= 100:
                 raise form_error(f"{where}.custom_id", "BASE_TYPE_BAD_LENGTH",

@@ -72,6 +72,7 @@ ROUTE_ALIASES = {
     "edit_message": "PATCH /channels/{channel_id}/messages/{message_id}",
     "delete_message": "DELETE /channels/{channel_id}/messages/{message_id}",
     "typing": "POST /channels/{channel_id}/typing",
+    "interaction_callback": "POST /interactions/{interaction_id}/{interaction_token}/callback",
 }
 
 # JSON error codes, https://discord.com/developers/docs/topics/opcodes-and-status-codes#json
