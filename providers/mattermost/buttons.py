@@ -30,7 +30,7 @@ from aiohttp import web
 
 from pluto import jsonlimits
 from pluto.providers.handover import NotRecorded
-from pluto.providers.kit.buttons import ApprovalCheck, click_message, command_of, payload_of
+from pluto.providers.kit.buttons import click_message, command_of, payload_of
 from pluto.providers.kit.http import read_limited
 from pluto.providers.mattermost.api import MattermostApi
 from pluto.providers.mattermost.errors import FAILURES, provider_error
@@ -43,6 +43,9 @@ MAX_BODY = 64 * 1024  # a click's post is a few hundred bytes
 CHECK_BUDGET = 5.0  # seconds: Mattermost waits up to its integration timeout (30 s default)
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 HandOver = Callable[[IncomingMessage], Awaitable[object]]
+# ProviderContext.approvals: (provider, chat, user, approval id) -> None when the person may
+# decide, else the sentence to show them (kit.buttons.ApprovalCheck, as the context types it)
+Check = Callable[[str, str, str, str], Awaitable[str | None]]
 NOT_TAKEN = "Your click could not be taken just now; please click again in a minute."
 
 
@@ -76,11 +79,15 @@ def _str(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 class Actions:
     """The integration endpoint: ``POST <path of actions_url>``."""
 
     def __init__(self, name: str, key: bytes, api: MattermostApi, known: Known,
-                 check: ApprovalCheck | None, hand_over: Callable[[], HandOver | None]):
+                 check: Check | None, hand_over: Callable[[], HandOver | None]):
         self.name = name
         self.key = key
         self.api = api
@@ -98,7 +105,7 @@ class Actions:
             body = None
         if not isinstance(body, dict):
             return web.json_response({"error": "not a Mattermost action"}, status=400)
-        context = body.get("context") if isinstance(body.get("context"), dict) else {}
+        context = _dict(body.get("context"))
         command, token = _str(context.get("command")), _str(context.get("token"))
         if not token or not hmac.compare_digest(token.encode(),
                                                 token_for(self.key, command).encode()):

@@ -32,11 +32,10 @@ from pluto.errors import DeliveryRefused, ProviderError, ProviderUnusable, RateL
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
 from pluto.providers.kit.bounded import remember
-from pluto.providers.kit.buttons import ApprovalCheck
 from pluto.providers.kit.loops import Backoff, retry_until_done
 from pluto.providers.kit.notices import notice, quiet_notice
 from pluto.providers.mattermost.api import MattermostApi
-from pluto.providers.mattermost.buttons import Actions, key_of
+from pluto.providers.mattermost.buttons import Actions, Check, key_of
 from pluto.providers.mattermost.files import Downloads
 from pluto.providers.mattermost.errors import FAILURES, provider_error, redact_secrets_in_logs
 from pluto.providers.mattermost.inbound import (BadPayload, Post, mentioned_ids, mentions,
@@ -64,7 +63,7 @@ class MattermostProvider(Provider):
                                 has_buttons=True)
 
     def __init__(self, settings: MattermostSettings, token: str, *, data_dir: Path,
-                 http: HttpMount | None = None, approvals: ApprovalCheck | None = None):
+                 http: HttpMount | None = None, approvals: Check | None = None):
         redact_secrets_in_logs([token])
         self.settings = settings
         self._token = token

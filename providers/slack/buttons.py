@@ -27,7 +27,7 @@ from typing import Any
 from slack_sdk.errors import SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from pluto.providers.kit.buttons import ApprovalCheck, click_message, command_of, payload_of
+from pluto.providers.kit.buttons import click_message, command_of, payload_of
 from pluto.providers.slack.errors import provider_error
 from pluto.types import Button, IncomingMessage
 
@@ -41,7 +41,11 @@ MAX_BLOCKS = 50
 CHECK_BUDGET = 2.0  # seconds for the approval check: Slack wants the ack within 3
 ACK_BUDGET = 2.5  # seconds from the click until the ack, whatever remains to do
 TOO_SLOW = "That took too long to check; please click again."
-HandOver = Callable[[IncomingMessage], Awaitable[None]]
+NOT_READY = "I am just starting; please click again in a moment."
+HandOver = Callable[[IncomingMessage], Awaitable[object]]
+# ProviderContext.approvals: (provider, chat, user, approval id) -> None when the person may
+# decide, else the sentence to show them (kit.buttons.ApprovalCheck, as the context types it)
+Check = Callable[[str, str, str, str], Awaitable[str | None]]
 
 
 def blocks_for(text: str, buttons: tuple[Button, ...]) -> list[dict[str, Any]]:
@@ -86,10 +90,14 @@ def _str(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 class Clicks:
     """Block actions of our buttons: checked, handed over, answered."""
 
-    def __init__(self, name: str, client: AsyncWebClient, check: ApprovalCheck | None,
+    def __init__(self, name: str, client: AsyncWebClient, check: Check | None,
                  spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]):
         self.name = name
         self.client = client
@@ -99,18 +107,21 @@ class Clicks:
     async def on_click(self, body: dict[str, Any], hand_over: HandOver | None) -> None:
         """Before the ack: returns within Slack's 3 s (the check is bounded)."""
         actions = body.get("actions")
-        action = actions[0] if isinstance(actions, list) and actions else None
-        found = command_of(action.get("value")) if isinstance(action, dict) else None
-        user = body.get("user") if isinstance(body.get("user"), dict) else {}
+        action = _dict(actions[0] if isinstance(actions, list) and actions else None)
+        found = command_of(action.get("value"))
+        user = _dict(body.get("user"))
         user_id = _str(user.get("id"))
-        container = body.get("container") if isinstance(body.get("container"), dict) else {}
-        channel = body.get("channel") if isinstance(body.get("channel"), dict) else {}
+        container = _dict(body.get("container"))
+        channel = _dict(body.get("channel"))
         chat_id = _str(channel.get("id")) or _str(container.get("channel_id"))
-        if found is None or not user_id or not chat_id or hand_over is None:
+        if found is None or not user_id or not chat_id:
             log.warning("slack: ignored a click that is not one of our buttons")
             return
+        if hand_over is None:  # (HTTP: refused 503 before this; Socket Mode: connecting)
+            self.spawn(self._tell(chat_id, user_id, NOT_READY, None))
+            return
         command, approval_id = found
-        message = body.get("message") if isinstance(body.get("message"), dict) else {}
+        message = _dict(body.get("message"))
         thread_ts = _str(message.get("thread_ts")) or _str(container.get("thread_ts")) or None
         started = time.monotonic()
         refusal = await self._refusal(chat_id, user_id, approval_id)
@@ -118,9 +129,8 @@ class Clicks:
             told = self.spawn(self._tell(chat_id, user_id, refusal, thread_ts))
             await asyncio.wait([told], timeout=max(0.0, ACK_BUDGET - (time.monotonic() - started)))
             return
-        click_id = _str(body.get("trigger_id")) or \
-            f"{_str(action.get('action_ts'))}:{user_id}"  # type: ignore[union-attr]
-        team = body.get("team") if isinstance(body.get("team"), dict) else {}
+        click_id = _str(body.get("trigger_id")) or f"{_str(action.get('action_ts'))}:{user_id}"
+        team = _dict(body.get("team"))
         await hand_over(click_message(
             self.name, chat_id=chat_id, user_id=user_id, command=command, click_id=click_id,
             user_name=_str(user.get("name")) or _str(user.get("username")) or None,

@@ -32,11 +32,10 @@ from slack_sdk.web.async_client import AsyncWebClient
 from pluto.errors import ProviderError, ProviderUnusable
 
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
-from pluto.providers.kit.buttons import ApprovalCheck
 from pluto.providers.kit.notices import notice, quiet_notice
 from pluto.providers.handover import HandOver, NotRecorded
 from pluto.types import Attachment, Capabilities, OutgoingMessage
-from pluto.providers.slack.buttons import Clicks
+from pluto.providers.slack.buttons import Check, Clicks
 from pluto.providers.slack.errors import provider_error, redact_secrets_in_logs
 from pluto.providers.slack.events import HttpEvents, build_app
 from pluto.providers.slack.files import Downloads, FileProblem
@@ -68,7 +67,7 @@ class SlackProvider(Provider):
 
     def __init__(self, settings: SlackSettings, secrets: SlackSecrets, *, data_dir: Path,
                  http_app: HttpMount | web.Application | None = None,
-                 approvals: ApprovalCheck | None = None):
+                 approvals: Check | None = None):
         redact_secrets_in_logs(secrets.values())
         self.settings = settings
         self._secrets = secrets

@@ -12,12 +12,17 @@ redelivered webhook is one decision).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pluto.providers.kit.buttons import command_of, payload_of
 from pluto.types import Button
 
 log = logging.getLogger(__name__)
+
+# ProviderContext.approvals: (provider, chat, user, approval id) -> None when the person may
+# decide, else the sentence to show them (kit.buttons.ApprovalCheck, as the context types it)
+Check = Callable[[str, str, str, str], Awaitable[str | None]]
 
 MAX_BUTTONS = 3
 MAX_TITLE = 20

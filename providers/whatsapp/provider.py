@@ -31,13 +31,13 @@ from pluto import jsonlimits
 from pluto.gateway.ports import HttpMount, Intake, Provider, ProviderContext
 from pluto.providers.handover import HandOver, NotRecorded
 from pluto.providers.kit.bounded import remember
-from pluto.providers.kit.buttons import ApprovalCheck, click_message
+from pluto.providers.kit.buttons import click_message
 from pluto.providers.kit.files import (TooLarge, max_bytes, not_downloaded, read_outgoing,
                                        too_large)
 from pluto.providers.kit.notices import notice, quiet_notice
 from pluto.providers.kit.signatures import body_signature_ok, same_secret
 from pluto.providers.whatsapp.api import GraphApi
-from pluto.providers.whatsapp.buttons import interactive_messages, tapped
+from pluto.providers.whatsapp.buttons import Check, interactive_messages, tapped
 from pluto.providers.whatsapp.errors import (OUTSIDE_WINDOW, GraphError, Waits, provider_error,
                                              redact_secrets_in_logs)
 from pluto.providers.whatsapp.inbound import (READABLE, Inbound, Status, media_of, parse,
@@ -64,7 +64,7 @@ class WhatsAppProvider(Provider):
                                 can_send_files=True, has_typing=True, has_buttons=True)
 
     def __init__(self, settings: WhatsAppSettings, secrets: WhatsAppSecrets, *, data_dir: Path,
-                 http: HttpMount | None, approvals: ApprovalCheck | None = None):
+                 http: HttpMount | None, approvals: Check | None = None):
         redact_secrets_in_logs(secrets.values())
         self.settings = settings
         self._secrets = secrets
