@@ -12,12 +12,16 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
+from pluto.providers.whatsapp import WhatsAppProvider
 from pluto.providers.whatsapp.errors import GraphError
+from pluto.settings import ProviderConfig
 from pluto.types import Button, OutgoingMessage
 from tests.conformance.test_scenarios import approving, request_shown
 from tests.conformance.whatsapp_harness import WhatsAppHarness
 from tests.fakes.whatsapp_server import sign
+from tests.helpers.gateway import provider_context
 
 
 @pytest.fixture
@@ -145,3 +149,22 @@ def _buttons(h: WhatsAppHarness, message_id: str) -> list[tuple[str, str]]:
     sent = next(s for s in h.fake.messages_to(h.direct_chat) if s.id == message_id)
     return [(b["reply"]["title"], b["reply"]["id"])
             for b in sent.payload["interactive"]["action"]["buttons"]]
+
+
+async def test_outside_the_window_the_template_carries_the_commands(wa: WhatsAppHarness) -> None:
+    """A request for a person whose 24-hour window closed goes out as the window template,
+    which has no buttons: the commands to reply with are written first (kept when cut)."""
+    config = {**wa.provider_config(), "window_template": {"name": "pluto_update",
+                                                          "language": "en"}}
+    provider = WhatsAppProvider.from_context(
+        provider_context(ProviderConfig(**config), wa.data_dir, web.Application()))
+    try:
+        provider._last_in[wa.direct_chat] = (0.0, "wamid.old")  # noqa: SLF001 - window closed
+        await provider.send(OutgoingMessage(chat_id=wa.direct_chat, text="Delete it? " * 200,
+                                            buttons=(Button("Approve", "/approve abcdefgh"),
+                                                     Button("Deny", "/deny abcdefgh"))))
+    finally:
+        await provider.close()
+    [sent] = wa.fake.messages_to(wa.direct_chat)
+    assert sent.type == "template"
+    assert sent.text.startswith("Reply /approve abcdefgh or /deny abcdefgh: Delete it?")

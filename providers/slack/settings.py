@@ -9,7 +9,8 @@ providers:
     bot_token_env: SLACK_BOT_TOKEN      # xoxb-…: the Web API (both modes)
     signing_secret_env: SLACK_SIGNING_SECRET  # checks every event post (http mode)
     app_token_env: SLACK_APP_TOKEN      # xapp-… with connections:write (socket mode)
-    events_path: /slack/events
+    events_path: /slack/events          # (http mode: set the app's Interactivity Request
+                                        # URL to it too, for approval buttons)
     api_base: https://slack.com/api/    # another Web API server: a proxy, a test fake
     channel_messages: mentions          # mentions: in channels, answer @mentions and threads
                                         # the bot takes part in; all: every channel message

@@ -53,6 +53,13 @@ def interactive_messages(text: str, buttons: tuple[Button, ...]
     return out
 
 
+def with_commands(text: str, buttons: tuple[Button, ...]) -> str:
+    """The text with the buttons' commands written out (a template message has no buttons)."""
+    if not buttons:
+        return text
+    return "Reply " + " or ".join(b.command for b in buttons) + f": {text}"  # (kept when cut)
+
+
 def _title(label: str) -> str:
     label = " ".join(label.split()) or "?"
     return label if len(label) <= MAX_TITLE else label[:MAX_TITLE - 1] + "…"

@@ -37,7 +37,8 @@ from pluto.providers.kit.files import (TooLarge, max_bytes, not_downloaded, read
 from pluto.providers.kit.notices import notice, quiet_notice
 from pluto.providers.kit.signatures import body_signature_ok, same_secret
 from pluto.providers.whatsapp.api import GraphApi
-from pluto.providers.whatsapp.buttons import Check, interactive_messages, tapped
+from pluto.providers.whatsapp.buttons import (Check, interactive_messages, tapped,
+                                              with_commands)
 from pluto.providers.whatsapp.errors import (OUTSIDE_WINDOW, GraphError, Waits, provider_error,
                                              redact_secrets_in_logs)
 from pluto.providers.whatsapp.inbound import (READABLE, Inbound, Status, media_of, parse,
@@ -335,7 +336,8 @@ class WhatsAppProvider(Provider):
             raise DeliveryRefused(f"{to!r} is not a WhatsApp number (wa_id)")
         if self._outside_window(to):
             if self.settings.window_template is not None:
-                return await self._send_template(to, message.text)
+                return await self._send_template(to, with_commands(message.text,
+                                                                      message.buttons))
             await self._window_closed(to, f"{message.kind} of run {message.run_id or '-'}")
             raise DeliveryRefused("WhatsApp's 24-hour window with this person is closed")
         try:
@@ -352,7 +354,8 @@ class WhatsAppProvider(Provider):
         except GraphError as e:
             if e.code == OUTSIDE_WINDOW:
                 if self.settings.window_template is not None and not message.attachments:
-                    return await self._send_template(to, message.text)
+                    return await self._send_template(to, with_commands(message.text,
+                                                                      message.buttons))
                 await self._window_closed(to, f"{message.kind} of run {message.run_id or '-'}")
             raise provider_error(e, self.waits) from None
         except NETWORK as e:
@@ -365,6 +368,9 @@ class WhatsAppProvider(Provider):
             sent = await self.api.message(message.chat_id, kind, content,
                                           reply_to=None if first else message.reply_to)
             first = first or sent
+        if self.settings.window_template is not None:  # refused afterwards: as the template
+            remember(self._sent_texts, sent, (message.chat_id, with_commands(
+                message.text, message.buttons)), SENT_KEPT)
         assert first is not None
         return first
 
