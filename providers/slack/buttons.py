@@ -122,7 +122,10 @@ class Clicks:
             return
         command, approval_id = found
         message = _dict(body.get("message"))
+        ts = _str(container.get("message_ts"))
         thread_ts = _str(message.get("thread_ts")) or _str(container.get("thread_ts")) or None
+        if thread_ts == ts:  # the request is a thread's parent: it answered at the top level
+            thread_ts = None
         started = time.monotonic()
         refusal = await self._refusal(chat_id, user_id, approval_id)
         if refusal is not None:  # shown before the ack when Slack's 3 s allow, else after it
@@ -136,7 +139,6 @@ class Clicks:
             user_name=_str(user.get("name")) or _str(user.get("username")) or None,
             thread_id=thread_ts, guild_id=_str(team.get("id")) or None,
             is_direct=chat_id.startswith("D")))
-        ts = _str(container.get("message_ts"))
         if ts:
             self.spawn(self._take_off(chat_id, ts, message))
 
