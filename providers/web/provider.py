@@ -15,21 +15,32 @@ What a chat's tabs are shown, in order, each frame to every tab:
   the answer in the history (storage) — each answer once;
 - the gateway's answers without a run (a command's reply, a notice) through delivery and the
   outbox, like on any platform (:meth:`WebProvider.send`).
+
+A run that waits for the visitor's decision on a tool call (docs/approvals.md) shows its
+``approval.request`` (the widget draws a card with Approve / Deny, each sending its command as
+the visitor's message). A decision sent from a tab here starts the run that resumes it, shown
+like any run. One taken without a message from here — nobody decided in time, or another
+instance took it — starts a run this provider is not told of: while a request shown here is
+open and a tab of its chat is, the chat's conversation is looked at now and then
+(:data:`WAIT_LOOK`; each second once it has expired) and the run that answered after it is
+followed from storage, its frames reaching the tabs like any run's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import WSCloseCode, web
 
 from pluto.errors import ConfigError
-from pluto.events import RunEnd, RunEvent, RunStart
+from pluto.events import ApprovalDecision, ApprovalRequest, RunEnd, RunEvent, RunStart
 from pluto.gateway.ports import (ChatDirectory, Intake, Provider, ProviderContext, RunFeed,
                                  SharedFileReader, Ticket)
 from pluto.providers.handover import HandOver
@@ -48,6 +59,22 @@ log = logging.getLogger(__name__)
 
 FINISHED_RUNS_KEPT = 2000
 SILENT_CHECK = 2.0  # a run listened to and silent this long is followed from storage instead
+WAIT_LOOK = 5.0  # seconds between looks for the run resuming a request shown here (open)
+EXPIRED_LOOK = 1.0  # … once it has expired (the gateway resumes it itself)
+EXPIRED_LOOKING = 300.0  # seconds after its expiry a request is looked after at most
+WAITING_KEPT = 1000  # requests looked after at most
+KEPT_PROBES = 2000  # chats whose route (agent) is remembered from their last message
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """A request shown here, waiting: whose chat, since when, until when."""
+
+    chat_id: str
+    run_id: str
+    asked_at: float
+    expires_at: float
+    next_look: float = 0.0
 
 
 class _Shown:
@@ -92,6 +119,9 @@ class WebProvider(Provider):
         self._follows: dict[str, asyncio.Task[None] | None] = {}  # None: listened to
         self._shown: dict[str, _Shown] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
+        self._waiting: OrderedDict[str, _Waiting] = OrderedDict()  # approval id → request
+        self._probes: OrderedDict[str, IncomingMessage] = OrderedDict()  # chat → its route
+        self._looking: asyncio.Task[None] | None = None
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> WebProvider:
@@ -126,6 +156,9 @@ class WebProvider(Provider):
         not record it (the tab is told, and sends it again)."""
         await self._ready.wait()
         assert self._intake is not None
+        remember(self._probes, msg.chat_id, IncomingMessage(
+            provider=msg.provider, chat_id=msg.chat_id, user_id=msg.user_id, text="",
+            guild_id=msg.guild_id, is_direct=msg.is_direct), KEPT_PROBES)
         ticket = await self.handover(self._intake.submit, msg)
         ticket.when_decided(lambda outcome: self._show_outcome(msg, outcome))
         return ticket
@@ -229,6 +262,55 @@ class WebProvider(Provider):
                 frame["message_id"] = shown.message_id
             self.rooms.run_frame(run_id, frame)
         shown.seq = event.seq
+        if isinstance(event, ApprovalRequest):
+            self._await(shown.chat_id, event)
+        elif isinstance(event, ApprovalDecision):
+            self._waiting.pop(event.approval_id, None)
+
+    # a decision taken without a message from here ---------------------------------------
+
+    def _await(self, chat_id: str, event: ApprovalRequest) -> None:
+        remember(self._waiting, event.approval_id, _Waiting(
+            chat_id, event.run_id, event.ts, event.expires_at,
+            next_look=min(time.time() + WAIT_LOOK, event.expires_at)), WAITING_KEPT)
+        if self._looking is None or self._looking.done():
+            self._looking = asyncio.create_task(self._look_for_resumed(), name="web:approvals")
+
+    async def _look_for_resumed(self) -> None:
+        """While requests shown here wait: now and then, the run that resumed one (found in
+        its chat's conversation, answered after it), followed from storage."""
+        while self._waiting:
+            await asyncio.sleep(min(EXPIRED_LOOK, WAIT_LOOK))
+            now = time.time()
+            for approval_id, waiting in list(self._waiting.items()):
+                if now > waiting.expires_at + EXPIRED_LOOKING or \
+                        not self.rooms.count(waiting.chat_id):
+                    self._waiting.pop(approval_id, None)  # nobody here to show it to (the
+                    continue  # history has it on the next visit)
+                if now < waiting.next_look:
+                    continue
+                waiting.next_look = now + EXPIRED_LOOK if now >= waiting.expires_at \
+                    else min(now + WAIT_LOOK, waiting.expires_at)
+                try:
+                    found = await self._resumed(waiting)
+                except Exception as e:  # noqa: BLE001 - storage away: the next look
+                    log.warning("web: looking for the run resuming approval %s failed: %s",
+                                approval_id, e)
+                    continue
+                if found is not None and approval_id in self._waiting:
+                    self._waiting.pop(approval_id, None)
+                    self._follow(waiting.chat_id, found)
+
+    async def _resumed(self, waiting: _Waiting) -> str | None:
+        probe = self._probes.get(waiting.chat_id) or IncomingMessage(
+            provider=self.name, chat_id=waiting.chat_id, user_id=waiting.chat_id, text="",
+            is_direct=True)
+        for item in reversed(await self.chats.transcript(probe, limit=20)):
+            run = item.run_id
+            if item.role == "assistant" and run and run != waiting.run_id and \
+                    item.ts >= waiting.asked_at:
+                return None if run in self._follows or run in self._finished else run
+        return None
 
     async def _show_run(self, run_id: str, fresh: bool = False) -> None:
         shown = self._shown[run_id]
@@ -294,6 +376,8 @@ class WebProvider(Provider):
 
     async def close(self) -> None:
         tasks = [task for task in self._follows.values() if task is not None]
+        if self._looking is not None:
+            tasks.append(self._looking)
         for task in tasks:
             task.cancel()
         for shown in list(self._shown.values()):

@@ -3,7 +3,8 @@ behind ``approval: always`` shows a card in its answer's bubble — the tool, it
 text in a ``<pre>`` (markup a model wrote in them stays text), Approve / Deny buttons with
 labels for screen readers. A click sends the command as the visitor and disables both; the
 decision's line shows on the card, and the resumed run's answer follows (the tool ran once).
-Deny, by the keyboard, tells the model; the tool never runs."""
+Deny, by the keyboard, tells the model; the tool never runs. Nobody deciding in time: the
+gateway resumes the run itself, and the open tab shows that run too (its line, its answer)."""
 
 from __future__ import annotations
 
@@ -46,11 +47,12 @@ class Deleter:
 
 @asynccontextmanager
 async def served(config_dir: Path, data_dir: Path, model: ScriptedModel,
-                 deleter: Deleter) -> AsyncIterator[Gateway]:
+                 deleter: Deleter, timeout: int = 300) -> AsyncIterator[Gateway]:
     agent = config_dir / "agents" / "default" / "agent.yaml"
     spec = yaml.safe_load(agent.read_text())
     agent.write_text(yaml.safe_dump({**spec, "tools": [*spec.get("tools", []), "delete_file"],
-                                     "approval": {"delete_file": "always"}}))
+                                     "approval": {"delete_file": "always"},
+                                     "approval_timeout": timeout}))
     cfg = PlutoConfig(data_dir=data_dir, providers={"web": {"enabled": True}})
     gw = Gateway(config_dir, config=cfg, model_factory=model, serve=True,
                  http_bind=("127.0.0.1", 0), tools={"delete_file": deleter.tool})
@@ -121,3 +123,31 @@ async def test_approve_and_deny_in_the_widget(config_dir, data_dir):
         told = [str(m.get("content")) for m in model.calls[-1] if m["role"] == "tool"]
         assert any("denied" in t for t in told), told
         assert errors == [] and dialogs == []
+
+
+@pytest.mark.slow
+async def test_an_expired_request_shows_its_resumed_answer_in_the_open_tab(config_dir,
+                                                                          data_dir):
+    deleter = Deleter()
+    model = ScriptedModel(call("/srv/old.log"), Scripted(text="Nobody approved, so I did not."))
+    async with served(config_dir, data_dir, model, deleter, timeout=1) as gw, \
+            chromium() as browser:
+        gw.approval_sweep.every = 0.05  # (its first look comes at the old period's end)
+        page = await browser.new_page()
+        await page.goto(url(gw, "/"))
+        await expect(page.locator(".pluto-status")).to_have_text("Online")
+        await page.locator(".pluto-input").fill("delete the old log")
+        await page.locator(".pluto-input").press("Enter")
+        card = page.locator(".pluto-approval")
+        await expect(card).to_be_visible()
+
+        async def answered() -> bool:
+            await gw.approval_sweep.look()
+            return await page.locator(".pluto-bot .pluto-bubble").filter(
+                has_text="Nobody approved, so I did not.").count() == 1
+        await wait_for(answered, timeout=20)
+        await expect(card.locator(".pluto-approval-decision")).to_contain_text(
+            "Nobody approved delete_file in time")
+        await expect(card.get_by_role("button", name="Approve running delete_file")
+                     ).to_be_disabled()
+        assert deleter.calls == []
