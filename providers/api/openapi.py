@@ -202,7 +202,7 @@ def _paths() -> dict[str, Any]:
 def _approval_paths() -> dict[str, Any]:
     step_id = _param("step_id", "path", {"type": "string", "pattern": "^[0-9a-f]{32}$"},
                      "The step's id.")
-    out = {}
+    out: dict[str, Any] = {}
     for verb, says in (("approve", "Approve"), ("deny", "Deny")):
         out[f"/api/v1/agent/tasks/{{task_id}}/steps/{{step_id}}/{verb}"] = {"post": {
             "operationId": f"{verb}AgentTaskStep",
