@@ -178,7 +178,30 @@ class AgentsPolicy(Strict):
 
 
 class AdminConfig(Strict):
-    api_key_env: str | None = Field(default=None, pattern=ENV_NAME)  # unset: no admin API
+    api_key_env: str | None = Field(default=None, pattern=ENV_NAME)  # unset: no admin key
+
+
+class OidcConfig(Strict):
+    """Sign-in to the console through an OpenID Connect provider (docs/console.md)."""
+
+    issuer: str = Field(pattern=r"^https?://")  # its discovery: <issuer>/.well-known/...
+    client_id: str = Field(min_length=1)
+    client_secret_env: str | None = Field(default=None, pattern=ENV_NAME)
+    scopes: str = "openid email profile"
+    username_claim: str = "email"
+    # who gets which role (by the username claim); others get default_role, or no entry
+    roles: dict[str, Literal["viewer", "operator", "admin", "owner"]] = Field(
+        default_factory=dict)
+    default_role: Literal["viewer", "operator", "admin"] | None = None
+    label: str = "Sign in with SSO"
+
+
+class ConsoleConfig(Strict):
+    """The admin console at /console (docs/console.md)."""
+
+    enabled: bool = True
+    session_hours: float = Field(default=8.0, gt=0, le=24 * 30)
+    oidc: OidcConfig | None = None
 
 
 class DatasetFile(Strict):
@@ -322,6 +345,7 @@ class PlutoConfig(Strict):
     gateway: GatewayLimits = GatewayLimits()
     access: AccessConfig = AccessConfig()
     admin: AdminConfig = AdminConfig()
+    console: ConsoleConfig = ConsoleConfig()
     agents: AgentsPolicy = AgentsPolicy()
     data: DataConfig = DataConfig()
     voice: VoiceConfig = VoiceConfig()
@@ -370,6 +394,8 @@ class PlutoConfig(Strict):
         names += [t.api_key_env for t in (self.voice_resolved().transcription, self.voice.speech)
                   if isinstance(t, TranscriptionConfig) and t.api_key_env]
         names += [self.storage.url_env]  # the database URL may carry a password
+        oidc = self.console.oidc
+        names += [oidc.client_secret_env] if oidc is not None and oidc.client_secret_env else []
         names += [self.tracing.headers_env] if self.tracing.headers_env else []
         for p in self.providers.values():
             names += [v for k, v in (p.model_extra or {}).items() if k.endswith("_env") and v]

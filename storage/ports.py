@@ -75,6 +75,11 @@ class ConversationStore(RunReader, Protocol):
 
     async def messages(self, session_id: str, limit: int = 1000) -> list[MessageRow]: ...
 
+    async def find_sessions(self, query: str = "", *,
+                            limit: int = 50) -> builtins.list[dict[str, Any]]:
+        """Sessions, newest first, whose key or text holds ``query`` (the admin console)."""
+        ...
+
     async def history(self, session_id: str, max_messages: int,
                       max_tokens: int) -> list[dict[str, Any]]:
         """The newest messages that fit the window, as model messages, always well-formed."""
@@ -688,6 +693,10 @@ class Store(Protocol):
 
     @property
     def approvals(self) -> ApprovalStore: ...
+
+    @property
+    def console(self) -> Any:  # storage/sql/console.SqlConsole: accounts, sessions, audit
+        ...
 
     @property
     def notes(self) -> NotesStore: ...

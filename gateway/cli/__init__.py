@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="HTTP port (default: http.port in pluto.yaml)")
 
     subs.add_parser("agents", help="list the agents and check their configuration")
-    from pluto.gateway.cli.data import add_parser as data_parser  # argparse only
+    from pluto.gateway.cli.admin import add_parser as admin_parser  # argparse only
+    from pluto.gateway.cli.data import add_parser as data_parser
     from pluto.gateway.cli.doctor import add_parsers as doctor_parsers
     from pluto.gateway.cli.init import add_parser as init_parser
     from pluto.gateway.cli.memory import add_parser as memory_parser
@@ -65,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     for sub in (init_parser(subs), *doctor_parsers(subs), chat, run, serve,
                 subs.choices["agents"], *_routes_and_pairing(subs), *data_parser(subs),
-                *usage_parser(subs), *memory_parser(subs), *schedule_parser(subs)):
+                *usage_parser(subs), *memory_parser(subs), *schedule_parser(subs),
+                *admin_parser(subs)):
         _common(sub)
     return p
 

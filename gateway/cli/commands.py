@@ -36,7 +36,8 @@ def dispatch(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _config_failed(e)
     data_dir = data_dir_for(config, args.data_dir)  # absolute, decided once
-    quiet = args.command in ("chat", "run", "agents", "routes", "pairing", "data", "doctor",
+    quiet = args.command in ("chat", "run", "agents", "routes", "pairing", "admin", "data",
+                             "doctor",
                              "status", "logs", "usage", "memory", "schedule")
     setup_logging("DEBUG" if args.verbose else config.log_level,
                   secret_env_names=config.secret_names(),
@@ -60,6 +61,9 @@ def dispatch(args: argparse.Namespace) -> int:
         case "pairing":
             from pluto.gateway.cli.pairing import pairing_command
             return _guarded(pairing_command(args, config, data_dir))
+        case "admin":
+            from pluto.gateway.cli.admin import admin_command
+            return _guarded(admin_command(args, config, data_dir))
         case "data":
             from pluto.gateway.cli.data import data_command
             return data_command(args, config, args.config, data_dir)

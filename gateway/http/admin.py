@@ -1,8 +1,11 @@
 """The admin API under ``/admin/`` and the A2A Agent Cards, on the gateway's HTTP server.
 
-The admin API has its own key: ``admin.api_key_env`` in ``pluto.yaml`` names the environment
-variable that holds it (16+ characters); every request sends ``Authorization: Bearer <key>``.
-Without a configured key the admin API is off and says so (403). Endpoints (JSON in and out):
+Who may call it (gateway/console/access.py): the owner's key — ``admin.api_key_env`` in
+``pluto.yaml`` names the environment variable that holds it (16+ characters) — sent as
+``Authorization: Bearer <key>``; a key an owner made for a role; or a console session (its
+cookie, and ``X-CSRF-Token`` for a change). Each role may do what its rules say (viewer,
+operator, admin, owner), and every change is a line in the audit log. Without a key and without
+any console account the admin API is off and says so (403). Endpoints (JSON in and out):
 
 - ``GET /admin/agents?offset=&limit=``: the agents, their source and whether they load
 - ``GET /admin/agents/{name}``: one agent, with its ``agent.yaml``, files and problems
@@ -12,6 +15,12 @@ Without a configured key the admin API is off and says so (403). Endpoints (JSON
 - ``DELETE /admin/agents/{name}``: remove an agent deployed through this API
 - ``GET /admin/reload``, ``POST /admin/reload``: the live-reload status; reload now
 - ``GET /admin/routes``, ``POST /admin/routes/explain``: the table in force; explain a message
+- ``GET|PUT /admin/routes/file``, ``POST /admin/routes/check``: routes.yaml's text, checked
+  and applied live with a diff (:mod:`.admin_routes`)
+- ``GET /admin/overview``, ``GET /admin/conversations[/{id}]``, ``GET /admin/runs/{id}/events``
+  (SSE): what the console shows (:mod:`.admin_console`)
+- ``/admin/accounts``, ``/admin/keys``, ``/admin/audit``: accounts, API keys per role, the audit
+  log (gateway/console/http.py)
 - ``GET /admin/pairing``, ``POST /admin/pairing/approve``,
   ``DELETE /admin/pairing/{provider}/{user}``: pairing requests and approvals
 - ``GET /admin/runs?limit=&agent=&status=``, ``GET /admin/runs/{id}``: recent runs, one run
@@ -28,10 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import json
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +50,13 @@ from pluto.jsonlimits import JsonTooDeep
 from pluto.gateway.http.admin_agents import (AgentFiles, BadRequest, a2a_refusal, agent_card,
                                              agent_view, delete, save)
 from pluto.gateway.http.admin_schedules import add_schedule_routes
+from pluto.gateway.http.admin_console import add_console_views
+from pluto.gateway.http.admin_routes import add_routes_file_routes
 from pluto.gateway.http.admin_usage import add_usage_routes
+from pluto.gateway.console.access import (AUDIT, PRINCIPAL, SAFE_METHODS, admin_key,
+                                          authenticate, csrf_refusal, required)
+from pluto.gateway.console.http import add_admin_routes as add_console_routes
+from pluto.gateway.console.http import mount_console
 from pluto.runtime.tracing import trace_id_for
 from pluto.gateway.http.server import GATEWAY_KEY
 from pluto.events import event_to_dict
@@ -58,20 +71,6 @@ MIN_KEY_LENGTH = 16
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def admin_key(gw: Gateway) -> tuple[str | None, str]:
-    """The admin key, or None and why the admin API is off."""
-    env = gw.config.admin.api_key_env
-    if not env:
-        return None, ("the admin API is off: set admin.api_key_env in pluto.yaml to the name of "
-                      "an environment variable holding a key of 16+ characters")
-    key = os.environ.get(env, "")
-    if not key:
-        return None, f"the admin API is off: the environment variable {env} is not set"
-    if len(key) < MIN_KEY_LENGTH:
-        return None, f"the admin API is off: the key in {env} is shorter than 16 characters"
-    return key, ""
-
-
 CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
          409: "conflict", 413: "too_large", 422: "invalid", 500: "internal",
          503: "unavailable"}  # the same words as the HTTP API's errors
@@ -84,21 +83,31 @@ def _error(status: int, message: str, **extra: Any) -> web.Response:
 
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Who asks (a session cookie, the admin key, or a key made for a role), whether their
+    role may do this, the CSRF token of a change sent with a cookie; then, once a change
+    succeeded, its line in the audit log (docs/console.md)."""
     gw = request.app[GATEWAY_KEY]
-    key, why = admin_key(gw)
-    if key is None:
-        return _error(403, why)
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                             key.encode()):
-        log.warning("admin API: refused %s %s from %s (missing or wrong key)", request.method,
-                    request.path, request.remote)
-        return web.json_response({"error": "a valid admin key is required "
+    who = await authenticate(request, gw)
+    if who is None:
+        key, why = admin_key(gw)
+        if key is None and not await gw.store.console.accounts():
+            return _error(403, f"the admin API is off: {why}")
+        log.warning("admin API: refused %s %s from %s (not signed in, or a wrong key)",
+                    request.method, request.path, request.remote)
+        return web.json_response({"error": "sign in, or send a valid admin key "
                                   "(Authorization: Bearer <key>)", "code": "unauthorized"},
                                  status=401,
                                  headers={"WWW-Authenticate": 'Bearer realm="pluto-admin"'})
+    need = required(request.method, request.path)
+    if not who.may(need):
+        log.info("admin API: %s (%s) may not %s %s", who.name, who.role, request.method,
+                 request.path)
+        return _error(403, f"your role ({who.role}) cannot do this; it takes {need} or above")
+    if (refused := csrf_refusal(request, who)) is not None:
+        return _error(403, refused)
+    request[PRINCIPAL] = who
     try:
-        return await handler(request)
+        response = await handler(request)
     except BadRequest as e:
         return _error(e.status, str(e), **e.extra)
     except web.HTTPException:
@@ -106,6 +115,16 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception:
         log.exception("admin API: %s %s failed", request.method, request.path)
         return _error(500, "internal error; the details are in the gateway log")
+    if request.method not in SAFE_METHODS and response.status < 400 and \
+            not request.path.endswith(("/explain", "/check")):
+        target, diff = request.get(AUDIT) or (request.path.removeprefix("/admin"), "")
+        try:
+            await gw.store.console.audit(who.name, who.role,
+                                         f"{request.method} {request.path}", target, diff=diff)
+        except Exception:  # noqa: BLE001 - the change stands; its record is logged as lost
+            log.exception("admin API: the audit line of %s %s by %s was not recorded",
+                          request.method, request.path, who.name)
+    return response
 
 
 def mount_admin(app: web.Application, gateway: Gateway) -> None:
@@ -129,11 +148,17 @@ def mount_admin(app: web.Application, gateway: Gateway) -> None:
     r.add_get("/runs/{run_id}", _run)
     add_usage_routes(r)  # /admin/usage...: the usage ledger and budgets (admin_usage.py)
     add_schedule_routes(r)  # /admin/schedules...: schedules and firings (admin_schedules.py)
+    add_console_routes(r)  # accounts, keys, the audit log (gateway/console/http.py)
+    add_routes_file_routes(r)  # routes.yaml: read, check, replace (admin_routes.py)
+    add_console_views(r)  # overview, conversations, a run's live events (admin_console.py)
     app.add_subapp("/admin", admin)
+    if gateway.config.console.enabled:
+        mount_console(app, gateway)  # sign-in, and the pages (gateway/console)
     app.router.add_get("/agents/{name}/.well-known/agent.json", _card)
     app.router.add_get("/agents/{name}/.well-known/agent-card.json", _card)
     key, why = admin_key(gateway)
-    log.info("admin API: %s", "on at /admin/" if key else why)
+    log.info("admin API: %s", "on at /admin/ (admin key and console accounts)" if key
+             else f"on at /admin/ for console accounts; {why}")
 
 
 async def _index(request: web.Request) -> web.Response:
@@ -269,6 +294,8 @@ async def _runs(request: web.Request) -> web.Response:
     runs = await conversations.recent_runs(limit=_int(request, "limit", 50, 1, 1000),
                                            agent=request.query.get("agent"),
                                            status=request.query.get("status"))
+    if not request[PRINCIPAL].may("operator"):  # a viewer sees no conversation's text
+        runs = [{k: v for k, v in run.items() if k not in ("input", "error")} for run in runs]
     return web.json_response({"runs": runs})
 
 

@@ -20,8 +20,7 @@ meanwhile): the check in step 2 is for the person's sake, not the only guard.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable
-from typing import Protocol
+from collections.abc import Awaitable, Callable
 
 from pluto.types import Button, IncomingMessage
 
@@ -30,12 +29,10 @@ _COMMAND = re.compile(r"/(approve|deny) ([a-z2-9]{6,16})")
 MAX_PAYLOAD = 64  # bytes: Telegram's callback_data limit, the smallest of the platforms'
 
 
-class ApprovalCheck(Protocol):
-    """``ProviderContext.approvals``: whether ``user_id`` may decide approval ``approval_id``
-    in this chat — None when they may (hand the click over), else what to tell them."""
-
-    def __call__(self, provider: str, chat_id: str, user_id: str,
-                 approval_id: str) -> Awaitable[str | None]: ...
+# ``ProviderContext.approvals``: (provider, chat id, user id, approval id) -> whether that
+# person may decide the request in this chat: None when they may (hand the click over), else
+# what to tell them
+ApprovalCheck = Callable[[str, str, str, str], Awaitable[str | None]]
 
 
 def payload_of(button: Button) -> str:

@@ -883,6 +883,22 @@ class SqliteConversations:
                  "error": r["error"], "usage": json.loads(r["usage"]) if r["usage"] else {},
                  "started_at": r["started_at"], "ended_at": r["ended_at"]} for r in rows]
 
+    async def find_sessions(self, query: str = "", *, limit: int = 50) -> list[dict[str, Any]]:
+        """Sessions, the newest first: those whose key or text holds ``query`` (the admin
+        console's search: a scan of the messages, bounded by ``limit`` sessions found)."""
+        like = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        where = "" if not query else (
+            " WHERE s.key LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m WHERE"
+            " m.session_id = s.id AND m.role IN ('user', 'assistant') AND m.content LIKE ?"
+            " ESCAPE '\\')")
+        rows = await self.engine.fetchall(
+            "SELECT s.id, s.key, s.agent, s.active, s.created_at, s.updated_at FROM sessions s"
+            + where + " ORDER BY s.updated_at DESC LIMIT ?",
+            ((like, like, limit) if query else (limit,)))
+        return [{"id": r["id"], "key": r["key"], "agent": r["agent"],
+                 "active": bool(r["active"]), "created_at": r["created_at"],
+                 "updated_at": r["updated_at"]} for r in rows]
+
     async def stats(self) -> dict[str, int]:
         def count(conn: Any) -> dict[str, int]:
             return {table: conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]

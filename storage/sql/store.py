@@ -9,6 +9,7 @@ from typing import Any
 from pluto.storage.blobs import LocalBlobs
 from pluto.storage.sql import Engine
 from pluto.storage.sql.approvals import SqlApprovals
+from pluto.storage.sql.console import SqlConsole
 from pluto.storage.sql.conversations import SqliteConversations
 from pluto.storage.sql.flood import SqlFlood
 from pluto.storage.sql.idempotency import SqlIdempotency
@@ -44,6 +45,7 @@ class SqlStore:
         self.idempotency = SqlIdempotency(self.engine)  # the HTTP API's Idempotency-Key
         self.schedules = SqlSchedules(self.engine)  # schedules and their firings
         self.approvals = SqlApprovals(self.engine)  # tool calls waiting for a person
+        self.console = SqlConsole(self.engine)  # console accounts, sessions, keys, audit log
         self.blobs: Any = LocalBlobs()  # one instance: files stay in the data dir only
 
     @property
@@ -56,7 +58,7 @@ class SqlStore:
             for part in (self.conversations, self.outbox, self.inbound, self.tasks,
                          self.pairing, self.leases, self.rates, self.flood, self.usage,
                          self.history, self.idempotency, self.schedules, self.approvals,
-                         self.blobs):
+                         self.console, self.blobs):
                 await part.migrate()
         except BaseException:
             await self.engine.close()

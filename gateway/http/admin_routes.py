@@ -1,0 +1,133 @@
+"""Editing ``routes.yaml`` through the admin API (the console's routes page).
+
+- ``GET /admin/routes/file``: the file's text and its version (a hash of the text)
+- ``POST /admin/routes/check`` ``{"text"}``: the problems it would have (file, line, field,
+  message) and its diff against the file in force; nothing changes
+- ``PUT /admin/routes/file`` ``{"text", "version"}``: checked exactly as a reload checks it
+  (the routing table and every agent it names), then written atomically and applied live; a
+  text with a problem is refused (422, the problems) and the table in force keeps running;
+  a ``version`` that is not the file's current one is refused (409: someone changed it since
+  — read it again), so two admins never overwrite each other's edit unseen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from pluto import jsonlimits
+from pluto.errors import ConfigError
+from pluto.gateway.console.access import AUDIT
+from pluto.gateway.http.server import GATEWAY_KEY
+from pluto.gateway.reload import load_routes
+
+MAX_ROUTES_BYTES = 2 * 1024 * 1024
+FILE = "routes.yaml"
+
+
+def version_of(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ""
+
+
+def _diff(old: str, new: str) -> str:
+    return "".join(difflib.unified_diff(old.splitlines(keepends=True),
+                                        new.splitlines(keepends=True),
+                                        fromfile=f"a/{FILE}", tofile=f"b/{FILE}", n=2))
+
+
+def _check(text: str, registry: Any) -> list[dict[str, Any]]:
+    """The problems ``text`` would have as routes.yaml (in a worker thread: parsing)."""
+    with tempfile.TemporaryDirectory(prefix="pluto-routes-") as tmp:
+        (Path(tmp) / FILE).write_text(text, encoding="utf-8")
+        try:
+            load_routes(Path(tmp), registry)
+        except ConfigError as e:
+            return [{"file": FILE, "line": line, "field": field, "message": message}
+                    for _file, line, field, message in e.problems]
+    return []
+
+
+async def _text(request: web.Request) -> tuple[str, dict[str, Any]]:
+    raw = await request.content.read(MAX_ROUTES_BYTES + 1)
+    if len(raw) > MAX_ROUTES_BYTES:
+        raise web.HTTPRequestEntityTooLarge(max_size=MAX_ROUTES_BYTES, actual_size=len(raw))
+    try:
+        body = jsonlimits.loads(raw or b"{}")
+    except Exception:
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get("text"), str):
+        raise web.HTTPBadRequest(text='{"error": "send {\\"text\\": \\"...routes.yaml...\\"}"}',
+                                 content_type="application/json")
+    return body["text"], body
+
+
+async def get_file(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY_KEY]
+    text = await asyncio.to_thread(_read, gw.config_dir / FILE)
+    return web.json_response({"file": FILE, "text": text, "version": version_of(text)})
+
+
+async def check(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY_KEY]
+    text, _ = await _text(request)
+    current = await asyncio.to_thread(_read, gw.config_dir / FILE)
+    problems = await asyncio.to_thread(_check, text, gw.registry)
+    return web.json_response({"ok": not problems, "problems": problems,
+                              "diff": _diff(current, text)})
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+async def put_file(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY_KEY]
+    text, body = await _text(request)
+    path = gw.config_dir / FILE
+    async with _lock(gw):
+        current = await asyncio.to_thread(_read, path)
+        if body.get("version") != version_of(current):
+            return web.json_response({"error": "routes.yaml changed since you read it; read it "
+                                      "again and redo your edit", "code": "conflict",
+                                      "version": version_of(current), "text": current},
+                                     status=409)
+        problems = await asyncio.to_thread(_check, text, gw.registry)
+        if problems:
+            return web.json_response({"error": "routes.yaml has problems; nothing changed",
+                                      "code": "invalid", "problems": problems}, status=422)
+        diff = _diff(current, text)
+        await asyncio.to_thread(_write, path, text)
+        status = await gw.watcher.reload_now_async()
+    request[AUDIT] = (FILE, diff)
+    return web.json_response({"file": FILE, "version": version_of(text), "diff": diff,
+                              "applied": status.ok, "generation": status.generation})
+
+
+_LOCKS: dict[int, asyncio.Lock] = {}
+
+
+def _lock(gw: Any) -> asyncio.Lock:
+    """One edit of the file at a time in this process (the version check covers the rest)."""
+    return _LOCKS.setdefault(id(gw), asyncio.Lock())
+
+
+def add_routes_file_routes(r: web.UrlDispatcher) -> None:
+    r.add_get("/routes/file", get_file)
+    r.add_put("/routes/file", put_file)
+    r.add_post("/routes/check", check)
