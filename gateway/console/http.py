@@ -351,4 +351,11 @@ def mount_console(app: web.Application, gw: Gateway) -> None:
     app.router.add_get("/console/me", me)
     app.router.add_get("/console/oidc/login", oidc_login)
     app.router.add_get("/console/oidc/callback", oidc_callback)
+    try:  # the pages (gateway/console/pages.py: static files, hashed and compressed)
+        from pluto.gateway.console import pages
+    except ImportError:
+        return
+    mount = getattr(pages, "mount", None)
+    if mount is not None:
+        mount(app)
 
