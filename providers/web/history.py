@@ -1,6 +1,8 @@
 """What a tab is shown of the conversation when it (re)connects: the messages, and how each
 answer ended when that was not plainly — stopped by the visitor, or failed with the sentence
-the visitor saw — so a reload shows what the live tab showed. A visitor's message that came
+the visitor saw, or paused for the visitor's decision on a tool call (its request, ``open``
+when it is the conversation's last run and has not expired: the widget shows its buttons) —
+so a reload shows what the live tab showed. A visitor's message that came
 with data files shows their names, not the note the agent was given about each."""
 
 from __future__ import annotations
@@ -8,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from typing import Any
 
-from pluto.events import RunError
+from pluto.events import ApprovalRequest, RunError
 from pluto.runtime.images import NOTE as IMAGE_NOTE
 from pluto.storage.ports import RunReader
 
@@ -40,6 +43,10 @@ async def with_ends(runs: RunReader | None, shown: list[dict[str, Any]],
     slots = asyncio.Semaphore(LOOKUPS_AT_ONCE)
     ends = await asyncio.gather(*(_end(runs, run_id, slots) for run_id in last))
     after: dict[int, dict[str, Any]] = {last[e["run_id"]]: e for e in ends if e is not None}
+    newest = max(last.values())
+    for i, end in after.items():
+        if end["role"] == "approval.request":  # decided or not: the last run says
+            end["open"] = i == newest and not live and end["expires_at"] > time.time()
     out: list[dict[str, Any]] = []
     for i, item in enumerate(shown):
         out.append(item)
@@ -68,6 +75,8 @@ async def _end(runs: RunReader, run_id: str, slots: asyncio.Semaphore) -> dict[s
     async with slots:
         try:
             run = await runs.run(run_id)
+            if run is not None and run.status == "awaiting_approval":
+                return await _request(runs, run_id)
             if run is None or run.status not in ENDED or run.status == "ok":
                 return None
             error = None
@@ -79,3 +88,16 @@ async def _end(runs: RunReader, run_id: str, slots: asyncio.Semaphore) -> dict[s
             return None
     return {"role": "run.end", "run_id": run_id, "outcome": run.status, "error": error,
             "text": ""}
+
+
+async def _request(runs: RunReader, run_id: str) -> dict[str, Any] | None:
+    """The request a paused run waits on, as the widget draws it (``approval.request``)."""
+    found = [e for e in await runs.events(run_id) if isinstance(e, ApprovalRequest)]
+    if not found:
+        return None
+    e = found[-1]
+    return {"role": "approval.request", "run_id": run_id, "text": "",
+            "approval_id": e.approval_id, "call_id": e.call_id, "name": e.name,
+            "arguments": e.arguments[:4000], "approvers": e.approvers[:4000],
+            "expires_at": e.expires_at, "approve": f"/approve {e.approval_id}",
+            "deny": f"/deny {e.approval_id}"}

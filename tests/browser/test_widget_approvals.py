@@ -1,8 +1,8 @@
 """Approvals in the widget, in Debian's Chromium (as in test_widget_browser.py): a tool call
 behind ``approval: always`` shows a card in its answer's bubble — the tool, its arguments as
 text in a ``<pre>`` (markup a model wrote in them stays text), Approve / Deny buttons with
-labels for screen readers. A click sends the command as the visitor and disables both; the
-decision's line shows on the card, and the resumed run's answer follows (the tool ran once).
+labels for screen readers. A click sends the command as the visitor and disables both (a reload
+shows the card again, its buttons only while it is open); the decision's line shows on the card, and the resumed run's answer follows (the tool ran once).
 Deny, by the keyboard, tells the model; the tool never runs. Nobody deciding in time: the
 gateway resumes the run itself, and the open tab shows that run too (its line, its answer)."""
 
@@ -92,6 +92,11 @@ async def test_approve_and_deny_in_the_widget(config_dir, data_dir):
         await expect(approve).to_be_enabled()
         await expect(deny).to_be_enabled()
         assert deleter.calls == []
+        # a reload: the request is still there to decide (from the history)
+        await page.reload()
+        await expect(page.locator(".pluto-status")).to_have_text("Online")
+        await expect(card.locator("pre.pluto-approval-args")).to_contain_text(MARKUP)
+        await expect(approve).to_be_enabled()
 
         # Approve: both buttons off at once, the decision's line, the answer; the tool ran once
         await approve.click()
@@ -103,6 +108,11 @@ async def test_approve_and_deny_in_the_widget(config_dir, data_dir):
             has_text="Deleted it.")).to_have_count(1)
         assert deleter.calls == [f"/srv/{MARKUP}"]
         await expect(page.locator(".pluto-user").last).to_contain_text("/approve ")
+        await page.reload()  # decided: the card stays, its buttons do not come back
+        await expect(page.locator(".pluto-status")).to_have_text("Online")
+        await expect(card.locator("pre.pluto-approval-args")).to_contain_text(MARKUP)
+        await expect(approve).to_be_disabled()
+        assert await card.locator("img").count() == 0
 
         # Deny, by the keyboard: the tool never runs, the model is told
         await page.locator(".pluto-input").fill("now delete keep.log")

@@ -162,6 +162,7 @@ class _Card:
     commands: dict[str, str]  # label → the command its click sends
     clicked: str | None = None  # the client id of the message a click sent
     decision: str | None = None  # the decision's line
+    open: bool = True  # (from the history: the run paused last, not expired)
 
     @property
     def text(self) -> str:
@@ -170,7 +171,7 @@ class _Card:
 
     @property
     def buttons(self) -> tuple[str, ...]:
-        return () if self.clicked or self.decision else tuple(self.commands)
+        return () if self.clicked or self.decision or not self.open else tuple(self.commands)
 
 
 class Tab:
@@ -367,6 +368,13 @@ class Tab:
             if bubble is None:
                 bubble = _Bubble(None, f"history:{len(self.items)}")
                 self.items.append(bubble)
+            if m["role"] == "approval.request":  # a paused run: its card
+                self._approval_request(bubble, m)
+                card = self.card(m["approval_id"])
+                if card is not None:
+                    card.open = m["open"] is True
+                bubble.final = True  # (the run ended: paused)
+                continue
             if m["role"] == "tool":
                 image = (m.get("details") or {}).get("image")
                 if image:

@@ -464,7 +464,7 @@
   }
 
   function showHistory(messages) {
-    runs = {};
+    runs = {}; approvals = {};
     while (log.firstChild) { log.removeChild(log.firstChild); }
     if (!messages.length) { systemLine("Ask me anything. Send /help to see what I can do.", "pluto-hint"); }
     messages.forEach(function (m) {
@@ -472,6 +472,11 @@
       var run = botBubble(m.run_id);
       if (m.role === "tool") { details(m.details, run.tools); return; }
       if (m.role === "run.end") { ended(run, m.outcome, m.error); return; }
+      if (m.role === "approval.request") {  // a paused run: its buttons while still open
+        approvalRequest(run, m);
+        if (!m.open && approvals[m.approval_id]) { approvals[m.approval_id].buttons.forEach(function (x) { x.disabled = true; }); }
+        return;
+      }
       run.text = run.text ? run.text + "\n\n" + m.text : m.text;
       run.final = true;
       draw(run);
