@@ -127,6 +127,8 @@ async def test_approve_continues_the_step_to_its_answer(config_dir, data_dir):
         events = await sse(http, gw, body["events_url"])  # the resumed run, to its answer
         assert events[:2] == ["run.start", "approval.decision"] and events[-1] == "run.end"
         assert "message.final" in events
+        # the paused run's stream is still the task's to read
+        assert (await sse(http, gw, step["events_url"]))[-1] == "run.end"
         status, done = await call(http, gw, "GET", base)
         assert done["status"] == "completed" and done["output"] == "Deleted old.log."
         assert done["approval"] is None and done["is_last"]

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ from pluto.providers.api.sse import EventStreams
 from pluto.providers.api.steps import Steps
 from pluto.providers.api.views import ApiError
 from pluto.providers.handover import HandOver, NotRecorded
+from pluto.providers.kit.bounded import remember
 from pluto.storage.ports import IdempotencyStore, RunReader, TaskStore
 from pluto.storage.rows import StepRow, TaskRow
 from pluto.types import (MARKDOWN, Accepted, Answered, Capabilities, Duplicate,
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "/api/v1"
 MAX_WAIT_SECONDS = 60
+PAUSED_KEPT = 10_000
 
 
 class ApiProvider(Provider):
@@ -68,6 +71,10 @@ class ApiProvider(Provider):
         self.handover = HandOver(self.name)
         self._ready = asyncio.Event()
         self._guard = Guard(keys, self._ready, settings.admin_keys)
+        # the paused runs that decisions here continued → their task: the step now points at
+        # the run that resumed it; the paused run's stream stays readable by the task's key
+        # (in this process: storage keeps one run per step)
+        self._paused: OrderedDict[str, str] = OrderedDict()
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> ApiProvider:
@@ -309,6 +316,7 @@ class ApiProvider(Provider):
                            "send it again in a moment.") from None
         match outcome:
             case Accepted(run_id=run_id):
+                remember(self._paused, step.run_id, task.id, PAUSED_KEPT)
                 await self.tasks.started(step.id, run_id)
             case Duplicate():
                 pass  # sent before: the step as it is now
@@ -339,6 +347,7 @@ class ApiProvider(Provider):
         for item in await self.chats.transcript(probe, limit=50):
             if item.role == "assistant" and item.run_id and item.run_id != step.run_id and \
                     item.ts >= ended and not await self.tasks.has_run(item.run_id):
+                remember(self._paused, step.run_id, task.id, PAUSED_KEPT)
                 await self.tasks.started(step.id, item.run_id)
                 return await self.tasks.step(task.id, step.id) or step
         return step
@@ -362,6 +371,8 @@ class ApiProvider(Provider):
         after = views.int_query(request, "after", 0, 0, 10_000_000)
         after = views.last_event_id(request, after)
         task = await self.tasks.task_of_run(run_id)
+        if task is None and (paused := self._paused.get(run_id)) is not None:
+            task = await self.tasks.task(paused)  # a run a decision continued (see _decide)
         if request[IS_ADMIN]:
             known = await self.runs.run(run_id) is not None or await self.tasks.has_run(run_id)
         else:  # only the runs of the caller's own tasks
