@@ -49,6 +49,9 @@ class ToolStart:
     call_id: str
     name: str
     arguments: dict[str, Any]
+    # an agent asked by this call (``ask_<name>``): the run that answers it, whose events are
+    # in the run feed under that id (a watcher may nest them under this call)
+    child_run_id: str | None = None
     ts: float = field(default_factory=time.time)
 
 

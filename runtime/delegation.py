@@ -150,7 +150,8 @@ class Delegation:
 
     def _ask_tool(self, runner: Runner, asks: _Asks, child: AgentSpec) -> Tool:
         async def ask(ctx: ToolContext, question: str) -> ToolResult:
-            return await self._ask(runner, asks, child.name, question, ctx.progress)
+            return await self._ask(runner, asks, child.name, question, ctx.progress,
+                                   ctx.child_run_id)
 
         about = f": {child.description}" if child.description else ""
         return Tool(ASK + child.name, (
@@ -175,7 +176,7 @@ class Delegation:
         return None
 
     async def _ask(self, runner: Runner, asks: _Asks, name: str, question: str,
-                   progress: Progress | None) -> ToolResult:
+                   progress: Progress | None, run_id: str | None = None) -> ToolResult:
         if (refused := self._refusal(asks, name)) is not None:
             return ToolResult(refused, is_error=True)
         try:
@@ -187,7 +188,8 @@ class Delegation:
         budget = _child_budget(parent, spec, time.monotonic())
         if isinstance(budget, str):
             return ToolResult(f"Error: {name} was not asked: {budget}", is_error=True)
-        req = await self._child_request(runner, parent, replace(spec, budget=budget), question)
+        req = await self._child_request(runner, parent, replace(spec, budget=budget), question,
+                                        run_id)
         asks.started += 1
         self.lineage[req.run_id] = self._child_lineage(asks, parent)
         self.live[req.run_id] = self.live.get(parent.req.run_id)
@@ -211,7 +213,7 @@ class Delegation:
 
     @staticmethod
     async def _child_request(runner: Runner, parent: ParentRun, spec: AgentSpec,
-                             question: str) -> RunRequest:
+                             question: str, run_id: str | None = None) -> RunRequest:
         """The child's run: its own id and session (per asked agent and parent session), the
         parent's person and chat (budgets, memory); no inbox message, no chat notices, nobody
         to ask for an approval."""
@@ -219,7 +221,7 @@ class Delegation:
                                              spec.name)
         # (a child cannot wait for a person: a call of its that needs approval is refused,
         # and the parent reads why — docs/approvals.md)
-        return replace(parent.req, run_id=new_id(), session=session, agent=spec,
+        return replace(parent.req, run_id=run_id or new_id(), session=session, agent=spec,
                        text=question, tools=None, source=None, notify=None, asking=None,
                        resume=None)
 

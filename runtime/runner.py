@@ -27,6 +27,7 @@ from typing import Any
 from pluto.agents.spec import AgentSpec
 from pluto.events import (ApprovalDecision, ApprovalRequest, MessageDelta, MessageFinal, RunEnd,
                           RunError, RunEvent, RunStart, ToolEnd, ToolProgress, ToolStart)
+from pluto.ids import new_id
 from pluto.runtime.approvals import (STORED_ARGUMENTS, Asking, new_approval_id, refusal_text,
                                      shown_arguments, who_decides)
 from pluto.runtime.batching import batched
@@ -558,9 +559,12 @@ class Runner:
         req = state.req
         state.tool_calls += 1
         args, problem = _parse_arguments(call)
+        child = new_id() if problem is None and call.name.startswith("ask_") and \
+            self.services.get("delegation") is not None and call.name in state.tools else None
         yield await self._commit(state, ToolStart(run_id=req.run_id, call_id=call.id,
-                                                  name=call.name, arguments=args or {}))
-        result = problem or await self._call_tool(state, call, args or {})
+                                                  name=call.name, arguments=args or {},
+                                                  child_run_id=child))
+        result = problem or await self._call_tool(state, call, args or {}, child)
         async for event in self._tool_result(state, call, result, results):
             yield event
 
@@ -667,8 +671,8 @@ class Runner:
         async for event in self._calls(state, assistant, results, rest):
             yield event
 
-    async def _call_tool(self, state: _RunState, call: ToolCall,
-                         args: dict[str, Any]) -> ToolResult:
+    async def _call_tool(self, state: _RunState, call: ToolCall, args: dict[str, Any],
+                         child_run_id: str | None = None) -> ToolResult:
         tool = state.tools.get(call.name)
         if tool is None:
             known = ", ".join(state.tools) or "none"
@@ -677,7 +681,8 @@ class Runner:
         req = state.req
         ctx = ToolContext(req.run_id, req.session.id, req.session.key, req.agent.name,
                           self.data_dir, self.services, req.agent.datasets,
-                          progress=self._progress_of(state, call), speaker=req.speaker)
+                          progress=self._progress_of(state, call), speaker=req.speaker,
+                          call_id=call.id, child_run_id=child_run_id)
         try:
             async with asyncio.timeout(max(0.0, state.deadline - time.monotonic())):
                 return await tool(ctx, args)

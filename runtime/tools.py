@@ -60,6 +60,10 @@ class ToolContext:
     # who wrote the message the run answers, and where (a runtime.memory.Speaker; None when
     # the run answers no chat message): tools that act for that person (schedule) read it
     speaker: Any = None
+    # the model's call this context serves, and (``ask_<name>``) the id reserved for the run
+    # that answers it, announced by the call's tool.start
+    call_id: str = ""
+    child_run_id: str | None = None
 
 
 ToolFn = Callable[..., Awaitable[ToolResult | str]]

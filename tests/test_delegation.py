@@ -13,7 +13,7 @@ import pytest
 
 from pluto.agents.spec import AgentSpec, Budget, DelegationLimits, HistoryWindow, load_agent
 from pluto.errors import ConfigError, UnknownAgent
-from pluto.events import MessageFinal, RunEnd, RunEvent, ToolEnd, ToolProgress
+from pluto.events import MessageFinal, RunEnd, RunEvent, ToolEnd, ToolProgress, ToolStart
 from pluto.gateway.app import Gateway
 from pluto.runtime.delegation import Delegation
 from pluto.runtime.model import ToolCall
@@ -87,6 +87,9 @@ async def test_a_parent_asks_a_child_and_answers_with_its_answer(store, tmp_path
     [end] = tool_ends(events)
     assert (end.name, end.content, end.is_error) == ("ask_analyst", "Sales in May were 42.", False)
     child = end.details["run_id"]
+    # the call's start named the child's run already (a watcher nests its events there)
+    [start] = [e for e in events if isinstance(e, ToolStart)]
+    assert start.child_run_id == child
     # the child ran with its own instructions, on the question alone
     assert [m["content"] for m in model.calls[1]] == ["You are analyst.",
                                                       "What were sales in May?"]
