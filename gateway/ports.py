@@ -217,6 +217,13 @@ class Provider(ABC):
         send replies. Webhook-style intake (False) works on every instance."""
         return False
 
+    def run_started(self, msg: IncomingMessage, run_id: str) -> None:
+        """A run began in one of this provider's chats for a message the gateway made itself
+        (a schedule's firing, an approval decided without a click here: it expired) — a
+        provider that shows runs from the run feed (``answers_from_feed``) follows it; the
+        others get its reply through delivery as always. Called on the instance running it."""
+        return None
+
     async def close(self) -> None:
         """Release connections. Called once, after ``run`` has ended."""
 

@@ -262,6 +262,13 @@ class Pipeline:
         if not self.lanes.submit(route.session_key, job):
             await self._drop(job, "the gateway is stopping")  # closed meanwhile
             return Dropped("the gateway is stopping")
+        if msg.firing is not None or msg.approval is not None:  # nobody there asked for it
+            if (provider := self.providers.get(msg.provider)) is not None:
+                try:
+                    provider.run_started(msg, job.run_id)
+                except Exception:  # noqa: BLE001 - its reply is recorded all the same
+                    log.exception("%s: run_started failed for run %s", msg.provider,
+                                  job.run_id)
         return Accepted(job.run_id, queued=waiting)
 
     async def stop(self, session_key: str, *, everywhere: bool = True) -> tuple[bool, int]:
