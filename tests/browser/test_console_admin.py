@@ -80,7 +80,17 @@ class Person:
         """Nothing sticks out sideways: the page does not scroll horizontally."""
         wide = await self.page.evaluate(
             "document.documentElement.scrollWidth - document.documentElement.clientWidth")
-        assert wide <= 1, f"the page is {wide}px wider than the window"
+        if wide > 1:
+            culprits = await self.page.evaluate("""() => [...document.querySelectorAll('body *')]
+                .filter(e => e.getBoundingClientRect().right > document.documentElement.clientWidth + 1)
+                .slice(0, 8).map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))""")
+            await self.page.screenshot(path="/tmp/console-admin-phone.png", full_page=True)
+            raise AssertionError(f"the page is {wide}px wider than the window: {culprits}")
+
+
+def agent_row(main: Any, name: str) -> Any:
+    return main.locator("tr").filter(
+        has=main.page.get_by_role("button", name=f"Open the agent {name}", exact=True))
 
 
 async def _owner(browser: Any, gw: Gateway) -> None:
@@ -94,15 +104,15 @@ async def _owner(browser: Any, gw: Gateway) -> None:
     await main.get_by_role("button", name="Add account").click()
     await expect(main.locator(".pc-msg")).to_have_text("Added otto (operator).")
     row = main.locator("tr", has_text="otto")
-    await expect(row.get_by_label("Role of otto")).to_have_value("operator")
+    await expect(row.get_by_label("Role of otto", exact=True)).to_have_value("operator")
     found = await gw.store.console.account("otto")
     assert found is not None and found.role == "operator"
     # the last owner cannot stop being one: the 409 is a message, and the role stays
     mine = main.locator("tr", has_text="olga")
-    await mine.get_by_label("Role of olga").select_option("admin")
+    await mine.get_by_label("Role of olga", exact=True).select_option("admin")
     await mine.get_by_role("button", name="Change the role of olga").click()
     await expect(main.get_by_role("alert")).to_contain_text("last owner")
-    await expect(mine.get_by_label("Role of olga")).to_have_value("owner")
+    await expect(mine.get_by_label("Role of olga", exact=True)).to_have_value("owner")
 
     # a key for a role, by keyboard: shown once, works, then revoked
     main = await olga.open("keys", "API keys")
@@ -110,11 +120,11 @@ async def _owner(browser: Any, gw: Gateway) -> None:
     await name.fill("ci-bot")
     await main.get_by_label("Role", exact=True).select_option("viewer")
     await name.press("Enter")
-    secret = main.get_by_label("New key")
+    secret = main.get_by_label("The new key", exact=True)
     await expect(secret).to_be_focused()
     key = await secret.input_value()
     assert key.startswith("pk_")
-    await expect(main.get_by_role("button", name="Copy the new key")).to_be_visible()
+    await expect(main.get_by_role("button", name="Copy the key to the clipboard")).to_be_visible()
     async with aiohttp.ClientSession() as http:
         async with http.get(url(gw, "/admin/agents"),
                             headers={"Authorization": f"Bearer {key}"}) as r:
@@ -167,7 +177,7 @@ async def _operator(browser: Any, gw: Gateway) -> None:
 async def _admin(browser: Any, gw: Gateway, data_dir: Path) -> None:
     adam = await Person.sign_in(browser, gw, "adam")
     main = await adam.open("agents", "Agents")
-    row = main.locator("tr", has_text="default")
+    row = agent_row(main, "default")
     await expect(row).to_contain_text("loads")
     await row.get_by_role("button", name="Open the agent default").click()
     await expect(main.get_by_role("heading", name="Agent default")).to_be_visible()
@@ -193,7 +203,7 @@ async def _admin(browser: Any, gw: Gateway, data_dir: Path) -> None:
     await main.get_by_role("button", name="Delete: Delete the agent default?").click()
     await main.get_by_role("button", name="Yes, delete").click()
     await expect(main.locator(".pc-msg")).to_have_text("Deleted default.")
-    await expect(main.locator("tr", has_text="default")).to_contain_text("config files")
+    await expect(agent_row(main, "default")).to_contain_text("config files")
     assert not saved.exists()
     assert await adam.page.evaluate("window.pwned") is None
     await expect(adam.nav()).not_to_contain_text(["Accounts"])
@@ -224,8 +234,10 @@ async def _audit(browser: Any, gw: Gateway) -> None:
         .get_attribute("href") == "/admin/audit.csv"
     await main.get_by_label("Actor").fill("adam")
     await main.get_by_label("Actor").press("Enter")
-    await expect(table.locator("tbody tr")).to_have_count(2)
-    await expect(table.locator("tbody tr").first).to_contain_text("DELETE /admin/agents/default")
+    await expect(table.locator("tbody tr")).to_have_count(3)  # newest first
+    await expect(table.locator("tbody tr")).to_contain_text(
+        ["DELETE /admin/agents/default", "PUT /admin/agents/default", "sign-in"])
+    await expect(table.locator("tbody tr", has_text="olga")).to_have_count(0)
 
     # a viewer reads an agent; nothing to change it with
     main = await vera.open("agents", "Agents")

@@ -64,7 +64,7 @@
       return s;
     };
     const form = (label, ...children) => {
-      const f = el("form", {"aria-label": label, "class": "pc-form"}, children);
+      const f = el("form", {"aria-label": label, "class": "pc-form inline"}, children);
       f.style.display = "flex";
       f.style.flexWrap = "wrap";
       f.style.gap = "0.5rem";
@@ -76,7 +76,7 @@
     const say = (box, text, kind) => {
       box.replaceChildren();
       if (text) {
-        box.append(el("p", {"class": "pc-msg pc-" + (kind || "info"),
+        box.append(el("p", {"class": "pc-msg " + (kind || "info"),
           role: kind === "error" ? "alert" : null}, text));
       }
     };
@@ -117,11 +117,11 @@
       const yes = m.button("Yes, " + label.toLowerCase(), async () => {
         yes.disabled = true;
         await action();
-      }, {"class": "pc-danger"});
+      }, {"class": "danger"});
       const no = m.button("No", () => { box.replaceChildren(first); first.focus(); });
       box.replaceChildren(m.el("span", {}, question + " "), yes, " ", no);
       yes.focus();
-    }, {"class": "pc-danger", "aria-label": label + ": " + question});
+    }, {"class": "danger", "aria-label": label + ": " + question});
     box.append(first);
     return box;
   }
@@ -129,9 +129,11 @@
   // a page whose drawing happens again on each change
   function page(el, ctx, title, draw) {
     const m = Maker(ctx);
-    const heading = m.el("h3", {tabindex: "-1"}, title);
+    const heading = m.el("h2", {tabindex: "-1"}, title);
     const msg = m.status();
     const body = m.el("div", {"class": "pc-body"});
+    body.style.overflowWrap = "break-word";  // a long path or id wraps on a phone
+    msg.style.overflowWrap = "break-word";
     el.replaceChildren(heading, msg, body);
     let alive = true;
     const api = {
@@ -167,7 +169,7 @@
         m.button(a.name, () => { v.open = a.name; v.redraw(); },
           {"class": "pc-link", "aria-label": "Open the agent " + a.name}),
         a.source === "api" ? "admin API" : "config files",
-        a.valid ? "loads" : m.el("span", {"class": "pc-bad"}, "does not load"),
+        a.valid ? m.el("span", {"class": "badge ok"}, "loads") : m.el("span", {"class": "badge bad"}, "does not load"),
         a.valid ? (a.model || "") : "",
         a.valid ? (a.description || "") : problemsList(m, a.name, a.problems),
       ]);
@@ -176,7 +178,7 @@
         const name = m.input({name: "name", autocomplete: "off", pattern: "[a-z0-9][a-z0-9_-]*",
           maxlength: "64"});
         const f = m.form("New agent", m.field("New agent's name", name,
-          "a-z, 0-9, '-' and '_'"), m.el("button", {type: "submit"}, "Write a new agent"));
+          "a-z, 0-9, '-' and '_'"), m.el("button", {type: "submit", "class": "primary"}, "Write a new agent"));
         m.on(f, "submit", (e) => {
           e.preventDefault();
           const n = name.value.trim();
@@ -220,8 +222,9 @@
       m.el("h3", {}, v.fresh ? "New agent " + name : "Agent " + name),
       m.el("p", {}, v.fresh ? "Not saved yet." :
         (view.source === "api" ? "Deployed through the admin API" : "Defined in the config " +
-          "directory") + (view.path ? " (" + view.path + ")" : "") + ". " +
-        (view.valid ? "It loads." : "It does not load.")),
+          "directory") + ". " + (view.valid ? "It loads." : "It does not load."),
+        view.path ? m.el("br", {}) : null, view.path ? "Folder: " : null,
+        view.path ? m.el("code", {}, view.path) : null),
     ];
     if (!v.fresh && !view.valid && view.problems) head.push(problemsList(m, name, view.problems));
     if (!v.fresh && view.source !== "api" && admin) {
@@ -231,7 +234,7 @@
     const editors = [];
     const area = (label, text, filename) => {
       const t = m.el("textarea", {rows: String(Math.min(24, Math.max(6,
-        String(text || "").split("\n").length + 1))), spellcheck: "false", name: filename});
+        String(text || "").split("\n").length + 1))), spellcheck: "false", name: filename, "class": "code"});
       t.value = text || "";
       t.readOnly = !admin;
       t.style.width = "100%";
@@ -245,7 +248,7 @@
       Object.keys(view.files || {}).sort().map((f) => area(f, view.files[f], f)));
     const parts = [...head, errors, form];
     if (admin) {
-      const save = m.el("button", {type: "submit"}, v.fresh ? "Create agent" : "Save");
+      const save = m.el("button", {type: "submit", "class": "primary"}, v.fresh ? "Create agent" : "Save");
       const actions = m.el("div", {"class": "pc-actions"}, save);
       form.append(actions);
       m.on(form, "submit", async (e) => {
@@ -269,7 +272,7 @@
           return;
         }
         const problems = res.body && res.body.problems;
-        errors.replaceChildren(m.el("div", {role: "alert", "class": "pc-msg pc-error"},
+        errors.replaceChildren(m.el("div", {role: "alert", "class": "pc-msg error problems"},
           m.el("p", {}, "Not saved: " + problemOf(res) + "."),
           problems ? problemsList(m, name, problems) : null));
         ctx.toast("Not saved: " + problemOf(res), "error");
@@ -386,8 +389,7 @@
               })) : "",
         ]);
         v.body.replaceChildren(toggle,
-          m.el("p", {}, rows.length ? "Next firing: " + when(res.body.next_firing) + "." :
-            "No schedules."),
+          rows.length ? m.el("p", {}, "Next firing: " + when(res.body.next_firing) + ".") : null,
           m.table(["Agent", "To", "When", "Next", "Prompt", "Made by", "Actions"], rows,
             "Schedules", "No schedules."),
           m.el("p", {"class": "pc-hint"}, "A schedule cannot be paused here: cancel removes " +
@@ -423,7 +425,7 @@
         const code = m.input({name: "code", autocomplete: "off", spellcheck: "false"});
         const f = m.form("Approve a code", m.field("Pairing code", code,
           "the code the person was given, e.g. ABCD-2345"),
-          m.el("button", {type: "submit"}, "Approve"));
+          m.el("button", {type: "submit", "class": "primary"}, "Approve"));
         m.on(f, "submit", (e) => {
           e.preventDefault();
           if (code.value.trim()) approve(code.value.trim());
@@ -479,7 +481,7 @@
         const role = m.select(ROLES, "viewer", {name: "role"});
         const pass = m.input({type: "password", name: "password", autocomplete: "new-password"});
         const add = m.form("Add an account", m.field("Username", user), m.field("Role", role),
-          m.field("Password", pass), m.el("button", {type: "submit"}, "Add account"));
+          m.field("Password", pass), m.el("button", {type: "submit", "class": "primary"}, "Add account"));
         m.on(add, "submit", async (e) => {
           e.preventDefault();
           const r = await call(ctx, "POST", "/admin/accounts",
@@ -545,7 +547,7 @@
         const name = m.input({name: "name", autocomplete: "off", spellcheck: "false"});
         const role = m.select(ROLES, "viewer", {name: "role"});
         const f = m.form("Make a key", m.field("Key name", name, "who or what uses it"),
-          m.field("Role", role), m.el("button", {type: "submit"}, "Make key"));
+          m.field("Role", role), m.el("button", {type: "submit", "class": "primary"}, "Make key"));
         m.on(f, "submit", async (e) => {
           e.preventDefault();
           const r = await call(ctx, "POST", "/admin/keys", {name: name.value.trim(),
@@ -571,12 +573,12 @@
               try { copied = document.execCommand("copy"); } catch (err2) { copied = false; }
             }
             ctx.toast(copied ? "Copied." : "Select the key and copy it.", copied ? "ok" : "error");
-          }, {"aria-label": "Copy the new key"});
+          }, {"aria-label": "Copy the key to the clipboard"});
           const done = m.button("I have kept it", () => { made = null; v.redraw(); });
           const box = m.el("section", {"class": "pc-once", "aria-labelledby": "pc-once-h"},
             m.el("h3", {id: "pc-once-h"}, "The key " + made.name + " (" + made.role + ")"),
             m.el("p", {}, "Shown once: copy it now; it cannot be read again."),
-            m.field("New key", secret), m.el("div", {"class": "pc-actions"}, copy, " ", done));
+            m.field("The new key", secret), m.el("div", {"class": "pc-actions"}, copy, " ", done));
           parts.push(box);
           setTimeout(() => secret.focus(), 0);
         }
@@ -618,7 +620,7 @@
         const who = m.input({type: "search", name: "actor", autocomplete: "off"});
         who.value = actor;
         const f = m.form("Filter the audit log", m.field("Actor", who, "an account or key:NAME"),
-          m.el("button", {type: "submit"}, "Filter"));
+          m.el("button", {type: "submit", "class": "primary"}, "Filter"));
         m.on(f, "submit", (e) => {
           e.preventDefault();
           actor = who.value.trim();
