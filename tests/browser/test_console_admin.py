@@ -177,6 +177,9 @@ async def _operator(browser: Any, gw: Gateway) -> None:
 async def _admin(browser: Any, gw: Gateway, data_dir: Path) -> None:
     adam = await Person.sign_in(browser, gw, "adam")
     main = await adam.open("agents", "Agents")
+    broken = agent_row(main, "broken")
+    await expect(broken).to_contain_text("does not load")
+    await expect(broken).to_contain_text("agent.yaml line 2 (modle): unknown field")
     row = agent_row(main, "default")
     await expect(row).to_contain_text("loads")
     await row.get_by_role("button", name="Open the agent default").click()
@@ -269,6 +272,9 @@ async def _phone(browser: Any, gw: Gateway) -> None:
 
 @pytest.mark.slow
 async def test_the_admin_pages_in_the_browser(config_dir: Path, data_dir: Path):
+    broken = config_dir / "agents" / "broken"  # an agent that does not load
+    broken.mkdir()
+    (broken / "agent.yaml").write_text("description: a typo below\nmodle: default\n")
     async with served(config_dir, data_dir) as gw, chromium() as browser:
         for name, role in (("olga", "owner"), ("adam", "admin"), ("vera", "viewer")):
             await add_account(gw, name, role)

@@ -37,9 +37,13 @@
     const button = (text, fn, attrs) => on(el("button", Object.assign({type: "button"},
       attrs || {}), text), "click", fn);
     // columns: their labels; rows: arrays of cells (text or nodes), as ctx.table draws them
-    const table = (columns, rows, label, empty) => ctx.table(
-      columns.map((c, i) => ({key: String(i), label: c, render: (r) => r[i]})), rows,
-      {label: label, empty: empty});
+    const table = (columns, rows, label, empty) => {
+      const t = ctx.table(columns.map((c, i) => ({key: String(i), label: c,
+        render: (r) => r[i]})), rows, {label: label, empty: empty});
+      // words stay whole: on a phone the table scrolls sideways in its frame instead
+      t.querySelectorAll("th, td").forEach((cell) => { cell.style.overflowWrap = "break-word"; });
+      return t;
+    };
     // a labelled control: the label names it for screen readers and for a click
     const field = (label, control, hint) => {
       const id = control.id || ("pc-f" + (++uid));
@@ -118,10 +122,12 @@
         yes.disabled = true;
         await action();
       }, {"class": "danger"});
+      yes.style.color = "var(--bad)";
       const no = m.button("No", () => { box.replaceChildren(first); first.focus(); });
       box.replaceChildren(m.el("span", {}, question + " "), yes, " ", no);
       yes.focus();
     }, {"class": "danger", "aria-label": label + ": " + question});
+    first.style.color = "var(--bad)";
     box.append(first);
     return box;
   }
@@ -219,7 +225,8 @@
     const errors = m.el("div", {"class": "pc-errors", "aria-live": "assertive"});
     const head = [
       back,
-      m.el("h3", {}, v.fresh ? "New agent " + name : "Agent " + name),
+      m.el("h3", {tabindex: "-1", "class": "pc-agent-heading"},
+        v.fresh ? "New agent " + name : "Agent " + name),
       m.el("p", {}, v.fresh ? "Not saved yet." :
         (view.source === "api" ? "Deployed through the admin API" : "Defined in the config " +
           "directory") + ". " + (view.valid ? "It loads." : "It does not load."),
@@ -301,6 +308,8 @@
         "/.well-known/agent.json"}, "Its A2A agent card")));
     }
     v.body.replaceChildren(...parts);
+    const h = v.body.querySelector(".pc-agent-heading");
+    if (h && !v.body.contains(document.activeElement)) h.focus();  // keyboard: start here
   }
 
   PC.register("agents", {
@@ -524,7 +533,7 @@
             m.el("span", {"class": "pc-actions"}, pick, " ", change),
             a.source || "", when(a.created_at), a.disabled ? "disabled" : "active", remove];
         });
-        v.body.replaceChildren(add, m.el("h3", {}, "Accounts"),
+        v.body.replaceChildren(add, m.el("h3", {}, "Who can sign in"),
           m.table(["User", "Role", "Source", "Created", "State", "Actions"], rows,
             "Accounts"));
       });
@@ -634,7 +643,7 @@
         const rows = entries.map((e) => [
           when(e.at), e.actor + (e.role ? " (" + e.role + ")" : ""), e.action, e.target || "",
           e.diff ? m.el("details", {}, m.el("summary", {}, "Show the change"),
-            m.el("pre", {"class": "pc-diff"}, String(e.diff))) : "",
+            m.el("pre", {"class": "diff"}, String(e.diff))) : "",
         ]);
         const nav = m.el("div", {"class": "pc-actions"});
         if (pages.length > 1) nav.append(m.button("Newer", () => { pages.pop(); v.redraw(); }));
