@@ -243,8 +243,8 @@ async def _audit(browser: Any, gw: Gateway) -> None:
     await expect(table.locator("tbody tr", has_text="olga")).to_have_count(0)
 
     # a viewer reads an agent; nothing to change it with
-    main = await vera.open("agents", "Agents")
-    await main.get_by_role("button", name="Open the agent default").click()
+    main = await vera.open("agents/default", "Agents")  # a link to one agent
+    await expect(main.get_by_role("heading", name="Agent default")).to_be_focused()
     await expect(main.get_by_label("agent.yaml")).not_to_be_editable()
     assert await main.get_by_role("button", name="Save").count() == 0
     assert await main.get_by_role("button", name="Delete").count() == 0
@@ -267,6 +267,13 @@ async def _phone(browser: Any, gw: Gateway) -> None:
     await main.get_by_role("button", name="Open the agent default").click()
     await expect(main.get_by_label("agent.yaml")).to_be_visible()
     await olga.fits()
+    await olga.page.go_back()  # the list again
+    await expect(main.get_by_role("button", name="Open the agent cook")).to_be_visible()
+    await main.get_by_label("New agent's name").fill("helper")
+    await main.get_by_role("button", name="Write a new agent").click()
+    await expect(main.get_by_role("heading", name="New agent helper")).to_be_visible()
+    await main.get_by_role("button", name="← All agents").click()
+    await expect(main.get_by_role("button", name="Open the agent cook")).to_be_visible()
     assert olga.errors == []
 
 

@@ -172,7 +172,7 @@
       if (!v.alive()) return;
       if (!ok(res)) { v.say(problemOf(res), "error"); return; }
       const rows = (res.body.agents || []).map((a) => [
-        m.button(a.name, () => { v.open = a.name; v.redraw(); },
+        m.button(a.name, () => go(ctx, v, a.name),
           {"class": "pc-link", "aria-label": "Open the agent " + a.name}),
         a.source === "api" ? "admin API" : "config files",
         a.valid ? m.el("span", {"class": "badge ok"}, "loads") : m.el("span", {"class": "badge bad"}, "does not load"),
@@ -205,6 +205,19 @@
     })();
   }
 
+  // open an agent (or the list): through the address when the shell passes it (#/agents/<name>:
+  // a link, the back button), else in place
+  function go(ctx, v, name) {
+    v.fresh = false;
+    const target = name ? "#/agents/" + enc(name) : "#/agents";
+    if (typeof ctx.param === "string" && location.hash !== target) {
+      location.hash = target;
+      return;
+    }
+    v.open = name;
+    v.redraw();
+  }
+
   const NEW_YAML = "description: \nmodel: default\ninstructions: instructions.md\ntools: []\n";
 
   async function agentView(ctx, v) {
@@ -217,11 +230,15 @@
     } else {
       const res = await call(ctx, "GET", "/admin/agents/" + enc(name));
       if (!v.alive()) return;
-      if (!ok(res)) { v.say(problemOf(res), "error"); v.open = null; return; }
+      if (!ok(res)) {
+        v.say(problemOf(res), "error");
+        v.body.replaceChildren(m.button("← All agents", () => go(ctx, v, null)));
+        return;
+      }
       view = res.body;
     }
     const admin = m.may("admin");
-    const back = m.button("← All agents", () => { v.open = null; v.fresh = false; v.redraw(); });
+    const back = m.button("← All agents", () => go(ctx, v, null));
     const errors = m.el("div", {"class": "pc-errors", "aria-live": "assertive"});
     const head = [
       back,
@@ -293,6 +310,9 @@
               ctx.toast("Deleted " + name + ".", "ok");
               v.say("Deleted " + name + ".", "ok");
               v.open = null;
+              if (typeof ctx.param === "string" && history.replaceState) {
+                history.replaceState(null, "", "#/agents");  // (no page drawn again)
+              }
             } else {
               v.say("Not deleted: " + problemOf(res), "error");
             }
@@ -316,7 +336,10 @@
     title: "Agents",
     role: "viewer",
     render(el, ctx) {
-      return page(el, ctx, "Agents", (v) => (v.open ? agentView(ctx, v) : agentsList(ctx, v)));
+      return page(el, ctx, "Agents", (v) => {
+        if (v.open === undefined) v.open = ctx.param || null;  // #/agents/<name> opens one
+        return v.open ? agentView(ctx, v) : agentsList(ctx, v);
+      });
     },
   });
 
