@@ -2,7 +2,7 @@
 
 An owner adds an operator account (and is told she is the last owner when she tries to stop
 being one), makes an API key — shown once — that works, and revokes it by keyboard; an operator
-approves a pairing code and cancels a schedule; an admin saves an agent with a YAML error, sees
+approves a pairing code, adds a schedule (a wrong time refused) and cancels it; an admin saves an agent with a YAML error, sees
 the problem by file and line, fixes it and deletes the copy; the audit log lists these changes
 with their diffs, filtered by actor; a viewer sees no accounts page and no edit controls; the
 pages fit a 390 px wide phone. Data never turns into markup. Under CI this must run.
@@ -10,6 +10,7 @@ pages fit a 390 px wide phone. Data never turns into markup. Under CI this must 
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -165,8 +166,22 @@ async def _operator(browser: Any, gw: Gateway) -> None:
     assert await otto.page.evaluate("window.pwned") is None
 
     main = await otto.open("schedules", "Schedules")
+    await expect(main.get_by_text("No schedules.")).to_be_visible()
+    await main.get_by_label("Agent", exact=True).select_option("default")
+    await main.get_by_label("To", exact=True).fill("web:someone")
+    await main.get_by_label("Repeat", exact=True).select_option("every")
+    await main.get_by_label("When", exact=True).fill("every 1 fortnight")
+    await main.get_by_label("What the agent is asked each time").fill("Summarise the week")
+    await main.get_by_role("button", name="Add schedule").click()
+    await expect(main.get_by_role("alert")).to_contain_text("Not added: 'every'")
+    await main.get_by_label("When", exact=True).fill("1d")
+    await main.get_by_role("button", name="Add schedule").click()
+    await expect(main.locator(".pc-msg")).to_contain_text("Added the schedule")
     row = main.locator("tr", has_text="Summarise the week")
     await expect(row).to_contain_text("default")
+    await expect(row).to_contain_text("web:someone")
+    await row.get_by_role("button", name=re.compile("^History of ")).click()
+    await expect(main.get_by_text("It has not fired yet.")).to_be_visible()
     await row.get_by_role("button", name="Cancel: Cancel the schedule").click()
     await row.get_by_role("button", name="Yes, cancel").click()
     await expect(main.get_by_text("No schedules.")).to_be_visible()
@@ -226,6 +241,7 @@ async def _audit(browser: Any, gw: Gateway) -> None:
     table = main.locator("table")
     for who, what in (("olga", "POST /admin/accounts"), ("olga", "POST /admin/keys"),
                       ("olga", "DELETE /admin/keys/"), ("otto", "POST /admin/pairing/approve"),
+                      ("otto", "POST /admin/schedules"),
                       ("otto", "DELETE /admin/schedules/"), ("adam", "PUT /admin/agents/default"),
                       ("adam", "DELETE /admin/agents/default")):
         await expect(table.locator("tr", has_text=what).filter(has_text=who).first) \
@@ -272,8 +288,14 @@ async def _phone(browser: Any, gw: Gateway) -> None:
     await main.get_by_label("New agent's name").fill("helper")
     await main.get_by_role("button", name="Write a new agent").click()
     await expect(main.get_by_role("heading", name="New agent helper")).to_be_visible()
-    await main.get_by_role("button", name="← All agents").click()
+    await main.get_by_role("button", name="Create agent").click()
+    await expect(main.locator(".pc-msg")).to_have_text("Saved helper; it loads.")
+    assert (gw.registry.dirs[-1] / "helper" / "instructions.md").is_file()
+    await main.get_by_role("button", name="Delete: Delete the agent helper?").click()
+    await main.get_by_role("button", name="Yes, delete").click()
+    await expect(main.locator(".pc-msg")).to_have_text("Deleted helper.")
     await expect(main.get_by_role("button", name="Open the agent cook")).to_be_visible()
+    assert "helper" not in gw.registry
     assert olga.errors == []
 
 
@@ -286,21 +308,8 @@ async def test_the_admin_pages_in_the_browser(config_dir: Path, data_dir: Path):
         for name, role in (("olga", "owner"), ("adam", "admin"), ("vera", "viewer")):
             await add_account(gw, name, role)
         await _owner(browser, gw)
-        await _add_schedule(gw)
         await _operator(browser, gw)
         await _admin(browser, gw, data_dir)
         await _audit(browser, gw)
         await _phone(browser, gw)
 
-
-async def _add_schedule(gw: Gateway) -> None:
-    """A schedule made through the admin API (as an owner signed in there)."""
-    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
-        async with http.post(url(gw, "/console/login"),
-                             json={"username": "olga", "password": PASSWORD}) as r:
-            csrf = (await r.json())["csrf"]
-        async with http.post(url(gw, "/admin/schedules"), headers={"X-CSRF-Token": csrf},
-                             json={"agent": "default", "to": "web:someone", "every": "1d",
-                                   "prompt": "Summarise the week"}) as r:
-            assert r.status == 201, await r.text()
-    await wait_for(lambda: gw.store.schedules.list(active=True))

@@ -218,7 +218,8 @@
     v.redraw();
   }
 
-  const NEW_YAML = "description: \nmodel: default\ninstructions: instructions.md\ntools: []\n";
+  const NEW_YAML = "description: A new agent.\nmodel: default\ninstructions: instructions.md\n" +
+    "tools: [current_time]\n";
 
   async function agentView(ctx, v) {
     const m = v.m;
@@ -226,7 +227,7 @@
     let view;
     if (v.fresh) {
       view = {name, source: "api", valid: false, agent_yaml: NEW_YAML,
-        files: {"instructions.md": ""}, problems: []};
+        files: {"instructions.md": "You are a helpful assistant.\n"}, problems: []};
     } else {
       const res = await call(ctx, "GET", "/admin/agents/" + enc(name));
       if (!v.alive()) return;
@@ -405,30 +406,93 @@
           s.describe || (s.kind + " " + s.expr), s.active ? when(s.next_due) : "finished",
           m.el("span", {"class": "pc-prompt"}, String(s.prompt || "").slice(0, 200)),
           s.source + (s.created_by ? " (" + s.created_by + ")" : ""),
-          m.may("operator") && s.active ? m.el("span", {"class": "pc-actions"},
-            m.button("Run now", async () => {
+          m.el("span", {"class": "pc-actions"},
+            s.active ? m.button("Run now", async () => {
               const r = await call(ctx, "POST", "/admin/schedules/" + enc(s.id) + "/run");
               if (ok(r)) ctx.toast("The schedule " + s.id + " runs now.", "ok");
               else v.say(problemOf(r), "error");
               v.redraw();
-            }, {"aria-label": "Run the schedule " + s.id + " now"}), " ",
-            confirmInPlace(m, "Cancel", "Cancel the schedule " + s.id + " and its history?",
+            }, {"aria-label": "Run the schedule " + s.id + " now"}) : null, " ",
+            m.button("History", () => showHistory(s), {"aria-label": "History of " + s.id}), " ",
+            confirmInPlace(m, "Cancel", "Cancel the schedule " + s.id + " and its history?" +
+              (s.source === "file" ? " (It is in schedules.yaml: it comes back when the file " +
+                "is read again; remove it there.)" : ""),
               async () => {
                 const r = await call(ctx, "DELETE", "/admin/schedules/" + enc(s.id));
                 if (ok(r)) { ctx.toast("Cancelled " + s.id + ".", "ok"); v.say("", ""); }
                 else v.say(problemOf(r), "error");
                 v.redraw();
-              })) : "",
+              })),
         ]);
+        const past = m.el("div", {"class": "pc-history", "aria-live": "polite"});
+        const showHistory = async (s) => {
+          const r = await call(ctx, "GET", "/admin/schedules/" + enc(s.id) + "/history?limit=20");
+          if (!v.alive()) return;
+          if (!ok(r)) { v.say(problemOf(r), "error"); return; }
+          past.replaceChildren(m.el("h3", {}, "Last firings of " + s.id),
+            m.table(["Due", "Fired", "Outcome", "Run", "Detail"], (r.body.firings || []).map(
+              (f) => [when(f.due), when(f.fired_at), f.outcome, f.run_id || "", f.detail || ""]),
+            "Firings of " + s.id, "It has not fired yet."));
+        };
         v.body.replaceChildren(toggle,
           rows.length ? m.el("p", {}, "Next firing: " + when(res.body.next_firing) + ".") : null,
           m.table(["Agent", "To", "When", "Next", "Prompt", "Made by", "Actions"], rows,
             "Schedules", "No schedules."),
           m.el("p", {"class": "pc-hint"}, "A schedule cannot be paused here: cancel removes " +
-            "it."));
+            "it."), past, await newSchedule(ctx, v));
       });
     },
   });
+
+  const WHEN_HINT = {every: "e.g. 30m, 2h, 1d", cron: "e.g. 0 9 * * 1-5 (minute hour day " +
+    "month weekday)", at: "e.g. 2026-12-01 09:00"};
+
+  async function newSchedule(ctx, v) {
+    const m = v.m;
+    const agents = await call(ctx, "GET", "/admin/agents?limit=1000");
+    const names = ok(agents) ? (agents.body.agents || []).map((a) => a.name) : [];
+    const agent = m.select(names, names.indexOf("default") >= 0 ? "default" : undefined,
+      {name: "agent"});
+    const to = m.input({name: "to", autocomplete: "off", spellcheck: "false"});
+    const kind = m.select(["every", "cron", "at"], "every", {name: "kind"});
+    const expr = m.input({name: "expr", autocomplete: "off", spellcheck: "false"});
+    const tz = m.input({name: "tz", autocomplete: "off", placeholder: "the gateway's"});
+    const group = m.el("input", {type: "checkbox", name: "group"});
+    const prompt = m.el("textarea", {name: "prompt", rows: "3"});
+    prompt.style.width = "100%";
+    prompt.style.boxSizing = "border-box";
+    const whenField = m.field("When", expr, WHEN_HINT.every);
+    m.on(kind, "change", () => {
+      const hint = whenField.querySelector("small");
+      if (hint) hint.textContent = WHEN_HINT[kind.value];
+    });
+    const f = m.form("New schedule", m.field("Agent", agent),
+      m.field("To", to, "PROVIDER:CHAT, e.g. telegram:12345"), m.field("Repeat", kind),
+      whenField, m.field("Time zone", tz, "e.g. Europe/Paris"),
+      m.el("label", {}, group, " A group chat"));
+    const promptBox = m.field("What the agent is asked each time", prompt);
+    promptBox.style.flexBasis = "100%";
+    f.append(promptBox, m.el("button", {type: "submit", "class": "primary"}, "Add schedule"));
+    m.on(f, "submit", async (e) => {
+      e.preventDefault();
+      const body = {agent: agent.value, to: to.value.trim(), prompt: prompt.value};
+      body[kind.value] = expr.value.trim();
+      if (tz.value.trim()) body.tz = tz.value.trim();
+      if (group.checked) body.group = true;
+      const r = await call(ctx, "POST", "/admin/schedules", body);
+      if (!v.alive()) return;
+      if (ok(r)) {
+        const made = r.body.schedule || {};
+        v.say("Added the schedule " + made.id + ": " + (made.describe || "") + ".", "ok");
+        ctx.toast("Schedule added.", "ok");
+        v.redraw();
+      } else {
+        v.say("Not added: " + problemOf(r), "error");
+      }
+    });
+    return m.el("section", {"aria-labelledby": "pc-new-schedule"},
+      m.el("h3", {id: "pc-new-schedule"}, "New schedule"), f);
+  }
 
   // ---- pairing --------------------------------------------------------------------------------
 
