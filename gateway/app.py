@@ -127,6 +127,7 @@ class Gateway:
         self.scheduler = schedules.attach(self)  # schedules.yaml, /remind: agents speak first
         # approval requests nobody decided in time, handed to their chats (docs/approvals.md)
         self.approval_sweep = ApprovalSweep(self.store.approvals, self.intakes)
+        self.runner.on_approval = self.approval_sweep.expect
         self.serve = serve
         bind = http_bind or (self.config.http.host, self.config.http.port)
         self.http = HttpServer(self, *bind) if serve else None

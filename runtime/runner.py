@@ -122,6 +122,7 @@ class Runner:
         self.usage = usage  # the ledger (a row per model call) and budgets
         self.tracing = tracing  # spans of runs, model and tool calls (off unless configured)
         self.approvals = approvals  # tool calls waiting for a person (runtime/approvals.py)
+        self.on_approval: Callable[[ToolApproval], None] | None = None  # a request was made
         # several instances: a run storage cut short is not ended with an error here but
         # handed back (its message answered again once storage works: gateway/app.py)
         self.hand_back = False
@@ -630,6 +631,8 @@ class Runner:
             timeout=req.agent.approval_timeout)
         log.info("run %s (agent %s): %s waits for approval %s", req.run_id, req.agent.name,
                  call.name, row.id)
+        if self.on_approval is not None:
+            self.on_approval(row)  # (the sweep looks again just after its deadline)
         yield await self._commit(state, ApprovalRequest(
             run_id=req.run_id, approval_id=row.id, call_id=call.id, name=call.name,
             arguments=shown_arguments(call.arguments), approvers=who_decides(asking.approvers),

@@ -137,16 +137,11 @@ async def test_nobody_deciding_in_time_is_a_denial_with_one_line(tmp_path, files
     model = ScriptedModel(Scripted(tool_calls=[delete("/tmp/b")]),
                           Scripted(text="Nobody approved, so I did nothing."))
     async with gateway(tmp_path, model, files, timeout=1) as gw:
-        gw.approval_sweep.every = 0.05  # (its first look comes at the old period's end)
         p = await start(gw)
         await p.say("delete b")
         await wait_for(lambda: any(m.buttons for m in p.sent))
-
-        async def expired() -> bool:
-            await gw.approval_sweep.look()
-            return "Nobody approved, so I did nothing." in p.finals()
-
-        await wait_for(expired, timeout=15)
+        # the sweep expected the request: it looks just after its deadline, by itself
+        await wait_for(lambda: "Nobody approved, so I did nothing." in p.finals(), timeout=15)
         assert files.deleted == []
         assert "nobody approved it in time" in told(model)
         assert any(m.text == "⏱ Nobody approved delete_file in time, so it was not run."

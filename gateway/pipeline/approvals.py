@@ -94,16 +94,29 @@ class ApprovalDesk:
 
 
 class ApprovalSweep:
-    """Expired requests handed to their chats; decisions whose run never began, again."""
+    """Expired requests handed to their chats; decisions whose run never began, again.
+
+    A request made here is expected (:meth:`expect`): the sweep looks just after its deadline.
+    Requests of other instances (which may have stopped) are found by a look every ``every``
+    seconds — one statement — and decisions stranded by a dead instance every
+    ``stranded_after`` seconds: an idle instance costs a statement a minute, not one a second.
+    """
 
     def __init__(self, store: ApprovalStore, intakes: Mapping[str, Any], *,
-                 every: float = 5.0, stranded_after: float = 30.0):
+                 every: float = 60.0, stranded_after: float = 30.0):
         self.store = store
         self.intakes = intakes  # provider name -> its IntakeQueue (submit)
         self.every = every
         self.stranded_after = stranded_after
         self._task: asyncio.Task[None] | None = None
         self._last_stranded = 0.0
+        self._due: list[float] = []  # monotonic times just after the deadlines of ours
+        self._wake = asyncio.Event()
+
+    def expect(self, row: ToolApproval) -> None:
+        """A request made here: look again just after its deadline (its timeout from now)."""
+        self._due.append(time.monotonic() + max(0.0, row.expires_at - row.created_at) + 0.2)
+        self._wake.set()
 
     def start(self) -> None:
         if self._task is None:
@@ -117,13 +130,24 @@ class ApprovalSweep:
             self._task = None
 
     async def _run(self) -> None:
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(self.every)
+            now = time.monotonic()
+            soonest = min([last + self.every, *self._due])
+            if soonest > now:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), soonest - now)
+                    continue  # a new deadline: wait again for the soonest
+                except TimeoutError:
+                    pass
+            now = last = time.monotonic()
+            self._due = [t for t in self._due if t > now]
             try:
                 await self.look()
             except (StorageError, OSError) as e:
-                log.warning("approvals: the sweep failed (%s); next look in %.0f s", e,
-                            self.every)
+                log.warning("approvals: the sweep failed (%s); it looks again soon", e)
+                self._due.append(now + 5.0)
             except Exception:
                 log.exception("approvals: the sweep failed")
 
@@ -147,7 +171,6 @@ class ApprovalSweep:
             await intake.submit(resume_message(row))
             handed += 1
         return handed
-
 
 def resume_message(row: ToolApproval) -> IncomingMessage:
     """The message the gateway makes to resume a request decided without one (it expired, or

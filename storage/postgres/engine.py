@@ -233,6 +233,10 @@ class PostgresEngine:
         return await self._in_thread(self._run, lambda conn: conn.execute(*statement).fetchone(),
                                      False)
 
+    async def write_returning_all(self, statement: Statement) -> list[Any]:
+        return await self._in_thread(self._run, lambda conn: conn.execute(*statement).fetchall(),
+                                     False)
+
     async def read(self, query: Callable[[Any], T]) -> T:
         return await self._in_thread(self._run, query, False)
 

@@ -94,6 +94,11 @@ class Engine(Protocol):
         """One statement that changes data and returns a row, committed; that row."""
         ...
 
+    async def write_returning_all(self, statement: Statement) -> list[Any]:
+        """One statement that changes data and returns rows, committed; those rows (one
+        round trip on PostgreSQL: no BEGIN and COMMIT around it)."""
+        ...
+
     def queue(self, change: Callable[[Any], T], *, hold: bool = False) -> asyncio.Future[T]:
         """``change`` handed over now, without waiting: its future settles once committed. A
         single writer (SQLite) commits it before every change handed over after it, and with

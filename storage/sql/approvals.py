@@ -88,7 +88,7 @@ class SqlApprovals:
 
     async def _changed(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         """The rows an ``UPDATE … RETURNING`` changed, committed."""
-        return await self.engine.transact(lambda conn: conn.execute(sql, params).fetchall())
+        return await self.engine.write_returning_all((sql, params))
 
     async def get(self, approval_id: str) -> ToolApproval | None:
         row = await self.engine.fetchone("SELECT * FROM tool_approvals WHERE id = ?",

@@ -328,6 +328,9 @@ class SqliteEngine:
     async def write_returning(self, statement: Statement) -> Any | None:
         return await self.transact(lambda conn: conn.execute(*statement).fetchone())
 
+    async def write_returning_all(self, statement: Statement) -> list[Any]:
+        return await self.transact(lambda conn: conn.execute(*statement).fetchall())
+
     def _commit_next(self) -> None:
         """Hand what is pending to the database thread as one batch. Its end (a callback the
         thread schedules on the loop, not a task: a caller cancelled meanwhile never stops it)
