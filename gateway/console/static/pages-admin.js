@@ -175,7 +175,8 @@
         m.button(a.name, () => go(ctx, v, a.name),
           {"class": "pc-link", "aria-label": "Open the agent " + a.name}),
         a.source === "api" ? "admin API" : "config files",
-        a.valid ? m.el("span", {"class": "badge ok"}, "loads") : m.el("span", {"class": "badge bad"}, "does not load"),
+        a.valid ? m.el("span", {"class": "badge ok"}, "loads")
+          : m.el("span", {"class": "badge bad"}, "does not load"),
         a.valid ? (a.model || "") : "",
         a.valid ? (a.description || "") : problemsList(m, a.name, a.problems),
       ]);
@@ -184,7 +185,8 @@
         const name = m.input({name: "name", autocomplete: "off", pattern: "[a-z0-9][a-z0-9_-]*",
           maxlength: "64"});
         const f = m.form("New agent", m.field("New agent's name", name,
-          "a-z, 0-9, '-' and '_'"), m.el("button", {type: "submit", "class": "primary"}, "Write a new agent"));
+          "a-z, 0-9, '-' and '_'"),
+          m.el("button", {type: "submit", "class": "primary"}, "Write a new agent"));
         m.on(f, "submit", (e) => {
           e.preventDefault();
           const n = name.value.trim();
@@ -259,7 +261,8 @@
     const editors = [];
     const area = (label, text, filename) => {
       const t = m.el("textarea", {rows: String(Math.min(24, Math.max(6,
-        String(text || "").split("\n").length + 1))), spellcheck: "false", name: filename, "class": "code"});
+        String(text || "").split("\n").length + 1))), spellcheck: "false", name: filename,
+        "class": "code"});
       t.value = text || "";
       t.readOnly = !admin;
       t.style.width = "100%";
@@ -273,7 +276,8 @@
       Object.keys(view.files || {}).sort().map((f) => area(f, view.files[f], f)));
     const parts = [...head, errors, form];
     if (admin) {
-      const save = m.el("button", {type: "submit", "class": "primary"}, v.fresh ? "Create agent" : "Save");
+      const save = m.el("button", {type: "submit", "class": "primary"},
+        v.fresh ? "Create agent" : "Save");
       const actions = m.el("div", {"class": "pc-actions"}, save);
       form.append(actions);
       m.on(form, "submit", async (e) => {
@@ -545,12 +549,11 @@
         ]);
         v.body.replaceChildren(f,
           m.el("h3", {}, "Waiting"),
-          pending.length ? m.table(["Code", "Platform", "Person", "Chat", "Asked", "Expires",
-            "Actions"], pending, "Waiting pairing requests") : m.el("p", {}, "No pairing requests are waiting."),
+          m.table(["Code", "Platform", "Person", "Chat", "Asked", "Expires", "Actions"], pending,
+            "Waiting pairing requests", "No pairing requests are waiting."),
           m.el("h3", {}, "Approved"),
-          approved.length ? m.table(["Platform", "Person", "Approved", "By", "Actions"], approved,
-            "Approved people") :
-            m.el("p", {}, "Nobody is approved yet."));
+          m.table(["Platform", "Person", "Approved", "By", "Actions"], approved,
+            "Approved people", "Nobody is approved yet."));
       });
     },
   });
@@ -577,7 +580,8 @@
         const role = m.select(ROLES, "viewer", {name: "role"});
         const pass = m.input({type: "password", name: "password", autocomplete: "new-password"});
         const add = m.form("Add an account", m.field("Username", user), m.field("Role", role),
-          m.field("Password", pass), m.el("button", {type: "submit", "class": "primary"}, "Add account"));
+          m.field("Password", pass),
+          m.el("button", {type: "submit", "class": "primary"}, "Add account"));
         m.on(add, "submit", async (e) => {
           e.preventDefault();
           const r = await call(ctx, "POST", "/admin/accounts",
@@ -612,8 +616,12 @@
             async () => {
               const r = await call(ctx, "DELETE", "/admin/accounts/" + enc(a.username));
               if (!v.alive()) return;
-              if (ok(r)) { v.say("Removed " + a.username + ".", "ok"); ctx.toast("Removed.", "ok"); }
-              else v.say("Not removed: " + problemOf(r), "error");
+              if (ok(r)) {
+                v.say("Removed " + a.username + ".", "ok");
+                ctx.toast("Removed.", "ok");
+              } else {
+                v.say("Not removed: " + problemOf(r), "error");
+              }
               v.redraw();
             });
           return [a.username + (ctx.me && ctx.me.user === a.username ? " (you)" : ""),
@@ -690,8 +698,8 @@
               v.redraw();
             }),
         ]);
-        parts.push(m.el("h3", {}, "Keys"), rows.length ? m.table(["Name", "Id", "Role",
-          "Made by", "Made", "State", "Actions"], rows, "API keys") : m.el("p", {}, "No keys yet."));
+        parts.push(m.el("h3", {}, "Keys"), m.table(["Name", "Id", "Role", "Made by", "Made",
+          "State", "Actions"], rows, "API keys", "No keys yet."));
         v.body.replaceChildren(...parts);
       });
     },
@@ -743,9 +751,8 @@
         v.body.replaceChildren(f,
           m.el("p", {}, m.el("a", {href: "/admin/audit.csv", download: "pluto-audit.csv"},
             "Download the whole log (CSV)")),
-          rows.length ? m.table(["When", "Who", "What", "Target", "Change"], rows,
-            "Audit log") :
-            m.el("p", {}, actor ? "Nothing by " + actor + "." : "No changes yet."),
+          m.table(["When", "Who", "What", "Target", "Change"], rows, "Audit log",
+            actor ? "Nothing by " + actor + "." : "No changes yet."),
           nav);
       });
     },
