@@ -75,6 +75,7 @@ class ApiProvider(Provider):
         # the run that resumed it; the paused run's stream stays readable by the task's key
         # (in this process: storage keeps one run per step)
         self._paused: OrderedDict[str, str] = OrderedDict()
+        self._pointing: set[asyncio.Task[None]] = set()  # steps moving to a resumed run
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> ApiProvider:
@@ -129,6 +130,41 @@ class ApiProvider(Provider):
             return message.run_id  # a run's answer is read from the run itself
         await self.steps.answered_by(message)  # a command's answer, a notice
         return message.answers
+
+    def run_started(self, msg: IncomingMessage, run_id: str) -> None:
+        """The gateway resumed, on this instance, a run of a task's chat paused for a person
+        (``msg.approval``: nobody decided in time): the step waiting on it points at the run
+        that resumes it at once (its ``run_id`` and ``events_url``). A schedule's firing into
+        a task's chat answers no step. A run resumed on another instance is found by
+        :meth:`_continued` when the step is read."""
+        if msg.approval is None:
+            return
+        task = asyncio.create_task(self._point(msg.chat_id, msg.approval, run_id),
+                                   name=f"api:resumed:{run_id}")
+        self._pointing.add(task)
+        task.add_done_callback(self._pointing.discard)
+
+    async def _point(self, task_id: str, approval_id: str, run_id: str) -> None:
+        try:
+            step = await self.tasks.last_step(task_id)
+            if step is None or step.run_id is None or step.run_id == run_id:
+                return
+            run = await self.runs.run(step.run_id)
+            if run is None or run.status != "awaiting_approval":
+                return
+            waiting = views.pending_approval(await self.runs.events(step.run_id))
+            if waiting is None or waiting.approval_id != approval_id:
+                return
+            remember(self._paused, step.run_id, task_id, PAUSED_KEPT)
+            await self.tasks.started(step.id, run_id)
+        except Exception as e:  # noqa: BLE001 - reading the step finds it (_continued)
+            log.warning("api: pointing task %s's step at resumed run %s failed: %s",
+                        task_id, run_id, e)
+
+    async def close(self) -> None:
+        for task in list(self._pointing):
+            task.cancel()
+        await asyncio.gather(*self._pointing, return_exceptions=True)
 
     async def _enter(self, request: web.Request, task_id: str, agent: str | None,
                      step: StepRow) -> None:

@@ -24,7 +24,16 @@ approve, deny (the commands its buttons send)}; the run then ends (``run.end`` o
 ``awaiting_approval``). The decision — the visitor sends ``approve`` / ``deny`` as a message, or
 it expires — resumes it in a new run whose first frame after ``run.start`` is
 ``approval.decision`` {approval_id, name, verdict approved|denied|expired|cancelled, by,
-reason}; that run's frames follow as any run's. A message is acknowledged (``ack``) once it is recorded; one
+reason}; that run's frames follow as any run's.
+
+A tool call that asks another agent (``ask_<agent>``, docs/agents.md) has ``child_run_id`` and
+``question`` on its ``tool.start``: the run answering it. That child run's frames follow (its
+``run.start``, deltas, tools, ``message.final``, ``run.end``), each with its own ``run_id`` and
+``seq`` and marked ``parent_run_id`` (the run whose call asked) and ``parent_call_id`` (that
+call): the widget draws them inside the parent's bubble, as a collapsed block. A child's child
+nests the same way under it.
+
+A message is acknowledged (``ack``) once it is recorded; one
 that could not be (storage failed) gets ``error`` with code ``not_received``, its ``reply_to``
 and a ``retry_after`` in seconds: the tab keeps it and sends it again (same id) after that.
 See the README for the full description.
@@ -63,6 +72,7 @@ CLIENT_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_TABLE_ROWS, MAX_TABLE_COLUMNS, MAX_CELL_CHARS = 200, 50, 500
 MAX_DETAIL_TEXT = 4000
+MAX_QUESTION = 300  # of an asked agent, shown on its nested block
 MAX_IMAGE_URL = 2048
 MAX_FILES = 10  # named by one message
 MAX_FILE_NAME = 255
@@ -250,8 +260,13 @@ def run_frame(seq: int, event: RunEvent, link: Linker) -> dict[str, Any] | None:
             return frame("run.start", **base)
         case MessageDelta(text=text):
             return frame("message.delta", text=text, **base)
-        case ToolStart(name=name, call_id=call_id):
+        case ToolStart(name=name, call_id=call_id, child_run_id=None):
             return frame("tool.start", name=name, call_id=call_id, **base)
+        case ToolStart(name=name, call_id=call_id, child_run_id=child, arguments=arguments):
+            question = arguments.get("question")  # (what the asked agent was asked)
+            return frame("tool.start", name=name, call_id=call_id, child_run_id=child,
+                         question=question[:MAX_QUESTION] if isinstance(question, str)
+                         else None, **base)
         case ToolProgress(name=name, call_id=call_id, progress=progress, total=total,
                           message=message):
             return frame("tool.progress", name=name, call_id=call_id, progress=progress,

@@ -19,11 +19,14 @@ What a chat's tabs are shown, in order, each frame to every tab:
 A run that waits for the visitor's decision on a tool call (docs/approvals.md) shows its
 ``approval.request`` (the widget draws a card with Approve / Deny, each sending its command as
 the visitor's message). A decision sent from a tab here starts the run that resumes it, shown
-like any run. One taken without a message from here — nobody decided in time, or another
-instance took it — starts a run this provider is not told of: while a request shown here is
-open and a tab of its chat is, the chat's conversation is looked at now and then
-(:data:`WAIT_LOOK`; each second once it has expired) and the run that answered after it is
-followed from storage, its frames reaching the tabs like any run's.
+like any run. One taken without a message from here (nobody decided in time) starts a run the
+gateway tells this provider of on the instance running it (:meth:`WebProvider.run_started`, as
+for a schedule's firing): it is shown live from the feed like a run a tab started. A run on
+another instance (a decision taken there, an expiry swept there) is not told of here: while a
+request shown here is open and a tab of its chat is, the chat's conversation is looked at now
+and then (:data:`WAIT_LOOK`; each second once it has expired) and the run that answered after
+it is followed from storage, its frames reaching the tabs like any run's (a run already shown
+is never shown twice).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from typing import Any
 from aiohttp import WSCloseCode, web
 
 from pluto.errors import ConfigError
-from pluto.events import ApprovalDecision, ApprovalRequest, RunEnd, RunEvent, RunStart
+from pluto.events import (ApprovalDecision, ApprovalRequest, RunEnd, RunEvent, RunStart,
+                          ToolStart)
 from pluto.gateway.ports import (ChatDirectory, Intake, Provider, ProviderContext, RunFeed,
                                  SharedFileReader, Ticket)
 from pluto.providers.handover import HandOver
@@ -63,7 +67,8 @@ WAIT_LOOK = 5.0  # seconds between looks for the run resuming a request shown he
 EXPIRED_LOOK = 1.0  # … once it has expired (the gateway resumes it itself)
 EXPIRED_LOOKING = 300.0  # seconds after its expiry a request is looked after at most
 WAITING_KEPT = 1000  # requests looked after at most
-KEPT_PROBES = 2000  # chats whose route (agent) is remembered from their last message
+KEPT_PROBES = 2000
+MAX_CHILDREN = 50  # child runs (asked agents) of one run shown nested at most  # chats whose route (agent) is remembered from their last message
 
 
 @dataclass(slots=True)
@@ -78,11 +83,17 @@ class _Waiting:
 
 
 class _Shown:
-    """Where the showing of one run stands: the last seq shown."""
+    """Where the showing of one run stands: the last seq shown; for a child run (an agent
+    asked by a tool call of the run shown), the parent run and its call, and the run whose
+    buffer its frames join (the root: a tab that joins mid-answer gets them in order)."""
 
-    def __init__(self, chat_id: str, message_id: str | None):
+    def __init__(self, chat_id: str, message_id: str | None, *,
+                 parent: tuple[str, str] | None = None, root: str | None = None):
         self.chat_id = chat_id
         self.message_id = message_id
+        self.parent = parent
+        self.root = root
+        self.children: list[str] = []
         self.seq = 0
         # listened to (no task): how to stop, and the timer of a run still silent
         self.unlisten: Callable[[], None] | None = None
@@ -171,6 +182,15 @@ class WebProvider(Provider):
             # tabs show it as not sent, to send again (the chat is told why by a notice)
             self.rooms.broadcast(msg.chat_id, protocol.frame("refused", reply_to=client_id))
 
+    def run_started(self, msg: IncomingMessage, run_id: str) -> None:
+        """A run the gateway started here in a chat of ours for a message it made itself (a
+        schedule's firing, a request nobody decided in time): shown live to the chat's tabs
+        from the feed, as a run a tab started; a request it resumes is no longer looked after
+        (:meth:`_look_for_resumed` is the fallback for a run on another instance)."""
+        if msg.approval is not None:
+            self._waiting.pop(msg.approval, None)
+        self._follow(msg.chat_id, run_id, fresh=True)
+
     def route(self, probe: IncomingMessage) -> Route | None:
         return self.chats.route(probe)
 
@@ -258,14 +278,38 @@ class WebProvider(Provider):
         """One event of a run (its reply too) to the chat's tabs."""
         frame = protocol.run_frame(event.seq, event, self.links.link)
         if frame is not None:
-            if isinstance(event, RunStart):
+            if shown.parent is not None:  # a child run's: drawn inside its parent's call
+                frame["parent_run_id"], frame["parent_call_id"] = shown.parent
+            elif isinstance(event, RunStart):
                 frame["message_id"] = shown.message_id
-            self.rooms.run_frame(run_id, frame)
+            self.rooms.run_frame(shown.root or run_id, frame)
         shown.seq = event.seq
+        if isinstance(event, ToolStart) and event.child_run_id is not None:
+            self._follow_child(run_id, shown, event.call_id, event.child_run_id)
         if isinstance(event, ApprovalRequest):
             self._await(shown.chat_id, event)
         elif isinstance(event, ApprovalDecision):
             self._waiting.pop(event.approval_id, None)
+
+    def _follow_child(self, run_id: str, shown: _Shown, call_id: str, child_id: str) -> None:
+        """The run answering an ``ask_<agent>`` call of a run shown: its frames, marked with
+        the parent run and call, reach the same tabs — heard from the feed as the parent is,
+        else followed from storage."""
+        if child_id in self._follows or child_id in self._finished or \
+                child_id == run_id or len(shown.children) >= MAX_CHILDREN:
+            return
+        shown.children.append(child_id)
+        child = self._shown[child_id] = _Shown(shown.chat_id, None, parent=(run_id, call_id),
+                                               root=shown.root or run_id)
+        stop = self.feed.listen(child_id, lambda e: self._heard(child_id, e)) \
+            if shown.unlisten is not None else None
+        if stop is None:
+            self._show_in_task(child_id, fresh=False)
+            return
+        child.unlisten = stop
+        child.timer = asyncio.get_running_loop().call_later(SILENT_CHECK, self._silent,
+                                                            child_id)
+        self._follows[child_id] = None
 
     # a decision taken without a message from here ---------------------------------------
 
@@ -325,6 +369,10 @@ class WebProvider(Provider):
         shown = self._shown.pop(run_id, None)
         if shown is not None:
             self._stop_listening(shown)
+            for child in shown.children:  # (a child heard from the feed ends before its
+                kept = self._shown.get(child)  # parent: one still listened to never will)
+                if kept is not None and kept.unlisten is not None:
+                    self._done(child)
         self.rooms.run_ended(run_id)
         self._follows.pop(run_id, None)
         remember(self._finished, run_id, None, FINISHED_RUNS_KEPT)

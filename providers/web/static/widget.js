@@ -394,12 +394,55 @@
     if (d.text && !d.table) { box.appendChild(el("div", "pluto-detail-text", d.text)); }
   }
   function toolStart(run, f) {
+    if (f.child_run_id) { childBlock(run, f); return; }
     var line = run.tools.appendChild(el("div", "pluto-tool pluto-running", "Using " + f.name + "…"));
     run.calls[f.call_id] = line;
   }
+  // an agent asked by a tool call (ask_<agent>): its run's work drawn inside the asking
+  // bubble as a <details> (collapsed; its summary is a button to the keyboard) holding its
+  // tool lines and its answer's text, filled by the child's frames (parent_run_id)
+  var RUN_ID = /^[A-Za-z0-9_.:-]{1,64}$/;
+  function agentOf(name) { return String(name || "").replace(/^ask_/, "") || "an agent"; }
+  function childBlock(run, f) {
+    if (!RUN_ID.test(String(f.child_run_id)) || runs[f.child_run_id]) { return; }
+    var who = agentOf(f.name), asked = f.question ? ": " + String(f.question) : "";
+    var node = run.tools.appendChild(el("details", "pluto-child"));
+    node.setAttribute("data-child-run", f.child_run_id);
+    var summary = node.appendChild(el("summary", "pluto-tool pluto-running", "Asking " + who + asked + "…"));
+    summary.setAttribute("data-child", who + asked);
+    var tools = node.appendChild(el("div", "pluto-tools"));
+    var body = node.appendChild(el("div", "pluto-md pluto-child-answer"));
+    run.calls[f.call_id] = summary;
+    runs[f.child_run_id] = { node: node, body: body, tools: tools, text: "", final: false, calls: {}, child: true };
+  }
+  function childFrame(f) {
+    var parent = runs[f.parent_run_id], child = runs[f.run_id];
+    if (!parent || !child || !child.child) { return; }  // (its block comes with the asking call)
+    switch (f.type) {
+      case "message.delta":
+        if (!child.final) { child.text += f.text; drawSoon(child, f.run_id); }
+        break;
+      case "tool.start": case "tool.progress": case "tool.end":
+        if (!child.final) { TOOL_FRAMES[f.type](child, f); }
+        break;
+      case "message.final":
+        child.text = f.text; child.final = true; draw(child);
+        break;
+      case "error":
+        child.final = true; draw(child);
+        child.node.appendChild(el("div", "pluto-run-error", f.message));
+        break;
+      case "run.end":
+        child.final = true; draw(child);
+        if (f.outcome === "cancelled" && !child.node.querySelector(":scope > .pluto-stop-mark")) {
+          child.node.appendChild(el("div", "pluto-stop-mark", "Stopped."));
+        }
+        break;
+    }
+  }
   function toolProgress(run, f) {
     var line = run.calls[f.call_id];
-    if (!line || line.className.indexOf("pluto-running") < 0) { return; }
+    if (!line || line.className.indexOf("pluto-running") < 0 || line.hasAttribute("data-child")) { return; }
     var part = f.total ? Math.round(100 * f.progress / f.total) + "%" : String(f.progress);
     line.textContent = "Using " + f.name + "… " + part + (f.message ? " · " + f.message : "");
   }
@@ -407,7 +450,8 @@
     var line = run.calls[f.call_id];
     if (!line) { line = run.tools.appendChild(el("div", "pluto-tool")); }
     line.className = "pluto-tool" + (f.is_error ? " pluto-tool-error" : "");
-    line.textContent = (f.is_error ? "⚠ " : "✓ ") + f.name;
+    var child = line.getAttribute("data-child");
+    line.textContent = (f.is_error ? "⚠ " : "✓ ") + (child !== null ? "Asked " + child : f.name);
     details(f.details, run.tools);
   }
   var TOOL_FRAMES = {"tool.start": toolStart, "tool.progress": toolProgress, "tool.end": toolEnd};
@@ -498,6 +542,7 @@
 
   function onFrame(f) {
     var run;
+    if (f.parent_run_id) { childFrame(f); return; }  // a child run's, nested in its parent
     switch (f.type) {
       case "ready":
         storage(false, f.token);
@@ -563,6 +608,8 @@
         delete active[f.run_id]; setBusy();
         run = botBubble(f.run_id);
         if (f.outcome === "cancelled" && !run.final && run.text) { run.node.classList.add("pluto-stopped"); }
+        if (f.outcome === "cancelled" && !run.final && !run.text && run.tools.firstChild &&
+            !run.node.querySelector(":scope > .pluto-stop-mark")) { run.node.appendChild(el("div", "pluto-stop-mark", "Stopped.")); }
         run.final = true; draw(run);
         if (!run.text && !run.tools.firstChild && !run.node.querySelector(".pluto-run-error") &&
             run.node.parentNode === log) { log.removeChild(run.node); }

@@ -1,0 +1,130 @@
+"""Runs the gateway starts by itself in a front-end's chat (``Provider.run_started``): a
+schedule's firing into a widget chat streams live in the open tab (its deltas while the model
+is still writing, its final once); a request nobody decided in time moves the API step waiting
+on it to the resumed run at once (its ``run_id`` and ``events_url`` while that run is still
+going), then to its answer. Also: the web protocol's tool.start of an ``ask_<agent>`` call
+names the child run, and a child run's frames are marked with their parent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from pluto.events import MessageDelta, ToolStart
+from pluto.providers.web import protocol
+from pluto.runtime.model import ModelSettings
+from pluto.runtime.testing import Scripted, ScriptedModel
+from tests.helpers.served import Tab, served, wait_for
+from tests.test_api_approvals import Deleter, call, gateway, scripted
+
+SECRET = "a-widget-secret-for-live-runs-0123456789"
+
+
+class Gated(ScriptedModel):
+    """A ScriptedModel whose call number ``on`` (from 0) writes its first delta, then waits
+    for ``gate`` before the rest: the run is surely still going while a watcher sees it."""
+
+    def __init__(self, *turns: Scripted, on: int, **kw: Any):
+        super().__init__(*turns, **kw)
+        self.on = on
+        self.gate = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    async def stream(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                     settings: ModelSettings) -> AsyncIterator[Any]:
+        number, said = len(self.calls), 0
+        async for part in super().stream(messages, tools, settings):
+            if number == self.on and isinstance(part, str) and said == 1:
+                self.waiting.set()
+                await self.gate.wait()
+            said += isinstance(part, str)
+            yield part
+
+
+async def test_a_firing_into_a_widget_chat_streams_live_in_the_open_tab(config_dir, data_dir,
+                                                                         monkeypatch):
+    monkeypatch.setenv("PLUTO_WEB_SECRET", SECRET)
+    model = Gated(on=0, fallback=lambda m: Scripted(text=f"Reminder: {m[-1]['content']}"))
+    async with served(config_dir, data_dir, model) as gw, aiohttp.ClientSession() as http:
+        clock = [await gw.store.schedules.now()]
+        gw.store.schedules.clock = lambda: clock[0]
+        tab = await Tab.open(http, gw)
+        said = await tab.ask("/remind in 2h check the oven")
+        assert said["text"].startswith("Scheduled `"), said
+        clock[0] += 2 * 3600 + 1
+        gw.scheduler.wake()
+        start = await tab.until("run.start")
+        run_id = start["run_id"]
+        first = await tab.until("message.delta", lambda f: f["run_id"] == run_id)
+        await model.waiting.wait()  # the model is still writing: this delta came live
+        assert not [f for f in tab.of("message.final") if f["run_id"] == run_id]
+        assert gw.providers["web"].following() == {run_id: False}  # heard from the feed
+        model.gate.set()
+        final = await tab.until("message.final", lambda f: f["run_id"] == run_id)
+        await tab.until("run.end", lambda f: f["run_id"] == run_id)
+        assert final["text"].startswith("Reminder:") and "check the oven" in final["text"]
+        frames = [f for f in tab.frames if f.get("run_id") == run_id]
+        deltas = "".join(f["text"] for f in frames if f["type"] == "message.delta")
+        assert first["text"] and deltas == final["text"]
+        ids = [f["id"] for f in frames]
+        assert len(ids) == len(set(ids))  # each frame once
+        assert [f["type"] for f in frames].count("message.final") == 1
+        await wait_for(lambda: not gw.providers["web"].following())
+
+
+@pytest.mark.slow
+async def test_an_expired_request_moves_its_api_step_to_the_resumed_run_at_once(
+        config_dir, data_dir, monkeypatch):
+    monkeypatch.setenv("PLUTO_TEST_API_KEYS", "test-api-key-0123456789")
+    deleter = Deleter()
+    base_model = scripted("Nobody approved, so I did nothing.")
+    model = Gated(*base_model.turns, on=1)
+    async with gateway(config_dir, data_dir, model, deleter, timeout=1) as gw, \
+            aiohttp.ClientSession() as http:
+        gw.approval_sweep.every = 0.05  # (looks by itself; quickly here)
+        status, task = await call(http, gw, "POST", "/api/v1/agent/tasks?wait=10",
+                                  {"input": "delete the old log"})
+        assert status == 201, task
+        step = task["last_step"]
+        assert step["status"] == "awaiting_approval"
+        paused = step["run_id"]
+        path = f"/api/v1/agent/tasks/{task['task_id']}/steps/{step['step_id']}"
+
+        async def moved() -> dict[str, Any] | None:
+            _, now = await call(http, gw, "GET", path)
+            return now if now["run_id"] != paused else None
+        now = await wait_for(moved, timeout=15)
+        assert model.gate.is_set() is False  # the resumed run is still writing its answer
+        assert now["status"] == "running"
+        assert now["events_url"] == f"/api/v1/agent/{now['run_id']}/events"
+        model.gate.set()
+
+        async def answered() -> bool:
+            _, now = await call(http, gw, "GET", path)
+            return now["status"] == "completed" and \
+                now["output"] == "Nobody approved, so I did nothing."
+        await wait_for(answered, timeout=15)
+        assert deleter.calls == []
+
+
+def test_an_ask_calls_tool_start_names_its_child_run() -> None:
+    start = ToolStart(run_id="p1", seq=3, call_id="c1", name="ask_analyst",
+                      arguments={"question": "x" * 1000}, child_run_id="k1")
+    frame = protocol.run_frame(3, start, lambda p: None)
+    assert frame is not None and frame["child_run_id"] == "k1"
+    assert frame["question"] == "x" * protocol.MAX_QUESTION
+    plain = protocol.run_frame(4, ToolStart(run_id="p1", seq=4, call_id="c2", name="sql",
+                                            arguments={"question": "q"}), lambda p: None)
+    assert plain is not None and "child_run_id" not in plain and "question" not in plain
+    odd = protocol.run_frame(5, ToolStart(run_id="p1", seq=5, call_id="c3", name="ask_a",
+                                          arguments={"question": {"no": 1}},
+                                          child_run_id="k2"), lambda p: None)
+    assert odd is not None and odd["question"] is None
+    assert json.loads(protocol.encode(frame))["child_run_id"] == "k1"
+    delta = protocol.run_frame(1, MessageDelta(run_id="k1", seq=1, text="hi"), lambda p: None)
+    assert delta is not None and delta["run_id"] == "k1"
