@@ -121,7 +121,10 @@ async def _owner(browser: Any, gw: Gateway) -> None:
     await expect(secret).to_be_focused()
     key = await secret.input_value()
     assert key.startswith("pk_")
-    await expect(main.get_by_role("button", name="Copy the key to the clipboard")).to_be_visible()
+    await page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    await main.get_by_role("button", name="Copy the key to the clipboard").click()
+    await expect(page.locator(".toasts")).to_contain_text("Copied.")
+    assert await page.evaluate("navigator.clipboard.readText()") == key
     async with aiohttp.ClientSession() as http:
         async with http.get(url(gw, "/admin/agents"),
                             headers={"Authorization": f"Bearer {key}"}) as r:
@@ -275,6 +278,10 @@ async def _phone(browser: Any, gw: Gateway) -> None:
         await olga.fits()
     main = await olga.open("accounts", "Accounts")
     await expect(main.get_by_role("button", name="Add account")).to_be_in_viewport()
+    await main.get_by_role("button", name="Remove: Remove the account otto?").click()
+    await main.get_by_role("button", name="Yes, remove").click()
+    await expect(main.locator(".pc-msg")).to_have_text("Removed otto.")
+    assert await gw.store.console.account("otto") is None
     main = await olga.open("agents", "Agents")
     await main.get_by_role("button", name="Open the agent default").click()
     await expect(main.get_by_label("agent.yaml")).to_be_visible()
