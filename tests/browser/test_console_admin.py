@@ -275,6 +275,8 @@ async def _phone(browser: Any, gw: Gateway) -> None:
                              ("datasets", "Datasets")):
         main = await olga.open(page_id, heading)
         await expect(main.locator(".pc-body > *").first).to_be_visible()
+        text = await main.inner_text()
+        assert "null" not in text and "undefined" not in text and "[object" not in text
         await olga.fits()
     main = await olga.open("accounts", "Accounts")
     await expect(main.get_by_role("button", name="Add account")).to_be_in_viewport()

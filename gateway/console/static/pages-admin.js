@@ -29,6 +29,11 @@
     return out;
   }
 
+  // a node's children replaced (null and false left out, arrays flattened; text as text)
+  function fill(node, ...items) {
+    node.replaceChildren(...kids(items));
+  }
+
   function Maker(ctx) {
     const el = (tag, attrs, ...children) => ctx.h(tag, attrs || {}, ...kids(children));
     const may = (role) => !!(ctx.me && ctx.me.can && ctx.me.can[role]) ||
@@ -78,7 +83,7 @@
     // a place for a page's messages: read out when they change
     const status = () => el("div", {"class": "pc-status", role: "status", "aria-live": "polite"});
     const say = (box, text, kind) => {
-      box.replaceChildren();
+      fill(box);
       if (text) {
         box.append(el("p", {"class": "pc-msg " + (kind || "info"),
           role: kind === "error" ? "alert" : null}, text));
@@ -123,8 +128,8 @@
         await action();
       }, {"class": "danger"});
       yes.style.color = "var(--bad)";
-      const no = m.button("No", () => { box.replaceChildren(first); first.focus(); });
-      box.replaceChildren(m.el("span", {}, question + " "), yes, " ", no);
+      const no = m.button("No", () => { fill(box, first); first.focus(); });
+      fill(box, m.el("span", {}, question + " "), yes, " ", no);
       yes.focus();
     }, {"class": "danger", "aria-label": label + ": " + question});
     first.style.color = "var(--bad)";
@@ -140,7 +145,7 @@
     const body = m.el("div", {"class": "pc-body"});
     body.style.overflowWrap = "break-word";  // a long path or id wraps on a phone
     msg.style.overflowWrap = "break-word";
-    el.replaceChildren(heading, msg, body);
+    fill(el, heading, msg, body);
     let alive = true;
     const api = {
       m, msg, body,
@@ -203,7 +208,7 @@
       }
       parts.push(m.table(["Agent", "Defined by", "Loads", "Model", "Description or problems"],
         rows, "Agents", "No agents."));
-      v.body.replaceChildren(...parts);
+      fill(v.body, ...parts);
     })();
   }
 
@@ -235,7 +240,7 @@
       if (!v.alive()) return;
       if (!ok(res)) {
         v.say(problemOf(res), "error");
-        v.body.replaceChildren(m.button("← All agents", () => go(ctx, v, null)));
+        fill(v.body, m.button("← All agents", () => go(ctx, v, null)));
         return;
       }
       view = res.body;
@@ -293,7 +298,7 @@
         save.disabled = false;
         if (!v.alive()) return;
         if (ok(res)) {
-          errors.replaceChildren();
+          fill(errors);
           ctx.toast((res.status === 201 ? "Created " : "Saved ") + name + ".", "ok");
           v.fresh = false;
           v.say("Saved " + name + (res.body && res.body.valid ? "; it loads." : "."), "ok");
@@ -301,7 +306,7 @@
           return;
         }
         const problems = res.body && res.body.problems;
-        errors.replaceChildren(m.el("div", {role: "alert", "class": "pc-msg error problems"},
+        fill(errors, m.el("div", {role: "alert", "class": "pc-msg error problems"},
           m.el("p", {}, "Not saved: " + problemOf(res) + "."),
           problems ? problemsList(m, name, problems) : null));
         ctx.toast("Not saved: " + problemOf(res), "error");
@@ -332,7 +337,7 @@
       parts.push(m.el("p", {}, m.el("a", {href: "/agents/" + enc(name) +
         "/.well-known/agent.json"}, "Its A2A agent card")));
     }
-    v.body.replaceChildren(...parts);
+    fill(v.body, ...parts);
     const h = v.body.querySelector(".pc-agent-heading");
     if (h && !v.body.contains(document.activeElement)) h.focus();  // keyboard: start here
   }
@@ -359,7 +364,7 @@
         const res = await call(ctx, "GET", "/admin/datasets");
         if (!v.alive()) return;
         if (res.status === 404 || res.status === 405) {
-          v.body.replaceChildren(m.el("p", {}, "This gateway has no admin endpoint for " +
+          fill(v.body, m.el("p", {}, "This gateway has no admin endpoint for " +
             "datasets yet: they are listed in pluto.yaml (data.datasets), and the agents' " +
             "data tools (list_datasets, describe_dataset) show them in a chat."));
           return;
@@ -376,12 +381,12 @@
             if (!v.alive()) return;
             if (!ok(p)) { v.say(problemOf(p), "error"); return; }
             const cols = (p.body.columns || []).map((c) => (typeof c === "string" ? c : c.name));
-            preview.replaceChildren(m.el("h3", {}, "First rows of " + d.name),
+            fill(preview, m.el("h3", {}, "First rows of " + d.name),
               m.table(cols, (p.body.rows || []).map((r) => r.map((x) =>
                 x === null ? "" : String(x))), "First rows of " + d.name));
           }, {"aria-label": "Preview " + d.name}),
         ]);
-        v.body.replaceChildren(m.table(["Dataset", "Rows", "Columns", "Updated", "Actions"], rows,
+        fill(v.body, m.table(["Dataset", "Rows", "Columns", "Updated", "Actions"], rows,
           "Datasets", "No datasets."),
           preview);
       });
@@ -433,12 +438,12 @@
           const r = await call(ctx, "GET", "/admin/schedules/" + enc(s.id) + "/history?limit=20");
           if (!v.alive()) return;
           if (!ok(r)) { v.say(problemOf(r), "error"); return; }
-          past.replaceChildren(m.el("h3", {}, "Last firings of " + s.id),
+          fill(past, m.el("h3", {}, "Last firings of " + s.id),
             m.table(["Due", "Fired", "Outcome", "Run", "Detail"], (r.body.firings || []).map(
               (f) => [when(f.due), when(f.fired_at), f.outcome, f.run_id || "", f.detail || ""]),
             "Firings of " + s.id, "It has not fired yet."));
         };
-        v.body.replaceChildren(toggle,
+        fill(v.body, toggle,
           rows.length ? m.el("p", {}, "Next firing: " + when(res.body.next_firing) + ".") : null,
           m.table(["Agent", "To", "When", "Next", "Prompt", "Made by", "Actions"], rows,
             "Schedules", "No schedules."),
@@ -547,7 +552,7 @@
             v.redraw();
           }),
         ]);
-        v.body.replaceChildren(f,
+        fill(v.body, f,
           m.el("h3", {}, "Waiting"),
           m.table(["Code", "Platform", "Person", "Chat", "Asked", "Expires", "Actions"], pending,
             "Waiting pairing requests", "No pairing requests are waiting."),
@@ -562,7 +567,7 @@
 
   function ownerOnly(v) {
     if (v.m.may("owner")) return false;
-    v.body.replaceChildren(v.m.el("p", {}, "Only an owner manages accounts and keys."));
+    fill(v.body, v.m.el("p", {}, "Only an owner manages accounts and keys."));
     return true;
   }
 
@@ -628,7 +633,7 @@
             m.el("span", {"class": "pc-actions"}, pick, " ", change),
             a.source || "", when(a.created_at), a.disabled ? "disabled" : "active", remove];
         });
-        v.body.replaceChildren(add, m.el("h3", {}, "Who can sign in"),
+        fill(v.body, add, m.el("h3", {}, "Who can sign in"),
           m.table(["User", "Role", "Source", "Created", "State", "Actions"], rows,
             "Accounts"));
       });
@@ -700,7 +705,7 @@
         ]);
         parts.push(m.el("h3", {}, "Keys"), m.table(["Name", "Id", "Role", "Made by", "Made",
           "State", "Actions"], rows, "API keys", "No keys yet."));
-        v.body.replaceChildren(...parts);
+        fill(v.body, ...parts);
       });
     },
   });
@@ -748,7 +753,7 @@
             v.redraw();
           }));
         }
-        v.body.replaceChildren(f,
+        fill(v.body, f,
           m.el("p", {}, m.el("a", {href: "/admin/audit.csv", download: "pluto-audit.csv"},
             "Download the whole log (CSV)")),
           m.table(["When", "Who", "What", "Target", "Change"], rows, "Audit log",
