@@ -110,6 +110,7 @@ async def _owner(browser: Any, gw: Gateway) -> None:
     await mine.get_by_role("button", name="Change the role of olga").click()
     await expect(main.get_by_role("alert")).to_contain_text("last owner")
     await expect(mine.get_by_label("Role of olga", exact=True)).to_have_value("owner")
+    await olga.fits()
 
     # a key for a role, by keyboard: shown once, works, then revoked
     main = await olga.open("keys", "API keys")
