@@ -291,6 +291,11 @@ async def _phone(browser: Any, gw: Gateway) -> None:
     await olga.fits()
     await olga.page.go_back()  # the list again
     await expect(main.get_by_role("button", name="Open the agent cook")).to_be_visible()
+    await main.get_by_label("New agent's name").fill("cook")  # there: it opens, not a blank one
+    await main.get_by_role("button", name="Write a new agent").click()
+    await expect(main.get_by_role("heading", name="Agent cook")).to_be_visible()
+    await expect(main.get_by_label("agent.yaml")).to_have_value(re.compile("kitchen"))
+    await main.get_by_role("button", name="← All agents").click()
     await main.get_by_label("New agent's name").fill("helper")
     await main.get_by_role("button", name="Write a new agent").click()
     await expect(main.get_by_role("heading", name="New agent helper")).to_be_visible()

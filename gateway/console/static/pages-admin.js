@@ -151,7 +151,13 @@
       m, msg, body,
       alive: () => alive,
       say: (text, kind) => m.say(msg, text, kind),
-      redraw: async () => { if (alive) await draw(api); },
+      redraw: async () => {
+        try {
+          if (alive) await draw(api);
+        } catch (e) {  // a bug or an answer of an unexpected shape: said, not thrown
+          if (alive) m.say(msg, "This page failed: " + (e && e.message ? e.message : e), "error");
+        }
+      },
     };
     api.redraw();
     return () => { alive = false; };
@@ -192,12 +198,18 @@
         const f = m.form("New agent", m.field("New agent's name", name,
           "a-z, 0-9, '-' and '_'"),
           m.el("button", {type: "submit", "class": "primary"}, "Write a new agent"));
-        m.on(f, "submit", (e) => {
+        m.on(f, "submit", async (e) => {
           e.preventDefault();
           const n = name.value.trim();
           if (!/^[a-z0-9][a-z0-9_-]{0,63}$/.test(n)) {
             v.say("Agent names use a-z, 0-9, '-' and '_' (at most 64, starting with a letter " +
               "or digit).", "error");
+            return;
+          }
+          const there = await call(ctx, "GET", "/admin/agents/" + enc(n));
+          if (!v.alive()) return;
+          if (there.status !== 404) {
+            go(ctx, v, n);  // it exists: its files, not a blank one that would replace them
             return;
           }
           v.open = n;
