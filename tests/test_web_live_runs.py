@@ -128,3 +128,35 @@ def test_an_ask_calls_tool_start_names_its_child_run() -> None:
     assert json.loads(protocol.encode(frame))["child_run_id"] == "k1"
     delta = protocol.run_frame(1, MessageDelta(run_id="k1", seq=1, text="hi"), lambda p: None)
     assert delta is not None and delta["run_id"] == "k1"
+
+
+async def test_a_tab_joining_while_a_child_answers_gets_its_frames_nested(tmp_path):
+    from tests.browser.test_widget_live_runs import ask_analyst, asking
+    model = Gated(ask_analyst("What were sales in May?"), Scripted(text="May sales were 42."),
+                  Scripted(text="The analyst says 42."), on=1)
+    async with asking(tmp_path, model) as gw, aiohttp.ClientSession() as http:
+        first = await Tab.open(http, gw)
+        await first.send(type="message", text="how were sales?")
+        await model.waiting.wait()  # the child has written its first words, and waits
+        second = await Tab.open(http, gw, token=first.ready["token"])
+        model.gate.set()
+        for tab in (first, second):
+            final = await tab.until("message.final", lambda f: "parent_run_id" not in f)
+            assert final["text"] == "The analyst says 42."
+            parent = final["run_id"]
+            [ask] = [f for f in tab.of("tool.start") if f["run_id"] == parent]
+            child = ask["child_run_id"]
+            assert ask["question"] == "What were sales in May?" and child != parent
+            nested = [f for f in tab.frames if f.get("run_id") == child]
+            assert nested and all(f["parent_run_id"] == parent and
+                                  f["parent_call_id"] == ask["call_id"] for f in nested)
+            kinds = [f["type"] for f in nested]
+            assert kinds[0] == "run.start" and kinds[-1] == "run.end", kinds
+            text = "".join(f["text"] for f in nested if f["type"] == "message.delta")
+            finals = [f["text"] for f in nested if f["type"] == "message.final"]
+            assert finals == ["May sales were 42."] and finals[0].startswith(text)  # (deltas:
+            # previews, batched by the runner)
+            ids = [f["id"] for f in tab.frames if f.get("run_id") in (parent, child)]
+            assert len(ids) == len(set(ids))  # each once
+            assert tab.frames.index(ask) < tab.frames.index(nested[0])
+        await wait_for(lambda: not gw.providers["web"].following())

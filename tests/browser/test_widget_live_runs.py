@@ -6,7 +6,7 @@ test_widget_browser.py).
   while the model is still writing (the polling fallback could only find it once answered).
 - An agent asking another (``ask_analyst``): the child's work is a collapsed ``<details>`` in
   the asking answer's bubble ("Asked analyst: …"), opened by the keyboard to show the child's
-  answer; the parent's answer shows once. ``/stop`` (the stop button) while the child writes
+  tool call and answer; the parent's answer shows once. ``/stop`` (the stop button) while the child writes
   stops both: the child's block and the answer say Stopped.
 """
 
@@ -23,6 +23,7 @@ import pytest
 from pluto.gateway.app import Gateway
 from pluto.runtime.model import ToolCall
 from pluto.runtime.testing import Scripted
+from pluto.runtime.tools import ToolContext, ToolResult, tool
 from pluto.settings import PlutoConfig
 from tests.browser.test_widget_approvals import Deleter, call, served
 from tests.browser.test_widget_features import chromium
@@ -66,11 +67,25 @@ async def test_an_expired_requests_answer_streams_in_the_open_tab(config_dir, da
         assert deleter.calls == [] and errors == []
 
 
+@tool
+async def count_rows(ctx: ToolContext, table: str) -> ToolResult:
+    """Count a table's rows.
+
+    Args:
+        table: The table.
+    """
+    return ToolResult(f"{table}: 42 rows")
+
+
 @asynccontextmanager
 async def asking(tmp_path: Path, model: Gated) -> AsyncIterator[Gateway]:
+    """The default agent may ask the analyst, who may count rows."""
     cfg = PlutoConfig(data_dir=tmp_path / "data", providers={"web": {"enabled": True}})
-    gw = Gateway(gateway_config(tmp_path, "agents: [analyst]\n"), config=cfg,
-                 model_factory=model, serve=True, http_bind=("127.0.0.1", 0))
+    config = gateway_config(tmp_path, "agents: [analyst]\n")
+    analyst = config / "agents" / "analyst" / "agent.yaml"
+    analyst.write_text(analyst.read_text() + "tools: [count_rows]\n")
+    gw = Gateway(config, config=cfg, model_factory=model, serve=True,
+                 http_bind=("127.0.0.1", 0), tools={"count_rows": count_rows})
     async with gw:
         await wait_for(lambda: gw.health["web"].state == "running")
         yield gw
@@ -83,8 +98,10 @@ def ask_analyst(question: str) -> Scripted:
 
 @pytest.mark.slow
 async def test_a_childs_work_is_a_collapsed_block_in_the_answer(tmp_path):
-    model = Gated(ask_analyst("What were sales in May?"), Scripted(text="May sales were 42."),
-                  Scripted(text="The analyst says 42."), on=1)
+    model = Gated(ask_analyst("What were sales in May?"),
+                  Scripted(tool_calls=[ToolCall("k1", "count_rows", '{"table": "sales"}')]),
+                  Scripted(text="May sales were 42."), Scripted(text="The analyst says 42."),
+                  on=2)
     async with asking(tmp_path, model) as gw, chromium() as browser:
         page = await browser.new_page()
         errors: list[str] = []
@@ -109,6 +126,7 @@ async def test_a_childs_work_is_a_collapsed_block_in_the_answer(tmp_path):
         await page.keyboard.press("Enter")
         await expect(answer).to_be_visible()
         await expect(answer).to_have_text("May sales were 42.")
+        await expect(block.locator(".pluto-tools .pluto-tool")).to_have_text("✓ count_rows")
         # the child's answer is not an answer of the chat's: one bot bubble, drawn once
         assert await page.locator(".pluto-bot .pluto-bubble").filter(
             has_text="May sales were 42.").count() == 0
