@@ -56,6 +56,8 @@ async def test_an_expired_requests_answer_streams_in_the_open_tab(config_dir, da
         async def writing() -> bool:
             return model.waiting.is_set()
         await wait_for(writing, timeout=20)  # resumed: its first words written, the rest held
+        # told of it (run_started): heard from the feed, not found by a look and read
+        assert list(gw.providers["web"].following().values()) == [False]
         bubbles = page.locator(".pluto-bot .pluto-bubble")
         await expect(bubbles.filter(has_text=ANSWER[:8])).to_have_count(1)  # shown live
         assert await bubbles.filter(has_text=ANSWER).count() == 0  # (not yet written)
