@@ -298,3 +298,23 @@ async def test_a_person_without_a_role_is_refused(oidc):
             assert r.status == 403 and "no access" in await r.text()
     finally:
         await c.http.close()
+
+
+async def test_an_agents_change_is_audited_with_the_diff_of_its_files(gw: Gateway, people):
+    adam, vera = people["adam"], people["vera"]
+    body = {"agent": {"description": "Support", "instructions": "i.md"},
+            "files": {"i.md": "You answer support questions."}}
+    assert (await adam.call("PUT", "/admin/agents/support", body))[0] == 201
+    body["files"]["i.md"] = "You answer support questions, briefly."
+    assert (await adam.call("PUT", "/admin/agents/support", body))[0] == 200
+    assert (await adam.call("DELETE", "/admin/agents/support"))[0] == 204
+    _, audit = await vera.call("GET", "/admin/audit?actor=adam")
+    made, changed, removed = [e for e in reversed(audit["entries"])
+                              if e["target"] == "agent support"]
+    assert "+You answer support questions." in made["diff"] and "b/agent.yaml" in made["diff"]
+    assert "-You answer support questions." in changed["diff"]
+    assert "+You answer support questions, briefly." in changed["diff"]
+    assert "-description: Support" in removed["diff"]
+    _, exported = await vera.call("GET", "/admin/audit.csv?actor=vera")
+    assert exported.strip().splitlines() == ["id,at,actor,role,action,target,diff"] or \
+        "support" not in exported  # vera changed nothing

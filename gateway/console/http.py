@@ -320,7 +320,8 @@ async def audit_log(request: web.Request) -> web.Response:
 
 async def audit_csv(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY_KEY]
-    entries = await gw.store.console.audit_log(limit=100_000)
+    entries = await gw.store.console.audit_log(limit=100_000,
+                                               actor=request.query.get("actor") or None)
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(["id", "at", "actor", "role", "action", "target", "diff"])

@@ -188,17 +188,44 @@ async def _get_agent(request: web.Request) -> web.Response:
 async def _put_agent(request: web.Request) -> web.Response:
     gw, name = request.app[GATEWAY_KEY], request.match_info["name"]
     files = AgentFiles.from_body(name, await _json(request))
+    before = await asyncio.to_thread(_agent_files, gw, name)
     created = await save(gw, files)
-    log.info("admin API: agent %s %s (from %s)", name, "created" if created else "replaced",
-             request.remote)
+    log.info("admin API: agent %s %s (by %s)", name, "created" if created else "replaced",
+             request[PRINCIPAL].name)
     view = await asyncio.to_thread(agent_view, gw, name, full=True)
+    after = {"agent.yaml": view.get("agent_yaml", ""), **view.get("files", {})}
+    request[AUDIT] = (f"agent {name}", _files_diff(before, after))
     return web.json_response(view, status=201 if created else 200)
+
+
+def _agent_files(gw: Gateway, name: str) -> dict[str, str]:
+    """An agent's files as text (none when it does not exist yet): for the audit's diff."""
+    try:
+        view = agent_view(gw, name, full=True)
+    except (UnknownAgent, OSError):
+        return {}
+    return {"agent.yaml": view.get("agent_yaml", ""), **view.get("files", {})} \
+        if view.get("path") else {}
+
+
+def _files_diff(before: dict[str, str], after: dict[str, str]) -> str:
+    """A unified diff of an agent's files, file by file (the audit log's record)."""
+    import difflib
+
+    out: list[str] = []
+    for file in sorted(before.keys() | after.keys()):
+        out += difflib.unified_diff(before.get(file, "").splitlines(keepends=True),
+                                    after.get(file, "").splitlines(keepends=True),
+                                    fromfile=f"a/{file}", tofile=f"b/{file}", n=2)
+    return "".join(out)[:200_000]
 
 
 async def _delete_agent(request: web.Request) -> web.Response:
     gw, name = request.app[GATEWAY_KEY], request.match_info["name"]
+    before = await asyncio.to_thread(_agent_files, gw, name)
     await delete(gw, name)
-    log.info("admin API: agent %s deleted (from %s)", name, request.remote)
+    log.info("admin API: agent %s deleted (by %s)", name, request[PRINCIPAL].name)
+    request[AUDIT] = (f"agent {name}", _files_diff(before, {}))
     return web.Response(status=204)
 
 
@@ -273,7 +300,7 @@ async def _approve(request: web.Request) -> web.Response:
         raise BadRequest("the body needs 'code': the pairing code the user was given")
     pairing = request.app[GATEWAY_KEY].access.pairing
     try:
-        approval = await pairing.approve(body["code"], by=f"admin-api:{request.remote}")
+        approval = await pairing.approve(body["code"], by=request[PRINCIPAL].name)
     except PairingError as e:
         return _error(404, str(e))
     log.info("admin API: approved %s user %s", approval.provider, approval.user_id)
