@@ -318,3 +318,30 @@ async def test_an_agents_change_is_audited_with_the_diff_of_its_files(gw: Gatewa
     _, exported = await vera.call("GET", "/admin/audit.csv?actor=vera")
     assert exported.strip().splitlines() == ["id,at,actor,role,action,target,diff"] or \
         "support" not in exported  # vera changed nothing
+
+
+async def test_datasets_list_preview_load_and_remove(gw: Gateway, people):
+    adam, vera = people["adam"], people["vera"]
+    csv = b"city,visits\nParis,3\nOslo,5\n"
+    async with adam.http.put(adam.url + "/admin/datasets/visits?format=csv", data=csv,
+                             headers={"X-CSRF-Token": adam.csrf}) as r:
+        assert r.status == 201
+        made = await r.json()
+    assert (made["name"], made["rows"]) == ("visits", 2)
+    assert [c["name"] for c in made["columns"]] == ["city", "visits"]
+    _, listed = await vera.call("GET", "/admin/datasets")
+    assert "visits" in [d["name"] for d in listed["datasets"]]
+    assert (await vera.call("GET", "/admin/datasets/visits/preview"))[0] == 403  # the rows
+    status, rows = await people["otto"].call("GET", "/admin/datasets/visits/preview?limit=1")
+    assert status == 200 and rows["columns"] == ["city", "visits"] and len(rows["rows"]) == 1
+    async with vera.http.put(vera.url + "/admin/datasets/x", data=csv,
+                             headers={"X-CSRF-Token": vera.csrf}) as r:
+        assert r.status == 403  # a viewer loads nothing
+    async with adam.http.put(adam.url + "/admin/datasets/broken?format=parquet",
+                             data=b"not parquet", headers={"X-CSRF-Token": adam.csrf}) as r:
+        assert r.status == 422
+    assert (await adam.call("GET", "/admin/datasets/nope/preview"))[0] == 404
+    assert (await adam.call("GET", "/admin/datasets/Bad%20Name/preview"))[0] == 400
+    assert (await adam.call("DELETE", "/admin/datasets/visits"))[0] == 204
+    _, listed = await vera.call("GET", "/admin/datasets")
+    assert "visits" not in [d["name"] for d in listed["datasets"]]

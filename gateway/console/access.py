@@ -5,8 +5,8 @@ Four roles, each able to do what the ones before it can:
 - **viewer** sees what runs, what fails and what it costs: the overview, runs without their
   texts, usage, the routing table, agents, schedules, the audit log of changes — never a
   conversation's text nor any secret;
-- **operator** also reads conversations and follows runs live, approves pairing requests and
-  manages schedules;
+- **operator** also reads conversations and follows runs live, previews datasets' rows,
+  approves pairing requests and manages schedules;
 - **admin** also changes the configuration: routes, agents, budgets, datasets, reloads;
 - **owner** also manages accounts and API keys.
 
@@ -48,6 +48,7 @@ _RULES: list[tuple[str, str, Role]] = [
     ("*", r"/admin/(accounts|keys)(/.*)?", "owner"),
     ("GET", r"/admin/runs/[^/]+(/events)?", "operator"),  # a run's texts and events
     ("GET", r"/admin/conversations(/.*)?", "operator"),
+    ("GET", r"/admin/datasets/[^/]+/preview", "operator"),  # the data itself
     ("GET", r"/admin/(pairing)(/.*)?", "operator"),  # who asked to pair: people's ids
     ("POST", r"/admin/pairing/approve", "operator"),
     ("DELETE", r"/admin/pairing/.*", "operator"),

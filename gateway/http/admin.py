@@ -51,6 +51,7 @@ from pluto.gateway.http.admin_agents import (AgentFiles, BadRequest, a2a_refusal
                                              agent_view, delete, save)
 from pluto.gateway.http.admin_schedules import add_schedule_routes
 from pluto.gateway.http.admin_console import add_console_views
+from pluto.gateway.http.admin_datasets import add_dataset_routes
 from pluto.gateway.http.admin_routes import add_routes_file_routes
 from pluto.gateway.http.admin_usage import add_usage_routes
 from pluto.gateway.console.access import (AUDIT, PRINCIPAL, SAFE_METHODS, admin_key,
@@ -151,6 +152,7 @@ def mount_admin(app: web.Application, gateway: Gateway) -> None:
     add_console_routes(r)  # accounts, keys, the audit log (gateway/console/http.py)
     add_routes_file_routes(r)  # routes.yaml: read, check, replace (admin_routes.py)
     add_console_views(r)  # overview, conversations, a run's live events (admin_console.py)
+    add_dataset_routes(r)  # datasets: list, preview, load, remove (admin_datasets.py)
     app.add_subapp("/admin", admin)
     if gateway.config.console.enabled:
         mount_console(app, gateway)  # sign-in, and the pages (gateway/console)
