@@ -1,6 +1,6 @@
 """/remind from the web widget: the visitor's schedule fires into their chat, and the answer is
-kept there: the history of the next visit shows it. (A tab open at the time does not show it
-live: the widget streams the runs of the messages it sent.)"""
+kept there: the history of the next visit shows it. (A tab open at the time streams it live:
+tests/test_web_live_runs.py.)"""
 
 from __future__ import annotations
 
