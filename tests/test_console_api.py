@@ -345,3 +345,31 @@ async def test_datasets_list_preview_load_and_remove(gw: Gateway, people):
     assert (await adam.call("DELETE", "/admin/datasets/visits"))[0] == 204
     _, listed = await vera.call("GET", "/admin/datasets")
     assert "visits" not in [d["name"] for d in listed["datasets"]]
+
+
+async def test_memory_notes_are_read_by_operators_and_restored_by_admins(gw: Gateway, people):
+    from pluto.runtime.memory import MemoryBook, Owner
+    from pluto.runtime.memory.notes import remember
+
+    book = gw.runner.services.setdefault("memory", MemoryBook(gw.data_dir / "memory"))
+    ana = Owner("default", "user", "test", "ana")
+    await book.edit(ana, lambda m: remember(m, "likes tea", 4000), op="remember", by="run r1",
+                    why="she said so")
+    await book.edit(ana, lambda m: remember(m, "lives in Oslo", 4000), op="remember",
+                    by="run r2", why="she said so")
+    assert (await people["vera"].call("GET", "/admin/memory"))[0] == 403  # people's notes
+    otto, adam = people["otto"], people["adam"]
+    _, found = await otto.call("GET", "/admin/memory?agent=default")
+    [entry] = [o for o in found["owners"] if o["id"] == "ana"]
+    assert (entry["scope"], entry["notes"]) == ("user", 2)
+    status, shown = await otto.call("GET", "/admin/memory/default/user/test/ana")
+    assert status == 200 and shown["notes"] == ["likes tea", "lives in Oslo"]
+    first = shown["revisions"][0]["rev"]
+    assert (await otto.call("POST", "/admin/memory/default/user/test/ana/restore",
+                            {"rev": first}))[0] == 403
+    status, restored = await adam.call("POST", "/admin/memory/default/user/test/ana/restore",
+                                       {"rev": first})
+    assert status == 200 and restored["notes"] == ["likes tea"]
+    assert (await adam.call("GET", "/admin/memory/default/nonsense"))[0] == 404
+    _, audit = await otto.call("GET", "/admin/audit?actor=adam")
+    assert any(e["target"].startswith("memory user test:ana") for e in audit["entries"])

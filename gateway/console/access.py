@@ -49,6 +49,7 @@ _RULES: list[tuple[str, str, Role]] = [
     ("GET", r"/admin/runs/[^/]+(/events)?", "operator"),  # a run's texts and events
     ("GET", r"/admin/conversations(/.*)?", "operator"),
     ("GET", r"/admin/datasets/[^/]+/preview", "operator"),  # the data itself
+    ("GET", r"/admin/memory(/.*)?", "operator"),  # people's notes
     ("GET", r"/admin/(pairing)(/.*)?", "operator"),  # who asked to pair: people's ids
     ("POST", r"/admin/pairing/approve", "operator"),
     ("DELETE", r"/admin/pairing/.*", "operator"),

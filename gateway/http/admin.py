@@ -19,6 +19,7 @@ any console account the admin API is off and says so (403). Endpoints (JSON in a
   and applied live with a diff (:mod:`.admin_routes`)
 - ``GET /admin/overview``, ``GET /admin/conversations[/{id}]``, ``GET /admin/runs/{id}/events``
   (SSE): what the console shows (:mod:`.admin_console`)
+- ``/admin/datasets`` (:mod:`.admin_datasets`), ``/admin/memory`` (:mod:`.admin_memory`)
 - ``/admin/accounts``, ``/admin/keys``, ``/admin/audit``: accounts, API keys per role, the audit
   log (gateway/console/http.py)
 - ``GET /admin/pairing``, ``POST /admin/pairing/approve``,
@@ -52,6 +53,7 @@ from pluto.gateway.http.admin_agents import (AgentFiles, BadRequest, a2a_refusal
 from pluto.gateway.http.admin_schedules import add_schedule_routes
 from pluto.gateway.http.admin_console import add_console_views
 from pluto.gateway.http.admin_datasets import add_dataset_routes
+from pluto.gateway.http.admin_memory import add_memory_routes
 from pluto.gateway.http.admin_routes import add_routes_file_routes
 from pluto.gateway.http.admin_usage import add_usage_routes
 from pluto.gateway.console.access import (AUDIT, PRINCIPAL, SAFE_METHODS, admin_key,
@@ -153,6 +155,7 @@ def mount_admin(app: web.Application, gateway: Gateway) -> None:
     add_routes_file_routes(r)  # routes.yaml: read, check, replace (admin_routes.py)
     add_console_views(r)  # overview, conversations, a run's live events (admin_console.py)
     add_dataset_routes(r)  # datasets: list, preview, load, remove (admin_datasets.py)
+    add_memory_routes(r)  # long-term memory notes: read, restore (admin_memory.py)
     app.add_subapp("/admin", admin)
     if gateway.config.console.enabled:
         mount_console(app, gateway)  # sign-in, and the pages (gateway/console)
