@@ -36,6 +36,7 @@ from pluto.gateway.feed import CHANNEL as FEED_CHANNEL, LocalRunFeed, SharedRunF
 from pluto.gateway.http.admin import mount_admin
 from pluto.gateway.http.server import HttpServer
 from pluto.gateway.metrics import Metrics
+from pluto.gateway.budgets_file import load_budgets
 from pluto.gateway.pipeline.approvals import ApprovalSweep
 from pluto.gateway.pipeline.access import Access
 from pluto.gateway.pipeline.data_commands import DataCommands, data_service, shared_files
@@ -197,8 +198,11 @@ class Gateway:
         self.mcp = McpHub(max_servers=self.config.agents.mcp_max_servers,  # agents' MCP servers
                           idle_seconds=self.config.agents.mcp_idle_seconds,
                           log_dir=self.data_dir / "logs" / "mcp")
+        # budgets.yaml (the console edits it) counts along with pluto.yaml's usage.budgets
+        self.console_budgets: list[Any] = load_budgets(self.config_dir)
         self.usage = UsageMeter(self.store.usage, prices=Prices(lambda: self.config.usage.prices),
-                                budgets=lambda: self.config.usage.budgets)  # the ledger
+                                budgets=lambda: [*self.config.usage.budgets,
+                                                 *self.console_budgets])  # the ledger
         self.metrics.watch_usage(self.usage)
         t = self.config.tracing  # spans over OTLP when configured (started in start())
         self.tracing = Tracing(t.otlp_endpoint, service_name=t.service_name, headers=t.headers())

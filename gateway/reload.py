@@ -33,6 +33,7 @@ from pluto.errors import ConfigError
 from pluto.settings import PlutoConfig, load_pluto_config
 from pluto.yamldoc import YamlDoc
 from pluto.gateway.logs import RedactSecrets
+from pluto.gateway.budgets_file import load_budgets
 from pluto.gateway.pipeline.routing import RoutingTable
 
 if TYPE_CHECKING:
@@ -113,7 +114,8 @@ class ConfigWatcher:
         self.gw = gateway
         self.status = ReloadStatus()
         self._files = {"pluto": gateway.config_dir / "pluto.yaml",
-                       "routes": gateway.config_dir / "routes.yaml"}
+                       "routes": gateway.config_dir / "routes.yaml",
+                       "budgets": gateway.config_dir / "budgets.yaml"}
         self._seen = self._snapshot()  # what was last read, applied or refused
         self._settling: dict[str, Stamp] | None = None
         self._existed = {k: p.exists() for k, p in self._files.items()}
@@ -203,6 +205,7 @@ class ConfigWatcher:
             found["pluto"] = self._load("pluto", self._pluto_config)
         found["routes"] = self._load("routes",
                                      lambda: load_routes(self.gw.config_dir, self.gw.registry))
+        found["budgets"] = self._load("budgets", lambda: load_budgets(self.gw.config_dir))
         return found
 
     def _pluto_config(self) -> PlutoConfig:
@@ -230,6 +233,8 @@ class ConfigWatcher:
         if "pluto" in found:
             applied |= self._try("pluto", found["pluto"], self._apply_pluto, quiet)
         applied |= self._try("routes", found["routes"], self._apply_routes, quiet)
+        if "budgets" in found:
+            applied |= self._try("budgets", found["budgets"], self._apply_budgets, quiet)
         if applied:
             self.status.generation += 1
             self.status.applied_at = time.time()
@@ -293,6 +298,13 @@ class ConfigWatcher:
         if same:
             return False
         log.info("config: applied %s (%d rules)", table.source, len(table.spec.routes))
+        return True
+
+    def _apply_budgets(self, budgets: list[Any]) -> bool:
+        if budgets == self.gw.console_budgets:
+            return False
+        self.gw.console_budgets = budgets
+        log.info("config: applied %s (%d budgets)", self._files["budgets"], len(budgets))
         return True
 
     def _note_agents(self, errors: dict[str, ConfigError]) -> None:

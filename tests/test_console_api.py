@@ -373,3 +373,22 @@ async def test_memory_notes_are_read_by_operators_and_restored_by_admins(gw: Gat
     assert (await adam.call("GET", "/admin/memory/default/nonsense"))[0] == 404
     _, audit = await otto.call("GET", "/admin/audit?actor=adam")
     assert any(e["target"].startswith("memory user test:ana") for e in audit["entries"])
+
+
+async def test_change_a_budget_in_budgets_yaml_and_see_it_applied(gw: Gateway, people):
+    adam = people["adam"]
+    _, current = await adam.call("GET", "/admin/usage/budgets/file")
+    assert current["text"] == "" and gw.console_budgets == []
+    bad = "budgets:\n  - {per: user, period: week, tokens: 10}\n"
+    status, refused = await adam.call("PUT", "/admin/usage/budgets/file",
+                                      {"text": bad, "version": current["version"]})
+    assert status == 422 and refused["problems"][0]["line"] == 2
+    good = "budgets:\n  - {per: user, period: day, tokens: 200000}\n"
+    status, applied = await adam.call("PUT", "/admin/usage/budgets/file",
+                                      {"text": good, "version": current["version"]})
+    assert status == 200 and "+  - {per: user, period: day, tokens: 200000}" in applied["diff"]
+    assert [(b.per, b.tokens) for b in gw.console_budgets] == [("user", 200000)]
+    assert [(b.per, b.tokens) for b in gw.usage.budgets()] == [("user", 200000)]
+    _, audit = await adam.call("GET", "/admin/audit?actor=adam")
+    assert any(e["target"] == "budgets.yaml" and "200000" in e["diff"]
+               for e in audit["entries"])

@@ -55,6 +55,7 @@ _RULES: list[tuple[str, str, Role]] = [
     ("DELETE", r"/admin/pairing/.*", "operator"),
     ("*", r"/admin/schedules(/.*)?", "operator"),
     ("POST", r"/admin/routes/(explain|check)", "viewer"),  # explains and checks change nothing
+    ("POST", r"/admin/usage/budgets/check", "viewer"),
     ("GET", r"/admin/audit(\.csv)?", "viewer"),
 ]
 RULES: list[tuple[str, re.Pattern[str], Role]] = [(m, re.compile(p), r) for m, p, r in _RULES]
