@@ -18,6 +18,7 @@ from pluto.gateway.app import Gateway
 from pluto.runtime.testing import ScriptedModel
 from pluto.settings import PlutoConfig
 from tests.helpers.gateway import RecordingProvider
+from tests.helpers.served import wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -31,7 +32,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 async def gw(config_dir: Path, data_dir: Path) -> AsyncIterator[Gateway]:
-    cfg = PlutoConfig(data_dir=data_dir, gateway={"reload_interval_seconds": 0})
+    # (a budget in pluto.yaml itself: applying routes reloads the files)
+    with (config_dir / "pluto.yaml").open("a") as f:
+        f.write("\nusage:\n  budgets:\n    - {per: agent, tokens: 100000}\n")
+    cfg = PlutoConfig(data_dir=data_dir, gateway={"reload_interval_seconds": 0},
+                      usage={"budgets": [{"per": "agent", "tokens": 100_000}]})
     gateway = Gateway(config_dir, config=cfg, serve=True, http_bind=("127.0.0.1", 0),
                       model_factory=ScriptedModel())
     await gateway.start()
@@ -135,6 +140,13 @@ async def test_an_admin_edits_routes_in_the_browser(gw: Gateway):
             await _shots(page, "conversations")
             await page.get_by_role("link", name="Usage & budgets").click()
             await expect(page.locator("svg.chart").first).to_be_visible()
+            # a budget: what was spent, and a reset (the limits are pluto.yaml's)
+            page.once("dialog", lambda d: d.accept())
+            await page.get_by_role("button", name="Reset the budget of agent default").click()
+            await expect(page.locator(".toast.ok").last).to_contain_text("Budget of default reset")
+            [budget] = await gw.usage.status()
+            assert all(s["total_tokens"] == 0 for s in budget["spent"])  # spent anew from now
+            await expect(page.get_by_text("Nothing spent this period.")).to_be_visible()
             await _shots(page, "usage")
             assert errors == []
         finally:
@@ -157,6 +169,10 @@ async def test_a_viewer_cannot_change_anything(gw: Gateway):
             await expect(page.locator("#routes-text")).not_to_have_value("")
             assert await page.locator("#routes-text").get_attribute("readonly") is not None
             await expect(page.get_by_role("button", name="Apply")).to_have_count(0)
+            await page.get_by_role("button", name="Menu").click()
+            await nav.get_by_role("link", name="Usage & budgets").click()
+            await expect(page.locator(".help").first).to_contain_text("takes the admin role")
+            await expect(page.get_by_role("button", name="Reset")).to_have_count(0)
             # forced, with the right token: the API still says no
             status = await page.evaluate(
                 "fetch('/console/me').then(r => r.json()).then(me => fetch('/admin/routes/file',"
@@ -166,3 +182,80 @@ async def test_a_viewer_cannot_change_anything(gw: Gateway):
             assert status == 403
         finally:
             await browser.close()
+
+
+class GatedModel(ScriptedModel):
+    """Writes its first half, waits for the test to open the gate, then writes the rest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import asyncio
+        self.gate = asyncio.Event()
+
+    async def stream(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                     settings: Any) -> AsyncIterator[Any]:
+        from pluto.runtime.model import ModelTurn
+        self.calls.append(messages)
+        first, rest = "The first half arrives live,", " and then the rest."
+        yield first
+        await self.gate.wait()
+        yield rest
+        yield ModelTurn(first + rest, [], {"prompt_tokens": 10, "completion_tokens": 10}, "stop")
+
+
+async def test_follow_a_run_live_and_sign_in_through_sso(config_dir: Path, data_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch):
+    import asyncio
+
+    from pluto.gateway.console.accounts import hash_password
+    from tests.fakes.oidc_server import FakeOidc
+
+    expect = playwright_api.expect
+    monkeypatch.setenv("PLUTO_OIDC_SECRET", "s3cret-client")
+    model = GatedModel()
+    async with FakeOidc() as provider:
+        cfg = PlutoConfig(data_dir=data_dir, console={"oidc": {
+            "issuer": provider.issuer, "client_id": "pluto-console",
+            "client_secret_env": "PLUTO_OIDC_SECRET",
+            "roles": {"ana@example.com": "operator"}}})
+        gateway = Gateway(config_dir, config=cfg, serve=True, http_bind=("127.0.0.1", 0),
+                          model_factory=model)
+        await gateway.start()
+        p = RecordingProvider("test")
+        gateway.add_provider(p)
+        await p.running.wait()
+        await gateway.store.console.put_account("adam", "admin",
+                                                password_hash=await hash_password(PASSWORD))
+        url = gateway.http.url  # type: ignore[union-attr]
+        try:
+            async with playwright_api.async_playwright() as pw:
+                browser = await _browser(pw)
+                try:
+                    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+                    await page.goto(url + "/console/")
+                    sso = page.get_by_role("link", name="Sign in with SSO")
+                    await expect(sso).to_be_visible()
+                    await sso.click()
+                    await expect(page.locator(".who-name")).to_have_text("ana@example.com")
+                    await expect(page.locator(".who-role")).to_have_text("operator")
+                    await expect(page.get_by_role("link", name="Routes")).to_be_visible()
+                    # a run in progress, followed live from its conversation
+                    running = asyncio.ensure_future(p.say("tell me slowly"))
+                    await wait_for(lambda: gateway.pipeline.live)
+                    await page.get_by_role("link", name="Conversations").click()
+                    follow = page.get_by_role("button", name="Follow live")
+                    await expect(follow).to_be_visible(timeout=10_000)
+                    await follow.click()
+                    live = page.locator(".msg.live .bubble")
+                    await expect(live).to_have_text("The first half arrives live,")
+                    assert gateway.pipeline.live  # the run is still going: shown live
+                    model.gate.set()
+                    await expect(page.locator(".live-runs .bubble")).to_have_text(
+                        "The first half arrives live, and then the rest.")
+                    await expect(page.locator(".live-runs .badge")).to_contain_text("ended")
+                    await running
+                finally:
+                    await browser.close()
+        finally:
+            model.gate.set()
+            await gateway.stop()
