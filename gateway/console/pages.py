@@ -22,6 +22,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from pluto.httpcoding import accepts_gzip
+
 STATIC = Path(__file__).parent / "static"
 PREFIX = "/console/static"
 # in the order index.html loads them; the optional ones may be missing from the folder
@@ -126,14 +128,3 @@ def _not_found() -> web.Response:
                              headers={"Cache-Control": REVALIDATE, **SECURITY})
 
 
-def accepts_gzip(header: str) -> bool:
-    """Whether ``Accept-Encoding`` allows gzip (``gzip`` or ``*`` without ``q=0``)."""
-    allowed: dict[str, bool] = {}
-    for part in header.lower().split(","):
-        coding, _, params = part.strip().partition(";")
-        q = re.search(r"q\s*=\s*([^;\s]*)", params)
-        try:
-            allowed[coding.strip()] = float(q.group(1)) > 0 if q else True
-        except ValueError:
-            allowed[coding.strip()] = False
-    return allowed.get("gzip", allowed.get("x-gzip", allowed.get("*", False)))

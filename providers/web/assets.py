@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
+
+from pluto.httpcoding import accepts_gzip
 
 STATIC = Path(__file__).parent / "static"
 FILES = {"widget.css": "text/css; charset=utf-8", "demo.css": "text/css; charset=utf-8",
@@ -85,19 +86,6 @@ def mount(router: web.UrlDispatcher, assets: dict[str, Asset]) -> None:
         stem, ext = name.rsplit(".", 1)
         router.add_get(f"/{name}", plain(asset))
         router.add_get(f"/{stem}.{{hash:[0-9a-f]{{8,64}}}}.{ext}", hashed(asset))
-
-
-def accepts_gzip(header: str) -> bool:
-    """Whether ``Accept-Encoding`` allows gzip (``gzip`` or ``*`` without ``q=0``)."""
-    allowed: dict[str, bool] = {}
-    for part in header.lower().split(","):
-        coding, _, params = part.strip().partition(";")
-        q = re.search(r"q\s*=\s*([^;\s]*)", params)
-        try:
-            allowed[coding.strip()] = float(q.group(1)) > 0 if q else True
-        except ValueError:
-            allowed[coding.strip()] = False
-    return allowed.get("gzip", allowed.get("x-gzip", allowed.get("*", False)))
 
 
 def _tags(header: str) -> set[str]:
