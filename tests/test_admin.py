@@ -267,6 +267,8 @@ async def test_recent_runs(admin: Admin) -> None:
     [run] = body["runs"]
     assert status == 200 and (run["agent"], run["status"], run["input"]) == (
         "default", "ok", "count me")
+    status, transcript = await admin.call("GET", f"/admin/conversations/{run['session_id']}")
+    assert status == 200, transcript  # a run leads to its conversation (the console's link)
     assert (await admin.call("GET", "/admin/runs?agent=nobody"))[1]["runs"] == []
     status, body = await admin.call("GET", f"/admin/runs/{run['id']}")
     assert status == 200 and [e["type"] for e in body["events"]][0] == "run.start"

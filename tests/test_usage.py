@@ -88,6 +88,21 @@ async def test_ledger_rows_sums_and_groups(store):
         await usage.totals("nonsense; DROP TABLE usage_calls")
 
 
+
+async def test_the_ledger_per_utc_day_oldest_first(store):
+    usage = store.usage
+    # 2023-11-14 22:13:20 UTC, the same day's last second, and the next day's first
+    days = {"r1": 1_700_000_000.0, "r2": 1_700_006_399.0, "r3": 1_700_006_400.0}
+    for run in days:
+        await usage.record(call(run, i=10 * len(run), o=1))
+    for run, ts in days.items():
+        await usage.engine.write(("UPDATE usage_calls SET ts = ? WHERE run_id = ?", (ts, run)))
+    rows = await usage.totals("day")
+    assert [(t.key, t.calls, t.total_tokens) for t in rows] == [
+        ("2023-11-14", 2, 42), ("2023-11-15", 1, 21)]
+    assert [t.key for t in await usage.totals("day", since=1_700_006_000.0)] == [
+        "2023-11-14", "2023-11-15"]
+
 DAY, MONTH = 1_700_000_000.0, 1_699_000_000.0  # period starts, as the meter gives them
 
 

@@ -1,6 +1,6 @@
 """``pluto usage``: what the models cost, from the usage ledger (one row per model call).
 
-    pluto usage [--by agent|user|chat|model|route|provider|origin] [--since 7d|24h|today|month|DATE]
+    pluto usage [--by agent|user|chat|model|route|provider|origin|day] [--since 7d|24h|today|month|DATE]
     pluto usage --budgets            each budget in pluto.yaml and who spent what of it
     pluto usage --reset user:web:42   an admin's reset of that user's budgets
 
@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pluto.gateway.cli.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
+from pluto.storage.sql.usage import GROUPS
 
 if TYPE_CHECKING:
     from pluto.settings import PlutoConfig
 
-GROUPS = ("agent", "user", "chat", "model", "route", "provider", "origin")
 SCOPES = ("agent", "route", "user", "chat")
 
 

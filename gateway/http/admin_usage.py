@@ -1,6 +1,7 @@
 """The admin API's view of the usage ledger and budgets (mounted by :mod:`.admin`):
 
-- ``GET /admin/usage?by=agent|user|chat|model|route|provider|origin&since=7d``: sums per group
+- ``GET /admin/usage?by=agent|user|chat|model|route|provider|origin|day&since=7d``: sums per
+  group (``day``: per UTC date, oldest first)
 - ``GET /admin/usage/runs/{run_id}``: a run's model calls, one row each
 - ``GET /admin/usage/budgets``: each budget of pluto.yaml and who spent what of it this period
 - ``POST /admin/usage/reset`` ``{"scope": "user", "key": "telegram:42"}``: reset a budget
@@ -18,10 +19,10 @@ from pluto import jsonlimits
 from pluto.gateway.http.admin_agents import BadRequest
 from pluto.gateway.http.server import GATEWAY_KEY
 from pluto.runtime.usage import parse_since
+from pluto.storage.sql.usage import GROUPS
 
 log = logging.getLogger(__name__)
 
-GROUPS = ("agent", "user", "chat", "model", "route", "provider", "origin")
 SCOPES = ("agent", "route", "user", "chat")
 
 

@@ -873,13 +873,13 @@ class SqliteConversations:
         if status:
             where.append("r.status = ?")
             args.append(status)
-        sql = ("SELECT r.id, r.agent, r.status, r.input, r.error, r.usage, r.started_at,"
-               " r.ended_at, s.key AS session_key FROM runs r JOIN sessions s"
+        sql = ("SELECT r.id, r.session_id, r.agent, r.status, r.input, r.error, r.usage,"
+               " r.started_at, r.ended_at, s.key AS session_key FROM runs r JOIN sessions s"
                " ON s.id = r.session_id" + (" WHERE " + " AND ".join(where) if where else "")
                + " ORDER BY r.started_at DESC LIMIT ?")
         rows = await self.engine.fetchall(sql, (*args, limit))
         return [{"id": r["id"], "agent": r["agent"], "status": r["status"],
-                 "session_key": r["session_key"], "input": _clip(r["input"]),
+                 "session_id": r["session_id"], "session_key": r["session_key"], "input": _clip(r["input"]),
                  "error": r["error"], "usage": json.loads(r["usage"]) if r["usage"] else {},
                  "started_at": r["started_at"], "ended_at": r["ended_at"]} for r in rows]
 

@@ -102,7 +102,14 @@ KEYS: Mapping[str, str] = {
     "purpose": "purpose",
     "outcome": "outcome",
     "origin": "origin",
+    "day": "day",  # the UTC date of the call, YYYY-MM-DD (each engine's own expression: DAY)
 }
+DAY: Mapping[str, str] = {
+    "sqlite": "strftime('%Y-%m-%d', ts, 'unixepoch')",
+    "postgres": "to_char(to_timestamp(ts) AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+}
+# what a person may group the ledger by (the CLI's --by, the admin API's ?by=)
+GROUPS = ("agent", "user", "chat", "model", "route", "provider", "origin", "day")
 SCOPES = ("agent", "route", "user", "chat")  # what a budget limits (a counter each)
 
 
@@ -292,15 +299,17 @@ class SqlUsage:
 
     async def totals(self, by: str, *, since: float | None = None,
                      until: float | None = None, limit: int = 500) -> list[UsageTotal]:
-        """Sums grouped by ``by`` (a name in :data:`KEYS`), largest spend first."""
+        """Sums grouped by ``by`` (a name in :data:`KEYS`), largest spend first; by ``day``
+        (UTC dates), oldest day first."""
         if by not in KEYS:
             raise ValueError(f"cannot group usage by {by!r}; one of: {', '.join(KEYS)}")
-        expr = KEYS[by]
+        expr = DAY[self.engine.dialect] if by == "day" else KEYS[by]
+        order = (f"{expr}" if by == "day" else f"COALESCE(SUM(cost), 0) DESC,"
+                 f" SUM(input_tokens + output_tokens) DESC, {expr}")
         where, params = _period(since, until)
         rows = await self.engine.fetchall(
             f"SELECT {expr}, {_SUMS} FROM usage_calls WHERE {where} GROUP BY {expr}"
-            f" ORDER BY COALESCE(SUM(cost), 0) DESC, SUM(input_tokens + output_tokens) DESC,"
-            f" {expr} LIMIT ?", (*params, limit))
+            f" ORDER BY {order} LIMIT ?", (*params, limit))
         return [_total(str(r[0]), r[1:]) for r in rows]
 
     async def spent(self, scope: str, key: str, period: str, start: float) -> UsageTotal:
