@@ -7,6 +7,7 @@ the pages are saved to docs/img/console-*.png at 1280 and 390 px (taken once, lo
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,7 @@ async def _sign_in(page: Any, url: str, name: str) -> None:
 async def _shots(page: Any, name: str) -> None:
     if not SHOTS:
         return
+    await page.evaluate("document.querySelectorAll('.toast').forEach(t => t.remove())")
     for width in (1280, 390):
         await page.set_viewport_size({"width": width, "height": 900})
         await page.wait_for_timeout(300)  # (a picture only: layout settles; nothing asserted)
@@ -147,6 +149,26 @@ async def test_an_admin_edits_routes_in_the_browser(gw: Gateway):
             [budget] = await gw.usage.status()
             assert all(s["total_tokens"] == 0 for s in budget["spent"])  # spent anew from now
             await expect(page.get_by_text("Nothing spent this period.")).to_be_visible()
+            # change a budget: budgets.yaml with a problem shown by line, then fixed and applied
+            budgets = page.locator("#budgets-text")
+            await expect(budgets).to_have_value(re.compile("budgets:"))
+            bad = "budgets:\n  - {per: user, period: week, tokens: 5000}\n"
+            await budgets.fill(bad)
+            await page.get_by_role("button", name="Check").click()
+            await expect(page.locator(".problem").first).to_contain_text("period")
+            await expect(page.locator(".problem .line").first).to_have_text("Line 2")
+            generation = gw.watcher.status.generation
+            await page.get_by_role("button", name="Apply").click()
+            await expect(page.locator(".toast.error").last).to_contain_text("problems")
+            assert not (gw.config_dir / "budgets.yaml").exists()
+            await budgets.fill(bad.replace("week", "day"))
+            await page.get_by_role("button", name="Apply").click()
+            await expect(page.locator(".toast.ok").last).to_contain_text("Budgets applied")
+            await expect(page.get_by_role("heading", name="Per user, per day: 5,000 tokens")
+                         ).to_be_visible()
+            assert gw.watcher.status.generation == generation + 1
+            assert {(b["per"], b["tokens"]) for b in await gw.usage.status()} == {
+                ("agent", 100_000), ("user", 5000)}
             await _shots(page, "usage")
             assert errors == []
         finally:

@@ -58,7 +58,11 @@
         {key: "status", label: "Status", render: function (x) {
           return h("span", {class: "badge " + statusClass(x.status)}, x.status);
         }},
-        {key: "session_key", label: "Conversation"}], r.body.runs,
+        {key: "session_key", label: "Conversation", render: function (x) {
+          // operators follow a run into its conversation (a viewer sees no transcript)
+          return ctx.may("operator") && x.session_id ? h("a", {href: "#/conversations/" +
+            encodeURIComponent(x.session_id)}, x.session_key) : x.session_key;
+        }}], r.body.runs,
       {label: "Recent runs", empty: "No run yet."}));
     });
   }});
@@ -215,37 +219,35 @@
   }
 
   // routes ---------------------------------------------------------------------------------
-  C.register("routes", {title: "Routes", role: "viewer", render: function (el, ctx) {
+  // a YAML file of the config dir, edited in place: Check (problems by line, the diff), Apply
+  // (written and reloaded at once; 422 problems, 409 someone else's edit); admins only
+  function fileEditor(ctx, spec) {
     var h = ctx.h;
     var admin = ctx.may("admin");
     var version = null;
-    el.appendChild(h("h2", null, "Routes"));
-    var editor = h("textarea", {id: "routes-text", class: "code", rows: "18", spellcheck: "false",
-      readOnly: !admin, "aria-describedby": "routes-help"});
+    var id = spec.id;
+    var editor = h("textarea", {id: id + "-text", class: "code", rows: String(spec.rows || 18),
+      spellcheck: "false", readOnly: !admin, "aria-describedby": id + "-help"});
     var problems = h("div", {class: "problems", "aria-live": "polite"});
     var diff = h("div", {class: "diff-box", "aria-live": "polite"});
     var check = h("button", {type: "button", class: "check"}, "Check");
     var apply = h("button", {type: "button", class: "primary apply", disabled: !admin,
-      title: admin ? null : "Changing routes takes the admin role"}, "Apply");
+      title: admin ? null : "Changing " + spec.file + " takes the admin role"}, "Apply");
     var revert = h("button", {type: "button", class: "revert"}, "Reload from file");
-    var edit = section(h, "routes.yaml", "rt-edit");
-    edit.appendChild(h("p", {id: "routes-help", class: "help"}, admin
-      ? "Edit, Check to see problems and the diff, then Apply: it takes effect at once."
-      : "Read only: changing routes takes the admin role."));
-    edit.appendChild(h("label", {for: "routes-text", class: "sr-only"}, "routes.yaml"));
+    var edit = section(h, spec.file, id + "-edit");
+    edit.appendChild(h("p", {id: id + "-help", class: "help"}, admin
+      ? spec.help + " Check shows problems and the diff; Apply takes effect at once."
+      : "Read only: changing " + spec.file + " takes the admin role."));
+    edit.appendChild(h("label", {for: id + "-text", class: "sr-only"}, spec.file));
     edit.appendChild(editor);
     edit.appendChild(h("div", {class: "actions"}, check, admin ? apply : null, revert));
     edit.appendChild(problems);
     edit.appendChild(diff);
-    var explain = section(h, "Explain a message", "rt-explain");
-    var table = section(h, "The table in force", "rt-table");
-    el.appendChild(edit);
-    el.appendChild(h("div", {class: "grid2"}, explain, table));
 
     function readFile() {
-      return ctx.api("GET", "/admin/routes/file").then(function (r) {
+      return ctx.api("GET", spec.path + "/file").then(function (r) {
         if (r.status !== 200) { ctx.toast(errorOf(r), "error"); return; }
-        editor.value = r.body.text;
+        editor.value = r.body.text || spec.empty || "";
         version = r.body.version;
         ctx.clear(problems);
         ctx.clear(diff);
@@ -277,7 +279,7 @@
       })));
     }
     check.addEventListener("click", function () {
-      ctx.api("POST", "/admin/routes/check", {text: editor.value}).then(function (r) {
+      ctx.api("POST", spec.path + "/check", {text: editor.value}).then(function (r) {
         if (r.status !== 200) { ctx.toast(errorOf(r), "error"); return; }
         showProblems(r.body.problems);
         showDiff(r.body.diff, "Diff against the file in force");
@@ -285,22 +287,22 @@
     });
     if (admin) apply.addEventListener("click", function () {
       apply.disabled = true;
-      ctx.api("PUT", "/admin/routes/file", {text: editor.value, version: version})
+      ctx.api("PUT", spec.path + "/file", {text: editor.value, version: version})
         .then(function (r) {
           apply.disabled = false;
           if (r.status === 200) {
             version = r.body.version;
             ctx.clear(problems);
             showDiff(r.body.diff, "Applied");
-            ctx.toast(r.body.applied ? "Routes applied (generation " + r.body.generation + ")."
+            ctx.toast(r.body.applied ? spec.applied + " (generation " + r.body.generation + ")."
               : "Written, but the reload was refused: see the overview.", r.body.applied ? "ok" : "error");
-            loadTable();
+            if (spec.onApplied) spec.onApplied(r.body);
           } else if (r.status === 422) {
             showProblems(r.body.problems || []);
-            ctx.toast("Not applied: routes.yaml has problems.", "error");
+            ctx.toast("Not applied: " + spec.file + " has problems.", "error");
           } else if (r.status === 409) {
-            ctx.toast("Someone changed routes.yaml since you read it: reload it and redo your edit.",
-              "error");
+            ctx.toast("Someone changed " + spec.file + " since you read it: reload it and redo " +
+              "your edit.", "error");
             showDiff("", "");
           } else {
             ctx.toast(errorOf(r), "error");
@@ -309,6 +311,19 @@
     });
     revert.addEventListener("click", readFile);
     readFile();
+    return edit;
+  }
+
+  C.register("routes", {title: "Routes", role: "viewer", render: function (el, ctx) {
+    var h = ctx.h;
+    el.appendChild(h("h2", null, "Routes"));
+    var edit = fileEditor(ctx, {id: "routes", file: "routes.yaml", path: "/admin/routes",
+      help: "Edit the routing table.", applied: "Routes applied",
+      onApplied: function () { loadTable(); }});
+    var explain = section(h, "Explain a message", "rt-explain");
+    var table = section(h, "The table in force", "rt-table");
+    el.appendChild(edit);
+    el.appendChild(h("div", {class: "grid2"}, explain, table));
 
     // explain
     var fields = {};
@@ -423,35 +438,40 @@
     since.addEventListener("change", drawGroups);
     drawGroups();
 
-    // per day: the totals since each midnight, differenced (the API sums a period from a start)
+    // per day: the last 14 days and today (UTC), a day without a call drawn as nothing spent
     var midnight = new Date();
     midnight.setUTCHours(0, 0, 0, 0);
-    var starts = [];
-    for (var i = 14; i >= 0; i--) starts.push(new Date(midnight.getTime() - i * 86400000));
-    Promise.all(starts.map(function (d) {
-      return ctx.api("GET", "/admin/usage?by=provider&since=" + d.toISOString().slice(0, 10));
-    })).then(function (rs) {
-      if (rs.some(function (r) { return r.status !== 200; })) {
-        days.appendChild(h("p", {class: "error"}, errorOf(rs[0])));
-        return;
-      }
-      var cum = rs.map(function (r) { return r.body.total; });
-      var useCost = cum[0].cost > 0;
-      var points = starts.map(function (d, i) {
-        var next = i + 1 < cum.length ? cum[i + 1] : {cost: 0, total_tokens: 0};
-        var v = useCost ? cum[i].cost - next.cost : cum[i].total_tokens - next.total_tokens;
-        return {label: d.toISOString().slice(5, 10), value: Math.max(0, v),
-          text: useCost ? money(Math.max(0, v)) : num(Math.max(0, v)) + " tokens"};
-      });
-      days.appendChild(vbars(h, points, (useCost ? "Cost" : "Tokens") + " per day"));
+    var dayKeys = [];
+    for (var i = 14; i >= 0; i--) {
+      dayKeys.push(new Date(midnight.getTime() - i * 86400000).toISOString().slice(0, 10));
+    }
+    ctx.api("GET", "/admin/usage?by=day&since=" + dayKeys[0]).then(function (r) {
+      if (r.status !== 200) { days.appendChild(h("p", {class: "error"}, errorOf(r))); return; }
+      var useCost = r.body.total.cost > 0;
+      var of = {};
+      r.body.rows.forEach(function (x) { of[x.key] = x; });
+      days.appendChild(vbars(h, dayKeys.map(function (d) {
+        var x = of[d] || {cost: 0, total_tokens: 0};
+        var v = useCost ? x.cost : x.total_tokens;
+        return {label: d.slice(5), value: v, text: useCost ? money(v) : num(v) + " tokens"};
+      }), (useCost ? "Cost" : "Tokens") + " per day"));
     });
+
+    // budgets.yaml, edited in place (admins); what each budget's keys spent, with resets
+    var budgetsFile = fileEditor(ctx, {id: "budgets", file: "budgets.yaml", rows: 8,
+      path: "/admin/usage/budgets",
+      empty: "budgets:\n  # - {per: user, period: day, tokens: 200000}\n",
+      help: "Budgets kept apart from pluto.yaml: per agent, route, user or chat, per day or " +
+        "month, in tokens and/or dollars.", applied: "Budgets applied",
+      onApplied: function () { drawBudgets(); }});
+    el.insertBefore(budgetsFile, budgets.nextSibling);
 
     function drawBudgets() {
       ctx.api("GET", "/admin/usage/budgets").then(function (r) {
         ctx.clear(budgets);
         budgets.appendChild(h("h3", {id: "us-budgets"}, "Budgets"));
         budgets.appendChild(h("p", {class: "help"},
-          "Limits are set in pluto.yaml (usage.budgets) and apply at the next reload. " +
+          "Limits come from budgets.yaml (below) and pluto.yaml (usage.budgets). " +
           (ctx.may("admin") ? "Reset lets a key spend its whole budget again this period."
             : "Resetting a budget takes the admin role.")));
         if (r.status !== 200) { budgets.appendChild(h("p", {class: "error"}, errorOf(r))); return; }
