@@ -207,10 +207,11 @@ class Pipeline:
 
     async def submit(self, msg: IncomingMessage, route: Route, *,
                      wrap: Callable[[AsyncIterator[RunEvent]], AsyncIterator[RunEvent]]
-                     | None = None) -> Outcome:
-        """A message the gateway makes itself (a scheduled firing), routed already: into its
-        session's lane like any other (access and commands were checked when it was made)."""
-        return await self._queue(msg, route, wrap, origin="schedule")
+                     | None = None, origin: str = "schedule") -> Outcome:
+        """A message the gateway makes itself (a scheduled firing; the console's test chat:
+        ``origin``), routed already: into its session's lane like any other (access and
+        commands were checked when it was made)."""
+        return await self._queue(msg, route, wrap, origin=origin)
 
     async def _resume_decided(self, msg: IncomingMessage) -> Outcome:
         """A gateway-made message for a request decided without one (it expired, or the
