@@ -217,6 +217,13 @@ class Provider(ABC):
         send replies. Webhook-style intake (False) works on every instance."""
         return False
 
+    def route(self, msg: IncomingMessage) -> Route | None:
+        """Where this message goes when the provider itself decides it: only the console's
+        test chat (gateway/console/trychat.py), whose callers the admin API has checked, names
+        the agent for its messages. None — every platform — means the routing table and the
+        access rules decide."""
+        return None
+
     def run_started(self, msg: IncomingMessage, run_id: str) -> None:
         """A run began in one of this provider's chats for a message the gateway made itself
         (a schedule's firing, an approval decided without a click here: it expired) — a

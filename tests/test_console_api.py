@@ -392,3 +392,41 @@ async def test_change_a_budget_in_budgets_yaml_and_see_it_applied(gw: Gateway, p
     _, audit = await adam.call("GET", "/admin/audit?actor=adam")
     assert any(e["target"] == "budgets.yaml" and "200000" in e["diff"]
                for e in audit["entries"])
+
+
+async def test_the_test_chat_speaks_to_an_agent_no_route_names(gw: Gateway, people):
+    adam, otto, vera = people["adam"], people["otto"], people["vera"]
+    body = {"agent": {"description": "Support", "instructions": "i.md"},
+            "files": {"i.md": "You answer support questions."}}
+    assert (await adam.call("PUT", "/admin/agents/support", body))[0] == 201
+    status, said = await otto.call("POST", "/admin/agents/support/chat",
+                                   {"text": "hello support", "conversation": "c1"})
+    assert status == 202, said
+    # the answer on the run's events (followed until its end), in a session of its own
+    status, events = await otto.call("GET", f"/admin/runs/{said['run_id']}/events")
+    assert status == 200 and "echo: hello support" in events and "event: run.end" in events
+    status, transcript = await otto.call("GET", f"/admin/conversations/{said['session_id']}")
+    assert [m["content"] for m in transcript["messages"]] == ["hello support",
+                                                              "echo: hello support"]
+    _, found = await otto.call("GET", "/admin/conversations?q=support/console/otto/c1")
+    assert [x["id"] for x in found["sessions"]] == [said["session_id"]]
+    # the same conversation goes on; another starts afresh
+    _, again = await otto.call("POST", "/admin/agents/support/chat",
+                               {"text": "and again", "conversation": "c1"})
+    _, other = await otto.call("POST", "/admin/agents/support/chat",
+                               {"text": "new one", "conversation": "c2"})
+    assert again["session_id"] == said["session_id"] != other["session_id"]
+    await gw.settled()
+    # its spend is in the ledger as the console's; trying an agent changes nothing: no audit
+    assert {t.key for t in await gw.store.usage.totals("provider")} >= {"console"}
+    _, audit = await vera.call("GET", "/admin/audit?actor=otto")
+    assert [e["action"] for e in audit["entries"]] == ["sign-in"]
+    # refused: a viewer, an unknown agent, no text, a long one, a bad conversation id
+    assert (await vera.call("POST", "/admin/agents/support/chat", {"text": "hi"}))[0] == 403
+    assert (await otto.call("POST", "/admin/agents/nobody/chat", {"text": "hi"}))[0] == 404
+    assert (await otto.call("POST", "/admin/agents/support/chat", {"text": " "}))[0] == 400
+    assert (await otto.call("POST", "/admin/agents/support/chat", [1]))[0] == 400
+    assert (await otto.call("POST", "/admin/agents/support/chat",
+                            {"text": "x" * 20_001}))[0] == 413
+    assert (await otto.call("POST", "/admin/agents/support/chat",
+                            {"text": "hi", "conversation": "../etc"}))[0] == 400

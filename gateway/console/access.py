@@ -54,6 +54,7 @@ _RULES: list[tuple[str, str, Role]] = [
     ("POST", r"/admin/pairing/approve", "operator"),
     ("DELETE", r"/admin/pairing/.*", "operator"),
     ("*", r"/admin/schedules(/.*)?", "operator"),
+    ("POST", r"/admin/agents/[^/]+/chat", "operator"),  # the test chat: runs, changes nothing
     ("POST", r"/admin/routes/(explain|check)", "viewer"),  # explains and checks change nothing
     ("POST", r"/admin/usage/budgets/check", "viewer"),
     ("GET", r"/admin/audit(\.csv)?", "viewer"),

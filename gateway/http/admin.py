@@ -13,6 +13,8 @@ any console account the admin API is off and says so (403). Endpoints (JSON in a
   ``{"agent": {...fields of agent.yaml...}, "files": {"instructions.md": "..."}}``
   (or ``"agent_yaml": "<text>"`` instead of ``"agent"``)
 - ``DELETE /admin/agents/{name}``: remove an agent deployed through this API
+- ``POST /admin/agents/{name}/chat``: the console's test chat, a message to that agent whatever
+  the routes say (gateway/console/trychat.py); its answer follows on the run's events
 - ``GET /admin/reload``, ``POST /admin/reload``: the live-reload status; reload now
 - ``GET /admin/routes``, ``POST /admin/routes/explain``: the table in force; explain a message
 - ``GET|PUT /admin/routes/file``, ``POST /admin/routes/check``: routes.yaml's text, checked
@@ -60,6 +62,7 @@ from pluto.gateway.console.access import (AUDIT, PRINCIPAL, SAFE_METHODS, admin_
                                           authenticate, csrf_refusal, required)
 from pluto.gateway.console.http import add_admin_routes as add_console_routes
 from pluto.gateway.console.http import mount_console
+from pluto.gateway.console.trychat import add_test_chat_routes
 from pluto.runtime.tracing import trace_id_for
 from pluto.gateway.http.server import GATEWAY_KEY
 from pluto.events import event_to_dict
@@ -119,7 +122,7 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.exception("admin API: %s %s failed", request.method, request.path)
         return _error(500, "internal error; the details are in the gateway log")
     if request.method not in SAFE_METHODS and response.status < 400 and \
-            not request.path.endswith(("/explain", "/check")):
+            not request.path.endswith(("/explain", "/check", "/chat")):  # (no change made)
         target, diff = request.get(AUDIT) or (request.path.removeprefix("/admin"), "")
         try:
             await gw.store.console.audit(who.name, who.role,
@@ -154,6 +157,7 @@ def mount_admin(app: web.Application, gateway: Gateway) -> None:
     add_console_routes(r)  # accounts, keys, the audit log (gateway/console/http.py)
     add_routes_file_routes(r)  # routes.yaml: read, check, replace (admin_routes.py)
     add_console_views(r)  # overview, conversations, a run's live events (admin_console.py)
+    add_test_chat_routes(r)  # an agent tried from its page (gateway/console/trychat.py)
     add_dataset_routes(r)  # datasets: list, preview, load, remove (admin_datasets.py)
     add_memory_routes(r)  # long-term memory notes: read, restore (admin_memory.py)
     app.add_subapp("/admin", admin)

@@ -83,7 +83,8 @@ async def transcript(request: web.Request) -> web.Response:
 async def run_events(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY_KEY]
     run_id = request.match_info["run_id"]
-    if await gw.store.conversations.run(run_id) is None:
+    if run_id not in gw.pipeline.live and await gw.store.conversations.run(run_id) is None:
+        # (a run accepted here a moment ago may not be recorded yet: it is followed all the same)
         return web.json_response({"error": f"no run {run_id!r}"}, status=404)
     after = _int(request, "after", 0, 0, 10**9)
     if (last := request.headers.get("Last-Event-ID", "")).isdigit():

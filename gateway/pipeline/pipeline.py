@@ -181,7 +181,8 @@ class Pipeline:
         if provider is None:
             log.error("message from unknown provider %r dropped", msg.provider)
             return Dropped(f"no provider named {msg.provider!r} is running")
-        admitted = await self.access.admit(msg, self.routes())
+        own = provider.route(msg)  # (the console's test chat names its agent itself)
+        admitted = own if own is not None else await self.access.admit(msg, self.routes())
         if isinstance(admitted, Refused):
             if admitted.notice:
                 await self.delivery.reply(provider, msg, admitted.notice, kind="notice")
@@ -207,11 +208,10 @@ class Pipeline:
 
     async def submit(self, msg: IncomingMessage, route: Route, *,
                      wrap: Callable[[AsyncIterator[RunEvent]], AsyncIterator[RunEvent]]
-                     | None = None, origin: str = "schedule") -> Outcome:
-        """A message the gateway makes itself (a scheduled firing; the console's test chat:
-        ``origin``), routed already: into its session's lane like any other (access and
-        commands were checked when it was made)."""
-        return await self._queue(msg, route, wrap, origin=origin)
+                     | None = None) -> Outcome:
+        """A message the gateway makes itself (a scheduled firing), routed already: into its
+        session's lane like any other (access and commands were checked when it was made)."""
+        return await self._queue(msg, route, wrap, origin="schedule")
 
     async def _resume_decided(self, msg: IncomingMessage) -> Outcome:
         """A gateway-made message for a request decided without one (it expired, or the

@@ -217,6 +217,22 @@ async def _admin(browser: Any, gw: Gateway, data_dir: Path) -> None:
     assert (saved / "instructions.md").read_text() == "Answer briefly."
     assert MARKUP in (saved / "agent.yaml").read_text()
     await expect(main).to_contain_text("Deployed through the admin API")
+    # the test chat: a message to this agent, its answer streamed in; a conversation goes on
+    chat = main.locator(".pc-test-chat")
+    await main.get_by_label("Message to default").fill("hello from the console")
+    await main.get_by_role("button", name="Send").click()
+    await expect(chat.locator(".msg.assistant .bubble")).to_have_text(
+        "echo: hello from the console")
+    await expect(chat.locator(".msg.assistant.live")).to_have_count(0)  # the run ended
+    await main.get_by_label("Message to default").fill("/help")
+    await main.get_by_label("Message to default").press("Enter")
+    await expect(chat.locator(".msg.assistant .bubble").nth(1)).to_contain_text("/new")
+    [session] = [s for s in await gw.store.conversations.find_sessions("default/console/adam/")]
+    messages = await gw.store.conversations.messages(session["id"])
+    assert [m.content for m in messages][:2] == ["hello from the console",
+                                                 "echo: hello from the console"]
+    await main.get_by_role("button", name="New conversation").click()
+    await expect(chat.locator(".msg")).to_have_count(0)
     # the copy made through the API can go (the config directory's agent comes back)
     await main.get_by_role("button", name="Delete: Delete the agent default?").click()
     await main.get_by_role("button", name="Yes, delete").click()
@@ -265,6 +281,7 @@ async def _audit(browser: Any, gw: Gateway) -> None:
     assert await main.get_by_role("button", name="Save").count() == 0
     assert await main.get_by_role("button", name="Delete").count() == 0
     assert await main.get_by_label("New agent's name").count() == 0
+    assert await main.get_by_role("button", name="Send").count() == 0  # no test chat either
     assert vera.errors == []
 
 

@@ -165,6 +165,79 @@
 
   // ---- agents ---------------------------------------------------------------------------------
 
+  // the test chat: a conversation of one's own with this agent, whatever routes.yaml says; the
+  // answer streams in from the run's events (POST /admin/agents/{name}/chat, docs/console.md)
+  function testChat(ctx, v, name) {
+    const m = v.m;
+    const fresh = () => Math.random().toString(36).slice(2, 12);
+    let conversation = fresh();
+    const log = m.el("ol", {"class": "transcript pc-test-chat", role: "log",
+      "aria-label": "Test chat with " + name});
+    const input = m.el("textarea", {rows: "2", name: "test-message", spellcheck: "true"});
+    input.style.width = "100%";
+    input.style.boxSizing = "border-box";
+    const send = m.el("button", {type: "submit", "class": "primary"}, "Send");
+    const restart = m.button("New conversation", () => {
+      conversation = fresh();
+      fill(log);
+      input.focus();
+    });
+    const form = m.el("form", {"aria-label": "Test chat with " + name},
+      m.field("Message to " + name, input, "Spends tokens like any conversation; only you " +
+        "see it here (and operators on the conversations page)."),
+      m.el("div", {"class": "pc-actions"}, send, " ", restart));
+    const bubble = (who, text, kind) => {
+      const body = m.el("div", {"class": "bubble"}, text);
+      log.append(m.el("li", {"class": "msg " + kind}, m.el("div", {"class": "who"}, who), body));
+      return body;
+    };
+    m.on(input, "keydown", (e) => {
+      if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); form.requestSubmit(); }
+    });
+    m.on(form, "submit", async (e) => {
+      e.preventDefault();
+      const text = input.value.trim();
+      if (!text || send.disabled) return;
+      send.disabled = true;
+      bubble("you", text, "user");
+      input.value = "";
+      const res = await call(ctx, "POST", "/admin/agents/" + enc(name) + "/chat",
+        {text, conversation});
+      if (!v.alive()) return;
+      if (res.status === 200) {  // a command's answer (/help, /new ...)
+        bubble(name, res.body.answer, res.body.failed ? "assistant bad" : "assistant");
+        send.disabled = false;
+        return;
+      }
+      if (res.status !== 202) {
+        bubble("error", problemOf(res), "assistant bad");
+        send.disabled = false;
+        return;
+      }
+      const out = bubble(name, "", "assistant live");
+      const box = out.parentNode;
+      const stop = ctx.follow(res.body.run_id, (ev) => {
+        if (!v.alive()) { stop(); return; }
+        if (ev.type === "message.delta") out.textContent += ev.text;
+        else if (ev.type === "message.final") out.textContent = ev.text;
+        else if (ev.type === "tool.start") {
+          box.insertBefore(m.el("div", {"class": "tool-call"}, "⚙ " + ev.name), out);
+        } else if (ev.type === "approval.request") {
+          box.insertBefore(m.el("div", {"class": "tool-call"}, "⏸ waiting for approval of " +
+            ev.name), out);
+        } else if (ev.type === "run.error") {
+          box.append(m.el("div", {"class": "tool-call bad"}, "Error: " + ev.message));
+        } else if (ev.type === "run.end") {
+          box.classList.remove("live");
+          send.disabled = false;
+          input.focus();
+        }
+      });
+    });
+    return m.el("section", {"class": "card", "aria-label": "Try " + name},
+      m.el("h3", {}, "Try " + name), log, form);
+  }
+
   function problemsList(m, name, problems) {
     const rel = (file) => {
       const f = String(file || "");
@@ -342,9 +415,7 @@
           }));
       }
     }
-    parts.push(m.el("p", {}, "To try it, ", m.el("a", {href: "/", target: "_blank",
-      rel: "noopener"}, "open the web chat"), " (a route must send its messages to " + name +
-      ")."));
+    if (!v.fresh && m.may("operator")) parts.push(testChat(ctx, v, name));
     if (!v.fresh) {
       parts.push(m.el("p", {}, m.el("a", {href: "/agents/" + enc(name) +
         "/.well-known/agent.json"}, "Its A2A agent card")));
