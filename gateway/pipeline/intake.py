@@ -365,13 +365,14 @@ class IntakeQueue:
                 await self._learn_outcomes(queue)  # (no note: look)
             return False
         before = set(queue)  # (only these may have been handled by the chat's last holder)
+        seen = set(before)  # (the tickets queued when the inbox was last read)
         held = False
         try:
             # taken: from an instance that stopped renewing it (not found free)
             taken = took[1]
             while True:
                 found = await self._drain_chat(key, queue, lease, took[0], taken=taken,
-                                               first=first)
+                                               first=first, seen=seen)
                 taken, first = False, None
                 if self.shared.delivered is not None:  # our answers out first
                     await self.shared.delivered(self.name, key, cluster.ttl)
@@ -380,6 +381,7 @@ class IntakeQueue:
                 if not found or self._closed or not cluster.holds(lease) or \
                         not self._more_since(key, queue):
                     break  # (found none: ours still queued were handled elsewhere, learnt below)
+                first = self._only_ours(key, queue, seen)  # (None: read)
             held = cluster.holds(lease)
         finally:
             await asyncio.shield(cluster.release(lease))
@@ -473,18 +475,27 @@ class IntakeQueue:
             log.debug("%s: a note to the other instances was not sent: %s", self.name, e)
 
     async def _drain_chat(self, key: str, queue: deque[Ticket], lease: str, token: int, *,
-                          taken: bool = True, first: list[dict[str, Any]] | None = None
-                          ) -> int:
+                          taken: bool = True, first: list[dict[str, Any]] | None = None,
+                          seen: set[Ticket] | None = None) -> int:
         """Holding the chat: its unhandled messages, in arrival order, each run to its end;
         how many were read. ``taken``: the chat was taken from an instance that died (or
         stalled), which may have left a run unfinished or an answer undelivered: those come
-        first. ``first``: the messages read as the chat was taken (the first look)."""
+        first. ``first``: the messages read as the chat was taken (the first look), or those
+        received here since the last look (:meth:`_only_ours`). ``seen``: the tickets queued
+        when the inbox was last read (kept up to date here)."""
         assert self.shared is not None
         cluster = self.shared.cluster
+        seen = set(queue) if seen is None else seen
         if taken:  # (its runs' messages go back to the inbox: the first look is stale)
             await self.shared.take_over(self.name, key)
+            first = None
         again, found = True, 0
-        while again and (payloads := await self._unhandled(key, None if taken else first)):
+        while again:
+            if first is None:
+                seen.clear()
+                seen.update(queue)  # (any of these not in the read is handled already)
+            if not (payloads := await self._unhandled(key, first)):
+                break
             first = None
             again = False
             found += len(payloads)
@@ -497,6 +508,8 @@ class IntakeQueue:
                 if await self._answer(key, queue, (lease, token), payload):
                     again = True
                     break  # its message is back in the inbox, first: read again
+            else:  # (none handed back) only ours came since: taken from memory, not read
+                first = self._only_ours(key, queue, seen)
             again = again or self._more_since(key, queue)
         return found
 
@@ -545,11 +558,40 @@ class IntakeQueue:
     async def _unhandled(self, key: str, read: list[dict[str, Any]] | None = None
                          ) -> list[dict[str, Any]]:
         """The chat's unhandled messages, oldest first (what was noted so far is in them);
-        ``read``: as read with the chat's lease (the notes before it were let go then)."""
+        ``read``: as read with the chat's lease (the notes before it were let go then), or
+        the messages received here since (:meth:`_only_ours`)."""
         if read is not None:
             return read
         self._heard_of(key)
         return await self.inbox.unhandled_in_chat(self.name, key)
+
+    def _only_ours(self, key: str, queue: deque[Ticket], seen: set[Ticket]
+                   ) -> list[dict[str, Any]] | None:
+        """The chat's messages not yet handled, when all of them were received here since its
+        inbox was last read (queued after ``seen``) — in memory: the inbox is not read again
+        (a statement per message fewer) — else None (read it). Only when no other instance
+        noted one (:meth:`_more_since`); a message the inbox holds again for a run handed
+        back is read. (A ticket queued before the last read and not in it was handled
+        elsewhere: its outcome is learnt once the chat is let go.)"""
+        if self._more_news(key):
+            return None
+        assert self.shared is not None
+        ours, before = [], set(seen)
+        seen.clear()
+        seen.update(queue)
+        for ticket in queue:
+            if ticket.done() or ticket in before:
+                continue
+            payload = message_to_dict(ticket.message)
+            payload["via"] = self.shared.cluster.id
+            ours.append(payload)
+        return ours or None
+
+    def _more_news(self, key: str) -> bool:
+        """Whether another instance may have recorded a message of the chat since its inbox
+        was last read (a note says so, or notes may have been missed)."""
+        return self.shared is None or self.shared.publish is None or self._all_news or \
+            key in self._news
 
     def _heard_of(self, key: str) -> None:
         """The chat's inbox is about to be read: what was noted of it so far is in it."""
@@ -563,9 +605,9 @@ class IntakeQueue:
         (waiting in the queue), or one another instance noted — else the inbox is not read
         again (a statement per message fewer): one recorded unnoticed (or still being
         recorded here) is taken by its receiver, woken by the chat's release."""
-        if self.shared is None or self.shared.publish is None or self._all_news:
-            return True  # (no notes: only reading tells)
-        return key in self._news or any(not t.done() for t in queue)
+        if self._more_news(key):
+            return True  # (or no notes: only reading tells)
+        return any(not t.done() for t in queue)
 
     async def _until_finished(self, key: str, queue: deque[Ticket], run_id: str) -> None:
         """Wait for the chat's run to end; meanwhile a ``/stop`` sent to the chat (to any
@@ -578,8 +620,12 @@ class IntakeQueue:
                 await self._noted(key, done)
                 if done.done():
                     break
-                for payload in await self.inbox.unhandled_in_chat(self.name, key, 5):
-                    msg = message_from_dict(payload)
+                # (only ours waiting: those in the queue, the inbox not read)
+                waiting = [t.message for t in queue if not t.done()] \
+                    if not self._more_news(key) else \
+                    [message_from_dict(p) for p in
+                     await self.inbox.unhandled_in_chat(self.name, key, 5)]
+                for msg in waiting:
                     if not self.shared.urgent(msg):
                         continue
                     ticket = self._ticket(queue, msg.message_id)

@@ -20,13 +20,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from pluto.errors import RunTakenOver
+from pluto.errors import RunTakenOver, StorageError
 from pluto.events import RunEnd, RunEvent, event_from_dict, event_to_dict
 from pluto.ids import new_id
 from pluto.storage.rows import (MessageRow, RunRow, SessionRow, estimate_tokens,
                                 sanitize_history)
 from pluto.storage.sql import Engine, Statement, run_statements, together
 from pluto.storage.sql.fencing import Claim, fence
+from pluto.storage.sql.usage import SqlUsage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -223,6 +224,8 @@ class SqliteConversations:
         # run starts
         self._claims: dict[str, Claim] = {}
         self._source_claims: dict[tuple[str, str], Claim] = {}
+        # (PostgreSQL) the usage ledger, whose rows held for a run ride with its end
+        self.usage: SqlUsage | None = None
 
     def claim(self, source: tuple[str, str], claim: Claim | None) -> None:
         """Several instances: the message ``source`` (provider, message id) was taken from the
@@ -683,13 +686,29 @@ class SqliteConversations:
                 conn.execute(*stmt)
 
         async def in_one() -> None:  # (PostgreSQL: one statement, one round trip)
-            done = await self.engine.write_returning(self._telling(together(
-                [*((f"b{i}", stmt) for i, stmt in enumerate(behind)),
-                 ("done", (ended[0] + " RETURNING 1", ended[1])),
-                 *((f"a{i}", _after(stmt, "done")) for i, stmt in enumerate(answer))],
-                "(SELECT count(*) FROM done)"), _runs(behind) | {run_id}))
+            # the ledger rows of the run's calls ride with it, fenced as its end is
+            held = self.usage.take_held(session_id) if self.usage is not None else None
+            ledger = held.statements("done") if held is not None else []
+            try:
+                done = await self.engine.write_returning(self._telling(together(
+                    [*((f"b{i}", stmt) for i, stmt in enumerate(behind)),
+                     ("done", (ended[0] + " RETURNING 1", ended[1])),
+                     *((f"a{i}", _after(stmt, "done")) for i, stmt in enumerate(answer)),
+                     *((f"u{i}", stmt) for i, stmt in enumerate(ledger))],
+                    "(SELECT count(*) FROM done)"), _runs(behind) | {run_id}))
+            except BaseException as e:
+                if held is not None:  # (cancelled: it may have committed all the same)
+                    held.settle(e if isinstance(e, Exception) else StorageError(
+                        f"the end of run {run_id} was interrupted: its usage may be missing"))
+                raise
             if done is None or not done[0]:
+                if held is not None:
+                    log.warning("run %s was taken over: the usage of its %d call(s) here is "
+                                "not recorded", run_id, len(held.calls))
+                    held.settle(0)
                 raise RunTakenOver(f"run {run_id} was taken over by another instance")
+            if held is not None:
+                held.settle(len(held.calls))
 
         try:
             await self._in_order(_runs(behind) | {run_id},

@@ -42,6 +42,7 @@ class SqlStore:
         self.history = SqlHistory(self.engine)  # compactions and search (after messages)
         self.notes = SqlNotes(self.engine)  # long-term memory, when instances share it
         self.usage = SqlUsage(self.engine)
+        self.conversations.usage = self.usage  # (its rows held for a run ride with its end)
         self.idempotency = SqlIdempotency(self.engine)  # the HTTP API's Idempotency-Key
         self.schedules = SqlSchedules(self.engine)  # schedules and their firings
         self.approvals = SqlApprovals(self.engine)  # tool calls waiting for a person

@@ -23,9 +23,8 @@ that adds the real usage (a failed call adds nothing and gives all of it back).
 from __future__ import annotations
 
 import asyncio
-
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pluto.storage.sql import Engine, Statement, run_statements
@@ -199,9 +198,54 @@ def _total(key: str, row: Any) -> UsageTotal:
                       int(row[5]))
 
 
+RIDE_SECONDS = 0.5  # (PostgreSQL) a ledger row held for its run's end goes alone after this
+
+
+@dataclass(slots=True)
+class HeldUsage:
+    """(PostgreSQL) Ledger rows of one session's run held to be written in the statement that
+    ends the run (:meth:`SqlUsage.take_held`), fenced as that statement is: one round trip
+    fewer per answer."""
+
+    engine: Engine
+    calls: list[tuple[UsageCall, dict[str, float]]] = field(default_factory=list)
+    futures: list[asyncio.Future[int]] = field(default_factory=list)
+    timer: asyncio.TimerHandle | None = None
+
+    def statements(self, guard: str | None = None) -> list[Statement]:
+        """The rows and their counters (summed: one statement may change a counter's row
+        once), each changing nothing unless the CTE ``guard`` returned a row."""
+        stmts = [_ledger_rows(self.engine, [call for call, _ in self.calls], guard)]
+        counters: dict[tuple[Any, ...], list[Any]] = {}
+        for call, periods in self.calls:
+            for row in _counter_rows(call, periods):
+                kept = counters.setdefault(row[:4], [0, 0, 0, 0, 0.0, 0])
+                for i, v in enumerate((1, *row[4:])):
+                    kept[i] += v
+        if counters:
+            stmts.append(_counters([(*k, *v) for k, v in counters.items()], guard))
+        return stmts
+
+    def settle(self, outcome: int | BaseException) -> None:
+        """Written (how many rows), refused (0) or failed (the error)."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        for future in self.futures:
+            if future.done():
+                continue
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+
 class SqlUsage:
     def __init__(self, engine: Engine):
         self.engine = engine
+        # (PostgreSQL) ledger rows held, by session, for the statement that ends its run
+        self._held: dict[str, HeldUsage] = {}
+        self._alone: set[asyncio.Task[None]] = set()
 
     async def migrate(self) -> None:
         await self.engine.migrate(COMPONENT, MIGRATIONS)
@@ -218,12 +262,50 @@ class SqlUsage:
         """:meth:`record`, handed over without waiting and held to ride with the next commit
         (a run's answer, most often: one commit for both); the future settles once it is
         committed."""
-        statements = (*self._statements(call, periods), *_released(release))
         if self.engine.dialect == "postgres" and release is None:
-            # (the ledger row and the counters: different rows, one statement, one round trip;
-            # a reservation given back changes the counters' rows again: a transaction)
-            return asyncio.ensure_future(self.engine.write_together(*statements))
+            # held for the statement that ends the run (:meth:`take_held`), or alone soon
+            # (a reservation given back changes the counters' rows again: a transaction)
+            return self._hold(call, periods)
+        statements = (*self._statements(call, periods), *_released(release))
         return self.engine.queue(run_statements(statements), hold=True)
+
+    def _hold(self, call: UsageCall, periods: Mapping[str, float] | None) -> asyncio.Future[int]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+        held = self._held.get(call.session_id)
+        if held is None:
+            held = self._held[call.session_id] = HeldUsage(self.engine)
+            held.timer = loop.call_later(RIDE_SECONDS, self._go_alone, call.session_id, held)
+        held.calls.append((call, dict(periods or {})))
+        held.futures.append(future)
+        return future
+
+    def take_held(self, session_id: str) -> HeldUsage | None:
+        """(PostgreSQL) The ledger rows held for the run of ``session_id`` now ending: the
+        caller writes :meth:`HeldUsage.statements` in its statement and settles them."""
+        held = self._held.pop(session_id, None)
+        if held is not None and held.timer is not None:
+            held.timer.cancel()
+            held.timer = None
+        return held
+
+    def _go_alone(self, session_id: str, held: HeldUsage) -> None:
+        """No run's end took them in time (a tool call follows, the run failed): alone, in
+        one statement (different rows)."""
+        if self._held.get(session_id) is held:
+            del self._held[session_id]
+        held.timer = None
+
+        async def write() -> None:
+            try:
+                await self.engine.write_together(*held.statements())
+                held.settle(len(held.calls))
+            except Exception as e:  # (the holders of the futures log it)
+                held.settle(e)
+
+        task = asyncio.get_running_loop().create_task(write())
+        self._alone.add(task)
+        task.add_done_callback(self._alone.discard)
 
     async def reserve(self, claims: tuple[Claim, ...], tokens: int, cost: float,
                       prompt: int) -> int | None:
@@ -257,28 +339,9 @@ class SqlUsage:
 
     def _statements(self, call: UsageCall,
                     periods: Mapping[str, float] | None) -> list[Statement]:
-        values = tuple(int(v) if isinstance(v, bool) else v
-                       for v in (getattr(call, c) for c in _COLUMNS))
-        statements = [(f"INSERT INTO usage_calls (ts, {', '.join(_COLUMNS)}) VALUES"
-                       f" ({self.engine.now_sql}, {', '.join('?' for _ in _COLUMNS)})", values)]
-        sums = (call.input_tokens, call.output_tokens, call.cached_tokens, call.cost or 0.0,
-                int(call.cost is None))
-        rows = [(scope, scope_key(scope, call), period, start, *sums) for scope in SCOPES
-                for period, start in sorted((periods or {}).items())]  # one lock order
-        if rows:  # every counter in one statement (each statement is a trip to the engine)
-            statements.append((
-                "INSERT INTO usage_counters (scope, key, period, start, calls, input_tokens,"
-                " output_tokens, cached_tokens, cost, unpriced_calls) VALUES "
-                + ", ".join("(?, ?, ?, ?, 1, ?, ?, ?, ?, ?)" for _ in rows)
-                + " ON CONFLICT(scope, key, period, start) DO"
-                " UPDATE SET calls = usage_counters.calls + 1,"
-                " input_tokens = usage_counters.input_tokens + excluded.input_tokens,"
-                " output_tokens = usage_counters.output_tokens + excluded.output_tokens,"
-                " cached_tokens = usage_counters.cached_tokens + excluded.cached_tokens,"
-                " cost = usage_counters.cost + excluded.cost,"
-                " unpriced_calls = usage_counters.unpriced_calls + excluded.unpriced_calls",
-                tuple(v for row in rows for v in row)))
-        return statements
+        rows = _counter_rows(call, periods)
+        return [_ledger_row(self.engine, call),
+                *([_counters([(*r[:4], 1, *r[4:]) for r in rows])] if rows else [])]
 
     async def calls(self, *, run_id: str | None = None, since: float | None = None,
                     limit: int = 1000) -> list[UsageCall]:
@@ -379,6 +442,59 @@ def _taken(claim: Claim, tokens: int, cost: float, prompt: int) -> Statement:
         sql += " AND cost + reserved_cost < ?"
         params += (claim.cost,)
     return sql, params
+
+
+def _values(call: UsageCall) -> tuple[Any, ...]:
+    return tuple(int(v) if isinstance(v, bool) else v
+                 for v in (getattr(call, c) for c in _COLUMNS))
+
+
+def _ledger_row(engine: Engine, call: UsageCall) -> Statement:
+    """The call's ledger row."""
+    return (f"INSERT INTO usage_calls (ts, {', '.join(_COLUMNS)}) VALUES"
+            f" ({engine.now_sql}, {', '.join('?' for _ in _COLUMNS)})", _values(call))
+
+
+def _ledger_rows(engine: Engine, calls: list[UsageCall], guard: str | None) -> Statement:
+    """(PostgreSQL) The calls' ledger rows, in their order, in one statement (``guard``: only
+    if that CTE returned a row). A cost not known is NULL: typed, as a row of a ``VALUES``
+    list in a ``SELECT`` is not given the table's types."""
+    marks = ", ".join(f"({', '.join('?' for _ in _COLUMNS)})" for _ in calls)
+    picked = ", ".join("CAST(cost AS DOUBLE PRECISION)" if c == "cost" else c
+                       for c in _COLUMNS)
+    return (f"INSERT INTO usage_calls (ts, {', '.join(_COLUMNS)}) SELECT {engine.now_sql},"
+            f" {picked} FROM (VALUES {marks}) AS v({', '.join(_COLUMNS)})"
+            + (f" WHERE EXISTS (SELECT 1 FROM {guard})" if guard is not None else ""),
+            tuple(v for call in calls for v in _values(call)))
+
+
+def _counter_rows(call: UsageCall, periods: Mapping[str, float] | None
+                  ) -> list[tuple[Any, ...]]:
+    """(scope, key, period, start, input, output, cached, cost, unpriced) of each counter the
+    call adds to, in one order (one lock order)."""
+    sums = (call.input_tokens, call.output_tokens, call.cached_tokens, call.cost or 0.0,
+            int(call.cost is None))
+    return [(scope, scope_key(scope, call), period, start, *sums) for scope in SCOPES
+            for period, start in sorted((periods or {}).items())]
+
+
+def _counters(rows: list[tuple[Any, ...]], guard: str | None = None) -> Statement:
+    """Every counter in one statement (each statement is a trip to the engine): rows of
+    (scope, key, period, start, calls, input, output, cached, cost, unpriced); ``guard``: only
+    if that CTE returned a row."""
+    values = ", ".join("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" for _ in rows)
+    head = ("INSERT INTO usage_counters (scope, key, period, start, calls, input_tokens,"
+            " output_tokens, cached_tokens, cost, unpriced_calls) ")
+    body = (f"SELECT * FROM (VALUES {values}) AS v WHERE EXISTS (SELECT 1 FROM {guard})"
+            if guard is not None else f"VALUES {values}")
+    return (head + body + " ON CONFLICT(scope, key, period, start) DO"
+            " UPDATE SET calls = usage_counters.calls + excluded.calls,"
+            " input_tokens = usage_counters.input_tokens + excluded.input_tokens,"
+            " output_tokens = usage_counters.output_tokens + excluded.output_tokens,"
+            " cached_tokens = usage_counters.cached_tokens + excluded.cached_tokens,"
+            " cost = usage_counters.cost + excluded.cost,"
+            " unpriced_calls = usage_counters.unpriced_calls + excluded.unpriced_calls",
+            tuple(v for row in rows for v in row))
 
 
 def _released(reservation: Reservation | None) -> list[Statement]:

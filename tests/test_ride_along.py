@@ -1,0 +1,151 @@
+"""PostgreSQL, several instances: fewer statements per message, the same guarantees (issue 30).
+
+- A run's ledger rows ride in the statement that ends the run, fenced by its chat's claim as
+  that statement is: written with the answer, refused with a stale token; held rows that no
+  run's end takes go alone.
+- Messages received by the instance that holds their chat are answered from memory, in order,
+  without reading the chat's inbox again.
+
+The tests use the server named by ``PLUTO_TEST_DATABASE_URL`` (tests/helpers/pg.py) and fail
+when it is not reachable."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pluto.storage.sql.usage as usage_module
+from pluto.errors import RunTakenOver
+from pluto.events import MessageFinal, RunEnd, RunStart
+from pluto.runtime.testing import Scripted, ScriptedModel
+from pluto.storage.postgres import PostgresStore
+from pluto.storage.sql.usage import UsageCall
+from pluto.types import Accepted
+from tests.test_cluster_inprocess import gateways_on, until_running
+from tests.helpers.pg import fresh_schema
+
+pytestmark = pytest.mark.postgres
+
+PERIODS = {"day": 86400.0 * 20000, "month": 86400.0 * 19990}
+
+
+@pytest.fixture
+async def two() -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
+    with fresh_schema() as url:
+        async with PostgresStore(url) as a, PostgresStore(url) as b:
+            a.conversations.owner, b.conversations.owner = "a", "b"
+            yield a, b
+
+
+def call(session_id: str, run_id: str, tokens: int, cost: float | None) -> UsageCall:
+    return UsageCall(run_id=run_id, session_id=session_id, agent="agent", model="m",
+                     input_tokens=tokens, output_tokens=1, latency=0.1, outcome="ok",
+                     provider="telegram", user_id="u", chat_id="1", cost=cost)
+
+
+async def started(store: PostgresStore, run_id: str, msg_id: str, claim: tuple[str, int]
+                  ) -> str:
+    conv = store.conversations
+    await store.inbound.accept("telegram", msg_id, {"chat_id": "1", "text": "hi",
+                                                    "message_id": msg_id})
+    conv.claim(("telegram", msg_id), claim)
+    session = await conv.session("agent/telegram/1", "agent")
+    await conv.start_run(run_id, session.id, "agent", "hi",
+                         RunStart(run_id=run_id, session_id=session.id, agent="agent"),
+                         source=("telegram", msg_id))
+    return session.id
+
+
+async def counters(store: PostgresStore) -> list[Any]:
+    return await store.engine.fetchall(
+        "SELECT scope, period, calls, input_tokens FROM usage_counters WHERE scope = 'agent'"
+        " ORDER BY period")
+
+
+async def complete(store: PostgresStore, run_id: str, session_id: str) -> None:
+    await store.conversations.complete_run(run_id, session_id,
+                                           MessageFinal(run_id=run_id, text="hello"),
+                                           RunEnd(run_id=run_id, outcome="ok"), usage={})
+
+
+async def test_a_runs_ledger_rows_are_written_by_the_statement_that_ends_it(
+        two, monkeypatch) -> None:
+    monkeypatch.setattr(usage_module, "RIDE_SECONDS", 3600.0)  # only the run's end writes them
+    a, _ = two
+    lease = "chat:telegram:1"
+    token = await a.leases.acquire(lease, "a", 30)
+    session = await started(a, "r1", "m1", (lease, token))
+    first = a.usage.record_soon(call(session, "r1", 100, None), PERIODS)  # a tool call's turn
+    second = a.usage.record_soon(call(session, "r1", 200, 0.5), PERIODS)  # the answer's
+    assert not first.done() and not second.done()
+    assert await a.usage.calls(run_id="r1") == []  # held: nothing written on its own
+    await complete(a, "r1", session)
+    assert await first == 2 and await second == 2  # (the rows written with the run's end)
+    rows = await a.usage.calls(run_id="r1")
+    assert [(c.input_tokens, c.cost) for c in rows] == [(100, None), (200, 0.5)]  # in order
+    # each counter once, with both calls (one statement changes a row once)
+    assert [tuple(r) for r in await counters(a)] == [("agent", "day", 2, 300),
+                                                     ("agent", "month", 2, 300)]
+
+
+async def test_a_taken_over_runs_ledger_rows_are_refused_with_its_end(two, monkeypatch) -> None:
+    monkeypatch.setattr(usage_module, "RIDE_SECONDS", 3600.0)
+    a, b = two
+    lease = "chat:telegram:1"
+    token = await a.leases.acquire(lease, "a", 30)
+    session = await started(a, "r2", "m2", (lease, token))
+    held = a.usage.record_soon(call(session, "r2", 100, None), PERIODS)
+    await b.engine.write(("UPDATE leases SET until = 0 WHERE name = ?", (lease,)))
+    assert await b.leases.take(lease, "b", 30) is not None  # b takes the chat (a token more)
+    with pytest.raises(RunTakenOver):
+        await complete(a, "r2", session)
+    assert await held == 0
+    assert await a.usage.calls(run_id="r2") == []
+    assert await counters(a) == []
+
+
+async def test_ledger_rows_no_runs_end_takes_go_alone(two, monkeypatch) -> None:
+    monkeypatch.setattr(usage_module, "RIDE_SECONDS", 0.0)
+    a, _ = two
+    written = a.usage.record_soon(call("s-alone", "r3", 7, 0.1), PERIODS)
+    assert await written == 1
+    assert [c.input_tokens for c in await a.usage.calls(run_id="r3")] == [7]
+    assert [tuple(r) for r in await counters(a)] == [("agent", "day", 1, 7),
+                                                     ("agent", "month", 1, 7)]
+
+
+def slow_echo(messages: list[dict]) -> Scripted:
+    return Scripted(text=f"echo: {messages[-1]['content']}", chunk=4, delay=0.05)
+
+
+async def test_messages_received_by_the_chats_holder_are_answered_without_reading_its_inbox(
+        config_dir: Path, tmp_path: Path) -> None:
+    with fresh_schema() as url:
+        async with gateways_on(config_dir, tmp_path, [url],
+                               ScriptedModel(fallback=slow_echo)) as (gw,):
+            provider = gw.providers["test"]
+            intake = provider.intake
+            assert intake is not None
+            inbox = intake.inbox
+            reads: list[str] = []
+            read = inbox.unhandled_in_chat
+
+            async def counted(provider_name: str, chat_id: str, limit: int = 100
+                              ) -> list[dict[str, Any]]:
+                reads.append(chat_id)
+                return await read(provider_name, chat_id, limit)
+
+            inbox.unhandled_in_chat = counted  # type: ignore[method-assign]
+            first = await intake.submit(provider.msg("message 0", chat="held"))
+            outcome = await first.outcome()
+            assert isinstance(outcome, Accepted)
+            await until_running(gw.store.conversations, outcome.run_id)  # the chat is held
+            later = [await intake.submit(provider.msg(f"message {i}", chat="held"))
+                     for i in (1, 2)]
+            assert [type(await t.outcome()) for t in later] == [Accepted, Accepted]
+            answers = await provider.wait_finals(3, chat="held")
+            assert answers == ["echo: message 0", "echo: message 1", "echo: message 2"]
+            assert reads == []  # (taken from the queue: the inbox read once, with the chat)
