@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from pluto.errors import ConfigError, StorageError
+from pluto.events import RunEvent
 from pluto.gateway.ports import (ChatDirectory, HttpMount, Intake, Provider, ProviderContext,
                                  RunFeed, SharedFileReader)
 from pluto.providers.api import artifacts, views
@@ -30,12 +31,12 @@ from pluto.providers.api.auth import (CALLER, IS_ADMIN, ApiKey, ApiSettings, Gua
 from pluto.providers.api.idempotency import Idempotency, Made
 from pluto.providers.api.openapi import openapi_document
 from pluto.providers.api.sse import EventStreams
-from pluto.providers.api.steps import Steps
+from pluto.providers.api.steps import Entered, Seen, Steps
 from pluto.providers.api.views import ApiError
 from pluto.providers.handover import HandOver, NotRecorded
 from pluto.providers.kit.bounded import remember
 from pluto.storage.ports import IdempotencyStore, RunReader, TaskStore
-from pluto.storage.rows import StepRow, TaskRow
+from pluto.storage.rows import RunRow, StepRow, TaskRow
 from pluto.types import (MARKDOWN, Accepted, Answered, Capabilities, Duplicate,
                          IncomingMessage, OutgoingMessage, Refused)
 
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 PREFIX = "/api/v1"
 MAX_WAIT_SECONDS = 60
 PAUSED_KEPT = 10_000
+TASKS_KEPT = 10_000  # tasks known here (a task's row never changes once made)
 
 
 class ApiProvider(Provider):
@@ -76,6 +78,9 @@ class ApiProvider(Provider):
         # (in this process: storage keeps one run per step)
         self._paused: OrderedDict[str, str] = OrderedDict()
         self._pointing: set[asyncio.Task[None]] = set()  # steps moving to a resumed run
+        # the tasks made or read here, most recent: a task's row is written once and never
+        # changed or deleted, so a step of a known task needs no read of it
+        self._known: OrderedDict[str, TaskRow] = OrderedDict()
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> ApiProvider:
@@ -167,13 +172,16 @@ class ApiProvider(Provider):
         await asyncio.gather(*self._pointing, return_exceptions=True)
 
     async def _enter(self, request: web.Request, task_id: str, agent: str | None,
-                     step: StepRow) -> None:
+                     step: StepRow, *, listen: bool = False) -> Entered:
+        """The step handed to intake (``listen``: its run heard from its start, for a request
+        that waits for it; close the result)."""
         assert self._intake is not None
         caller = request[CALLER] or "api"  # per key: rate limits count per client
         try:
-            await self.steps.enter(self.handover.guard(self._intake), IncomingMessage(
+            return await self.steps.enter(self.handover.guard(self._intake), IncomingMessage(
                 provider=self.name, chat_id=task_id, user_id=caller, user_name=caller,
-                text=step.input, message_id=step.id, guild_id=agent, is_direct=True), step)
+                text=step.input, message_id=step.id, guild_id=agent, is_direct=True), step,
+                listen=listen)
         except NotRecorded:  # storage failed (logged once per outage): the client retries
             with contextlib.suppress(Exception):  # (storage may refuse this too)
                 await self.tasks.answered(step.id, error="This message could not be recorded "
@@ -230,12 +238,11 @@ class ApiProvider(Provider):
         async def make(made: Made) -> web.Response:
             task = await self.tasks.create_task(agent, text, extra, requested,
                                                 owner=request[CALLER])
+            remember(self._known, task.id, task, TASKS_KEPT)
             step = await self.tasks.add_step(task.id, text, extra)
-            await self._enter(request, task.id, requested, step)
-            await made(f"{task.id}/{step.id}")
-            step = await self.steps.wait(step, wait) if wait else (
-                await self.tasks.step(task.id, step.id) or step)
-            return web.json_response(await self._task_view(task, step), status=201)
+            seen = await self._answer(request, task, step, made, wait)
+            return web.json_response(await self._task_view(task, seen.step, seen.run,
+                                                           seen.events), status=201)
 
         return await self.idempotency.once(request, data, make, self._made_task)
 
@@ -257,13 +264,24 @@ class ApiProvider(Provider):
 
         async def make(made: Made) -> web.Response:
             step = await self.tasks.add_step(task.id, text, extra)
-            await self._enter(request, task.id, task.requested_agent, step)
-            await made(f"{task.id}/{step.id}")
-            step = await self.steps.wait(step, wait) if wait else (
-                await self.tasks.step(task.id, step.id) or step)
-            return web.json_response(await views.step_view(self.runs, step, self.files), status=201)
+            seen = await self._answer(request, task, step, made, wait)
+            return web.json_response(await views.step_view(
+                self.runs, seen.step, self.files, run=seen.run, events=seen.events), status=201)
 
         return await self.idempotency.once(request, data, make, self._made_step)
+
+    async def _answer(self, request: web.Request, task: TaskRow, step: StepRow, made: Made,
+                      wait: int) -> Seen:
+        """A new step handed to intake, and what became of it after ``wait`` seconds at most:
+        a run that ends well on this instance is answered from its events as they were heard
+        (no read of the step, the run or its events); anything else from storage."""
+        entered = await self._enter(request, task.id, task.requested_agent, step,
+                                    listen=wait > 0)
+        try:
+            await made(f"{task.id}/{step.id}")
+            return await (self.steps.seen(entered, wait) if wait else self.steps.now(entered))
+        finally:
+            entered.close()
 
     async def _made_step(self, resource: str) -> web.Response:
         """The answer for a step made by an attempt that died before it answered."""
@@ -276,7 +294,10 @@ class ApiProvider(Provider):
     async def _task(self, request: web.Request) -> TaskRow:
         """The task, when the caller's key made it (or is an admin key): another key's task is
         answered exactly like one that does not exist."""
-        task = await self.tasks.task(request.match_info["task_id"])
+        task_id = request.match_info["task_id"]
+        task = self._known.get(task_id)
+        if task is None and (task := await self.tasks.task(task_id)) is not None:
+            remember(self._known, task_id, task, TASKS_KEPT)
         if task is None or not self._may_see(request, task):
             raise ApiError(404, "not_found", "There is no task with that id.")
         return task
@@ -442,10 +463,18 @@ class ApiProvider(Provider):
             if not rows or offset >= total:
                 return list({a.id: a for a in found}.values())
 
-    async def _task_view(self, task: TaskRow, last: StepRow | None) -> dict[str, Any]:
+    async def _task_view(self, task: TaskRow, last: StepRow | None, run: RunRow | None = None,
+                         events: list[RunEvent] | None = None) -> dict[str, Any]:
+        """``run`` and ``events``: the last step's, when known here (a run that ended well
+        was not paused: nothing to continue)."""
         made = await self._artifacts(task) if self.files is not None else []
-        last = await self._continued(task, last)
-        return await views.task_view(self.runs, task, last, self.files, made)
+        if run is None:
+            continued = await self._continued(task, last)
+            if continued is not last:
+                events = None  # (it points at another run now)
+            last = continued
+        return await views.task_view(self.runs, task, last, self.files, made, run=run,
+                                     events=events)
 
     async def _list_artifacts(self, request: web.Request) -> web.Response:
         task = await self._task(request)

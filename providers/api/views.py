@@ -21,7 +21,7 @@ from pluto.gateway.ports import SharedFileReader
 from pluto.providers.api.artifacts import Artifact, artifacts_of
 from pluto.providers.kit.http import read_limited
 from pluto.storage.ports import RunReader
-from pluto.storage.rows import StepRow, TaskRow
+from pluto.storage.rows import RunRow, StepRow, TaskRow
 
 AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_ADDITIONAL_BYTES = 16 * 1024
@@ -197,8 +197,10 @@ def approval_view(row: StepRow, request: ApprovalRequest) -> dict[str, Any]:
 
 
 async def step_view(runs: RunReader, row: StepRow,
-                    files: SharedFileReader | None = None) -> dict[str, Any]:
-    """A step as the API shows it; with ``files``, the files its run made as artifacts."""
+                    files: SharedFileReader | None = None, *, run: RunRow | None = None,
+                    events: list[RunEvent] | None = None) -> dict[str, Any]:
+    """A step as the API shows it; with ``files``, the files its run made as artifacts.
+    ``run`` and ``events``: its run's row and events when known already (else read)."""
     view: dict[str, Any] = {
         "task_id": row.task_id, "step_id": row.id, "name": None, "input": row.input,
         "additional_input": row.additional_input, "run_id": row.run_id,
@@ -211,8 +213,10 @@ async def step_view(runs: RunReader, row: StepRow,
         view |= {"status": status, "outcome": outcome, "output": row.output, "error": row.error,
                  "ended_at": row.ended_at}
     else:
-        run = await runs.run(row.run_id)
-        events = await runs.events(row.run_id)
+        if run is None:
+            run = await runs.run(row.run_id)
+        if events is None:
+            events = await runs.events(row.run_id)
         running = run is None or run.status in ("queued", "running")
         waiting = run is not None and run.status == "queued"  # behind earlier messages
         view |= {
@@ -235,9 +239,12 @@ async def step_view(runs: RunReader, row: StepRow,
 
 async def task_view(runs: RunReader, task: TaskRow, last: StepRow | None,
                     files: SharedFileReader | None = None,
-                    artifacts: list[Artifact] | None = None) -> dict[str, Any]:
-    """A task with its last step; ``artifacts``: those of all its steps."""
+                    artifacts: list[Artifact] | None = None, *, run: RunRow | None = None,
+                    events: list[RunEvent] | None = None) -> dict[str, Any]:
+    """A task with its last step; ``artifacts``: those of all its steps. ``run`` and
+    ``events``: the last step's run and events when known already (else read)."""
     return {"task_id": task.id, "input": task.input, "additional_input": task.additional_input,
             "agent": task.agent, "created_at": task.created_at,
             "artifacts": [a.view(task.id) for a in artifacts or ()],
-            "last_step": await step_view(runs, last, files) if last is not None else None}
+            "last_step": await step_view(runs, last, files, run=run, events=events)
+            if last is not None else None}

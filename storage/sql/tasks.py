@@ -112,19 +112,16 @@ class SqliteTasks:
 
     async def add_step(self, task_id: str, text: str,
                        additional_input: dict[str, Any]) -> StepRow:
-        now = time.time()
-        step_id = uuid.uuid4().hex
-
-        def add(conn: Any) -> StepRow:
-            conn.execute(
-                "INSERT INTO api_steps (id, task_id, seq, input, additional_input, status,"
-                " created_at) VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM api_steps"
-                " WHERE task_id = ?), ?, ?, 'created', ?)",
-                (step_id, task_id, task_id, text, json.dumps(additional_input), now))
-            return _step(conn.execute("SELECT * FROM api_steps WHERE id = ?",
-                                      (step_id,)).fetchone())
-
-        return await self.engine.transact(add)
+        """The task's next step (its ``seq`` counted in the statement): one statement, its
+        row returned by it."""
+        row = await self.engine.write_returning((
+            "INSERT INTO api_steps (id, task_id, seq, input, additional_input, status,"
+            " created_at) VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM api_steps"
+            " WHERE task_id = ?), ?, ?, 'created', ?) RETURNING *",
+            (uuid.uuid4().hex, task_id, task_id, text, json.dumps(additional_input),
+             time.time())))
+        assert row is not None  # (an INSERT … VALUES returns its row)
+        return _step(row)
 
     async def step(self, task_id: str, step_id: str) -> StepRow | None:
         row = await self.engine.fetchone(
