@@ -1,7 +1,11 @@
 """Several instances: the same WebSocket load (the instant ``echo`` model) through one
 ``pluto serve`` on SQLite (the baseline), one on PostgreSQL, and three on one PostgreSQL with
 the clients spread over them (as a load balancer would). Throughput at 100 sessions and p50
-latency with one client, as ratios to the SQLite instance measured in the same run.
+latency with one client, as ratios to the SQLite instance measured in the same run; and what a
+message costs the servers' CPU — the gateways and the PostgreSQL server's processes (read from
+/proc) together — on one PostgreSQL instance against SQLite's (target: at most 2x), and with
+three instances against one (messages per CPU-second, target: at least 0.9x). The statements a
+message costs PostgreSQL, and an idle instance's, are counted by ``--only statements``.
 
 On a 2-core machine three instances, PostgreSQL and the clients share the same two cores, so
 the figure shows what coordinating through the database costs, not how far more machines
@@ -15,6 +19,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import quote
 
 from bench.common import Figure, Report, percentile
@@ -40,34 +45,57 @@ def schema() -> Iterator[str]:
             conn.execute(f"DROP SCHEMA {name} CASCADE")
 
 
+def postgres_cpu() -> dict[int, float]:
+    """CPU seconds (user + system) of each PostgreSQL server process on this machine: its
+    backends (one per pooled connection) and its helpers (WAL writer, checkpointer...)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # (gone meanwhile)
+        name, _, rest = text.partition(" (")[2].rpartition(") ")
+        if name.startswith("postgres"):
+            fields = rest.split()
+            out[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def measure(instances: int, url: str | None, sessions: int, messages: int
-            ) -> tuple[LoadResult, float]:
+            ) -> tuple[LoadResult, float, float]:
+    """The load's result, and CPU seconds per answered message: the gateways', and the
+    database server's (0 on SQLite: there it is the gateway's own)."""
     env = {"DATABASE_URL": url} if url else {}
     with contextlib.ExitStack() as stack:
         servers = [stack.enter_context(Server("pluto", env)) for _ in range(instances)]
-        cpu0 = sum(s.cpu_seconds() for s in servers)
+        cpu0, db0 = sum(s.cpu_seconds() for s in servers), postgres_cpu()
         result = asyncio.run(load(servers, sessions, messages))
         cpu = sum(s.cpu_seconds() for s in servers) - cpu0
-    return result, cpu / max(1, len(result.latencies))
+        db1 = postgres_cpu()  # (before the gateways close their connections)
+    db = sum(t - db0.get(pid, 0.0) for pid, t in db1.items()) if url else 0.0
+    n = max(1, len(result.latencies))
+    return result, cpu / n, db / n
 
 
 def run(report: Report, quick: bool = False) -> None:
     sessions, total = (20, 400) if quick else (100, 3000)
     one = 200 if quick else 1000
-    rows: dict[str, tuple[LoadResult, LoadResult, float]] = {}
+    rows: dict[str, tuple[LoadResult, LoadResult, float, float]] = {}
     for label, instances, shared in (("1 SQLite", 1, False), ("1 PostgreSQL", 1, True),
                                      ("3 PostgreSQL", 3, True)):
         with (schema() if shared else contextlib.nullcontext(None)) as url:
-            latency, _ = measure(instances, url, 1, one)
+            latency, _, _ = measure(instances, url, 1, one)
         with (schema() if shared else contextlib.nullcontext(None)) as url:
-            busy, cpu = measure(instances, url, sessions, total)
-        rows[label] = (latency, busy, cpu)
+            busy, cpu, db = measure(instances, url, sessions, total)
+        rows[label] = (latency, busy, cpu, db)
         print(f"  {label}: p50 {percentile(latency.latencies, 50) * 1000:.1f} ms, "
-              f"{busy.rate:.0f} msg/s at {sessions} sessions, {cpu * 1000:.1f} ms CPU/message,"
-              f" errors {busy.errors}", flush=True)
-    base_latency, base_busy, base_cpu = rows["1 SQLite"]
+              f"{busy.rate:.0f} msg/s at {sessions} sessions, {cpu * 1000:.2f} ms gateway CPU"
+              f" + {db * 1000:.2f} ms database CPU per message, errors {busy.errors}",
+              flush=True)
+    base_latency, base_busy, base_cpu, _ = rows["1 SQLite"]
     for label in ("1 PostgreSQL", "3 PostgreSQL"):
-        latency, busy, cpu = rows[label]
+        latency, busy, cpu, db = rows[label]
         report.add(Figure("cluster", f"messages/s, {sessions} sessions, {label}", busy.rate,
                           "msg/s", "1 SQLite instance", base_busy.rate,
                           note=f"gateway CPU {cpu * 1000:.1f} ms/message (SQLite "
@@ -75,3 +103,17 @@ def run(report: Report, quick: bool = False) -> None:
         report.add(Figure("cluster", f"p50 latency, 1 client, {label}",
                           percentile(latency.latencies, 50), "s", "1 SQLite instance",
                           percentile(base_latency.latencies, 50)))
+    # the issue's figures: what a message costs the servers, gateway and database together
+    _, _, pg_cpu, pg_db = rows["1 PostgreSQL"]
+    one_pg = (pg_cpu + pg_db) * 1000
+    report.add(Figure("cluster", "server CPU per message, 1 PostgreSQL (gateway + database)",
+                      one_pg, "ms", "1 SQLite instance", base_cpu * 1000,
+                      target="ratio <= 2", met=one_pg <= 2 * base_cpu * 1000,
+                      note=f"gateway {pg_cpu * 1000:.2f} ms + PostgreSQL {pg_db * 1000:.2f} ms"))
+    _, _, three_cpu, three_db = rows["3 PostgreSQL"]
+    per_cpu_one, per_cpu_three = 1 / (pg_cpu + pg_db), 1 / (three_cpu + three_db)
+    report.add(Figure("cluster", "messages per server CPU-second, 3 PostgreSQL instances",
+                      per_cpu_three, "msg/CPU-s", "1 PostgreSQL instance", per_cpu_one,
+                      target="ratio >= 0.9", met=per_cpu_three >= 0.9 * per_cpu_one,
+                      note=f"gateways {three_cpu * 1000:.2f} ms + PostgreSQL "
+                           f"{three_db * 1000:.2f} ms per message"))
