@@ -217,7 +217,7 @@ class Provider(ABC):
         send replies. Webhook-style intake (False) works on every instance."""
         return False
 
-    def route(self, msg: IncomingMessage) -> Route | None:
+    def own_route(self, msg: IncomingMessage) -> Route | None:
         """Where this message goes when the provider itself decides it: only the console's
         test chat (gateway/console/trychat.py), whose callers the admin API has checked, names
         the agent for its messages. None — every platform — means the routing table and the

@@ -18,6 +18,7 @@ from pluto.gateway.pipeline.ratelimit import OncePer, Rate, RateLimiter, parse_r
 from pluto.runtime.testing import ScriptedModel
 from pluto.storage.rows import PairingError, format_code, normalize_code
 from pluto.storage.sqlite import SqliteStore
+from pluto.types import IncomingMessage, Route
 from tests.helpers.gateway import RecordingProvider
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -273,3 +274,21 @@ def test_once_per() -> None:
     for k in "bcdef":
         once.due(k)
     assert len(once) <= 3
+
+
+async def test_only_a_providers_own_route_skips_the_access_rules(make_gw) -> None:
+    """The widget looks routes up for its tabs (``route``): its messages still go through the
+    routing table's access rules; only ``own_route`` (the console's test chat) names a route."""
+    gw, _ = await make_gw("routes:\n  - {match: {user: '13'}, deny: true}\n")
+
+    class LooksRoutesUp(RecordingProvider):
+        def route(self, probe: IncomingMessage) -> Route | None:
+            return Route(agent="default", session_key="anything")
+
+    p = LooksRoutesUp("web")
+    gw.add_provider(p)
+    await p.running.wait()
+    await p.say("let me in", user="13")
+    await p.say("hello", user="14")
+    await settle(gw)
+    assert texts(p) == ["echo: hello"]

@@ -6,7 +6,7 @@ run feed (``GET /admin/runs/{id}/events``), as the conversations page follows an
 "session_id", "queued"}``. The message is a message of the provider ``console``: recorded in
 the inbox before it is answered 202, then through the pipeline like any other (its session's
 lane, commands such as ``/new`` and ``/stop``, fencing, the usage ledger) — only its route is
-the console's own (:meth:`ConsoleChat.route`: the agent named in its chat id) instead of the
+the console's own (:meth:`ConsoleChat.own_route`: the agent named in its chat id) instead of the
 routing table's. Each signed-in person has conversations of their own with each agent
 (``conversation``: the page's id for one; a new id starts afresh), in the session
 ``<agent>/console/<person>/<conversation>``, on the conversations page too.
@@ -76,7 +76,7 @@ class ConsoleChat(Provider):
             log.info("console test chat %s: %s", message.chat_id, message.text[:200])
         return message.run_id or message.answers
 
-    def route(self, msg: IncomingMessage) -> Route | None:
+    def own_route(self, msg: IncomingMessage) -> Route | None:
         agent, _, rest = msg.chat_id.partition("/")
         return Route(agent=agent, session_key=f"{agent}/{NAME}/{rest}",
                      rule="the console's test chat")
@@ -141,7 +141,7 @@ async def _say(request: web.Request) -> web.Response:
             return _bad(503, notice or reason)
         case _:  # (a duplicate: each message here has an id of its own)
             return _bad(409, "this message was taken already")
-    route = provider.route(msg)
+    route = provider.own_route(msg)
     assert route is not None
     session = await gw.store.conversations.session(route.session_key, agent)
     return web.json_response({"run_id": outcome.run_id, "session_id": session.id,

@@ -181,7 +181,7 @@ class Pipeline:
         if provider is None:
             log.error("message from unknown provider %r dropped", msg.provider)
             return Dropped(f"no provider named {msg.provider!r} is running")
-        own = provider.route(msg)  # (the console's test chat names its agent itself)
+        own = provider.own_route(msg)  # (the console's test chat names its agent itself)
         admitted = own if own is not None else await self.access.admit(msg, self.routes())
         if isinstance(admitted, Refused):
             if admitted.notice:
