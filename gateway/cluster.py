@@ -182,6 +182,21 @@ class Cluster:
         self._held[name] = took[0]
         return took, found
 
+    async def accept_taking(self, name: str, inbox: InboundStore, provider: str,
+                            message_id: str, payload: dict[str, Any]
+                            ) -> tuple[bool, tuple[int, bool] | None,
+                                       list[dict[str, Any]]] | None:
+        """A message recorded in the inbox and its chat's lease ``name`` taken, in one
+        statement (:meth:`InboundStore.accept_taking`); None where they are made apart."""
+        if self.leases is None:
+            return None
+        kwargs = {"takeover": False} if self.settling() else {}
+        done = await inbox.accept_taking(self.leases, name, self.id, self.ttl, provider,
+                                         message_id, payload, **kwargs)
+        if done is not None and done[1] is not None:
+            self._held[name] = done[1][0]
+        return done
+
     async def wait_for(self, name: str, *, cancelled: Callable[[], bool] = lambda: False) -> int:
         """Take ``name``, waiting while another instance holds it."""
         delay = self.poll / 5

@@ -260,6 +260,15 @@ class LeaseStore(Protocol):
         where the engine can): (None, []) when another holds it."""
         ...
 
+    async def take_along(self, name: str, owner: str, ttl: float,
+                         parts: list[tuple[str, Statement]], result: str, read: Statement, *,
+                         only_if: str, takeover: bool = True
+                         ) -> tuple[Any, tuple[int, bool] | None, list[Any]] | None:
+        """:meth:`take_reading` in one statement with other changes, taken only if the part
+        ``only_if`` returned a row (PostgreSQL; None elsewhere): (the value of ``result``,
+        the take, the rows read)."""
+        ...
+
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool: ...
 
     async def renew_all(self, owner: str, tokens: dict[str, int], ttl: float) -> set[str]:
@@ -334,6 +343,17 @@ class InboundStore(Protocol):
                         ) -> tuple[tuple[int, bool] | None, list[dict[str, Any]]]:
         """The chat's lease taken, and once it is, :meth:`unhandled_in_chat` (one statement
         where the engine can): (None, []) when another instance holds the chat."""
+        ...
+
+    async def accept_taking(self, leases: LeaseStore, name: str, owner: str, ttl: float,
+                            provider: str, message_id: str, payload: dict[str, Any], *,
+                            takeover: bool = True
+                            ) -> tuple[bool, tuple[int, bool] | None,
+                                       list[dict[str, Any]]] | None:
+        """:meth:`accept` and, if it is new, :meth:`take_chat` of its chat in one statement,
+        where the engine can (else None: the caller makes them apart): (whether it is new,
+        the take, the chat's messages waiting before it — the message itself not among
+        them)."""
         ...
 
     async def keep_preview(self, provider: str, message_id: str, platform_id: str) -> None:

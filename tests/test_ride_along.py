@@ -3,8 +3,9 @@
 - A run's ledger rows ride in the statement that ends the run, fenced by its chat's claim as
   that statement is: written with the answer, refused with a stale token; held rows that no
   run's end takes go alone.
-- Messages received by the instance that holds their chat are answered from memory, in order,
-  without reading the chat's inbox again.
+- A message received by an instance that has no worker for its chat takes the chat in the
+  statement that records it (still noted to the others); messages received by the instance
+  that holds their chat are answered from memory, in order, without reading its inbox again.
 
 The tests use the server named by ``PLUTO_TEST_DATABASE_URL`` (tests/helpers/pg.py) and fail
 when it is not reachable."""
@@ -139,6 +140,14 @@ async def test_messages_received_by_the_chats_holder_are_answered_without_readin
                 return await read(provider_name, chat_id, limit)
 
             inbox.unhandled_in_chat = counted  # type: ignore[method-assign]
+            takes: list[str] = []
+            take = gw.cluster.take_chat
+
+            async def taken(name: str, *args: Any) -> Any:
+                takes.append(name)
+                return await take(name, *args)
+
+            gw.cluster.take_chat = taken  # type: ignore[method-assign]
             first = await intake.submit(provider.msg("message 0", chat="held"))
             outcome = await first.outcome()
             assert isinstance(outcome, Accepted)
@@ -149,3 +158,51 @@ async def test_messages_received_by_the_chats_holder_are_answered_without_readin
             answers = await provider.wait_finals(3, chat="held")
             assert answers == ["echo: message 0", "echo: message 1", "echo: message 2"]
             assert reads == []  # (taken from the queue: the inbox read once, with the chat)
+            assert takes == []  # (the chat taken by the statement that recorded message 0)
+
+
+async def test_a_message_recorded_takes_its_chat_in_the_same_statement_and_is_still_noted(
+        two) -> None:
+    import asyncio
+
+    import psycopg
+
+    a, b = two
+    a.inbound.notify = b.inbound.notify = "ride_notes"
+    url = a.engine.url  # type: ignore[attr-defined]
+    await a.inbound.accept("telegram", "m0", {"message_id": "m0", "chat_id": "c", "via": "A"})
+    notes: list[str] = []
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("LISTEN ride_notes")
+        done = await a.inbound.accept_taking(a.leases, "chat:telegram:c", "A", 30, "telegram",
+                                             "m1", {"message_id": "m1", "chat_id": "c",
+                                                    "via": "A"})
+        assert done is not None
+        fresh, took, waiting = done
+        assert fresh and took is not None and not took[1]
+        # the messages waiting before it (the read does not see the row it records)
+        assert [m["message_id"] for m in waiting] == ["m0"]
+        # another instance's message for the chat A holds: recorded, the chat not taken
+        assert await b.inbound.accept_taking(b.leases, "chat:telegram:c", "B", 30, "telegram",
+                                             "m2", {"message_id": "m2", "chat_id": "c",
+                                                    "via": "B"}) == (True, None, [])
+        # a redelivery: not recorded again, and it takes nothing (as a recording alone)
+        await a.engine.write(("UPDATE leases SET until = 0 WHERE name = ?",
+                              ("chat:telegram:c",)))  # (A's lease ran out: takeable)
+        assert await b.inbound.accept_taking(b.leases, "chat:telegram:c", "B", 30, "telegram",
+                                             "m1", {"message_id": "m1", "chat_id": "c",
+                                                    "via": "B"}) == (False, None, [])
+        assert (await b.leases.holder("chat:telegram:c")) is None  # (ran out, not taken)
+        took_b = await b.inbound.accept_taking(b.leases, "chat:telegram:c", "B", 30,
+                                               "telegram", "m3", {"message_id": "m3",
+                                                                  "chat_id": "c", "via": "B"})
+        assert took_b is not None and took_b[1] is not None and took_b[1][1]  # taken over
+        assert [m["message_id"] for m in took_b[2]] == ["m0", "m1", "m2"]
+
+        async def drain() -> None:
+            async for note in conn.notifies():
+                notes.append(note.payload)
+        with pytest.raises(TimeoutError):  # (notifications come at commit: all there now)
+            await asyncio.wait_for(drain(), 0.3)
+    # each message recorded is noted (a redelivery is not)
+    assert notes == ["new|telegram|c|A", "new|telegram|c|B", "new|telegram|c|B"]

@@ -65,11 +65,14 @@ def message_from_dict(d: dict[str, Any]) -> IncomingMessage:
 class Ticket:
     """A message handed over; :meth:`outcome` waits for the pipeline's decision."""
 
-    __slots__ = ("message", "_future")
+    __slots__ = ("message", "_future", "asked", "recorded")
 
     def __init__(self, message: IncomingMessage):
         self.message = message
         self._future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        # when its recording in the inbox was asked for and when it was done, on the intake's
+        # own count (one recorded before another was asked for comes first in the inbox)
+        self.asked = self.recorded = 0
 
     async def outcome(self) -> Outcome:
         return await asyncio.shield(self._future)
@@ -175,6 +178,7 @@ class IntakeQueue:
         self._news: set[str] = set()
         self._all_news = False
         self._notes: set[asyncio.Task[None]] = set()  # notes being sent
+        self._ticks = 0  # the count tickets' recordings are ordered by (Ticket.asked)
 
     @property
     def free(self) -> int:
@@ -216,15 +220,25 @@ class IntakeQueue:
         payload = message_to_dict(msg)
         if self.shared is not None:  # who received it: told what became of it (note "done")
             payload["via"] = self.shared.cluster.id
+        taking = self._taking(msg) if mid else None
+        ticket.asked = self._tick()
         try:
-            fresh = not mid or await self.inbox.accept(msg.provider, mid, payload)
+            if taking is not None:
+                fresh = await self._accept_taking(msg, mid, payload, taking)
+            else:
+                fresh = not mid or await self.inbox.accept(msg.provider, mid, payload)
         except BaseException:
+            if taking is not None:
+                _tell(taking, None)  # (its worker takes the chat itself)
+            self._unsure(msg.chat_id)
             self._release()
             raise
         finally:
+            ticket.recorded = self._tick()
             if arriving and self._arriving.get(mid) is ticket:
                 del self._arriving[mid]
         if not fresh:
+            self._unsure(msg.chat_id)
             self._release()
             log.info("%s: message %s was delivered again; ignored", msg.provider,
                      msg.message_id)
@@ -234,6 +248,52 @@ class IntakeQueue:
             self._release()
             return ticket
         return self._enqueue(msg, ticket)
+
+    def _tick(self) -> int:
+        self._ticks += 1
+        return self._ticks
+
+    def _unsure(self, key: str) -> None:
+        """A recording of a message of chat ``key`` failed, or found the message there
+        already (a redelivery — or the engine's retry of a recording that had committed):
+        the chat's inbox may hold a message of ours that is not in its queue — it is read,
+        not taken from memory, next time (:meth:`_only_ours`)."""
+        if self.shared is not None:
+            self._news.add(key)
+
+    def _taking(self, msg: IncomingMessage) -> asyncio.Future[Any] | None:
+        """Several instances, no worker here for the message's chat: one is started now,
+        waiting for the statement that records the message to take the chat as well (one
+        statement for both: :meth:`_accept_taking`); what it is told, or None (no worker
+        started: the chat has one)."""
+        key = msg.chat_id
+        if self.shared is None or self._closed or key in self._workers or \
+                msg.provider != self.name:
+            return None
+        taking: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        queue = self._chats.setdefault(key, deque())
+        self._workers[key] = asyncio.create_task(self._work_shared(key, queue, taking),
+                                                 name=f"intake:{self.name}:{key}")
+        return taking
+
+    async def _accept_taking(self, msg: IncomingMessage, mid: str, payload: dict[str, Any],
+                             taking: asyncio.Future[Any]) -> bool:
+        """Record the message and take its chat in one statement; its chat's worker is told
+        how that went (``taking``): None, take the chat yourself; (None, None), another
+        instance holds it; else (the take, the chat's waiting messages, this one last)."""
+        assert self.shared is not None
+        self._heard_of(msg.chat_id)  # (taking the chat reads its inbox)
+        done = await self.shared.cluster.accept_taking(f"chat:{self.name}:{msg.chat_id}",
+                                                       self.inbox, self.name, mid, payload)
+        if done is None:  # (the engine makes them apart)
+            _tell(taking, None)
+            return await self.inbox.accept(msg.provider, mid, payload)
+        fresh, took, waiting = done
+        if took is not None and fresh:  # (the read did not see it: as a read would give it)
+            waiting = [*waiting, json.loads(json.dumps(payload))]
+        # (a worker cancelled meanwhile: the gateway is stopping; the lease goes with it)
+        _tell(taking, (took, waiting if took is not None else None))
+        return bool(fresh)
 
     async def replay(self) -> int:
         """Queue the messages a previous process received and never handled (before any new
@@ -329,13 +389,18 @@ class IntakeQueue:
 
     # several instances ------------------------------------------------------------------------
 
-    async def _work_shared(self, key: str, queue: deque[Ticket]) -> None:
+    async def _work_shared(self, key: str, queue: deque[Ticket],
+                           taking: asyncio.Future[Any] | None = None) -> None:
+        """A chat's worker; ``taking``: the chat is taken by the statement that records its
+        message, which tells how it went (:meth:`_accept_taking`)."""
         assert self.shared is not None
         lease = f"chat:{self.name}:{key}"
         try:
+            given = await taking if taking is not None else None
             while True:
+                turn, given = given, None
                 try:
-                    if await self._hold_chat(key, queue, lease):
+                    if await self._hold_chat(key, queue, lease, turn):
                         return
                 except StorageError as e:  # the database is away: the messages wait in it
                     log.warning("%s: chat %s waits for storage (%s)", self.name, key, e)
@@ -350,13 +415,18 @@ class IntakeQueue:
                 self._release()
             queue.clear()
 
-    async def _hold_chat(self, key: str, queue: deque[Ticket], lease: str) -> bool:
+    async def _hold_chat(self, key: str, queue: deque[Ticket], lease: str,
+                         given: tuple[Any, Any] | None = None) -> bool:
         """One turn of a chat's worker: hold the chat and answer its waiting messages, or
-        learn what became of ours; whether the worker is done."""
+        learn what became of ours; whether the worker is done. ``given``: the chat was taken
+        (or found held) already, by the statement that recorded a message: (take, read)."""
         assert self.shared is not None
         cluster = self.shared.cluster
-        self._heard_of(key)  # (taking the chat reads its inbox)
-        took, first = await cluster.take_chat(lease, self.inbox, self.name, key)
+        if given is None:
+            self._heard_of(key)  # (taking the chat reads its inbox)
+            took, first = await cluster.take_chat(lease, self.inbox, self.name, key)
+        else:
+            took, first = given
         if took is None:  # another instance holds the chat
             if not queue:
                 return True  # nothing of ours waits: the holder takes the rest
@@ -570,22 +640,29 @@ class IntakeQueue:
         """The chat's messages not yet handled, when all of them were received here since its
         inbox was last read (queued after ``seen``) — in memory: the inbox is not read again
         (a statement per message fewer) — else None (read it). Only when no other instance
-        noted one (:meth:`_more_since`); a message the inbox holds again for a run handed
-        back is read. (A ticket queued before the last read and not in it was handled
-        elsewhere: its outcome is learnt once the chat is let go.)"""
-        if self._more_news(key):
-            return None
+        noted one (:meth:`_more_since`), none of ours is being recorded or could not be
+        (:meth:`_unsure`), and each was recorded before the next was asked for (the inbox's
+        order); a message the inbox holds again for a run handed back is read. (A ticket
+        queued before the last read and not in it was handled elsewhere: its outcome is
+        learnt once the chat is let go.)"""
+        if self._more_news(key) or any(t.message.chat_id == key
+                                       for t in self._arriving.values()):
+            return None  # (one of ours still being recorded may come first in the inbox)
         assert self.shared is not None
-        ours, before = [], set(seen)
+        before = set(seen)
         seen.clear()
         seen.update(queue)
-        for ticket in queue:
-            if ticket.done() or ticket in before:
-                continue
+        ours = [t for t in queue if not t.done() and t not in before]
+        # in the inbox's order only if each was recorded before the next was asked for
+        # (recordings made side by side may have reached the inbox in either order)
+        if not ours or any(a.recorded >= b.asked for a, b in zip(ours, ours[1:])):
+            return None
+        payloads = []
+        for ticket in ours:
             payload = message_to_dict(ticket.message)
             payload["via"] = self.shared.cluster.id
-            ours.append(payload)
-        return ours or None
+            payloads.append(payload)
+        return payloads
 
     def _more_news(self, key: str) -> bool:
         """Whether another instance may have recorded a message of the chat since its inbox
@@ -706,6 +783,11 @@ class IntakeQueue:
             log.warning("%s: %d chat(s) still had messages being handled at shutdown",
                         self.name, len(pending))
             await asyncio.wait(pending, timeout=5)
+
+
+def _tell(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 def _stored_id(msg: IncomingMessage) -> str:

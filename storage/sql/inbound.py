@@ -155,6 +155,37 @@ class SqliteInbound:
             name, owner, ttl, _unhandled_in_chat(provider, chat_id, 100), takeover=takeover)
         return took, [_with_preview(r[0], r[1]) for r in rows if r[0]]
 
+    async def accept_taking(self, leases: LeaseStore, name: str, owner: str, ttl: float,
+                            provider: str, message_id: str, payload: dict[str, Any], *,
+                            takeover: bool = True
+                            ) -> tuple[bool, tuple[int, bool] | None,
+                                       list[dict[str, Any]]] | None:
+        """:meth:`accept` and :meth:`take_chat` of its chat in one statement (PostgreSQL,
+        several instances: its notification too); None elsewhere. A message seen before takes
+        nothing (as :meth:`accept` alone). The chat's messages read are those before it (the
+        read does not see the row the statement records)."""
+        if self.notify is None:
+            return None
+        chat_id = str(payload.get("chat_id", ""))
+        parts: list[tuple[str, Statement]] = [
+            ("ins", ("INSERT INTO inbound_seen (provider, message_id, seen_at, payload, handled,"
+                     f" chat_id) VALUES (?,?,{self._now},?,0,?) ON CONFLICT DO NOTHING"
+                     " RETURNING provider, chat_id",
+                     (provider, message_id, *self._at(), json.dumps(payload), chat_id))),
+            ("n", ("SELECT pg_notify(?, 'new|' || provider || '|' || chat_id || '|' || ?)"
+                   " FROM ins", (self.notify, str(payload.get("via") or ""))))]
+        done = await leases.take_along(
+            name, owner, ttl, parts, "(SELECT count(*) FROM ins) + 0 * (SELECT count(*) FROM n)",
+            _unhandled_in_chat(provider, chat_id, 100), only_if="ins", takeover=takeover)
+        if done is None:
+            return None
+        inserted, took, rows = done
+        if inserted:
+            self._since_prune += 1
+            if self._since_prune >= self.prune_every:
+                await self.prune()
+        return bool(inserted), took, [_with_preview(r[0], r[1]) for r in rows if r[0]]
+
     async def keep_preview(self, provider: str, message_id: str, platform_id: str) -> None:
         """The live preview shown in answer to the message (a rerun after a crash edits it)."""
         await self.engine.write((

@@ -116,6 +116,33 @@ class SqlLeases:
         took = (int(rows[0][0]), bool(rows[0][1]))
         return took, [tuple(r)[2:] for r in rows if r[2] is not None]
 
+    async def take_along(self, name: str, owner: str, ttl: float,
+                         parts: list[tuple[str, Statement]], result: str, read: Statement, *,
+                         only_if: str, takeover: bool = True
+                         ) -> tuple[Any, tuple[int, bool] | None, list[Any]] | None:
+        """(PostgreSQL) :meth:`take_reading` in one statement with other changes: ``parts``,
+        data-modifying CTEs (``name AS (statement)``, different rows) made first — the lease
+        is taken only if the one named ``only_if`` returned a row — and ``result``, an SQL
+        expression over them (a scalar subquery): (its value, the take, the rows of ``read``:
+        none when it was not taken). ``read`` sees the database as it was before the
+        statement, without what ``parts`` wrote. None on another engine (the caller makes
+        them apart)."""
+        if self.engine.dialect != "postgres":
+            return None
+        sql, params = self._take(name, owner, ttl, takeover)
+        head, _, rest = sql.partition(" VALUES (")
+        values, _, tail = rest.partition(") ON CONFLICT")
+        sql = f"{head} SELECT {values} FROM {only_if} ON CONFLICT{tail}"
+        rows = await self.engine.fetchall(
+            "WITH " + ", ".join(f"{n} AS ({s})" for n, (s, _) in parts)
+            + f", l AS ({sql}) SELECT {result} AS along, l.token AS lease_token,"
+            f" l.taken AS lease_taken, r.* FROM (SELECT 1) AS one LEFT JOIN l ON true"
+            f" LEFT JOIN LATERAL ({read[0]}) r ON l.token IS NOT NULL",
+            (*(p for _, (_, ps) in parts for p in ps), *params, *read[1]))
+        first = tuple(rows[0])
+        took = (int(first[1]), bool(first[2])) if first[1] is not None else None
+        return first[0], took, [tuple(r)[3:] for r in rows if tuple(r)[3] is not None]
+
     def _take(self, name: str, owner: str, ttl: float, takeover: bool) -> Statement:
         now = self._now
         return (f"INSERT INTO leases (name, owner, token, until, taken) VALUES"
