@@ -1,8 +1,9 @@
 """PostgreSQL, several instances: fewer statements per message, the same guarantees (issue 30).
 
 - A run's ledger rows ride in the statement that ends the run, fenced by its chat's claim as
-  that statement is: written with the answer, refused with a stale token; held rows that no
-  run's end takes go alone.
+  that statement is: written with the answer; with a stale token the run's end is refused and
+  the calls it paid for are counted in rows of their own; held rows that no run's end takes go
+  alone.
 - A message received by an instance that has no worker for its chat takes the chat in the
   statement that records it (still noted to the others); messages received by the instance
   that holds their chat are answered from memory, in order, without reading its inbox again.
@@ -92,7 +93,8 @@ async def test_a_runs_ledger_rows_are_written_by_the_statement_that_ends_it(
                                                      ("agent", "month", 2, 300)]
 
 
-async def test_a_taken_over_runs_ledger_rows_are_refused_with_its_end(two, monkeypatch) -> None:
+async def test_a_taken_over_runs_end_is_refused_and_its_paid_calls_still_counted(
+        two, monkeypatch) -> None:
     monkeypatch.setattr(usage_module, "RIDE_SECONDS", 3600.0)
     a, b = two
     lease = "chat:telegram:1"
@@ -103,9 +105,12 @@ async def test_a_taken_over_runs_ledger_rows_are_refused_with_its_end(two, monke
     assert await b.leases.take(lease, "b", 30) is not None  # b takes the chat (a token more)
     with pytest.raises(RunTakenOver):
         await complete(a, "r2", session)
-    assert await held == 0
-    assert await a.usage.calls(run_id="r2") == []
-    assert await counters(a) == []
+    # the answer and the run's end are refused; the model call made here was paid for: it
+    # counts for the budgets, in rows of its own
+    assert (await a.engine.fetchone("SELECT status FROM runs WHERE id = ?", ("r2",)))[0] != "ok"
+    assert await held == 1
+    assert [c.input_tokens for c in await a.usage.calls(run_id="r2")] == [100]
+    assert [tuple(r)[2:] for r in await counters(a)] == [(1, 100), (1, 100)]
 
 
 async def test_ledger_rows_no_runs_end_takes_go_alone(two, monkeypatch) -> None:

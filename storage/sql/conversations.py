@@ -702,10 +702,8 @@ class SqliteConversations:
                         f"the end of run {run_id} was interrupted: its usage may be missing"))
                 raise
             if done is None or not done[0]:
-                if held is not None:
-                    log.warning("run %s was taken over: the usage of its %d call(s) here is "
-                                "not recorded", run_id, len(held.calls))
-                    held.settle(0)
+                if held is not None:  # (its calls were made and paid for: counted all the same)
+                    await self._taken_over_usage(run_id, held)
                 raise RunTakenOver(f"run {run_id} was taken over by another instance")
             if held is not None:
                 held.settle(len(held.calls))
@@ -882,6 +880,21 @@ class SqliteConversations:
         for end in ended:
             self._forget(end.run_id)
         return ended
+
+    async def _taken_over_usage(self, run_id: str, held: Any) -> None:
+        """The ledger rows of a run whose end was refused (taken over by another instance):
+        the model calls made here were paid for, so they count for the budgets anyway — rows
+        of their own, apart from the run's state, which stays the new owner's."""
+        try:
+            await self.engine.write(*held.statements())
+        except Exception as e:  # noqa: BLE001 - the run's refusal goes on; this is logged
+            log.warning("run %s was taken over, and the usage of its %d call(s) here could not "
+                        "be recorded: %s", run_id, len(held.calls), e)
+            held.settle(e)
+            return
+        log.info("run %s was taken over: the usage of its %d call(s) here is recorded",
+                 run_id, len(held.calls))
+        held.settle(len(held.calls))
 
     async def recent_runs(self, *, limit: int = 50, agent: str | None = None,
                           status: str | None = None) -> list[dict[str, Any]]:
