@@ -21,13 +21,14 @@ import pytest
 
 import pluto.storage.sql.usage as usage_module
 from pluto.errors import RunTakenOver
-from pluto.events import MessageFinal, RunEnd, RunStart
+from pluto.events import MessageFinal, RunEnd
 from pluto.runtime.testing import Scripted, ScriptedModel
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.sql.usage import UsageCall
 from pluto.types import Accepted
 from tests.test_cluster_inprocess import gateways_on, until_running
 from tests.helpers.pg import fresh_schema
+from tests.test_claims import run_under_claim
 
 pytestmark = pytest.mark.postgres
 
@@ -50,15 +51,8 @@ def call(session_id: str, run_id: str, tokens: int, cost: float | None) -> Usage
 
 async def started(store: PostgresStore, run_id: str, msg_id: str, claim: tuple[str, int]
                   ) -> str:
-    conv = store.conversations
-    await store.inbound.accept("telegram", msg_id, {"chat_id": "1", "text": "hi",
-                                                    "message_id": msg_id})
-    conv.claim(("telegram", msg_id), claim)
-    session = await conv.session("agent/telegram/1", "agent")
-    await conv.start_run(run_id, session.id, "agent", "hi",
-                         RunStart(run_id=run_id, session_id=session.id, agent="agent"),
-                         source=("telegram", msg_id))
-    return session.id
+    """A run of chat 1 started under ``claim``: its session's id."""
+    return (await run_under_claim(store, run_id, msg_id, claim)).id  # type: ignore[no-any-return]
 
 
 async def counters(store: PostgresStore) -> list[Any]:
