@@ -429,4 +429,6 @@ async def test_the_test_chat_speaks_to_an_agent_no_route_names(gw: Gateway, peop
     assert (await otto.call("POST", "/admin/agents/support/chat",
                             {"text": "x" * 20_001}))[0] == 413
     assert (await otto.call("POST", "/admin/agents/support/chat",
+                            {"text": "é" * 20_000, "pad": "x" * 100_000}))[0] == 413
+    assert (await otto.call("POST", "/admin/agents/support/chat",
                             {"text": "hi", "conversation": "../etc"}))[0] == 400

@@ -100,11 +100,14 @@ def _bad(status: int, error: str) -> web.Response:
     return web.json_response({"error": error}, status=status)
 
 
-async def _say(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY_KEY]
-    agent = request.match_info["name"]
+async def _said(request: web.Request) -> tuple[str, str] | web.Response:
+    """The message's text and conversation id from the request's body, or the refusal."""
+    limit = 4 * MAX_TEXT + 1024  # (JSON escapes: up to 4 bytes a character and the rest)
+    raw = await request.content.read(limit + 1)
+    if len(raw) > limit:
+        return _bad(413, f"a message holds at most {MAX_TEXT:,} characters")
     try:
-        body = jsonlimits.loads(await request.content.read(4 * MAX_TEXT + 1024))
+        body = jsonlimits.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return _bad(400, "the body is not valid JSON")
     text = body.get("text") if isinstance(body, dict) else None
@@ -115,6 +118,16 @@ async def _say(request: web.Request) -> web.Response:
         return _bad(413, f"a message holds at most {MAX_TEXT:,} characters")
     if not isinstance(conversation, str) or not CONVERSATION.fullmatch(conversation):
         return _bad(400, "'conversation' is 1 to 40 letters, digits, '-' or '_'")
+    return text, conversation
+
+
+async def _say(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY_KEY]
+    agent = request.match_info["name"]
+    said = await _said(request)
+    if isinstance(said, web.Response):
+        return said
+    text, conversation = said
     if agent not in gw.registry:
         return _bad(404, f"no agent named {agent!r}")
     try:
