@@ -147,7 +147,7 @@ async def _say(request: web.Request) -> web.Response:
         return _bad(503, "the message could not be recorded just now; send it again")
     match outcome:
         case Accepted():
-            pass
+            pass  # taken: its run answers it, on the run feed (below: 202)
         case Answered(text=text, failed=failed):  # a command: /help, /new, /stop ...
             return web.json_response({"answer": text, "failed": failed})
         case Refused(notice=notice, reason=reason) | Dropped(notice=notice, reason=reason):
