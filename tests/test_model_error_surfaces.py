@@ -57,6 +57,7 @@ async def test_a_visitor_reads_a_plain_sentence_and_the_operator_the_cause(
         assert seen == UNAVAILABLE
         assert "127.0.0.1" not in seen and "http" not in seen
         assert full == f"The model service at {fake.base_url} had an error: upstream exploded."
+        await gw.settled()  # (the error is shown at once; the run's end commits just after)
         run_ids = [m.run_id for m in visitor.sent + operator.sent if m.kind == "error"]
         for run_id in run_ids:  # the admin API's view of the run has both
             [error] = [e for e in await gw.store.conversations.events(run_id)
