@@ -13,7 +13,6 @@ when it is not reachable."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +27,11 @@ from pluto.storage.sql.usage import UsageCall
 from pluto.types import Accepted
 from tests.test_cluster_inprocess import gateways_on, until_running
 from tests.helpers.pg import fresh_schema
-from tests.test_claims import run_under_claim
+from tests.test_claims import run_under_claim, two  # noqa: F401 (two: a fixture)
 
 pytestmark = pytest.mark.postgres
 
 PERIODS = {"day": 86400.0 * 20000, "month": 86400.0 * 19990}
-
-
-@pytest.fixture
-async def two() -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
-    with fresh_schema() as url:
-        async with PostgresStore(url) as a, PostgresStore(url) as b:
-            a.conversations.owner, b.conversations.owner = "a", "b"
-            yield a, b
 
 
 def call(session_id: str, run_id: str, tokens: int, cost: float | None) -> UsageCall:
