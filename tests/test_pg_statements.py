@@ -125,3 +125,35 @@ async def _until(condition, timeout: float = 30.0) -> None:
         while not condition():
             await asyncio.sleep(0.02)
     await asyncio.wait_for(wait(), timeout)
+
+
+async def test_the_bus_hears_notes_and_says_when_it_may_have_missed_some():
+    """Notes are heard through asyncpg's listener; the listening connection terminated, the bus
+    connects again and hands every callback None (re-read what you follow), then hears on."""
+    with fresh_schema() as url:
+        name = f"pluto-bus-{uuid.uuid4().hex[:8]}"
+        url += ("&" if "?" in url else "?") + f"application_name={name}"
+        async with PostgresStore(url, min_size=1, max_size=2) as store:
+            heard: list[str | None] = []
+            store.bus.subscribe("pluto_test", heard.append)
+            await _until(lambda: _listening(store, name), 10)
+            await store.bus.publish("pluto_test", ["a", "b"])
+            await _until(lambda: heard == ["a", "b"])
+            killer = await asyncio.to_thread(_connect, url)
+            try:
+                await asyncio.to_thread(_terminate, killer, name)
+            finally:
+                killer.close()
+            await _until(lambda: heard[2:] == [None])
+            await _until(lambda: _listening(store, name), 10)
+            await store.bus.publish("pluto_test", ["c"])
+            await _until(lambda: heard[3:] == ["c"])
+
+
+def _listening(store: PostgresStore, name: str) -> bool:
+    """Whether the store's bus has its LISTEN in place (on a connection of its own)."""
+    import psycopg
+    with psycopg.connect(store.url, autocommit=True) as conn:
+        return bool(conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND query LIKE"
+            " 'LISTEN %%' AND state = 'idle'", (name,)).fetchone()[0])
