@@ -44,7 +44,10 @@ from bench.servers import Server
 API_KEY = "bench-statements-key-0123456789"
 TELEGRAM_TOKEN = "123456789:AAFakeTokenForPlutoBench_0123456789ab"
 SETTLE = 1.0  # seconds after the last answer before the counters are read again
-IDLE = 5.0  # seconds of the idle window
+# seconds of the idle window: several periods of the slowest timers (every 10 s), so the rate
+# does not depend on where their phase falls (a 5 s window read 0.6 or 1.4 /s of the same rate)
+IDLE = 30.0
+IDLE_QUICK = 15.0
 TOP = 15
 ECHO = "{model: echo}"  # answers at once with the user's words: the gateway's cost only
 STREAMED = '{{model: openai/fake, api_base: "{url}", timeout: 60, retries: 0}}'
@@ -251,7 +254,7 @@ async def _engine(database_url: str | None, quick: bool,
                    await telegram(server, fake, 20, many, 8000)]
         before = await server.counts()
         t0 = time.perf_counter()
-        await asyncio.sleep(IDLE)
+        await asyncio.sleep(IDLE_QUICK if quick else IDLE)
         statements, events = _diff(before, await server.counts())
         idle = Window("idle", 0, time.perf_counter() - t0, statements, events)
     finally:
