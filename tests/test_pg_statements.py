@@ -12,7 +12,9 @@ import pytest
 from pluto.errors import StorageUnavailable
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.postgres.engine import _count, _kind, _numbered
+from tests.helpers.pg import connect as _connect
 from tests.helpers.pg import fresh_schema
+from tests.helpers.pg import terminate as _terminate
 
 
 def test_placeholders_are_numbered_and_typed_as_psycopg_sends_them():
@@ -106,18 +108,6 @@ async def test_backends_terminated_mid_traffic_lose_and_double_nothing():
             rows = {r["id"] for r in await engine.fetchall("SELECT id FROM w")}
             assert set(written) <= rows <= set(written) | set(maybe)
             assert engine.health.problem is None
-
-
-def _connect(url: str):
-    import psycopg
-    return psycopg.connect(url, autocommit=True)
-
-
-def _terminate(conn, name: str) -> int:
-    rows = conn.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s"
-        " AND pid <> pg_backend_pid()", (name,)).fetchall()
-    return len(rows)
 
 
 async def _until(condition, timeout: float = 30.0) -> None:

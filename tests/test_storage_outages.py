@@ -24,7 +24,9 @@ from pluto.storage.postgres import PostgresStore
 from pluto.storage.sqlite import SqliteStore
 from pluto.storage.sqlite import engine as sqlite_engine
 from tests.helpers.gateway import RecordingProvider
+from tests.helpers.pg import connect as _connect
 from tests.helpers.pg import fresh_schema
+from tests.helpers.pg import terminate as _terminate
 
 
 def failing(times: int, error: Exception, calls: list[int]):
@@ -127,18 +129,6 @@ async def test_postgres_retries_on_a_fresh_connection_after_backends_are_termina
                 assert row[0] == 1
             finally:
                 killer.close()
-
-
-def _connect(url: str):
-    import psycopg
-    return psycopg.connect(url, autocommit=True)
-
-
-def _terminate(conn, name: str) -> int:
-    rows = conn.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s"
-        " AND pid <> pg_backend_pid()", (name,)).fetchall()
-    return len(rows)
 
 
 async def test_postgres_gives_up_when_the_server_is_away(tmp_path):

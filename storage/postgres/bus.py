@@ -85,8 +85,12 @@ class PgBus:
                 conn = await asyncpg.connect(self.engine.url,
                                              timeout=max(1.0, self.engine.connect_timeout))
                 gone: asyncio.Future[None] = loop.create_future()
-                conn.add_termination_listener(
-                    lambda _: gone.done() or gone.set_result(None))
+
+                def closed(_conn: Any, gone: asyncio.Future[None] = gone) -> None:
+                    if not gone.done():
+                        gone.set_result(None)
+
+                conn.add_termination_listener(closed)
                 for scoped in by_name:  # (each note is handed on from asyncpg's own reader)
                     await conn.add_listener(
                         scoped, lambda _c, _pid, channel, payload:

@@ -191,7 +191,7 @@ class PostgresEngine:
             self._pool = await self._in_thread(self._open_pool)
             self._asyncpg = await self._in_thread(importlib.import_module, "asyncpg")
             self._apool = await self._asyncpg.create_pool(
-                self.url, min_size=min(1, self.max_size), max_size=self.max_size,
+                self.url, min_size=min(self.min_size, self.max_size), max_size=self.max_size,
                 timeout=self.connect_timeout, statement_cache_size=STATEMENT_CACHE,
                 max_inactive_connection_lifetime=300.0, init=self._configure_async,
                 reset=_kept_as_is)
@@ -318,18 +318,10 @@ class PostgresEngine:
         stop it: it runs whole or fails whole."""
         if self._apool is None:
             raise StorageError("storage is not open")
-        self._open_calls += 1
-        self._idle.clear()
         values = tuple(params)
         query = _numbered(sql, tuple(map(_kind, values)))
-        task = asyncio.ensure_future(self._statement_retried(method, query, values))
-        try:
-            return await asyncio.shield(task)
-        finally:
-            if task.done():
-                self._settled()
-            else:
-                task.add_done_callback(lambda _: self._settled())
+        return await self._whole(asyncio.ensure_future(
+            self._statement_retried(method, query, values)))
 
     async def _statement_retried(self, method: str, sql: str, params: tuple[Any, ...]) -> Any:
         errors = self._asyncpg.exceptions
@@ -377,11 +369,15 @@ class PostgresEngine:
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         if self._executor is None:
             raise StorageError("storage is not open")
+        return await self._whole(
+            asyncio.get_running_loop().run_in_executor(self._executor, fn, *args))
+
+    async def _whole(self, fut: asyncio.Future[T]) -> T:
+        """``fut``'s result; a caller cancelled meanwhile does not stop the change: it commits
+        or fails whole (and :meth:`close` waits for it)."""
         self._open_calls += 1
         self._idle.clear()
-        fut = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
         try:
-            # a caller cancelled meanwhile does not stop the change: it commits or fails whole
             return await asyncio.shield(fut)
         finally:
             if fut.done():

@@ -44,3 +44,18 @@ def fresh_schema() -> Iterator[str]:
     finally:
         with _connect() as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def connect(url: str):  # type: ignore[no-untyped-def]
+    """A plain autocommit connection to ``url`` (to act on the server beside a store)."""
+    import psycopg
+    return psycopg.connect(url, autocommit=True)
+
+
+def terminate(conn, application_name: str) -> int:  # type: ignore[no-untyped-def]
+    """``pg_terminate_backend`` on every backend of ``application_name`` but ``conn``'s own;
+    how many."""
+    rows = conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s"
+        " AND pid <> pg_backend_pid()", (application_name,)).fetchall()
+    return len(rows)
