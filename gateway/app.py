@@ -429,10 +429,8 @@ class Gateway:
 
     async def _adopt_orphans(self) -> None:
         """Several instances: now and then, find runs whose instance died and have the chat's
-        intake take them over (their messages are answered again, in order). Every half lease:
-        a dead instance's lease runs out after a lease at most, so its runs are found within
-        1.5 leases of its death (an idle instance's second most frequent statement)."""
-        every = max(1.0, self.cluster.ttl / 2)
+        intake take them over (their messages are answered again, in order)."""
+        every = max(1.0, self.cluster.ttl / 3)
         while True:
             await asyncio.sleep(every)
             try:
