@@ -20,10 +20,11 @@ import pytest
 import pluto.gateway.cluster as cluster_module
 from pluto.gateway.cluster import Cluster
 from pluto.gateway.delivery.delivery import Delivery
-from pluto.gateway.delivery.outbox import Outbox
+from pluto.gateway.delivery.outbox import Outbox, RetryPolicy
 from pluto.gateway.delivery.streaming import EditThrottle
 from pluto.storage.sqlite import SqliteStore
 from pluto.types import Capabilities, IncomingMessage, MessageDelta, MessageFinal, OutgoingMessage
+from pluto.errors import ProviderError
 from pluto.events import RunEnd, RunEvent, RunStart
 from tests.helpers.gateway import RecordingProvider
 
@@ -153,6 +154,63 @@ async def test_the_outbox_sends_no_reply_while_silent_and_sends_it_once_after(st
     await outbox.flush(p)
     await outbox.idle()
     assert len(p.sent) == 1
+
+
+async def test_a_silenced_try_counts_no_attempt_so_no_false_crash_warning(store, caplog) -> None:
+    """"May have been delivered before a crash" is said only when a call may have been made:
+    tries refused by the fence (here 3) add no attempt to the one counted with the record."""
+    p = RecordingProvider()
+    silent = [True]
+    outbox = Outbox(store.outbox, {"test": p}, sweep_seconds=0, may_send=lambda: not silent[0])
+    await outbox.open()
+    done = await outbox.deliver(p, "r1", [OutgoingMessage(chat_id="c1", text="the answer")])
+    assert await done is False
+    for _ in range(2):
+        await outbox.flush(p)
+        await outbox.idle()
+    assert p.sent == []
+    [row] = await store.outbox.reply("r1")
+    assert row.status == "pending" and row.attempts == 1  # the call to come, counted at once
+    silent[0] = False
+    with caplog.at_level("WARNING", logger="pluto"):
+        assert await outbox.flush(p) == 1
+        await outbox.idle()
+    assert [m.text for m in p.sent] == ["the answer"]
+    assert "may have been delivered" not in caplog.text
+    [row] = await store.outbox.reply("r1")
+    assert row.status == "sent" and row.attempts == 1
+
+
+async def test_a_fence_closing_while_the_attempt_is_recorded_sends_nothing_then_once(
+        store, caplog) -> None:
+    """The fence is checked again after a call is counted: closed meanwhile, nothing is sent;
+    the next try here counts no second attempt for that call and warns of no crash."""
+    p = RecordingProvider()
+    p.failures.append(ProviderError("timed out"))  # the first call fails: the retry is counted
+    open_ = [True]
+    outbox = Outbox(store.outbox, {"test": p}, sweep_seconds=0, may_send=lambda: open_[0],
+                    retry=RetryPolicy(attempts=3, base_delay=0.0))
+    await outbox.open()
+    attempted = store.outbox.attempted
+
+    async def closing(row_id: int) -> None:
+        await attempted(row_id)
+        open_[0] = False  # the lease ran out during this statement
+
+    store.outbox.attempted = closing  # type: ignore[method-assign]
+    done = await outbox.deliver(p, "r1", [OutgoingMessage(chat_id="c1", text="the answer")])
+    assert await done is False and p.sent == []
+    [row] = await store.outbox.reply("r1")
+    assert row.attempts == 2  # the failed call and the one the fence stopped
+    store.outbox.attempted = attempted  # type: ignore[method-assign]
+    open_[0] = True
+    with caplog.at_level("WARNING", logger="pluto"):
+        assert await outbox.flush(p) == 1
+        await outbox.idle()
+    assert [m.text for m in p.sent] == ["the answer"]
+    assert "may have been delivered" not in caplog.text
+    [row] = await store.outbox.reply("r1")
+    assert row.status == "sent" and row.attempts == 2
 
 
 async def test_a_runs_previews_and_typing_stop_once_its_fence_closes(store, data_dir) -> None:

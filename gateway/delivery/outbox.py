@@ -390,11 +390,16 @@ class Outbox:
             if message.edit_of:
                 await self.throttle.turn(key)  # edits of one chat keep their pace
             await self.flood.wait(key)
+            self._check_fence()  # silent: nothing is counted, so nothing is "maybe sent"
             if not counted:
                 await self.rows.attempted(row.id)
+            try:
+                self._check_fence()  # (the fence closed while the attempt was recorded)
+            except Silenced:
+                self._counted.add(row.id)  # counted but not made: the next try adds none
+                raise
             counted = False
             self._counted.discard(row.id)
-            self._check_fence()
             try:
                 platform_id = await _call(provider, message)
             except ProviderError as e:
