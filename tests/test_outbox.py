@@ -13,7 +13,7 @@ import pytest
 
 import pluto.gateway.delivery.flood as flood_module
 import pluto.gateway.delivery.outbox as outbox_module
-from pluto.errors import DeliveryRefused, ProviderError, RateLimited
+from pluto.errors import DeliveryRefused, ProviderError, RateLimited, StorageError
 from pluto.gateway.delivery.outbox import Outbox, RetryPolicy
 from pluto.gateway.cluster import Cluster
 from pluto.gateway.pipeline.intake import IntakeQueue, Shared
@@ -484,10 +484,39 @@ async def test_messages_handed_over_while_stopping_are_refused_not_lost(store):
     assert await store.inbound.unhandled("p") == []  # not taken: the platform keeps it
 
 
+async def test_a_message_that_starts_a_prune_is_not_held_up_by_it(store, caplog):
+    """The prune runs beside intake: the message that starts it is recorded and answered at
+    once, a failed prune is a warning (the next one prunes), and closing gives it up."""
+    seen = SqliteInbound(store.engine, prune_every=2)
+    gate = asyncio.Event()
+    prunes: list[str] = []
+
+    async def prune() -> int:
+        prunes.append("started")
+        await gate.wait()
+        raise StorageError("disk I/O error")
+
+    seen.prune = prune  # type: ignore[method-assign]
+    assert await seen.first_time("p", "1")
+    assert await seen.first_time("p", "2")  # the second starts a prune, which waits
+    assert await seen.first_time("p", "3") and await seen.first_time("p", "4")
+    assert prunes == ["started"]  # (one at a time: the fourth started none beside it)
+    gate.set()
+    with caplog.at_level("WARNING"):
+        await seen.pruned()
+    assert "could not forget old message ids" in caplog.text
+    gate.clear()
+    assert await seen.first_time("p", "5") and await seen.first_time("p", "6")
+    assert prunes == ["started", "started"]
+    await seen.close()  # the prune waiting on the gate is given up
+    assert await seen.count() == 6
+
+
 async def test_the_inbox_is_bounded(store):
     seen = SqliteInbound(store.engine, max_rows=5, prune_every=3)
     for i in range(12):
         assert await seen.first_time("p", str(i))
+        await seen.pruned()  # (a prune runs beside the message that starts it)
     assert await seen.count() <= 5 + 3
     await age_inbound(store)
     assert await seen.prune() > 0 and await seen.count() == 0

@@ -13,7 +13,9 @@ how long a message has waited is judged the same by every instance, whatever its
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,8 @@ from pluto.storage.sql.fencing import Claim, fence
 
 if TYPE_CHECKING:
     from pluto.storage.ports import LeaseStore
+
+log = logging.getLogger(__name__)
 
 COMPONENT = "inbound"
 MIGRATIONS: list[Migration] = [
@@ -74,6 +78,7 @@ class SqliteInbound:
         self.max_age = max_age
         self.prune_every = prune_every
         self._since_prune = 0
+        self._pruning: asyncio.Task[int] | None = None  # the prune under way, apart from intake
         # now, as a statement reads it: the database's clock when several instances share it
         # (one clock for them all), this process's otherwise (a parameter: nothing to compute)
         self._now = engine.now_sql if engine.shared else "?"
@@ -113,10 +118,36 @@ class SqliteInbound:
         inserted = await self.engine.write(insert)
         if inserted == 0:
             return False
-        self._since_prune += 1
-        if self._since_prune >= self.prune_every:
-            await self.prune()
+        self._counted()
         return True
+
+    def _counted(self) -> None:
+        """One more message recorded: every ``prune_every``, a prune starts beside it — the
+        message that happens to be the thousandth is not held up by it (in a burst, it waited
+        for the prune behind every commit queued before it: seconds)."""
+        self._since_prune += 1
+        if self._since_prune >= self.prune_every and (
+                self._pruning is None or self._pruning.done()):
+            self._since_prune = 0
+            self._pruning = asyncio.create_task(self._prune_aside(), name="inbox-prune")
+
+    async def _prune_aside(self) -> int:
+        try:
+            return await self.prune()
+        except Exception as e:  # noqa: BLE001 - the next one prunes what this one left
+            log.warning("inbox: could not forget old message ids: %s", e)
+            return 0
+
+    async def pruned(self) -> None:
+        """Until the prune under way (if any) has ended."""
+        if self._pruning is not None:
+            await asyncio.shield(self._pruning)
+
+    async def close(self) -> None:
+        """A prune under way is given up (the next process prunes)."""
+        if self._pruning is not None and not self._pruning.done():
+            self._pruning.cancel()
+            await asyncio.wait([self._pruning])
 
     async def first_time(self, provider: str, message_id: str) -> bool:
         return await self.accept(provider, message_id, {})
@@ -181,9 +212,7 @@ class SqliteInbound:
             return None
         inserted, took, rows = done
         if inserted:
-            self._since_prune += 1
-            if self._since_prune >= self.prune_every:
-                await self.prune()
+            self._counted()
         return bool(inserted), took, [_with_preview(r[0], r[1]) for r in rows if r[0]]
 
     async def keep_preview(self, provider: str, message_id: str, platform_id: str) -> None:

@@ -66,6 +66,7 @@ class SqlStore:
             raise
 
     async def close(self) -> None:
+        await self.inbound.close()
         await self.engine.close()
 
     @property
