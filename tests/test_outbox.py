@@ -520,3 +520,17 @@ async def test_the_inbox_is_bounded(store):
     assert await seen.count() <= 5 + 3
     await age_inbound(store)
     assert await seen.prune() > 0 and await seen.count() == 0
+
+
+async def test_pending_replies_come_in_the_order_they_were_recorded_whatever_the_clocks(
+        store):
+    """Instances' clocks differ: pending replies are listed in recording order (the row ids),
+    never by their creation time."""
+    await store.outbox.record([outbox_module._to_row("test", "r1", i, m)
+                               for i, m in enumerate(chunks("a", "b"))])
+    await store.outbox.record([outbox_module._to_row("test", "r2", 0, chunks("c")[0])])
+    # r2 recorded by an instance whose clock is far behind
+    await store.engine.write(("UPDATE outbox SET created_at = 0 WHERE reply_id = 'r2'", ()))
+    order = [(r.reply_id, r.chunk) for r in await store.outbox.pending("test")]
+    assert order == [("r1", 0), ("r1", 1), ("r2", 0)]
+    assert [(r.reply_id, r.chunk) for r in await store.outbox.pending_all()] == order

@@ -78,6 +78,11 @@ _CLAIM_SHARED = (
     " OR NOT EXISTS (SELECT 1 FROM leases WHERE leases.name = 'instance:' ||"
     " outbox_claims.owner AND leases.until >= {now})")
 
+# Pending replies in the order they were recorded — by row id, never by a clock (instances'
+# clocks differ: a reply recorded later by one whose clock is behind would be taken up first by
+# a sweep or a chat's taker) — each reply's chunks in order.
+_RECORDED = "min(id) OVER (PARTITION BY reply_id), chunk"
+
 
 def _value(row: OutboxRow, column: str) -> Any:
     value = getattr(row, column)
@@ -196,13 +201,13 @@ class SqliteOutbox:
     async def pending(self, provider: str) -> list[OutboxRow]:
         rows = await self.engine.fetchall(
             "SELECT * FROM outbox WHERE provider = ? AND status = 'pending'"
-            " ORDER BY created_at, reply_id, chunk", (provider,))
+            f" ORDER BY {_RECORDED}", (provider,))
         return [_row(r) for r in rows]
 
     async def pending_all(self) -> list[OutboxRow]:
         """:meth:`pending` of every provider, in one query."""
         rows = await self.engine.fetchall(
-            "SELECT * FROM outbox WHERE status = 'pending' ORDER BY created_at, reply_id, chunk")
+            f"SELECT * FROM outbox WHERE status = 'pending' ORDER BY {_RECORDED}")
         return [_row(r) for r in rows]
 
     async def claim(self, reply_id: str, owner: str, lease_seconds: float) -> bool:
