@@ -7,6 +7,7 @@ PostgreSQL: ``PLUTO_TEST_DATABASE_URL`` (tests/helpers/pg.py); without it the te
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -199,3 +200,77 @@ async def test_a_clock_400_s_ahead_changes_nothing_between_instances(
     with ahead:  # and the instance ahead reads it in its own clock, just as long
         held = await b.flood.holds(time.time())
         assert 4.0 < held[0][2] - time.time() <= 5.0
+
+
+async def test_a_taken_over_chat_waits_for_the_older_reply_its_live_owner_still_holds(
+        two) -> None:
+    """a recorded a reply and could not send it (cut off past its lease, taken for dead, the
+    chat taken over by b); a came back (alive, its claim on the reply valid again). b queues
+    a's reply ahead of its own and waits for it: nothing newer reaches the chat before a sends
+    it. Had b skipped it (the claim is someone else's), b's answer would come first."""
+    from pluto.gateway.delivery.outbox import Outbox
+    from pluto.types import OutgoingMessage
+    from tests.helpers.gateway import RecordingProvider
+
+    a, b = two
+    p = RecordingProvider()
+    silent = [True]
+    box_a = Outbox(a.outbox, {"test": p}, sweep_seconds=0, owner="a",
+                   may_send=lambda: not silent[0])
+    box_b = Outbox(b.outbox, {"test": p}, sweep_seconds=0, owner="b")
+    box_b.ahead_wait = 0.01
+    for store, box in ((a, box_a), (b, box_b)):
+        await box.open()
+        await store.leases.acquire(f"instance:{box.owner}", box.owner, 60)
+    first = await box_a.deliver(p, "r1", [OutgoingMessage(chat_id="c1", text="first")])
+    assert await first is False and p.sent == []  # a is silent: kept, claimed, unsent
+    looks = [0]
+    claim = b.outbox.claim
+
+    async def counted(*args: object, **kwargs: object) -> bool:
+        looks[0] += 1
+        return await claim(*args, **kwargs)  # type: ignore[arg-type]
+
+    b.outbox.claim = counted  # type: ignore[method-assign]
+    assert await box_b.flush_chat(p, "c1") == 1  # the taker: a's reply first
+    second = await box_b.deliver(p, "r2", [OutgoingMessage(chat_id="c1", text="second")])
+    async with asyncio.timeout(10):
+        while looks[0] < 5:  # b has looked at a's claim again and again
+            await asyncio.sleep(0.01)
+    assert p.sent == [] and not second.done()  # nothing newer went first
+    silent[0] = False  # a sends what it kept
+    await box_a.flush(p)
+    await box_a.idle()
+    assert await second is True
+    await box_b.idle()
+    assert [m.text for m in p.sent] == ["first", "second"]
+    assert not await b.outbox.pending("test")
+    await box_a.close()
+    await box_b.close()
+
+
+async def test_a_taken_over_chat_sends_the_older_reply_itself_once_its_owner_is_gone(
+        two) -> None:
+    """The same, but a stops for good while b waits: once a's heartbeat has run out, b claims
+    a's reply and sends it, then its own."""
+    from pluto.gateway.delivery.outbox import Outbox
+    from pluto.types import OutgoingMessage
+    from tests.helpers.gateway import RecordingProvider
+
+    a, b = two
+    p = RecordingProvider()
+    box_a = Outbox(a.outbox, {"test": p}, sweep_seconds=0, owner="a", may_send=lambda: False)
+    box_b = Outbox(b.outbox, {"test": p}, sweep_seconds=0, owner="b")
+    box_b.ahead_wait = 0.01
+    for store, box in ((a, box_a), (b, box_b)):
+        await box.open()
+        await store.leases.acquire(f"instance:{box.owner}", box.owner, 60)
+    assert await (await box_a.deliver(p, "r1", [OutgoingMessage(chat_id="c1",
+                                                                 text="first")])) is False
+    await box_b.flush_chat(p, "c1")
+    second = await box_b.deliver(p, "r2", [OutgoingMessage(chat_id="c1", text="second")])
+    await expire(a, "instance:a")  # a is gone
+    assert await second is True
+    await box_b.idle()
+    assert [m.text for m in p.sent] == ["first", "second"]
+    await box_b.close()

@@ -43,6 +43,8 @@ from pluto.types import Attachment, Button, OutgoingMessage
 log = logging.getLogger(__name__)
 
 ChatKey = tuple[str, str]  # (provider name, chat id)
+AHEAD_WAIT = 0.5  # seconds between looks at the claim of a taken-over chat's older reply
+AHEAD_LIMIT = 120.0  # seconds such a chat waits for it at most (its owner lives, but stalls)
 MAX_HOLDS = 10  # a rate-limited chunk waits out this many times the retries' worth of holds
 
 
@@ -96,6 +98,11 @@ class Outbox:
         self._done: dict[str, asyncio.Future[bool]] = {}  # reply id → settles when it is out
         self._fresh: dict[str, list[OutboxRow]] = {}  # recorded and claimed by deliver()
         self._counted: set[int] = set()  # chunks whose next call is counted in storage
+        # replies of chats taken over, queued ahead of this instance's own (flush_chat): the
+        # chat waits for each of them, even while another instance still holds it
+        self._ahead: set[str] = set()
+        self.ahead_wait = AHEAD_WAIT  # seconds between looks at such a reply's claim
+        self.ahead_limit = AHEAD_LIMIT  # seconds the chat waits for it at most
         self._sweeper: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
@@ -180,8 +187,8 @@ class Outbox:
             chat.resting = False
         queued = set() if chat is None else {r for r in chat.queue if isinstance(r, str)}
         for reply_id in dict.fromkeys(r.reply_id for r in pending):
-            if reply_id not in queued:
-                self._enqueue(key, reply_id)
+            if reply_id not in queued and self._enqueue(key, reply_id):
+                self._ahead.add(reply_id)
         return len(pending)
 
     async def flush_all(self) -> int:
@@ -290,6 +297,7 @@ class Outbox:
         chat.queue.clear()
 
     def _forget(self, reply_id: str) -> None:
+        self._ahead.discard(reply_id)
         for row in self._fresh.pop(reply_id, ()):
             self._counted.discard(row.id or 0)
 
@@ -303,11 +311,14 @@ class Outbox:
         """Send a reply's pending chunks in order: True when all went out, False when the
         platform refused it for good, None when they could not go now (still pending)."""
         fresh = self._fresh.pop(reply_id, None)
+        ahead = reply_id in self._ahead
+        self._ahead.discard(reply_id)
         try:
             if fresh is None and not await self.rows.claim(reply_id, self.owner,
                                                            self.lease_seconds):
-                log.debug("outbox: reply %s is being sent by another sender", reply_id)
-                return True
+                if not ahead or not await self._wait_for_claim(reply_id):
+                    log.debug("outbox: reply %s is being sent by another sender", reply_id)
+                    return True
             rows = fresh if fresh is not None else await self.rows.reply(reply_id)
         except Exception as e:  # noqa: BLE001 - storage is away: nothing was sent; later
             log.error("outbox: could not read reply %s (%s); will try again later", reply_id, e)
@@ -342,6 +353,25 @@ class Outbox:
         finally:
             if not released and not (kept and self.rows.shared):
                 await self._release(reply_id)
+
+    async def _wait_for_claim(self, reply_id: str) -> bool:
+        """A reply of a chat taken over, claimed by an instance still alive (it was taken for
+        dead, then came back holding it): nothing newer of the chat goes before it. Its claim is
+        looked at until it is ours — the reply then reads as sent, or is sent from here — or
+        for ``ahead_limit`` seconds at most; whether it became ours."""
+        log.info("outbox: reply %s of a chat taken over is still another instance's; the chat "
+                 "waits for it", reply_id)
+        deadline = asyncio.get_running_loop().time() + self.ahead_limit
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(self.ahead_wait)
+            try:
+                if await self.rows.claim(reply_id, self.owner, self.lease_seconds):
+                    return True
+            except Exception as e:  # noqa: BLE001 - storage is away: look again
+                log.debug("outbox: could not look at reply %s's claim: %s", reply_id, e)
+        log.warning("outbox: reply %s of a chat taken over stayed another instance's for %.0fs;"
+                    " the chat goes on without it", reply_id, self.ahead_limit)
+        return False
 
     def _next_fresh(self, chat: _Chat) -> OutboxRow | None:
         """The first chunk of the chat's next reply, if its first call is not counted yet
