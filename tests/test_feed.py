@@ -273,3 +273,38 @@ async def wait_until(condition: Callable[[], bool]) -> None:
     async with asyncio.timeout(10):
         while not condition():
             await asyncio.sleep(0)
+
+
+async def test_a_run_ending_while_its_events_are_read_is_read_whole_or_not_yet(tmp_path):
+    """A follower past the run's start reads while the run ends (its answer and end committed
+    together): it gets both, or neither yet (the end's notice wakes it again) — never the end
+    without the answer before it."""
+    async with SqliteStore(tmp_path / "pluto.db") as store:
+        conv = store.conversations
+        session = await conv.session("k", "a")
+        await conv.start_run("r", session.id, "a", "hi",
+                             RunStart(run_id="r", session_id=session.id, agent="a"))
+        fetchall, fetchone = store.engine.fetchall, store.engine.fetchone
+        ending: list[asyncio.Task[object]] = []
+
+        async def then_end(*args: object) -> object:  # the run ends right after this read
+            rows = await fetchall(*args)  # type: ignore[arg-type]
+            if not ending:
+                ending.append(asyncio.ensure_future(conv.complete_run(
+                    "r", session.id, MessageFinal(run_id="r", text="hello"),
+                    RunEnd(run_id="r", outcome="ok"), usage={})))
+                await ending[0]
+            return rows
+
+        async def after_the_end(*args: object) -> object:
+            if ending:
+                await ending[0]
+            return await fetchone(*args)  # type: ignore[arg-type]
+
+        store.engine.fetchall = then_end  # type: ignore[method-assign]
+        store.engine.fetchone = after_the_end  # type: ignore[method-assign]
+        first = await conv.events("r", after=1)
+        store.engine.fetchall = fetchall  # type: ignore[method-assign]
+        store.engine.fetchone = fetchone  # type: ignore[method-assign]
+        assert [e.type for e in first] in ([], ["message.final", "run.end"])
+        assert [e.type for e in await conv.events("r", after=1)] == ["message.final", "run.end"]

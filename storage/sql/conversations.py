@@ -730,14 +730,13 @@ class SqliteConversations:
                       json.loads(r["usage"]) if r["usage"] else {}, r["started_at"], r["ended_at"])
 
     async def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
+        """The run's events after ``after``; past the end of an ended run, its end all the
+        same. One statement, so one snapshot: read apart, a run ending between the two reads
+        gave its end without the answer before it (a follower then answered without text)."""
         rows = await self.engine.fetchall(
-            "SELECT seq, type, data FROM run_events WHERE run_id = ? AND seq > ? ORDER BY seq",
-            (run_id, after))
-        if not rows and after > 0:  # past the end of an ended run: its end all the same
-            last = await self.engine.fetchone(
-                "SELECT seq, type, data FROM run_events WHERE run_id = ? ORDER BY seq DESC"
-                " LIMIT 1", (run_id,))
-            rows = [last] if last is not None and last["type"] == "run.end" else []
+            "SELECT seq, type, data FROM run_events WHERE run_id = ? AND (seq > ? OR"
+            " (type = 'run.end' AND seq = (SELECT max(seq) FROM run_events WHERE run_id = ?)))"
+            " ORDER BY seq", (run_id, after, run_id))
         return [replace(event_from_dict(json.loads(r["data"])), seq=r["seq"]) for r in rows]
 
     async def recover_interrupted(self, *, requeue: bool = True) -> list[RunEvent]:
