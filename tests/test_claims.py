@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -17,7 +17,10 @@ import pluto.gateway.cluster as cluster_module
 from pluto.errors import RunTakenOver
 from pluto.events import MessageDelta, MessageFinal, RunEnd, RunStart, ToolEnd
 from pluto.gateway.cluster import Cluster
+from pluto.gateway.delivery.outbox import Outbox
 from pluto.storage.postgres import PostgresStore
+from pluto.types import OutgoingMessage
+from tests.helpers.gateway import RecordingProvider
 from tests.helpers.pg import fresh_schema
 
 
@@ -202,26 +205,29 @@ async def test_a_clock_400_s_ahead_changes_nothing_between_instances(
         assert 4.0 < held[0][2] - time.time() <= 5.0
 
 
+async def outboxes(two: tuple[PostgresStore, PostgresStore], p: RecordingProvider,
+                   a_may_send: Callable[[], bool]) -> tuple[Outbox, Outbox]:
+    """Instance a's outbox (sending while ``a_may_send``) and b's, both instances alive."""
+    boxes = (Outbox(two[0].outbox, {"test": p}, sweep_seconds=0, owner="a",
+                    may_send=a_may_send),
+             Outbox(two[1].outbox, {"test": p}, sweep_seconds=0, owner="b"))
+    boxes[1].ahead_wait = 0.01
+    for store, box in zip(two, boxes):
+        await box.open()
+        await store.leases.acquire(f"instance:{box.owner}", box.owner, 60)
+    return boxes
+
+
 async def test_a_taken_over_chat_waits_for_the_older_reply_its_live_owner_still_holds(
         two) -> None:
     """a recorded a reply and could not send it (cut off past its lease, taken for dead, the
     chat taken over by b); a came back (alive, its claim on the reply valid again). b queues
     a's reply ahead of its own and waits for it: nothing newer reaches the chat before a sends
     it. Had b skipped it (the claim is someone else's), b's answer would come first."""
-    from pluto.gateway.delivery.outbox import Outbox
-    from pluto.types import OutgoingMessage
-    from tests.helpers.gateway import RecordingProvider
-
     a, b = two
     p = RecordingProvider()
     silent = [True]
-    box_a = Outbox(a.outbox, {"test": p}, sweep_seconds=0, owner="a",
-                   may_send=lambda: not silent[0])
-    box_b = Outbox(b.outbox, {"test": p}, sweep_seconds=0, owner="b")
-    box_b.ahead_wait = 0.01
-    for store, box in ((a, box_a), (b, box_b)):
-        await box.open()
-        await store.leases.acquire(f"instance:{box.owner}", box.owner, 60)
+    box_a, box_b = await outboxes(two, p, lambda: not silent[0])
     first = await box_a.deliver(p, "r1", [OutgoingMessage(chat_id="c1", text="first")])
     assert await first is False and p.sent == []  # a is silent: kept, claimed, unsent
     looks = [0]
@@ -253,18 +259,9 @@ async def test_a_taken_over_chat_sends_the_older_reply_itself_once_its_owner_is_
         two) -> None:
     """The same, but a stops for good while b waits: once a's heartbeat has run out, b claims
     a's reply and sends it, then its own."""
-    from pluto.gateway.delivery.outbox import Outbox
-    from pluto.types import OutgoingMessage
-    from tests.helpers.gateway import RecordingProvider
-
     a, b = two
     p = RecordingProvider()
-    box_a = Outbox(a.outbox, {"test": p}, sweep_seconds=0, owner="a", may_send=lambda: False)
-    box_b = Outbox(b.outbox, {"test": p}, sweep_seconds=0, owner="b")
-    box_b.ahead_wait = 0.01
-    for store, box in ((a, box_a), (b, box_b)):
-        await box.open()
-        await store.leases.acquire(f"instance:{box.owner}", box.owner, 60)
+    box_a, box_b = await outboxes(two, p, lambda: False)
     assert await (await box_a.deliver(p, "r1", [OutgoingMessage(chat_id="c1",
                                                                  text="first")])) is False
     await box_b.flush_chat(p, "c1")
