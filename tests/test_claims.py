@@ -271,3 +271,46 @@ async def test_a_taken_over_chat_sends_the_older_reply_itself_once_its_owner_is_
     await box_b.idle()
     assert [m.text for m in p.sent] == ["first", "second"]
     await box_b.close()
+
+
+class GatedProvider(RecordingProvider):
+    """Its send of ``text`` waits for ``gate`` (a slow platform call in flight)."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text, self.gate, self.held = text, asyncio.Event(), asyncio.Event()
+
+    async def send(self, message: OutgoingMessage) -> str | None:
+        if message.text == self.text and not self.gate.is_set():
+            self.held.set()
+            await self.gate.wait()
+        return await super().send(message)
+
+
+async def test_two_instances_taking_up_a_dead_ones_replies_send_them_in_order(two) -> None:
+    """a recorded three replies in a chat and died before sending any; b's and c's sweeps both
+    take them up. b claims the first and its send is slow: c, finding the first b's, leaves
+    the chat's later replies to b. Had c gone on to the second (its claim was free), the second
+    and third would have reached the chat before the first."""
+    a, b = two
+    p = GatedProvider("first")
+    box_a = Outbox(a.outbox, {"test": p}, sweep_seconds=0, owner="a", may_send=lambda: False)
+    await a.leases.acquire("instance:a", "a", 60)
+    for reply_id, text in (("r1", "first"), ("r2", "second"), ("r3", "third")):
+        done = await box_a.deliver(p, reply_id, [OutgoingMessage(chat_id="c1", text=text)])
+        assert await done is False  # a is silent: recorded, claimed, unsent
+    await expire(a, "instance:a")  # a is gone
+    box_b, box_c = (Outbox(b.outbox, {"test": p}, sweep_seconds=0, owner=o) for o in "bc")
+    for box in (box_b, box_c):
+        await b.leases.acquire(f"instance:{box.owner}", box.owner, 60)
+    assert await box_b.flush(p) == 3
+    await asyncio.wait_for(p.held.wait(), 10)  # b sends the first: in flight
+    assert await box_c.flush(p) == 3
+    await asyncio.wait_for(box_c.idle(), 10)
+    assert p.sent == []  # c sent nothing beside b
+    p.gate.set()
+    await asyncio.wait_for(box_b.idle(), 10)
+    assert [m.text for m in p.sent] == ["first", "second", "third"]
+    assert not await b.outbox.pending("test")
+    for box in (box_a, box_b, box_c):
+        await box.close()

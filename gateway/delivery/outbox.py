@@ -316,8 +316,11 @@ class Outbox:
         try:
             if fresh is None and not await self.rows.claim(reply_id, self.owner,
                                                            self.lease_seconds):
-                if not ahead or not await self._wait_for_claim(reply_id):
+                if not ahead:
                     log.debug("outbox: reply %s is being sent by another sender", reply_id)
+                    self._leave_to_its_sender(chat)
+                    return True
+                if not await self._wait_for_claim(reply_id):
                     return True
             rows = fresh if fresh is not None else await self.rows.reply(reply_id)
         except Exception as e:  # noqa: BLE001 - storage is away: nothing was sent; later
@@ -372,6 +375,23 @@ class Outbox:
         log.warning("outbox: reply %s of a chat taken over stayed another instance's for %.0fs;"
                     " the chat goes on without it", reply_id, self.ahead_limit)
         return False
+
+    def _leave_to_its_sender(self, chat: _Chat) -> None:
+        """Several instances: a reply taken up from the outbox (not recorded here) is being
+        sent by another sender — another instance's sweep took up the same replies. The chat's
+        later replies taken up here are left to that sender, which has them queued behind it:
+        sending them from here, beside it, could put one ahead of the reply it is sending.
+        (Replies recorded here, and calls of this instance's own runs, stay.)"""
+        later = list(chat.queue)[1:]
+        left = [r for r in later
+                if isinstance(r, str) and r not in self._fresh and r not in self._ahead]
+        if not left:
+            return
+        for reply_id in left:
+            chat.queue.remove(reply_id)
+            self._finish(reply_id, False)  # still pending: its sender, or a sweep, sends it
+        log.debug("outbox: %d later reply(ies) of the chat left to the sender of the one "
+                  "ahead", len(left))
 
     def _next_fresh(self, chat: _Chat) -> OutboxRow | None:
         """The first chunk of the chat's next reply, if its first call is not counted yet
