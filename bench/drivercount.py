@@ -15,7 +15,8 @@ the timed figures, since counting costs time).
   as a read transaction, not a commit.
 - PostgreSQL (psycopg 3, sync or async): every query psycopg sends — a cursor's statement, a
   prepare, an internal command (``BEGIN``, ``COMMIT``, ``SAVEPOINT``...) — and every pipeline
-  sync. Outside pipeline mode each is one round trip; inside, the syncs are.
+  sync. Outside pipeline mode each is one round trip; inside, the syncs are. asyncpg (the
+  single statements): every statement, and the prepare before a connection's first use of it.
 
 ``kill -USR1`` writes the totals so far to OUT.json (written whole, then renamed), with a
 sequence number that grows by one per signal: the benchmark takes one snapshot before and one
@@ -41,7 +42,7 @@ _ROLLBACK = re.compile(r"\s*ROLLBACK\s*;?\s*$", re.I)  # (not ROLLBACK TO a save
 _STRING = re.compile(r"'(?:[^']|'')*'")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w])", re.I)
 _BLOB = re.compile(r"\bX\?", re.I)  # x'…' once its string is gone
-_PLACEHOLDER = re.compile(r"\$\d+|%s|\?")
+_PLACEHOLDER = re.compile(r"\$\d+(?:::\w+)?|%s|\?")
 _LISTS = re.compile(r"\((?:\s*\?\s*,)+\s*\?\s*\)")
 _ROWS = re.compile(r"(\(\?(?:, \?)*\))(?:\s*,\s*\1)+")
 _SPACE = re.compile(r"\s+")
@@ -273,6 +274,33 @@ def _install_psycopg() -> None:
     _pipeline_base.BasePipeline._enqueue_sync = counted_sync  # type: ignore[method-assign]
 
 
+def _install_asyncpg() -> None:
+    """asyncpg (the single statements): each statement sent with its arguments (a prepare
+    first when the connection has not prepared it yet: a round trip of its own), and each
+    sent without (the simple protocol)."""
+    try:
+        from asyncpg import connection
+    except ImportError:
+        return
+    cls = connection.Connection
+    do_execute, execute = cls._do_execute, cls.execute
+
+    async def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        key = (query, self._protocol.get_record_class(), kwargs.get("ignore_custom_codec", False))
+        if self._stmt_cache.get(key) is None:
+            _pg_count(query, "prepare", False, self)
+        _pg_count(query, "prepared", False, self)
+        return await do_execute(self, query, *args, **kwargs)
+
+    async def counted_plain(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
+        if not args:
+            _pg_count(query, "unprepared", False, self)
+        return await execute(self, query, *args, **kwargs)
+
+    cls._do_execute = counted_execute  # type: ignore[method-assign]
+    cls.execute = counted_plain  # type: ignore[method-assign]
+
+
 # the snapshot ---------------------------------------------------------------------------------
 
 def snapshot() -> dict[str, Any]:
@@ -302,6 +330,7 @@ def main() -> None:
     out = sys.argv[1]
     _install_sqlite()
     _install_psycopg()
+    _install_asyncpg()
     signal.signal(signal.SIGUSR1, _dumper(out))
     sys.argv = ["pluto", *sys.argv[2:]]
     from pluto.gateway.cli import main as pluto_main

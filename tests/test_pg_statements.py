@@ -1,7 +1,6 @@
-"""Single statements on PostgreSQL under the faults the cluster tests make: values keep their
-types and meaning, backends terminated mid-traffic lose and double nothing, and the bus says
-when it may have missed notes. (Written for an asyncpg path that was measured and not kept:
-docs/cluster.md; they hold for the psycopg path as they must for any driver.)"""
+"""Single statements on PostgreSQL go through asyncpg on the event loop (no worker thread):
+their placeholders and types mean what they meant through psycopg, and they hold under the
+faults the cluster tests make — backends terminated mid-traffic, a server out of reach."""
 
 from __future__ import annotations
 
@@ -12,12 +11,30 @@ import pytest
 
 from pluto.errors import StorageUnavailable
 from pluto.storage.postgres import PostgresStore
+from pluto.storage.postgres.engine import _count, _kind, _numbered
 from tests.helpers.pg import connect as _connect
 from tests.helpers.pg import fresh_schema
 from tests.helpers.pg import terminate as _terminate
 
 
-async def test_values_keep_their_meaning():
+def test_placeholders_are_numbered_and_typed_as_psycopg_sends_them():
+    values = (7, 1.5, "x", b"\x00", None)
+    sql = "INSERT INTO t (a, b, c, d) SELECT ?, ?, ?, ? WHERE ? IS NULL"
+    assert _numbered(sql, tuple(map(_kind, values))) == (
+        "INSERT INTO t (a, b, c, d) SELECT $1::int2, $2::float8, $3, $4::bytea"
+        " WHERE $5 IS NULL")
+    assert _numbered("SELECT 1", ()) == "SELECT 1"
+    # an int: the smallest integer type it fits, as psycopg's dumpers choose
+    assert [_kind(v) for v in (0, 40_000, 1 << 40, 1 << 70, True)] == [
+        "::int2", "::int4", "::int8", "::numeric", "::bool"]
+
+
+def test_a_status_gives_its_row_count():
+    assert [_count(s) for s in ("INSERT 0 3", "UPDATE 1", "DELETE 0", "SELECT 2", "LISTEN")] \
+        == [3, 1, 0, 2, 0]
+
+
+async def test_values_keep_their_meaning_through_the_loop_driver():
     with fresh_schema() as url:
         async with PostgresStore(url, min_size=1, max_size=2) as store:
             engine = store.engine
@@ -47,8 +64,7 @@ async def test_backends_terminated_mid_traffic_lose_and_double_nothing():
     """Twenty writers insert rows with keys of their own while every backend of the store is
     terminated five times a second: each write commits once (a duplicate key would say a
     committed statement was run again), none is lost, and no connection broken mid-statement
-    is handed to the next caller (as asyncpg's pool did: MagicStack/asyncpg#1069): the writes
-    go on until the end."""
+    is handed to the next caller (asyncpg#1069): the writes go on until the end."""
     with fresh_schema() as url:
         name = f"pluto-statements-{uuid.uuid4().hex[:8]}"
         url += ("&" if "?" in url else "?") + f"application_name={name}"
@@ -102,8 +118,8 @@ async def _until(condition, timeout: float = 30.0) -> None:
 
 
 async def test_the_bus_hears_notes_and_says_when_it_may_have_missed_some():
-    """Notes are heard; the listening connection terminated, the bus connects again and hands
-    every callback None (re-read what you follow), then hears on."""
+    """Notes are heard through asyncpg's listener; the listening connection terminated, the bus
+    connects again and hands every callback None (re-read what you follow), then hears on."""
     with fresh_schema() as url:
         name = f"pluto-bus-{uuid.uuid4().hex[:8]}"
         url += ("&" if "?" in url else "?") + f"application_name={name}"
@@ -131,3 +147,22 @@ def _listening(store: PostgresStore, name: str) -> bool:
         return bool(conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND query LIKE"
             " 'LISTEN %%' AND state = 'idle'", (name,)).fetchone()[0])
+
+
+async def test_the_heartbeat_comes_back_with_a_messages_statements():
+    """After an outage psycopg's pool waits out its own reconnect backoff (1, 2, 4, 8 s) while
+    asyncpg connects at the next statement: the heartbeat renews on the path a message's
+    statements take, so an instance that records answers again holds its leases again too.
+    (Through psycopg, instances recorded answers with their own leases run out: the others'
+    sweeps took their replies up, two at once, out of order.)"""
+    with fresh_schema() as url:
+        async with PostgresStore(url) as store:
+            token = await store.leases.acquire("instance:a", "a", 60)
+            assert token is not None
+
+            async def backing_off(*args: object) -> object:
+                raise StorageUnavailable("the database cannot be reached")
+
+            store.engine._in_thread = backing_off  # type: ignore[method-assign]
+            assert await store.leases.renew_all("a", {"instance:a": token}, 60) == set()
+            assert await store.leases.acquire("instance:b", "b", 60) is not None

@@ -138,12 +138,17 @@ async def test_postgres_gives_up_when_the_server_is_away(tmp_path):
             engine.retry_seconds = 0.5
             pool = engine._pool
             await asyncio.to_thread(pool.close)  # nothing can be reached any more
+            await engine._apool.close()  # (the single statements' pool, asyncpg's)
             try:
-                with pytest.raises(StorageUnavailable):
+                with pytest.raises(StorageUnavailable):  # a change of several statements
+                    await engine.write(("INSERT INTO schema_versions VALUES ('x', 1)", ()),
+                                       ("INSERT INTO schema_versions VALUES ('y', 1)", ()))
+                assert engine.health.problem == "the database cannot be reached"
+                with pytest.raises(StorageUnavailable):  # one statement
                     await engine.write(("INSERT INTO schema_versions VALUES ('x', 1)", ()))
                 assert engine.health.problem == "the database cannot be reached"
             finally:
-                engine._pool = None  # (closed already)
+                engine._pool = engine._apool = None  # (closed already)
 
 
 # a gateway whose storage fails ------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Notifications between instances: PostgreSQL's ``LISTEN``/``NOTIFY``.
+"""Notifications between instances: PostgreSQL's ``LISTEN``/``NOTIFY``, heard through asyncpg
+(its reader hands each note to a callback on the event loop: no task wakes per note).
 
 :meth:`PgBus.publish` sends payloads on a channel (delivered to every listening connection
 when the sending transaction commits, in order); :meth:`PgBus.subscribe` keeps one dedicated
@@ -73,22 +74,32 @@ class PgBus:
         self._listener.add_done_callback(self._tasks.discard)
 
     async def _listen(self, channels: dict[str, list[Callable[[str | None], None]]]) -> None:
-        psycopg = await asyncio.to_thread(importlib.import_module, "psycopg")
+        asyncpg = await asyncio.to_thread(importlib.import_module, "asyncpg")
+        loop = asyncio.get_running_loop()
         delay = 0.2
         first = True
         while True:
+            conn: Any = None
             try:
                 by_name = {await self.scoped(c): fns for c, fns in channels.items()}
-                async with await psycopg.AsyncConnection.connect(
-                        self.engine.url, autocommit=True,
-                        connect_timeout=max(1, int(self.engine.connect_timeout))) as conn:
-                    for scoped in by_name:
-                        await conn.execute(f"LISTEN {scoped}")
-                    if not first:  # back after a gap: whatever was missed, re-read
-                        _deliver(by_name, None, None)
-                    first, delay = False, 0.2
-                    async for note in conn.notifies():
-                        _deliver(by_name, note.channel, note.payload)
+                conn = await asyncpg.connect(self.engine.url,
+                                             timeout=max(1.0, self.engine.connect_timeout))
+                gone: asyncio.Future[None] = loop.create_future()
+
+                def closed(_conn: Any, gone: asyncio.Future[None] = gone) -> None:
+                    if not gone.done():
+                        gone.set_result(None)
+
+                conn.add_termination_listener(closed)
+                for scoped in by_name:  # (each note is handed on from asyncpg's own reader)
+                    await conn.add_listener(
+                        scoped, lambda _c, _pid, channel, payload:
+                        _deliver(by_name, channel, payload))
+                if not first:  # back after a gap: whatever was missed, re-read
+                    _deliver(by_name, None, None)
+                first, delay = False, 0.2
+                await gone
+                raise ConnectionError("the listening connection was closed")
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the database went away: come back
@@ -97,6 +108,9 @@ class PgBus:
                             else type(e).__name__, delay)
                 await asyncio.sleep(delay)
                 delay = min(5.0, delay * 2)
+            finally:
+                if conn is not None:
+                    conn.terminate()
 
     async def close(self) -> None:
         for task in list(self._tasks):

@@ -5,7 +5,8 @@ as plain synchronous changes (``Change``: a function of a DB-API connection) in 
 that SQLite and PostgreSQL both speak: ``?`` placeholders, ``INSERT … ON CONFLICT``,
 ``RETURNING``, no engine-only functions. An :class:`Engine` runs a change atomically — SQLite in
 its one database thread with group commit (:mod:`.sqlite.engine`), PostgreSQL in a worker
-thread holding a pooled connection (:mod:`.postgres.engine`) — and the part never learns which.
+thread holding a pooled connection, or a single statement on the event loop through asyncpg
+(:mod:`.postgres.engine`) — and the part never learns which.
 
 Migrations are kept with their part, one versioned list for both engines. A step is either one
 script for both (the PostgreSQL engine spells two column types its way: an autoincrement key

@@ -158,11 +158,9 @@ class SqlLeases:
     async def _returning(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         """One change that returns rows, committed: alone on PostgreSQL (one statement is
         atomic by itself: no BEGIN and COMMIT around it), in a transaction on SQLite."""
-        def run(conn: Any) -> list[Any]:
-            return conn.execute(sql, params).fetchall()
-        if self.engine.dialect == "postgres":
-            return await self.engine.read(run)
-        return await self.engine.transact(run)
+        if self.engine.dialect == "postgres":  # (the path of every single statement)
+            return await self.engine.write_returning_all((sql, params))
+        return await self.engine.transact(lambda conn: conn.execute(sql, params).fetchall())
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
         """Extend the lease; False when it is no longer this owner's with this token."""
