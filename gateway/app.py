@@ -427,6 +427,21 @@ class Gateway:
                 await asyncio.sleep(1.0)  # (storage is away: the chat waits)
         return True
 
+    async def _hand_back_chat(self, provider: str, chat: str) -> bool:
+        """The chat's intake, as it takes the chat: its runs that storage cut short are handed
+        back first — the worker that waited for one may have lost the chat to the same outage
+        and take it again, fresh — so their messages are answered again in their place, before
+        the chat's next; whether any was (its message is back in the inbox). A failure to
+        record it goes to the caller: the chat waits for storage."""
+        if not self._stranded:
+            return False
+        runs = [run_id for run_id, (p, msg) in list(self._stranded.items())
+                if p == provider and msg.chat_id == chat]
+        for run_id in runs:
+            await self.pipeline.finished(run_id)  # (its task is done with it first)
+            await self._hand_back_one(run_id)
+        return bool(runs)
+
     async def _adopt_orphans(self) -> None:
         """Several instances: now and then, find runs whose instance died and have the chat's
         intake take them over (their messages are answered again, in order). Every half lease:
@@ -546,6 +561,7 @@ class Gateway:
                             publish=self._publish_intake if self.store.bus is not None
                             else None, delivered=self.outbox.chat_idle,
                             handed_back=self._handed_back,
+                            stranded_in=self._hand_back_chat,
                             # (one look now and then: notes carry the news)
                             fallback=max(1.0, self.cluster.ttl / 2),
                             sweep_every=max(2.0, self.cluster.ttl / 2),

@@ -204,3 +204,65 @@ async def test_deployments_in_other_schemas_of_the_database_never_hear_each_othe
             await b.wait_finals(1)
             assert (await store_b.run(started.run_id)).status == "ok"
             assert b.finals()[0].startswith("word word")
+
+
+async def test_a_chat_taken_again_after_an_outage_answers_its_cut_short_run_first(
+        config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An outage cuts a run short (its answer cannot be saved: it is handed back once storage
+    works) and makes the chat's worker let go of the chat (its look at the inbox fails); the
+    chat is taken again — here by the statement that records the chat's next message, which
+    works while the hand-back cannot yet (asyncpg came back before psycopg's pool did). The
+    message of the run cut short is answered again before that next one, not after it."""
+    from pluto.errors import StorageUnavailable
+    asked: list[str] = []
+
+    def answer(messages: list[dict]) -> Scripted:
+        said = messages[-1]["content"]
+        asked.append(said)
+        return Scripted(text=f"echo: {said}", chunk=1, delay=0.15 if said == "one" else 0.0)
+
+    with fresh_schema() as url:
+        cfg = PlutoConfig(data_dir=tmp_path / "data", storage=StorageConfig(lease_seconds=2))
+        gw = Gateway(config_dir, config=cfg, model_factory=ScriptedModel(fallback=answer),
+                     store=PostgresStore(url))
+        await gw.start()
+        try:
+            provider = RecordingProvider()
+            gw.add_provider(provider)
+            await provider.running.wait()
+            assert provider.intake is not None
+            intake = gw.intakes["test"]
+            away = [False]  # storage "away" for what the test names
+            conversations, inbox = gw.store.conversations, intake.inbox
+            complete, recover, unhandled = (conversations.complete_run,
+                                            conversations.recover_runs, inbox.unhandled_in_chat)
+
+            def gone(original):  # type: ignore[no-untyped-def]
+                async def call(*args: object, **kwargs: object) -> object:
+                    if away[0]:
+                        raise StorageUnavailable("the database cannot be reached")
+                    return await original(*args, **kwargs)
+                return call
+
+            monkeypatch.setattr(conversations, "complete_run", gone(complete))
+            monkeypatch.setattr(conversations, "recover_runs", gone(recover))
+            monkeypatch.setattr(inbox, "unhandled_in_chat", gone(unhandled))
+            await provider.intake.submit(provider.msg("one"))
+            async with asyncio.timeout(10):
+                while not asked:  # the model answers "one", slowly
+                    await asyncio.sleep(0.01)
+            away[0] = True
+            intake._all_news = True  # a note may have been missed: the worker looks...
+            intake._wake["c1"].set()  # ...at the inbox, and cannot: it lets go of the chat
+            async with asyncio.timeout(10):
+                while not gw._stranded:  # the answer could not be saved: handed back later
+                    await asyncio.sleep(0.01)
+            await provider.intake.submit(provider.msg("two"))  # recorded, the chat taken
+            await asyncio.sleep(1.0)  # (the old way: "two" was answered in this second)
+            assert provider.finals() == []
+            away[0] = False  # storage works again
+            assert await provider.wait_finals(2, timeout=20) == ["echo: one", "echo: two"]
+            await gw.settled()
+            assert provider.finals() == ["echo: one", "echo: two"]
+        finally:
+            await gw.stop()

@@ -111,6 +111,10 @@ class Shared:
     # a run that storage cut short is handed back (its message in the inbox again) before
     # the chat's next message is taken: awaited after each run
     handed_back: Callable[[str], Awaitable[bool]] | None = None
+    # (provider, chat): the same for every such run of the chat, as the chat is taken — a
+    # worker that lost the chat to the outage that cut its run short takes it again afresh;
+    # whether any was handed back
+    stranded_in: Callable[[str, str], Awaitable[bool]] | None = None
     sweep_every: float = 2.0
     # one look for every provider's intake at once (None: each intake looks by itself)
     sweep: ChatSweep | None = None
@@ -559,6 +563,9 @@ class IntakeQueue:
         if taken:  # (its runs' messages go back to the inbox: the first look is stale)
             await self.shared.take_over(self.name, key)
             first = None
+        if self.shared.stranded_in is not None and \
+                await self.shared.stranded_in(self.name, key):
+            first = None  # (a run of ours cut short: its message is back in the inbox, first)
         again, found = True, 0
         while again:
             if first is None:

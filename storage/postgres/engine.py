@@ -338,8 +338,10 @@ class PostgresEngine:
                     except BaseException as e:
                         if not isinstance(e, errors.PostgresError) or _lost(errors, e):
                             # (asyncpg may hand a connection broken mid-statement to the next
-                            # caller: MagicStack/asyncpg#1069) never used again
-                            conn.terminate()
+                            # caller: MagicStack/asyncpg#1069) never used again (one the
+                            # pool let go of meanwhile cannot be, and need not be)
+                            with contextlib.suppress(Exception):
+                                conn.terminate()
                         raise
             except (errors.SerializationError, errors.DeadlockDetectedError):
                 conflicts += 1
