@@ -407,9 +407,13 @@ class Gateway:
         if found is None:
             return
         provider, msg = found
+        answer = await self.store.conversations.undelivered_answer(run_id)
+        if answer is None and self.shared and (target := self.providers.get(provider)):
+            # its message is answered again, maybe elsewhere: the preview it showed here goes
+            # first (before the message is back in the inbox: no run here edits it meanwhile)
+            self.delivery.withdraw_left(target, msg)
         for end in await self.store.conversations.recover_runs([run_id]):
             self.feed.publish(end)
-        answer = await self.store.conversations.undelivered_answer(run_id)
         if answer is not None:
             await self._resend(provider, msg, answer)
         self._stranded.pop(run_id, None)

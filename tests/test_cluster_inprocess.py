@@ -253,7 +253,8 @@ async def test_a_chat_taken_again_after_an_outage_answers_its_cut_short_run_firs
                     await asyncio.sleep(0.01)
             away[0] = True
             intake._all_news = True  # a note may have been missed: the worker looks...
-            intake._wake["c1"].set()  # ...at the inbox, and cannot: it lets go of the chat
+            # ...at the inbox, and cannot: it lets go of the chat
+            intake._wake.setdefault("c1", asyncio.Event()).set()
             async with asyncio.timeout(10):
                 while not gw._stranded:  # the answer could not be saved: handed back later
                     await asyncio.sleep(0.01)
@@ -264,5 +265,64 @@ async def test_a_chat_taken_again_after_an_outage_answers_its_cut_short_run_firs
             assert await provider.wait_finals(2, timeout=20) == ["echo: one", "echo: two"]
             await gw.settled()
             assert provider.finals() == ["echo: one", "echo: two"]
+        finally:
+            await gw.stop()
+
+
+async def test_a_preview_of_a_run_cut_short_is_withdrawn_by_its_instance_when_handed_back(
+        config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Storage goes away while a run streams its live preview: the preview's id cannot be kept
+    and the answer cannot be saved (the run is handed back once storage works). Its message may
+    then be answered by any instance, which cannot know of that preview: the instance that
+    showed it deletes it as it hands the run back, and the answer is a message of its own (the
+    outage scenario left such a preview, full text and all, beside the answer given elsewhere)."""
+    from pluto.errors import StorageUnavailable
+    from pluto.types import Capabilities
+    text = "echo: one and a few more words to stream"
+
+    def answer(messages: list[dict]) -> Scripted:
+        return Scripted(text=text, chunk=2, delay=0.05)
+
+    with fresh_schema() as url:
+        cfg = PlutoConfig(data_dir=tmp_path / "data", storage=StorageConfig(lease_seconds=2),
+                          gateway={"stream_edit_interval_seconds": 0.1})
+        gw = Gateway(config_dir, config=cfg, model_factory=ScriptedModel(fallback=answer),
+                     store=PostgresStore(url))
+        await gw.start()
+        try:
+            provider = RecordingProvider(capabilities=Capabilities(max_message_length=200,
+                                                                   can_edit=True))
+            gw.add_provider(provider)
+            await provider.running.wait()
+            assert provider.intake is not None
+            away = [True]  # storage "away" for what the test names
+            conversations, inbound = gw.store.conversations, gw.store.inbound
+
+            def gone(original):  # type: ignore[no-untyped-def]
+                async def call(*args: object, **kwargs: object) -> object:
+                    if away[0]:
+                        raise StorageUnavailable("the database cannot be reached")
+                    return await original(*args, **kwargs)
+                return call
+
+            for store, name in ((conversations, "complete_run"), (conversations, "recover_runs"),
+                                (inbound, "keep_preview")):
+                monkeypatch.setattr(store, name, gone(getattr(store, name)))
+            await provider.intake.submit(provider.msg("one"))
+            async with asyncio.timeout(10):
+                while not gw._stranded:  # shown, and its answer could not be saved
+                    await asyncio.sleep(0.01)
+            assert [m.edit_of for m in provider.sent] == [None]  # the preview, message 1
+            away[0] = False  # storage works again: handed back, answered again
+
+            def answer_in(message: str) -> bool:
+                return any(m.edit_of == message and m.text == text for m in provider.edits)
+
+            async with asyncio.timeout(20):
+                while not answer_in("2"):  # the answer: in a message of its own
+                    await asyncio.sleep(0.02)
+            await gw.settled()
+            assert provider.deleted == ["1"]  # the preview went
+            assert len(provider.sent) == 2 and not gw._stranded
         finally:
             await gw.stop()

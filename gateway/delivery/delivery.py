@@ -253,6 +253,19 @@ class Delivery:
             messages[0] = replace(messages[0], edit_of=shown, reply_to=None)
         await self.outbox.deliver(provider, event.run_id, messages)
 
+    def withdraw_left(self, provider: Provider, msg: IncomingMessage) -> bool:
+        """Several instances: the preview a run of ``msg`` showed here, which recorded no
+        reply (storage cut it short) and whose message is answered again — by any instance,
+        which may never learn of this preview (its id may not have been kept, storage being
+        away) — is deleted, in the chat's turn; whether there was one. Unfenced: it is this
+        instance's own message of a run no longer anyone's, and nobody edits it into an answer
+        (with several instances a left preview is deleted, never edited)."""
+        shown = self._previews.pop((msg.provider, msg.message_id or ""), None)
+        if shown is None:
+            return False
+        self.outbox.post(Removal(provider, msg.chat_id, msg.thread_id, shown))
+        return True
+
     def _chunks(self, provider: Provider, base: OutgoingMessage, text: str,
                 images: list[Attachment]) -> list[OutgoingMessage]:
         caps = provider.capabilities

@@ -165,6 +165,7 @@ class PostgresEngine:
         self.max_size = max_size
         self.connect_timeout = connect_timeout
         self._pool: Any = None
+        self._refreshing: asyncio.Future[None] | None = None  # psycopg's pool being replaced
         self._apool: Any = None  # asyncpg's pool: single statements, on the event loop
         self._asyncpg: Any = None  # the module, imported off the loop at open
         self._executor: ThreadPoolExecutor | None = None
@@ -204,15 +205,18 @@ class PostgresEngine:
             raise StorageError(f"cannot open the PostgreSQL database {redact(self.url)}: "
                                f"{_reason(e)}") from None
 
-    def _open_pool(self) -> Any:
+    def _new_pool(self) -> Any:
         from psycopg_pool import ConnectionPool  # imported here: in a thread, only when used
 
-        pool = ConnectionPool(self.url, min_size=self.min_size, max_size=self.max_size,
+        return ConnectionPool(self.url, min_size=self.min_size, max_size=self.max_size,
                               open=False, timeout=self.connect_timeout,
                               configure=self._configure,
                               kwargs={"autocommit": True, "connect_timeout":
                                       max(1, int(self.connect_timeout))},
                               name="pluto")
+
+    def _open_pool(self) -> Any:
+        pool = self._new_pool()
         try:
             pool.open(wait=True, timeout=self.connect_timeout)
             with pool.connection() as conn, conn.transaction():
@@ -365,8 +369,36 @@ class PostgresEngine:
                     with contextlib.suppress(Exception):
                         await pool.expire_connections()
                 continue
+            if tries or self.health.problem is not None:  # the database answers again:
+                self._refresh_soon()  # psycopg's pool may still be reconnecting
             self.health.working()
             return result
+
+    def _refresh_soon(self) -> None:
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._refresh())
+
+    async def _refresh(self) -> None:
+        with contextlib.suppress(Exception):  # (closing: nothing to refresh)
+            await self._in_thread(self._refresh_pool)
+
+    def _refresh_pool(self) -> None:
+        """(In a worker thread, once asyncpg reaches the database again after losing it.)
+        psycopg's pool, if it failed to connect since the last look, is replaced by a fresh one:
+        it reconnects on its own schedule, its attempts backing off (1, 2, 4, 8, 16 s), and a
+        change of several statements that asked it for a connection meanwhile waited for that
+        — up to 20 s after the database was back, while the single statements went on at once
+        (a run cut short by the outage was handed back that late). Changes under way on the old
+        pool finish on their connections; those waiting for one are tried on the new pool."""
+        pool = self._pool
+        if pool is None or not pool.pop_stats().get("connections_errors"):
+            return
+        fresh = self._new_pool()
+        fresh.open(wait=False)
+        self._pool = fresh
+        log.info("storage: psycopg's pool was still reconnecting after the database answered "
+                 "again; replaced by a fresh one")
+        pool.close(timeout=1.0)
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         if self._executor is None:
@@ -396,15 +428,16 @@ class PostgresEngine:
         """In a worker thread: ``change`` in one transaction on a pooled connection (a read,
         ``atomic=False``, runs as it is: one statement sees one committed state)."""
         import psycopg
+        from psycopg_pool import PoolClosed
 
-        pool = self._pool
-        if pool is None:
-            raise StorageError("storage is not open")
         conflicts = tries = 0
         # (from the first failure: a change that waited for a connection, or whose process
         # was paused, still gets its retries on a fresh connection)
         deadline: float | None = None
         while True:
+            pool = self._pool  # (read each time: it may have been replaced, _refresh_pool)
+            if pool is None:
+                raise StorageError("storage is not open")
             ran = [False]  # the change ran whole: a failure now is in COMMIT (maybe done)
             try:
                 result = self._once(pool, change, atomic, ran)
@@ -415,6 +448,8 @@ class PostgresEngine:
                 time.sleep(0.01 * conflicts)
                 continue
             except psycopg.OperationalError as e:
+                if isinstance(e, PoolClosed) and self._pool not in (None, pool):
+                    continue  # it waited on a pool replaced meanwhile: on the new one
                 problem = DISK_FULL if isinstance(e, psycopg.errors.DiskFull) else UNREACHABLE
                 self.health.failing(problem, _reason(e))
                 if deadline is None:
