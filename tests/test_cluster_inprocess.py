@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -206,6 +207,23 @@ async def test_deployments_in_other_schemas_of_the_database_never_hear_each_othe
             assert b.finals()[0].startswith("word word")
 
 
+
+def fail_while(away: list[bool], monkeypatch: pytest.MonkeyPatch,
+               *methods: tuple[object, str]) -> None:
+    """Each (store part, method name) raises StorageUnavailable while ``away[0]``: storage is
+    away for those calls alone (a partial outage: asyncpg back, psycopg's pool not yet)."""
+    from pluto.errors import StorageUnavailable
+
+    for part, name in methods:
+        original = getattr(part, name)
+
+        async def call(*args: object, _original: Any = original, **kwargs: object) -> object:
+            if away[0]:
+                raise StorageUnavailable("the database cannot be reached")
+            return await _original(*args, **kwargs)
+
+        monkeypatch.setattr(part, name, call)
+
 async def test_a_chat_taken_again_after_an_outage_answers_its_cut_short_run_first(
         config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An outage cuts a run short (its answer cannot be saved: it is handed back once storage
@@ -213,7 +231,6 @@ async def test_a_chat_taken_again_after_an_outage_answers_its_cut_short_run_firs
     chat is taken again — here by the statement that records the chat's next message, which
     works while the hand-back cannot yet (asyncpg came back before psycopg's pool did). The
     message of the run cut short is answered again before that next one, not after it."""
-    from pluto.errors import StorageUnavailable
     asked: list[str] = []
 
     def answer(messages: list[dict]) -> Scripted:
@@ -233,20 +250,9 @@ async def test_a_chat_taken_again_after_an_outage_answers_its_cut_short_run_firs
             assert provider.intake is not None
             intake = gw.intakes["test"]
             away = [False]  # storage "away" for what the test names
-            conversations, inbox = gw.store.conversations, intake.inbox
-            complete, recover, unhandled = (conversations.complete_run,
-                                            conversations.recover_runs, inbox.unhandled_in_chat)
-
-            def gone(original):  # type: ignore[no-untyped-def]
-                async def call(*args: object, **kwargs: object) -> object:
-                    if away[0]:
-                        raise StorageUnavailable("the database cannot be reached")
-                    return await original(*args, **kwargs)
-                return call
-
-            monkeypatch.setattr(conversations, "complete_run", gone(complete))
-            monkeypatch.setattr(conversations, "recover_runs", gone(recover))
-            monkeypatch.setattr(inbox, "unhandled_in_chat", gone(unhandled))
+            conversations = gw.store.conversations
+            fail_while(away, monkeypatch, (conversations, "complete_run"),
+                       (conversations, "recover_runs"), (intake.inbox, "unhandled_in_chat"))
             await provider.intake.submit(provider.msg("one"))
             async with asyncio.timeout(10):
                 while not asked:  # the model answers "one", slowly
@@ -276,7 +282,6 @@ async def test_a_preview_of_a_run_cut_short_is_withdrawn_by_its_instance_when_ha
     then be answered by any instance, which cannot know of that preview: the instance that
     showed it deletes it as it hands the run back, and the answer is a message of its own (the
     outage scenario left such a preview, full text and all, beside the answer given elsewhere)."""
-    from pluto.errors import StorageUnavailable
     from pluto.types import Capabilities
     text = "echo: one and a few more words to stream"
 
@@ -296,18 +301,9 @@ async def test_a_preview_of_a_run_cut_short_is_withdrawn_by_its_instance_when_ha
             await provider.running.wait()
             assert provider.intake is not None
             away = [True]  # storage "away" for what the test names
-            conversations, inbound = gw.store.conversations, gw.store.inbound
-
-            def gone(original):  # type: ignore[no-untyped-def]
-                async def call(*args: object, **kwargs: object) -> object:
-                    if away[0]:
-                        raise StorageUnavailable("the database cannot be reached")
-                    return await original(*args, **kwargs)
-                return call
-
-            for store, name in ((conversations, "complete_run"), (conversations, "recover_runs"),
-                                (inbound, "keep_preview")):
-                monkeypatch.setattr(store, name, gone(getattr(store, name)))
+            conversations = gw.store.conversations
+            fail_while(away, monkeypatch, (conversations, "complete_run"),
+                       (conversations, "recover_runs"), (gw.store.inbound, "keep_preview"))
             await provider.intake.submit(provider.msg("one"))
             async with asyncio.timeout(10):
                 while not gw._stranded:  # shown, and its answer could not be saved
