@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -262,11 +262,13 @@ class LeaseStore(Protocol):
 
     async def take_along(self, name: str, owner: str, ttl: float,
                          parts: list[tuple[str, Statement]], result: str, read: Statement, *,
-                         only_if: str, takeover: bool = True
+                         only_if: str, takeover: bool = True,
+                         after: Sequence[tuple[str, Statement]] = ()
                          ) -> tuple[Any, tuple[int, bool] | None, list[Any]] | None:
         """:meth:`take_reading` in one statement with other changes, taken only if the part
         ``only_if`` returned a row (PostgreSQL; None elsewhere): (the value of ``result``,
-        the take, the rows read)."""
+        the take, the rows read); ``after``: changes made after the take, which may read
+        ``l`` (one row when it was taken)."""
         ...
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool: ...

@@ -42,7 +42,8 @@ async def _heard(url: str, channel: str, during) -> list[str]:  # type: ignore[n
         return got
 
 
-async def test_each_write_of_events_notifies_its_run_as_it_commits(pg_url):
+async def test_each_write_of_events_notifies_its_run_as_it_commits_but_a_new_runs_start(
+        pg_url):
     async with PostgresStore(pg_url) as store:
         conv = store.conversations
         conv.owner = "i1"
@@ -56,9 +57,18 @@ async def test_each_write_of_events_notifies_its_run_as_it_commits(pg_url):
                                     RunEnd(run_id="r1", outcome="ok"), usage={})
 
         heard = await _heard(pg_url, conv.notify_channel, a_run)
-        assert heard == ["i1|r1", "i1|r1"]  # the start, then the answer with the end
+        # the answer with the end: a new run's start is told nobody (its id is known nowhere
+        # else before it started: whoever follows it from elsewhere reads it first)
+        assert heard == ["i1|r1"]
         assert [e.type for e in await conv.events("r1")] == ["run.start", "message.final",
                                                               "run.end"]
+
+        async def a_queued_run() -> None:  # (a task's: followed from anywhere before it starts)
+            await conv.queue_run("q1", session.id, "agent", "later")
+            await conv.start_run("q1", session.id, "agent", "later",
+                                 RunStart(run_id="q1", session_id=session.id, agent="agent"))
+
+        assert await _heard(pg_url, conv.notify_channel, a_queued_run) == ["i1|q1"]
 
         async def nothing_to_tell() -> None:  # no channel: no notification, same writes
             conv.notify_channel = None

@@ -5,7 +5,8 @@
   the calls it paid for are counted in rows of their own; held rows that no run's end takes go
   alone.
 - A message received by an instance that has no worker for its chat takes the chat in the
-  statement that records it (still noted to the others); messages received by the instance
+  statement that records it (noted to the others only when another holds the chat; a release
+  notifies only when someone tried to take the lease meanwhile); messages received by the instance
   that holds their chat are answered from memory, in order, without reading its inbox again.
 
 The tests use the server named by ``PLUTO_TEST_DATABASE_URL`` (tests/helpers/pg.py) and fail
@@ -151,7 +152,7 @@ async def test_messages_received_by_the_chats_holder_are_answered_without_readin
             assert takes == []  # (the chat taken by the statement that recorded message 0)
 
 
-async def test_a_message_recorded_takes_its_chat_in_the_same_statement_and_is_still_noted(
+async def test_a_message_recorded_takes_its_chat_in_the_same_statement_noted_only_if_held(
         two) -> None:
     import asyncio
 
@@ -194,5 +195,53 @@ async def test_a_message_recorded_takes_its_chat_in_the_same_statement_and_is_st
                 notes.append(note.payload)
         with pytest.raises(TimeoutError):  # (notifications come at commit: all there now)
             await asyncio.wait_for(drain(), 0.3)
-    # each message recorded is noted (a redelivery is not)
-    assert notes == ["new|telegram|c|A", "new|telegram|c|B", "new|telegram|c|B"]
+    # noted only the message whose chat another instance held (m2): the chat taken by the
+    # statement (m1, m3) has no other holder to tell; a redelivery is not noted
+    assert notes == ["new|telegram|c|B"]
+
+
+async def test_a_release_notifies_only_those_who_tried_to_take_the_lease(two) -> None:
+    """A chat let go that nobody else tried to take costs no notification to every instance;
+    one that another tried to take while it was held (its take failed: the row is marked)
+    is noted ``free``, and the mark goes with the next holder. A message recorded by itself
+    (its receiver has a worker for the chat) is noted only while another instance holds the
+    chat."""
+    import asyncio
+
+    import psycopg
+
+    a, b = two
+    for store in (a, b):
+        store.inbound.notify = store.leases.notify = "free_notes"
+    url = a.engine.url  # type: ignore[attr-defined]
+    name = "chat:telegram:c"
+    notes: list[str] = []
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("LISTEN free_notes")
+        token = await a.leases.acquire(name, "A", 30)
+        assert token is not None
+        # A's own message while A holds the chat: nobody else to tell
+        assert await a.inbound.accept("telegram", "m1", {"message_id": "m1", "chat_id": "c",
+                                                         "via": "A"})
+        assert await a.leases.release(name, "A", token)  # nobody tried: no note
+        token = await a.leases.acquire(name, "A", 30)
+        assert token is not None
+        # B's message while A holds it: noted (A's worker reads it); B's take fails, marking it
+        assert await b.inbound.accept("telegram", "m2", {"message_id": "m2", "chat_id": "c",
+                                                         "via": "B"})
+        assert await b.leases.take(name, "B", 30) is None
+        assert await a.leases.take(name, "A", 30) == (token, False)  # (A's own: kept, marked)
+        assert await a.leases.release(name, "A", token)  # B tried: noted
+        took = await b.leases.take(name, "B", 30)
+        assert took is not None and took[0] > token
+        assert await b.leases.release(name, "B", took[0])  # the mark went with A: no note
+        # a message recorded while nobody holds the chat: its receiver takes it, no note
+        assert await b.inbound.accept("telegram", "m3", {"message_id": "m3", "chat_id": "c",
+                                                         "via": "B"})
+
+        async def drain() -> None:
+            async for note in conn.notifies():
+                notes.append(note.payload)
+        with pytest.raises(TimeoutError):  # (notifications come at commit: all there now)
+            await asyncio.wait_for(drain(), 0.3)
+    assert notes == ["new|telegram|c|B", f"free|{name}"]

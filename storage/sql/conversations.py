@@ -494,9 +494,11 @@ class SqliteConversations:
             parts.append(("h", (f"{sql} AND EXISTS (SELECT 1 FROM r) RETURNING 1", params)))
             guard = "h"
         parts += [(f"s{i}", _after(stmt, guard)) for i, stmt in enumerate(stmts)]
+        # (told only of a run whose row was there before, queued: a task's or one handed back,
+        # which may be followed already; a new run's id is known nowhere else until it starts)
         row = await self.engine.write_returning(self._telling(
             together(parts, f"(SELECT count(*) FROM r), (SELECT count(*) FROM {guard})"),
-            {run_id}))
+            {run_id}, existed=run_id))
         assert row is not None
         if not row[0]:
             raise RunTakenOver(f"run {run_id} has ended (taken over) before it started")
@@ -558,16 +560,20 @@ class SqliteConversations:
             _runs(stmts)))
         return int(row[0]) if row is not None else 0
 
-    def _telling(self, stmt: Statement, runs: set[str]) -> Statement:
+    def _telling(self, stmt: Statement, runs: set[str], *,
+                 existed: str | None = None) -> Statement:
         """(PostgreSQL, several instances) ``stmt`` — ``WITH … SELECT <results>`` — made to
         notify ``owner|run`` for each of ``runs`` on :attr:`notify_channel` as it commits: the
         other instances' watchers of those runs read them then, never before (a notification
-        sent after the commit would cost a statement of its own)."""
+        sent after the commit would cost a statement of its own). ``existed``: only if that
+        run's row was there before the statement."""
         if self.notify_channel is None or not runs:
             return stmt
         sql, params = stmt
-        return (sql + ", (SELECT count(pg_notify(?, p)) FROM unnest(?::text[]) AS u(p))",
-                (*params, self.notify_channel, [f"{self.owner}|{r}" for r in sorted(runs)]))
+        only = " WHERE EXISTS (SELECT 1 FROM runs WHERE id = ?)" if existed is not None else ""
+        return (sql + f", (SELECT count(pg_notify(?, p)) FROM unnest(?::text[]) AS u(p){only})",
+                (*params, self.notify_channel, [f"{self.owner}|{r}" for r in sorted(runs)],
+                 *((existed,) if existed is not None else ())))
 
     def _tell(self, conn: Any, runs: set[str]) -> None:
         """(In a transaction) :meth:`_telling`'s notifications, sent when it commits."""

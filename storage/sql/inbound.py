@@ -112,9 +112,15 @@ class SqliteInbound:
                   (provider, message_id, *self._at(), json.dumps(payload),
                    str(payload.get("chat_id", ""))))
         if self.notify is not None:  # (one statement: the row and its notification)
-            insert = (f"WITH ins AS ({insert[0]} RETURNING provider, chat_id) SELECT"
-                      " pg_notify(?, 'new|' || provider || '|' || chat_id || '|' || ?) FROM ins",
-                      (*insert[1], self.notify, str(payload.get("via") or "")))
+            # told only when another instance holds the chat (lease ``chat:<provider>:<chat>``,
+            # gateway/pipeline/intake.py): its receiver's worker takes it otherwise
+            via = str(payload.get("via") or "")
+            insert = (f"WITH ins AS ({insert[0]} RETURNING provider, chat_id), n AS (SELECT"
+                      " pg_notify(?, 'new|' || provider || '|' || chat_id || '|' || ?) FROM ins"
+                      " WHERE EXISTS (SELECT 1 FROM leases WHERE name = 'chat:' || provider"
+                      " || ':' || chat_id AND owner <> ?))"
+                      " SELECT 1 FROM ins WHERE 0 * (SELECT count(*) FROM n) = 0",
+                      (*insert[1], self.notify, via, via))
         inserted = await self.engine.write(insert)
         if inserted == 0:
             return False
@@ -202,12 +208,16 @@ class SqliteInbound:
             ("ins", ("INSERT INTO inbound_seen (provider, message_id, seen_at, payload, handled,"
                      f" chat_id) VALUES (?,?,{self._now},?,0,?) ON CONFLICT DO NOTHING"
                      " RETURNING provider, chat_id",
-                     (provider, message_id, *self._at(), json.dumps(payload), chat_id))),
+                     (provider, message_id, *self._at(), json.dumps(payload), chat_id)))]
+        # (the chat's holder is told only when it is another: taken here, nobody needs it)
+        after: list[tuple[str, Statement]] = [
             ("n", ("SELECT pg_notify(?, 'new|' || provider || '|' || chat_id || '|' || ?)"
-                   " FROM ins", (self.notify, str(payload.get("via") or ""))))]
+                   " FROM ins WHERE NOT EXISTS (SELECT 1 FROM l)",
+                   (self.notify, str(payload.get("via") or ""))))]
         done = await leases.take_along(
             name, owner, ttl, parts, "(SELECT count(*) FROM ins) + 0 * (SELECT count(*) FROM n)",
-            _unhandled_in_chat(provider, chat_id, 100), only_if="ins", takeover=takeover)
+            _unhandled_in_chat(provider, chat_id, 100), only_if="ins", takeover=takeover,
+            after=after)
         if done is None:
             return None
         inserted, took, rows = done

@@ -17,11 +17,16 @@ kept + 1.) All the leases of an owner are renewed by one statement, and a lease 
 can be taken from its holder only when the taker says so (``takeover``): an instance that
 was itself cut off from the database waits a lease's length after it is back before it takes
 anything over, so an outage every instance saw hands no live work around.
+
+A take that finds the lease held marks it ``waiting`` (on the row it found, in the same
+statement); only the release of a lease so marked notifies (``free|<name>``, PostgreSQL): a
+release nobody waited for costs no notification to every instance.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +51,9 @@ MIGRATIONS: list[Any] = [
                  " false)"},
     # whether the holder took it from another (that stopped renewing it) rather than free
     "ALTER TABLE leases ADD COLUMN taken INTEGER NOT NULL DEFAULT 0",
+    # whether someone tried to take it while it was held (its release tells them: the only
+    # release that notifies)
+    "ALTER TABLE leases ADD COLUMN waiting INTEGER NOT NULL DEFAULT 0",
 ]
 _NEXT_TOKEN = {"postgres": "nextval('lease_tokens')",
                "sqlite": "(SELECT COALESCE(MAX(token), 0) + 1 FROM leases)"}
@@ -94,7 +102,8 @@ class SqlLeases:
                    takeover: bool = True) -> tuple[int, bool] | None:
         """:meth:`acquire`, and whether the lease was taken from another owner (whose lease
         ran out) rather than found free: (token, taken), or None."""
-        rows = await self._returning(*self._take(name, owner, ttl, takeover))
+        rows = [r for r in await self._returning(*self._take(name, owner, ttl, takeover))
+                if r[2] == owner]  # (a row of another owner: it holds it, now marked waiting)
         return (int(rows[0][0]), bool(rows[0][1])) if rows else None
 
     async def take_reading(self, name: str, owner: str, ttl: float, read: Statement, *,
@@ -109,8 +118,9 @@ class SqlLeases:
             return took, [] if took is None else await self.engine.fetchall(*read)
         sql, params = self._take(name, owner, ttl, takeover)
         rows = await self.engine.fetchall(
-            f"WITH l AS ({sql}) SELECT l.token AS lease_token, l.taken AS lease_taken, r.*"
-            f" FROM l LEFT JOIN LATERAL ({read[0]}) r ON true", (*params, *read[1]))
+            f"WITH t AS ({sql}), l AS (SELECT token, taken FROM t WHERE owner = ?)"
+            f" SELECT l.token AS lease_token, l.taken AS lease_taken, r.*"
+            f" FROM l LEFT JOIN LATERAL ({read[0]}) r ON true", (*params, owner, *read[1]))
         if not rows:
             return None, []
         took = (int(rows[0][0]), bool(rows[0][1]))
@@ -118,15 +128,17 @@ class SqlLeases:
 
     async def take_along(self, name: str, owner: str, ttl: float,
                          parts: list[tuple[str, Statement]], result: str, read: Statement, *,
-                         only_if: str, takeover: bool = True
+                         only_if: str, takeover: bool = True,
+                         after: Sequence[tuple[str, Statement]] = ()
                          ) -> tuple[Any, tuple[int, bool] | None, list[Any]] | None:
         """(PostgreSQL) :meth:`take_reading` in one statement with other changes: ``parts``,
         data-modifying CTEs (``name AS (statement)``, different rows) made first — the lease
         is taken only if the one named ``only_if`` returned a row — and ``result``, an SQL
         expression over them (a scalar subquery): (its value, the take, the rows of ``read``:
-        none when it was not taken). ``read`` sees the database as it was before the
-        statement, without what ``parts`` wrote. None on another engine (the caller makes
-        them apart)."""
+        none when it was not taken). ``after``: CTEs after the take, which may read ``l`` (a
+        row when it was taken). ``read`` sees the database as it was before the statement,
+        without what ``parts`` wrote. None on another engine (the caller makes them
+        apart)."""
         if self.engine.dialect != "postgres":
             return None
         sql, params = self._take(name, owner, ttl, takeover)
@@ -135,25 +147,35 @@ class SqlLeases:
         sql = f"{head} SELECT {values} FROM {only_if} ON CONFLICT{tail}"
         rows = await self.engine.fetchall(
             "WITH " + ", ".join(f"{n} AS ({s})" for n, (s, _) in parts)
-            + f", l AS ({sql}) SELECT {result} AS along, l.token AS lease_token,"
+            + f", t AS ({sql}), l AS (SELECT token, taken FROM t WHERE owner = ?)"
+            + "".join(f", {n} AS ({s})" for n, (s, _) in after)
+            + f" SELECT {result} AS along, l.token AS lease_token,"
             f" l.taken AS lease_taken, r.* FROM (SELECT 1) AS one LEFT JOIN l ON true"
             f" LEFT JOIN LATERAL ({read[0]}) r ON l.token IS NOT NULL",
-            (*(p for _, (_, ps) in parts for p in ps), *params, *read[1]))
+            (*(p for _, (_, ps) in parts for p in ps), *params, owner,
+             *(p for _, (_, ps) in after for p in ps), *read[1]))
         first = tuple(rows[0])
         took = (int(first[1]), bool(first[2])) if first[1] is not None else None
         return first[0], took, [tuple(r)[3:] for r in rows if tuple(r)[3] is not None]
 
     def _take(self, name: str, owner: str, ttl: float, takeover: bool) -> Statement:
+        """Take ``name`` if free, mine, or ran out (and ``takeover``); held by another, the
+        row is only marked ``waiting``. Returns (token, taken, owner) of the row as it is
+        after: the caller's own when taken."""
         now = self._now
-        return (f"INSERT INTO leases (name, owner, token, until, taken) VALUES"
-                f" (?, ?, {self._next}, {now} + ?, 0)"
+        mine = "leases.owner = excluded.owner"
+        free = f"leases.until < {now}" if takeover else "1 = 0"
+        return (f"INSERT INTO leases (name, owner, token, until, taken, waiting) VALUES"
+                f" (?, ?, {self._next}, {now} + ?, 0, 0)"
                 f" ON CONFLICT(name) DO UPDATE SET"
-                f" token = CASE WHEN leases.owner = excluded.owner THEN leases.token"
+                f" token = CASE WHEN {mine} OR NOT ({free}) THEN leases.token"
                 f" ELSE excluded.token END,"
-                f" taken = CASE WHEN leases.owner = excluded.owner THEN leases.taken ELSE 1 END,"
-                f" owner = excluded.owner, until = excluded.until"
-                f" WHERE leases.owner = excluded.owner OR (leases.until < {now} AND ?)"
-                f" RETURNING token, taken", (name, owner, ttl, bool(takeover)))
+                f" taken = CASE WHEN {mine} THEN leases.taken WHEN {free} THEN 1"
+                f" ELSE leases.taken END,"
+                f" waiting = CASE WHEN {mine} THEN leases.waiting WHEN {free} THEN 0 ELSE 1 END,"
+                f" until = CASE WHEN {mine} OR {free} THEN excluded.until ELSE leases.until END,"
+                f" owner = CASE WHEN {mine} OR {free} THEN excluded.owner ELSE leases.owner END"
+                f" RETURNING token, taken, owner", (name, owner, ttl))
 
     async def _returning(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         """One change that returns rows, committed: alone on PostgreSQL (one statement is
@@ -188,9 +210,11 @@ class SqlLeases:
         """Give the lease up (it is free at once); False when it was not held so."""
         delete: tuple[str, tuple[Any, ...]] = (
             "DELETE FROM leases WHERE name = ? AND owner = ? AND token = ?", (name, owner, token))
-        if self.notify is not None:
-            delete = (f"WITH d AS ({delete[0]} RETURNING name) SELECT pg_notify(?,"
-                      " 'free|' || name) FROM d", (*delete[1], self.notify))
+        if self.notify is not None:  # (told only if someone tried to take it meanwhile)
+            delete = (f"WITH d AS ({delete[0]} RETURNING name, waiting), n AS (SELECT"
+                      " pg_notify(?, 'free|' || name) FROM d WHERE waiting <> 0)"
+                      " SELECT name FROM d WHERE 0 * (SELECT count(*) FROM n) = 0",
+                      (*delete[1], self.notify))
         return await self.engine.write(delete) > 0
 
     async def holder(self, name: str) -> Lease | None:
