@@ -14,6 +14,7 @@ when it is not reachable."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -245,3 +246,41 @@ async def test_a_release_notifies_only_those_who_tried_to_take_the_lease(two) ->
         with pytest.raises(TimeoutError):  # (notifications come at commit: all there now)
             await asyncio.wait_for(drain(), 0.3)
     assert notes == ["new|telegram|c|B", f"free|{name}"]
+
+
+async def test_a_chats_next_turn_soon_after_an_answer_is_taken_under_the_same_hold(
+        config_dir: Path, tmp_path: Path) -> None:
+    """The chat is kept for a moment after its last answer (``Shared.linger``): a next message
+    that follows within it is answered without the chat being let go and taken again (two
+    statements fewer); with nothing more, the chat is let go once the moment is over."""
+    with fresh_schema() as url:
+        async with gateways_on(config_dir, tmp_path, [url], ScriptedModel()) as (gw,):
+            provider = gw.providers["test"]
+            intake = provider.intake
+            assert intake is not None and intake.shared is not None
+            assert intake.shared.linger > 0
+            calls: list[str] = []
+            take, release = gw.cluster.take_chat, gw.cluster.release
+
+            async def taken(name: str, *args: Any) -> Any:
+                calls.append("take")
+                return await take(name, *args)
+
+            async def released(name: str) -> None:
+                calls.append("release")
+                await release(name)
+
+            gw.cluster.take_chat = taken  # type: ignore[method-assign]
+            gw.cluster.release = released  # type: ignore[method-assign]
+            for i in range(3):  # each sent once the one before is answered (a conversation)
+                ticket = await intake.submit(provider.msg(f"turn {i}", chat="talk"))
+                assert isinstance(await ticket.outcome(), Accepted)
+                await provider.wait_finals(i + 1, chat="talk")
+            lease = "chat:test:talk"
+            assert calls == []  # (taken by the statement that recorded turn 0, kept since)
+            for _ in range(200):  # let go once nothing more came
+                if "release" in calls:
+                    break
+                await asyncio.sleep(0.01)
+            assert calls == ["release"] and not gw.cluster.holds(lease)
+            assert await gw.store.leases.holder(lease) is None
