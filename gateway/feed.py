@@ -36,6 +36,7 @@ MAX_BACKLOG = 10_000  # live events a stalled watcher may hold before it is cut 
 PUBLISHED_KEPT = 5_000  # the runs with an event published here, most recent (their ids only)
 UNREAD_CHECK = 2.0  # a fresh run silent this long is looked up in storage all the same
 CHANNEL = "pluto_runs"
+FOLLOW_CHECK = 5.0  # seconds: at most this long between looks at a run followed elsewhere
 
 
 class _Wake:
@@ -171,6 +172,11 @@ class SharedRunFeed(LocalRunFeed):
         self.bus = bus
         self.instance = instance
         self._local: Callable[[str], bool] = lambda run_id: False
+        # runs followed here that execute elsewhere: how many watchers each (the first
+        # records the follow, so that the executing instance's writes notify; the last
+        # removes it)
+        self._following: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self, local: Callable[[str], bool] | None = None) -> None:
         """``local``: whether a run was accepted here and has not ended (its events are
@@ -181,6 +187,52 @@ class SharedRunFeed(LocalRunFeed):
 
     def here(self, run_id: str) -> bool:
         return self._local(run_id)
+
+    async def follow(self, run_id: str, after: int = 0, *,
+                     fresh: bool = False) -> AsyncGenerator[RunEvent, None]:
+        """As :meth:`LocalRunFeed.follow`; a run executing elsewhere is followed on the record
+        (``follow_elsewhere``) before storage is read, so the executing instance's writes
+        notify — a write whose statement began before the record was committed may not, so
+        such a watcher also reads storage again now and then (after 0.25 s, doubling up to
+        every :data:`FOLLOW_CHECK` seconds) until the run ends."""
+        if self.here(run_id) or not hasattr(self.runs, "follow_elsewhere"):
+            async for event in super().follow(run_id, after, fresh=fresh):
+                yield event
+            return
+        await self._follows(run_id, +1)
+        checks = asyncio.get_running_loop().create_task(self._checks(run_id),
+                                                        name=f"feed:check:{run_id}")
+        try:
+            async for event in super().follow(run_id, after, fresh=fresh):
+                yield event
+        finally:
+            checks.cancel()
+            self._spawn(self._follows(run_id, -1))
+
+    async def _follows(self, run_id: str, change: int) -> None:
+        count = self._following.get(run_id, 0) + change
+        if count > 0:
+            self._following[run_id] = count
+        else:
+            self._following.pop(run_id, None)
+        if (change > 0 and count == 1) or count <= 0:
+            try:
+                await self.runs.follow_elsewhere(run_id, count > 0)  # type: ignore[attr-defined]
+            except Exception as e:  # noqa: BLE001 - the checks read storage all the same
+                log.warning("feed: could not record following run %s (%s)", run_id, e)
+
+    async def _checks(self, run_id: str) -> None:
+        delay = 0.25
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(FOLLOW_CHECK, delay * 2)
+            for watcher in list(self._watchers.get(run_id, ())):
+                watcher.queue.put_nowait(WAKE)
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _heard(self, payload: str | None) -> None:
         if payload is None:  # the listener was away: wake every watcher

@@ -49,8 +49,14 @@ class ConversationStore(RunReader, Protocol):
     owner: str
     # several instances: the channel (as the database names it) on which every write of run
     # events notifies ``owner|run_id`` when it commits, in the same statement (None: no one
-    # listens); the run feeds of the other instances hear it (gateway/feed.py)
+    # listens); the run feeds of the other instances hear it (gateway/feed.py) — only for
+    # runs one of them follows (follow_elsewhere)
     notify_channel: str | None
+
+    async def follow_elsewhere(self, run_id: str, following: bool = True) -> None:
+        """(Several instances) This instance follows ``run_id`` (executing on any instance):
+        its writes notify from now on; ``following`` False: no longer."""
+        ...
 
     async def session(self, key: str, agent: str) -> SessionRow:
         """The active session for ``key``, created when there is none."""

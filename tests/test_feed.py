@@ -97,6 +97,66 @@ async def test_a_run_that_is_not_fresh_and_a_feed_of_several_instances_read_stor
     assert runs.reads == 2
 
 
+class Following(Runs):
+    """Runs that record who follows them elsewhere (a shared database's ``run_follows``)."""
+
+    def __init__(self, stored: list[RunEvent] = (), *, fails: bool = False):
+        super().__init__(stored)
+        self.follows: list[tuple[str, bool]] = []
+        self.fails = fails
+
+    async def follow_elsewhere(self, run_id: str, following: bool = True) -> None:
+        self.follows.append((run_id, following))
+        if self.fails:
+            raise ConnectionError("the database is away")
+
+
+class Bus:
+    def __init__(self) -> None:
+        self.heard: Callable[[str | None], None] = lambda payload: None
+
+    def subscribe(self, channel, callback) -> None:  # type: ignore[no-untyped-def]
+        self.heard = callback
+
+    async def publish(self, channel, payloads) -> None: ...  # type: ignore[no-untyped-def]
+
+
+async def test_a_run_followed_elsewhere_is_on_the_record_while_followed_and_told_by_notes():
+    """Several instances: a watcher here of a run executing elsewhere records the follow
+    before it reads storage (the executing instance's writes notify only followed runs),
+    once for all its watchers here, and takes it back after the last."""
+    evs = events()
+    runs = Following(evs[:1])
+    bus = Bus()
+    feed = SharedRunFeed(runs, bus, "i1")
+    feed.start()
+    first = asyncio.ensure_future(follow(feed))
+    second = asyncio.ensure_future(follow(feed))
+    await wait_for(lambda: runs.reads >= 2)  # (both read storage, after the record)
+    assert runs.follows == [("r", True)]
+    runs.stored = evs  # the rest committed elsewhere, and noted
+    bus.heard("i2|r")
+    assert [e.seq for e in await asyncio.wait_for(first, 5)] == [1, 2, 3, 4]
+    assert [e.seq for e in await asyncio.wait_for(second, 5)] == [1, 2, 3, 4]
+    await wait_for(lambda: len(runs.follows) == 2)
+    assert runs.follows == [("r", True), ("r", False)]
+
+
+async def test_a_run_followed_elsewhere_is_read_again_without_a_note(monkeypatch):
+    """A write whose statement began before the follow was recorded notifies nobody (and the
+    record itself may fail): the watcher reads storage again now and then all the same."""
+    from pluto.gateway import feed as feed_module
+    monkeypatch.setattr(feed_module, "FOLLOW_CHECK", 0.5)
+    evs = events()
+    runs = Following(evs[:1], fails=True)
+    feed = SharedRunFeed(runs, Bus(), "i1")
+    feed.start()
+    watching = asyncio.ensure_future(follow(feed))
+    await wait_for(lambda: runs.reads >= 1)
+    runs.stored = evs  # committed elsewhere, no note heard
+    assert [e.seq for e in await asyncio.wait_for(watching, 5)] == [1, 2, 3, 4]
+
+
 async def test_a_fresh_run_forgotten_by_a_flood_of_others_is_found_in_storage(monkeypatch):
     from pluto.gateway import feed as feed_module
     monkeypatch.setattr(feed_module, "PUBLISHED_KEPT", 3)

@@ -42,7 +42,7 @@ async def _heard(url: str, channel: str, during) -> list[str]:  # type: ignore[n
         return got
 
 
-async def test_each_write_of_events_notifies_its_run_as_it_commits_but_a_new_runs_start(
+async def test_each_write_of_events_of_a_run_followed_elsewhere_notifies_as_it_commits(
         pg_url):
     async with PostgresStore(pg_url) as store:
         conv = store.conversations
@@ -57,23 +57,34 @@ async def test_each_write_of_events_notifies_its_run_as_it_commits_but_a_new_run
                                     RunEnd(run_id="r1", outcome="ok"), usage={})
 
         heard = await _heard(pg_url, conv.notify_channel, a_run)
-        # the answer with the end: a new run's start is told nobody (its id is known nowhere
-        # else before it started: whoever follows it from elsewhere reads it first)
-        assert heard == ["i1|r1"]
-        assert [e.type for e in await conv.events("r1")] == ["run.start", "message.final",
+        assert heard == []  # followed by no other instance: told nobody
+        await conv.follow_elsewhere("r2")  # (as another instance's feed records it)
+        other = PostgresStore(pg_url)
+        async with other:
+            other.conversations.owner = "i2"
+            other.conversations.notify_channel = conv.notify_channel
+            await other.conversations.follow_elsewhere("r2")
+
+            async def a_followed_run() -> None:
+                await conv.start_run("r2", session.id, "agent", "hi",
+                                     RunStart(run_id="r2", session_id=session.id,
+                                              agent="agent"))
+                await conv.complete_run("r2", session.id,
+                                        MessageFinal(run_id="r2", text="hello"),
+                                        RunEnd(run_id="r2", outcome="ok"), usage={})
+
+            # the start, then the answer with the end: once each, however many follow it
+            assert await _heard(pg_url, conv.notify_channel, a_followed_run) == ["i1|r2",
+                                                                                 "i1|r2"]
+            await conv.follow_elsewhere("r2", False)
+            await other.conversations.follow_elsewhere("r2", False)
+        assert [e.type for e in await conv.events("r2")] == ["run.start", "message.final",
                                                               "run.end"]
-
-        async def a_queued_run() -> None:  # (a task's: followed from anywhere before it starts)
-            await conv.queue_run("q1", session.id, "agent", "later")
-            await conv.start_run("q1", session.id, "agent", "later",
-                                 RunStart(run_id="q1", session_id=session.id, agent="agent"))
-
-        assert await _heard(pg_url, conv.notify_channel, a_queued_run) == ["i1|q1"]
 
         async def nothing_to_tell() -> None:  # no channel: no notification, same writes
             conv.notify_channel = None
-            await conv.start_run("r2", session.id, "agent", "again",
-                                 RunStart(run_id="r2", session_id=session.id, agent="agent"))
+            await conv.start_run("r3", session.id, "agent", "again",
+                                 RunStart(run_id="r3", session_id=session.id, agent="agent"))
 
         assert await _heard(pg_url, "pluto_runs", nothing_to_tell) == []
 

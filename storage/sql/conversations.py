@@ -86,7 +86,18 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN source_id TEXT;
     CREATE INDEX runs_owner ON runs(owner, status);
     """,
+    # several instances: the runs followed by an instance other than the one executing them
+    # (only their writes notify: see _telling)
+    """
+    CREATE TABLE run_follows (
+        run_id TEXT NOT NULL,
+        instance TEXT NOT NULL,
+        since REAL NOT NULL,
+        PRIMARY KEY (run_id, instance)
+    );
+    """,
 ]
+FOLLOWS_KEPT = 86400.0  # seconds a follow left by an instance that died is kept
 # An answered run whose reply never reached the outbox (its instance died in between), recent
 UNDELIVERED_WINDOW = 86400.0
 _UNDELIVERED = ("(r.status = 'ok' AND r.ended_at > ? AND NOT EXISTS (SELECT 1 FROM outbox o"
@@ -494,11 +505,9 @@ class SqliteConversations:
             parts.append(("h", (f"{sql} AND EXISTS (SELECT 1 FROM r) RETURNING 1", params)))
             guard = "h"
         parts += [(f"s{i}", _after(stmt, guard)) for i, stmt in enumerate(stmts)]
-        # (told only of a run whose row was there before, queued: a task's or one handed back,
-        # which may be followed already; a new run's id is known nowhere else until it starts)
         row = await self.engine.write_returning(self._telling(
             together(parts, f"(SELECT count(*) FROM r), (SELECT count(*) FROM {guard})"),
-            {run_id}, existed=run_id))
+            {run_id}))
         assert row is not None
         if not row[0]:
             raise RunTakenOver(f"run {run_id} has ended (taken over) before it started")
@@ -560,26 +569,50 @@ class SqliteConversations:
             _runs(stmts)))
         return int(row[0]) if row is not None else 0
 
-    def _telling(self, stmt: Statement, runs: set[str], *,
-                 existed: str | None = None) -> Statement:
+    def _telling(self, stmt: Statement, runs: set[str]) -> Statement:
         """(PostgreSQL, several instances) ``stmt`` — ``WITH … SELECT <results>`` — made to
         notify ``owner|run`` for each of ``runs`` on :attr:`notify_channel` as it commits: the
         other instances' watchers of those runs read them then, never before (a notification
-        sent after the commit would cost a statement of its own). ``existed``: only if that
-        run's row was there before the statement."""
+        sent after the commit would cost a statement of its own). Only runs another instance
+        follows (:meth:`follow_elsewhere`) are told: every instance hears every note."""
         if self.notify_channel is None or not runs:
             return stmt
         sql, params = stmt
-        only = " WHERE EXISTS (SELECT 1 FROM runs WHERE id = ?)" if existed is not None else ""
-        return (sql + f", (SELECT count(pg_notify(?, p)) FROM unnest(?::text[]) AS u(p){only})",
-                (*params, self.notify_channel, [f"{self.owner}|{r}" for r in sorted(runs)],
-                 *((existed,) if existed is not None else ())))
+        return (sql + ", (SELECT count(pg_notify(?, f.p)) FROM (SELECT DISTINCT ? || '|' ||"
+                " run_id AS p FROM run_follows WHERE run_id = ANY(?::text[])) AS f)",
+                (*params, self.notify_channel, self.owner, sorted(runs)))
 
-    def _tell(self, conn: Any, runs: set[str]) -> None:
-        """(In a transaction) :meth:`_telling`'s notifications, sent when it commits."""
-        if self.notify_channel is not None and runs:
+    def _tell(self, conn: Any, runs: set[str], *, always: bool = False) -> None:
+        """(In a transaction) :meth:`_telling`'s notifications, sent when it commits;
+        ``always``: to every instance, followed or not (a run taken over: the instance that
+        accepted it may show it live, without following it)."""
+        if self.notify_channel is None or not runs:
+            return
+        if always:
             conn.execute("SELECT pg_notify(?, p) FROM unnest(?::text[]) AS u(p)",
                          (self.notify_channel, [f"{self.owner}|{r}" for r in sorted(runs)]))
+        else:
+            conn.execute("SELECT pg_notify(?, f.p) FROM (SELECT DISTINCT ? || '|' || run_id"
+                         " AS p FROM run_follows WHERE run_id = ANY(?::text[])) AS f",
+                         (self.notify_channel, self.owner, sorted(runs)))
+
+    async def follow_elsewhere(self, run_id: str, following: bool = True) -> None:
+        """(Several instances) This instance follows ``run_id``, which may execute on another:
+        from now on, that one's writes of its events notify (:meth:`_telling`); ``following``
+        False: no longer. Follows left by an instance that died go after a day."""
+        if self.notify_channel is None:
+            return
+        if following:
+            now = self.engine.now_sql  # (the database's clock: one for every instance)
+            await self.engine.write((
+                f"WITH gone AS (DELETE FROM run_follows WHERE since < {now} - ? AND NOT"
+                " (run_id = ? AND instance = ?)) INSERT INTO run_follows (run_id, instance,"
+                f" since) VALUES (?, ?, {now}) ON CONFLICT (run_id, instance)"
+                " DO UPDATE SET since = excluded.since",
+                (FOLLOWS_KEPT, run_id, self.owner, run_id, self.owner)))
+        else:
+            await self.engine.write(("DELETE FROM run_follows WHERE run_id = ? AND instance = ?",
+                                     (run_id, self.owner)))
 
     def _take_behind(self) -> list[Statement]:
         """The preview events not yet handed to the engine: a write takes them along first."""
@@ -877,7 +910,7 @@ class SqliteConversations:
                         # the re-run reads — it writes its own
                         conn.execute("DELETE FROM messages WHERE run_id = ?", (r[0],))
                 ended.append(end)
-            self._tell(conn, {end.run_id for end in ended})
+            self._tell(conn, {end.run_id for end in ended}, always=True)
             return ended
 
         ended = await self.engine.transact(take)
