@@ -199,17 +199,21 @@ class SharedRunFeed(LocalRunFeed):
             async for event in super().follow(run_id, after, fresh=fresh):
                 yield event
             return
-        await self._follows(run_id, +1)
-        checks = asyncio.get_running_loop().create_task(self._checks(run_id),
-                                                        name=f"feed:check:{run_id}")
+        checks: asyncio.Task[None] | None = None
         try:
+            await self._follows(run_id, +1)  # (counted before it waits: undone in any case)
+            checks = asyncio.get_running_loop().create_task(self._checks(run_id),
+                                                            name=f"feed:check:{run_id}")
             async for event in super().follow(run_id, after, fresh=fresh):
                 yield event
         finally:
-            checks.cancel()
+            if checks is not None:
+                checks.cancel()
             self._spawn(self._follows(run_id, -1))
 
     async def _follows(self, run_id: str, change: int) -> None:
+        """Count a watcher here of a run executing elsewhere in (+1) or out (-1): the first
+        records the follow, the last takes it back."""
         count = self._following.get(run_id, 0) + change
         if count > 0:
             self._following[run_id] = count

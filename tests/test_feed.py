@@ -142,6 +142,26 @@ async def test_a_run_followed_elsewhere_is_on_the_record_while_followed_and_told
     assert runs.follows == [("r", True), ("r", False)]
 
 
+async def test_a_watcher_gone_while_its_follow_is_recorded_takes_it_back():
+    runs = Following()
+    gate = asyncio.Event()
+    record = runs.follow_elsewhere
+
+    async def slow(run_id: str, following: bool = True) -> None:
+        await record(run_id, following)
+        if following:
+            await gate.wait()  # (the database is slow to answer)
+
+    runs.follow_elsewhere = slow  # type: ignore[method-assign]
+    feed = SharedRunFeed(runs, Bus(), "i1")
+    feed.start()
+    watching = asyncio.ensure_future(follow(feed))
+    await wait_for(lambda: runs.follows == [("r", True)])
+    watching.cancel()  # (the tab closed meanwhile)
+    await wait_for(lambda: runs.follows == [("r", True), ("r", False)])
+    assert feed._following == {}  # (a later watcher records it again)
+
+
 async def test_a_run_followed_elsewhere_is_read_again_without_a_note(monkeypatch):
     """A write whose statement began before the follow was recorded notifies nobody (and the
     record itself may fail): the watcher reads storage again now and then all the same."""
