@@ -98,6 +98,9 @@ MIGRATIONS: list[str] = [
     """,
 ]
 FOLLOWS_KEPT = 86400.0  # seconds a follow left by an instance that died is kept
+# the notes ``owner|run`` (owner, then the runs as one array) of the runs another instance follows
+_FOLLOWED = ("SELECT DISTINCT ? || '|' || run_id AS p FROM run_follows"
+             " WHERE run_id = ANY(?::text[])")
 # An answered run whose reply never reached the outbox (its instance died in between), recent
 UNDELIVERED_WINDOW = 86400.0
 _UNDELIVERED = ("(r.status = 'ok' AND r.ended_at > ? AND NOT EXISTS (SELECT 1 FROM outbox o"
@@ -578,8 +581,7 @@ class SqliteConversations:
         if self.notify_channel is None or not runs:
             return stmt
         sql, params = stmt
-        return (sql + ", (SELECT count(pg_notify(?, f.p)) FROM (SELECT DISTINCT ? || '|' ||"
-                " run_id AS p FROM run_follows WHERE run_id = ANY(?::text[])) AS f)",
+        return (sql + f", (SELECT count(pg_notify(?, f.p)) FROM ({_FOLLOWED}) AS f)",
                 (*params, self.notify_channel, self.owner, sorted(runs)))
 
     def _tell(self, conn: Any, runs: set[str], *, always: bool = False) -> None:
@@ -592,8 +594,7 @@ class SqliteConversations:
             conn.execute("SELECT pg_notify(?, p) FROM unnest(?::text[]) AS u(p)",
                          (self.notify_channel, [f"{self.owner}|{r}" for r in sorted(runs)]))
         else:
-            conn.execute("SELECT pg_notify(?, f.p) FROM (SELECT DISTINCT ? || '|' || run_id"
-                         " AS p FROM run_follows WHERE run_id = ANY(?::text[])) AS f",
+            conn.execute(f"SELECT pg_notify(?, f.p) FROM ({_FOLLOWED}) AS f",
                          (self.notify_channel, self.owner, sorted(runs)))
 
     async def follow_elsewhere(self, run_id: str, following: bool = True) -> None:
