@@ -61,12 +61,30 @@ class AgentRegistry:
         self.errors: dict[str, ConfigError] = {}  # agents whose files are broken right now
         self._reported: dict[str, Stamp] = {}
         self._lock = threading.Lock()  # the cache, errors and _reported; never held over I/O
+        # (per event loop) the look at an agent's files under way: callers meanwhile share it
+        self._looking: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Future[AgentSpec]] = {}
 
     async def load(self, name: str) -> AgentSpec:
         """:meth:`get` for async code: a definition looked at a moment ago comes from memory,
-        else the files are checked (and read if changed) in a worker thread."""
+        else the files are checked (and read if changed) in a worker thread — once for every
+        caller that asks meanwhile (a burst of messages when the last look gets old would
+        otherwise send each to a thread to look at the same files)."""
         spec = self._recent(name, time.monotonic())
-        return spec if spec is not None else await asyncio.to_thread(self.get, name)
+        if spec is not None:
+            return spec
+        key = (asyncio.get_running_loop(), name)
+        looking = self._looking.get(key)
+        if looking is None:
+            looking = self._looking[key] = asyncio.ensure_future(asyncio.to_thread(self.get, name))
+            looking.add_done_callback(lambda done: self._looked(key, done))
+        return await asyncio.shield(looking)  # (one caller cancelled: the others still wait)
+
+    def _looked(self, key: tuple[asyncio.AbstractEventLoop, str],
+                done: asyncio.Future[AgentSpec]) -> None:
+        if self._looking.get(key) is done:
+            del self._looking[key]
+        if not done.cancelled():
+            done.exception()  # (retrieved: every caller that waited has raised it already)
 
     async def list_names(self) -> list[str]:
         """:meth:`names` for async code: the directories are listed in a worker thread."""

@@ -179,6 +179,39 @@ async def test_many_concurrent_loads_share_one_cache(config_dir: Path) -> None:
     assert len(registry) == 8 and not registry.errors
 
 
+
+async def test_callers_asking_while_an_agent_is_looked_at_share_that_look(
+        config_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst of messages when the agent's last look is old: one look at its files, in one
+    worker thread, serves every caller asking meanwhile — its definition, or its error."""
+    registry = AgentRegistry(config_dir / "agents", recheck_seconds=60)
+    looks: list[str] = []
+    real = AgentRegistry.get
+    gate = threading.Event()
+
+    def slow_get(self: AgentRegistry, name: str):  # type: ignore[no-untyped-def]
+        looks.append(name)
+        gate.wait(5)
+        return real(self, name)
+
+    monkeypatch.setattr(AgentRegistry, "get", slow_get)
+    callers = [asyncio.ensure_future(registry.load("default")) for _ in range(50)]
+    lost = [asyncio.ensure_future(registry.load("nobody")) for _ in range(5)]
+    while len(looks) < 2:
+        await asyncio.sleep(0.01)
+    callers[0].cancel()  # one caller gone: the others still get the look's outcome
+    gate.set()
+    specs = await asyncio.gather(*callers[1:])
+    assert {s.name for s in specs} == {"default"} and len({id(s) for s in specs}) == 1
+    for caller in lost:
+        with pytest.raises(Exception) as e:
+            await caller
+        assert type(e.value).__name__ == "UnknownAgent"
+    assert sorted(looks) == ["default", "nobody"]  # one look each
+    assert registry._looking == {}
+    looks.clear()
+    assert (await registry.load("default")).name == "default" and looks == []  # from memory
+
 # the live-reload watcher -----------------------------------------------------------------------
 
 async def serving(config: Path, data_dir: Path) -> tuple[Gateway, RecordingProvider]:
