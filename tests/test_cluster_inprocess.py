@@ -322,3 +322,69 @@ async def test_a_preview_of_a_run_cut_short_is_withdrawn_by_its_instance_when_ha
             assert len(provider.sent) == 2 and not gw._stranded
         finally:
             await gw.stop()
+
+
+class HeldPlatform(RecordingProvider):
+    """A platform that holds this instance's sends while ``gate`` is closed (a flood hold
+    longer than a lease); every send of every instance lands in ``platform``, in the order the
+    chat's members see them."""
+
+    def __init__(self, platform: list[str], gate: asyncio.Event | None = None):
+        super().__init__()
+        self.platform, self.gate = platform, gate
+
+    async def send(self, message: Any) -> str | None:
+        if self.gate is not None:
+            await self.gate.wait()
+        self.platform.append(message.text)
+        return await super().send(message)
+
+
+async def test_a_chat_stays_with_the_instance_whose_answer_the_platform_holds_past_a_lease(
+        config_dir: Path, tmp_path: Path) -> None:
+    """A's answer to "one" is recorded but the platform holds it longer than a lease (a long
+    flood hold); "two" reaches B after that. The chat is not let go while A's answer waits (it
+    was, after a lease's length: B took it and answered "two" first, shown above "one")."""
+    platform: list[str] = []
+    gate = asyncio.Event()
+    lease = 2.0
+
+    def echo(messages: list[dict]) -> Scripted:
+        return Scripted(text=f"echo: {messages[-1]['content']}")
+
+    with fresh_schema() as url:
+        gateways: list[Gateway] = []
+        try:
+            for i, provider in enumerate([HeldPlatform(platform, gate), HeldPlatform(platform)]):
+                cfg = PlutoConfig(data_dir=tmp_path / f"d{i}",
+                                  storage=StorageConfig(lease_seconds=lease))
+                gw = Gateway(config_dir, config=cfg, model_factory=ScriptedModel(fallback=echo),
+                             store=PostgresStore(url))
+                await gw.start()
+                gateways.append(gw)
+                gw.add_provider(provider)
+                await provider.running.wait()
+            a, b = (gw.providers["test"] for gw in gateways)
+            assert isinstance(a, HeldPlatform) and isinstance(b, HeldPlatform)
+            first = await a.say("one")
+            assert isinstance(first, Accepted)
+            store = gateways[0].store.conversations
+            async with asyncio.timeout(10):
+                while (run := await store.run(first.run_id)) is None or run.status != "ok":
+                    await asyncio.sleep(0.02)  # answered and recorded; the platform holds it
+            await asyncio.sleep(lease + 1.0)  # (the old way: the chat was let go by now)
+            assert b.intake is not None
+            second = await b.intake.submit(b.msg("two"))
+            await asyncio.sleep(1.0)  # (the old way: B took the chat and answered "two")
+            assert platform == []
+            gate.set()
+            assert isinstance(await asyncio.wait_for(second.outcome(), 10), Accepted)
+            async with asyncio.timeout(10):
+                while len(platform) < 2:
+                    await asyncio.sleep(0.02)
+            for gw in gateways:
+                await gw.settled()
+            assert platform == ["echo: one", "echo: two"]
+        finally:
+            for gw in gateways:
+                await gw.stop()

@@ -104,8 +104,9 @@ class Shared:
         lambda source, claim: None
     # a note to the other instances (LISTEN/NOTIFY; see IntakeQueue.note): None, no bus
     publish: Callable[[str], Awaitable[None]] | None = None
-    # wait (at most so long) until this instance sent what it holds for (provider, chat):
-    # the chat is let go only then, so the next answer, from anywhere, comes after
+    # wait (at most so long) until this instance sent what it holds for (provider, chat),
+    # whether it did: the chat is let go only then (waited for again while it is still
+    # held), so the next answer, from anywhere, comes after
     delivered: Callable[[str, str, float], Awaitable[Any]] | None = None
     fallback: float = 5.0  # seconds: a wait for a note looks again by itself after this
     # seconds a chat is kept after its last message was answered, in case the next follows
@@ -451,8 +452,13 @@ class IntakeQueue:
                 found = await self._drain_chat(key, queue, lease, took[0], taken=taken,
                                                first=first, seen=seen)
                 taken, first = False, None
-                if self.shared.delivered is not None:  # our answers out first
-                    await self.shared.delivered(self.name, key, cluster.ttl)
+                # our answers out first, however long the platform holds them (a flood hold
+                # past a lease's length): a chat let go with an answer still waiting here was
+                # answered next elsewhere, that answer shown before this one
+                while self.shared.delivered is not None and not await self.shared.delivered(
+                        self.name, key, cluster.ttl):
+                    if self._closed or not cluster.holds(lease):
+                        break  # (stopping, or the chat lost: this instance goes silent)
                 # a message received meanwhile: answered under the same hold (no release and
                 # take again) — or one that follows soon (a conversation's next turn, a burst)
                 if not found or self._closed or not cluster.holds(lease):
