@@ -176,6 +176,10 @@ class SharedRunFeed(LocalRunFeed):
         # records the follow, so that the executing instance's writes notify; the last
         # removes it)
         self._following: dict[str, int] = {}
+        # each run's last write of its follow (record or removal): the next one waits for it,
+        # so they commit in the order they were asked for (a removal that overtook the record
+        # still being written left a follow nobody took back)
+        self._writing: dict[str, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self, local: Callable[[str], bool] | None = None) -> None:
@@ -220,10 +224,32 @@ class SharedRunFeed(LocalRunFeed):
         else:
             self._following.pop(run_id, None)
         if (change > 0 and count == 1) or count <= 0:
+            # (a task of its own: a watcher cancelled meanwhile does not cut the chain short)
+            await asyncio.shield(self._write_follow(run_id, count > 0))
+
+    def _write_follow(self, run_id: str, following: bool) -> asyncio.Task[None]:
+        before = self._writing.get(run_id)
+
+        async def write() -> None:
+            if before is not None:
+                await asyncio.wait([before])  # (never cancels it)
             try:
-                await self.runs.follow_elsewhere(run_id, count > 0)  # type: ignore[attr-defined]
+                await self.runs.follow_elsewhere(run_id, following)  # type: ignore[attr-defined]
             except Exception as e:  # noqa: BLE001 - the checks read storage all the same
-                log.warning("feed: could not record following run %s (%s)", run_id, e)
+                log.warning("feed: could not %s following run %s (%s)",
+                            "record" if following else "take back", run_id, e)
+
+        task = asyncio.get_running_loop().create_task(write(), name=f"feed:follow:{run_id}")
+        self._writing[run_id] = task
+        self._tasks.add(task)
+
+        def done(_: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            if self._writing.get(run_id) is task:
+                del self._writing[run_id]
+
+        task.add_done_callback(done)
+        return task
 
     async def _checks(self, run_id: str) -> None:
         delay = 0.25

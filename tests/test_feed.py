@@ -158,6 +158,7 @@ async def test_a_watcher_gone_while_its_follow_is_recorded_takes_it_back():
     watching = asyncio.ensure_future(follow(feed))
     await wait_for(lambda: runs.follows == [("r", True)])
     watching.cancel()  # (the tab closed meanwhile)
+    gate.set()  # (the database answers: the removal follows the record)
     await wait_for(lambda: runs.follows == [("r", True), ("r", False)])
     assert feed._following == {}  # (a later watcher records it again)
 
@@ -388,3 +389,33 @@ async def test_a_run_ending_while_its_events_are_read_is_read_whole_or_not_yet(t
         store.engine.fetchone = fetchone  # type: ignore[method-assign]
         assert [e.type for e in first] in ([], ["message.final", "run.end"])
         assert [e.type for e in await conv.events("r", after=1)] == ["message.final", "run.end"]
+
+
+async def test_a_follow_taken_back_while_still_being_recorded_is_taken_back_after_it():
+    """The record of a follow is slow to commit and its watcher leaves meanwhile: the removal
+    waits for the record (it used to commit first, then the record: a follow nobody took back,
+    every write of the run noting this instance until the run ended)."""
+    gate = asyncio.Event()
+    following: set[str] = set()  # what the database holds once each write commits
+    writes: list[bool] = []
+
+    class Slow(Following):
+        async def follow_elsewhere(self, run_id: str, follow: bool = True) -> None:
+            writes.append(follow)
+            if follow:
+                await gate.wait()  # (the record commits when the database answers)
+                following.add(run_id)
+            else:
+                following.discard(run_id)
+
+    feed = SharedRunFeed(Slow(), Bus(), "i1")
+    feed.start()
+    watching = asyncio.ensure_future(follow(feed))
+    await wait_for(lambda: writes == [True])
+    watching.cancel()  # (the tab closed while the record is on its way)
+    await asyncio.sleep(0.05)
+    assert writes == [True]  # the removal waits for the record
+    gate.set()
+    await wait_for(lambda: writes == [True, False])
+    await wait_for(lambda: not feed._writing)
+    assert following == set() and feed._following == {}
