@@ -344,7 +344,8 @@ async def test_a_chat_stays_with_the_instance_whose_answer_the_platform_holds_pa
         config_dir: Path, tmp_path: Path) -> None:
     """A's answer to "one" is recorded but the platform holds it longer than a lease (a long
     flood hold); "two" reaches B after that. The chat is not let go while A's answer waits (it
-    was, after a lease's length: B took it and answered "two" first, shown above "one")."""
+    was, after a lease's length: B took it and answered "two" first, shown above "one"); "two"
+    is answered meanwhile under A's hold, its answer sent after "one"."""
     platform: list[str] = []
     gate = asyncio.Event()
     lease = 2.0
@@ -375,10 +376,15 @@ async def test_a_chat_stays_with_the_instance_whose_answer_the_platform_holds_pa
             await asyncio.sleep(lease + 1.0)  # (the old way: the chat was let go by now)
             assert b.intake is not None
             second = await b.intake.submit(b.msg("two"))
-            await asyncio.sleep(1.0)  # (the old way: B took the chat and answered "two")
+            # answered meanwhile, under A's hold: its answer waits behind "one" (the old way: B
+            # took the chat and its answer was shown first)
+            answered = await asyncio.wait_for(second.outcome(), 10)
+            assert isinstance(answered, Accepted)
+            async with asyncio.timeout(10):
+                while (run := await store.run(answered.run_id)) is None or run.status != "ok":
+                    await asyncio.sleep(0.02)
             assert platform == []
             gate.set()
-            assert isinstance(await asyncio.wait_for(second.outcome(), 10), Accepted)
             async with asyncio.timeout(10):
                 while len(platform) < 2:
                     await asyncio.sleep(0.02)

@@ -457,8 +457,9 @@ class IntakeQueue:
                 # answered next elsewhere, that answer shown before this one
                 while self.shared.delivered is not None and not await self.shared.delivered(
                         self.name, key, cluster.ttl):
-                    if self._closed or not cluster.holds(lease):
-                        break  # (stopping, or the chat lost: this instance goes silent)
+                    if self._closed or not cluster.holds(lease) or self._more_since(key, queue):
+                        break  # (stopping, or the chat lost: this instance goes silent; or a
+                        # message came meanwhile: answered under this hold, its answer behind)
                 # a message received meanwhile: answered under the same hold (no release and
                 # take again) — or one that follows soon (a conversation's next turn, a burst)
                 if not found or self._closed or not cluster.holds(lease):
