@@ -452,14 +452,7 @@ class IntakeQueue:
                 found = await self._drain_chat(key, queue, lease, took[0], taken=taken,
                                                first=first, seen=seen)
                 taken, first = False, None
-                # our answers out first, however long the platform holds them (a flood hold
-                # past a lease's length): a chat let go with an answer still waiting here was
-                # answered next elsewhere, that answer shown before this one
-                while self.shared.delivered is not None and not await self.shared.delivered(
-                        self.name, key, cluster.ttl):
-                    if self._closed or not cluster.holds(lease) or self._more_since(key, queue):
-                        break  # (stopping, or the chat lost: this instance goes silent; or a
-                        # message came meanwhile: answered under this hold, its answer behind)
+                await self._answers_out(key, lease, queue)
                 # a message received meanwhile: answered under the same hold (no release and
                 # take again) — or one that follows soon (a conversation's next turn, a burst)
                 if not found or self._closed or not cluster.holds(lease):
@@ -471,6 +464,8 @@ class IntakeQueue:
                         or not self._more_since(key, queue)):
                     break
                 first = self._only_ours(key, queue, seen)  # (None: read)
+            if not self._closed:  # (however the turn ended: at once when they are out)
+                await self._answers_out(key, lease)
             held = cluster.holds(lease)
         finally:
             await asyncio.shield(cluster.release(lease))
@@ -485,6 +480,21 @@ class IntakeQueue:
         # (a message recorded elsewhere after our last look: its receiver waits for the
         # chat, woken by the release's note — or, were it to die meanwhile, the sweep)
         return not queue  # (one handed to us meanwhile: ours to take)
+
+    async def _answers_out(self, key: str, lease: str,
+                           queue: deque[Ticket] | None = None) -> None:
+        """Until this instance's answers to the chat are sent, however long the platform holds
+        them (a flood hold past a lease's length): the chat is let go only then — one let go
+        with an answer still waiting here was answered next elsewhere, shown above it. Back
+        early when stopping or the chat is lost (this instance goes silent then), and, given
+        ``queue``, when a message came meanwhile (answered under this hold, behind)."""
+        assert self.shared is not None
+        cluster = self.shared.cluster
+        while self.shared.delivered is not None and not await self.shared.delivered(
+                self.name, key, cluster.ttl):
+            if self._closed or not cluster.holds(lease) or (
+                    queue is not None and self._more_since(key, queue)):
+                return
 
     async def _noted(self, key: str, also: asyncio.Future[Any] | None = None, *,
                      timeout: float | None = None) -> bool:
