@@ -239,16 +239,9 @@ class SharedRunFeed(LocalRunFeed):
                 log.warning("feed: could not %s following run %s (%s)",
                             "record" if following else "take back", run_id, e)
 
-        task = asyncio.get_running_loop().create_task(write(), name=f"feed:follow:{run_id}")
-        self._writing[run_id] = task
-        self._tasks.add(task)
-
-        def done(_: asyncio.Task[None]) -> None:
-            self._tasks.discard(task)
-            if self._writing.get(run_id) is task:
-                del self._writing[run_id]
-
-        task.add_done_callback(done)
+        task = self._writing[run_id] = self._spawn(write())
+        task.add_done_callback(
+            lambda _: self._writing.pop(run_id) if self._writing.get(run_id) is task else None)
         return task
 
     async def _checks(self, run_id: str) -> None:
@@ -259,10 +252,11 @@ class SharedRunFeed(LocalRunFeed):
             for watcher in list(self._watchers.get(run_id, ())):
                 watcher.queue.put_nowait(WAKE)
 
-    def _spawn(self, work: Any) -> None:
+    def _spawn(self, work: Any) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _heard(self, payload: str | None) -> None:
         if payload is None:  # the listener was away: wake every watcher
