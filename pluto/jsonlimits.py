@@ -37,6 +37,9 @@ def nesting_within(raw: bytes | str, max_depth: int = MAX_DEPTH) -> bool:
     removes every innermost ``[]``/``{}``); a run of more openers than allowed ends it at
     once. Text that is not balanced JSON is left for the
     parser to refuse."""
+    opener, brace = ("[", "{") if isinstance(raw, str) else (b"[", b"{")
+    if raw.count(opener) + raw.count(brace) <= max_depth:  # type: ignore[arg-type]
+        return True  # (every frame and body of everyday size: no room to nest that deep)
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
     too_deep = re.compile(rb"[\[{]{%d}" % (max_depth + 1))  # a run of openers: at once

@@ -302,8 +302,11 @@ async def _located(data_dir: Path, key: str, data: Any) -> Path | None:
 async def resolved(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``messages`` with each ``pluto-image:`` part made a ``data:`` URL (a file gone
     meanwhile: a text part saying so); the same list when there is none."""
-    if not any(isinstance(m.get("content"), list) and any(_ref(p) for p in m["content"])
-               for m in messages):
+    for m in messages:  # (a plain loop: this runs over the whole history at every call)
+        content = m.get("content")
+        if isinstance(content, list) and any(_ref(p) for p in content):
+            break
+    else:
         return messages
     out = []
     for message in messages:

@@ -154,6 +154,24 @@ DEEP = "[" * 50_000 + "]" * 50_000  # Python's decoder: RecursionError
 NESTED = json.loads("[" * 70 + "]" * 70)  # Python parses it; 70 deep
 
 
+@pytest.mark.parametrize("kind", [str, bytes])
+def test_nesting_is_measured_right_at_the_limit_and_for_documents_with_many_brackets(
+        kind: type) -> None:
+    """(Documents with at most 64 brackets in all are let through without measuring.)"""
+    from pluto.jsonlimits import MAX_DEPTH, nesting_within
+
+    def doc(text: str) -> str | bytes:
+        return text if kind is str else text.encode()
+
+    assert nesting_within(doc("[" * MAX_DEPTH + "]" * MAX_DEPTH))
+    assert not nesting_within(doc("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1)))
+    assert not nesting_within(doc('{"a": ' * (MAX_DEPTH + 1) + "1" + "}" * (MAX_DEPTH + 1)))
+    wide = json.dumps([[{"k": [i]} for i in range(200)]])  # 601 openers, 4 deep
+    assert nesting_within(doc(wide))
+    assert nesting_within(doc(json.dumps({"text": "[" * 500})))  # brackets inside a string
+    assert nesting_within(doc('{"type": "message", "text": "hi"}'))
+
+
 async def test_nested_json_gets_a_clean_400_on_every_endpoint(
         config_dir: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
