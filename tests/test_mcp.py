@@ -396,6 +396,8 @@ class HttpServer:
 
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)  # connections wait in the backlog until uvicorn serves (a client
+        # connecting before its thread got that far was refused: the tools were not there)
         self.port = self.sock.getsockname()[1]
         self.server = uvicorn.Server(uvicorn.Config(guarded, log_level="warning",
                                                     lifespan="on"))
