@@ -8,6 +8,7 @@ PostgreSQL: ``PLUTO_TEST_DATABASE_URL`` (tests/helpers/pg.py); without it the te
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -71,6 +72,58 @@ async def run_under_claim(store: PostgresStore, run_id: str, msg_id: str, claim)
                          RunStart(run_id=run_id, session_id=session.id, agent="agent"),
                          source=("telegram", msg_id))
     return session
+
+
+@pytest.mark.parametrize("by_a", ["hand back", "stop"])
+async def test_a_run_ended_by_two_instances_at_once_is_ended_once(two, by_a: str) -> None:
+    """A hands its stranded run back (its outage is over) — or a user stops it there — while B
+    takes the chat over: both look the run up, both would write its end (a hand-back with the
+    same seq). The second waits for the first and finds the run ended: one end, no duplicate
+    key, no traceback (a fault scenario's log had one)."""
+    a, b = two
+    lease = "chat:telegram:1"
+    token = await a.leases.acquire(lease, "a", 30)
+    await run_under_claim(a, "r1", "m1", (lease, token))
+    await a.conversations.append_event(MessageDelta(run_id="r1", text="half an answer"))
+    gate = threading.Event()
+    locked = threading.Event()
+
+    def hold(conn):  # type: ignore[no-untyped-def]
+        # (a third connection) nobody writes events until the gate opens: both takers get
+        # as far as they can before their write
+        conn.execute("LOCK TABLE run_events IN EXCLUSIVE MODE")
+        locked.set()
+        gate.wait(30)
+
+    async with PostgresStore(a.engine.url) as c:
+        holding = asyncio.ensure_future(c.engine.transact(hold))
+        await asyncio.to_thread(locked.wait, 30)
+        session = await a.conversations.session("agent/telegram/1", "agent")
+        handing_back = asyncio.ensure_future(
+            a.conversations.recover_runs(["r1"]) if by_a == "hand back" else
+            a.conversations.cancel_run("r1", session.id, "agent", "hi",
+                                       RunEnd(run_id="r1", outcome="cancelled"),
+                                       error="stopped by the user", source=("telegram", "m1")))
+        taking = asyncio.ensure_future(b.conversations.take_over_chat("telegram", "1"))
+
+        async def waiting() -> int:
+            row = await c.engine.fetchone(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database()")
+            return int(row[0])
+
+        deadline = time.monotonic() + 30
+        while await waiting() < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)  # both takers blocked: one on the table, one before
+        assert await waiting() >= 2
+        gate.set()
+        await holding
+        results = await asyncio.gather(handing_back, taking, return_exceptions=True)
+    assert not any(isinstance(r, BaseException) for r in results), results
+    ended = [e for r in results for e in ([] if r is None else r if isinstance(r, list)
+                                          else [r])]
+    ends = [e for e in await b.conversations.events("r1") if e.type == "run.end"]
+    assert len(ended) == 1 and ends == ended, (ended, ends)
 
 
 async def test_a_taken_over_runs_writes_are_refused_and_leave_no_history(two) -> None:

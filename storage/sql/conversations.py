@@ -674,11 +674,13 @@ class SqliteConversations:
                          source: tuple[str, str] | None = None) -> RunEvent | None:
         behind = self._take_behind()
         written = self._seq.get(run_id)  # numbered here: previews lost on the way count
+        lock = " FOR UPDATE" if self.engine.dialect == "postgres" else ""  # (as _take_over)
 
         def cancel(conn: Any) -> RunEvent | None:
             for stmt in behind:
                 conn.execute(*stmt)
-            row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+            row = conn.execute(f"SELECT status FROM runs WHERE id = ?{lock}",
+                               (run_id,)).fetchone()
             self._tell(conn, _runs(behind) | {run_id})
             if row is not None and row["status"] not in ("queued", "running"):
                 return None  # it ended on its own
@@ -886,11 +888,17 @@ class SqliteConversations:
 
     async def _take_over(self, where: str, params: tuple[Any, ...], *,
                          requeue: bool = True) -> list[RunEvent]:
+        # (PostgreSQL) the runs' rows locked first: two instances taking one run over at once
+        # (a hand-back here, the chat taken over there) would both read the same last seq and
+        # write the same end — the second now waits for the first, then finds the run ended
+        lock = " FOR UPDATE" if self.engine.dialect == "postgres" else ""
+
         def take(conn: Any) -> list[RunEvent]:
             ended: list[RunEvent] = []
             now = time.time()
             rows = conn.execute(f"SELECT id, status, source_provider, source_id FROM runs"
-                                f" WHERE {where} ORDER BY started_at", params).fetchall()
+                                f" WHERE {where} ORDER BY started_at, id{lock}",
+                                params).fetchall()
             for r in rows:
                 reason = ("the gateway stopped before this message was answered"
                           if r[1] == "queued" else "the gateway stopped during this run")
