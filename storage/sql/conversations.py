@@ -190,6 +190,14 @@ def _runs(stmts: list[Statement]) -> set[str]:
     return {params[0] for sql, params in stmts if sql.startswith(_EVENT_INTO)}
 
 
+def _row_lock(engine: Any) -> str:
+    """(PostgreSQL) ``FOR UPDATE``: a run's row locked before its end is decided. Two
+    instances ending one run at once (a hand-back here, the chat taken over there, a stop)
+    would both read it running and its last seq, and write two ends or the same one twice;
+    the second now waits for the first, then finds the run ended. (SQLite: writes are serial.)"""
+    return " FOR UPDATE" if engine.dialect == "postgres" else ""
+
+
 def _next_seq_elsewhere(committed: int) -> int:
     """The next seq of a run that another process was writing (it crashed, or lost the run):
     past every preview it may have shown but not committed. A run with nothing committed
@@ -674,7 +682,7 @@ class SqliteConversations:
                          source: tuple[str, str] | None = None) -> RunEvent | None:
         behind = self._take_behind()
         written = self._seq.get(run_id)  # numbered here: previews lost on the way count
-        lock = " FOR UPDATE" if self.engine.dialect == "postgres" else ""  # (as _take_over)
+        lock = _row_lock(self.engine)  # (a take-over on another instance waits, or we do)
 
         def cancel(conn: Any) -> RunEvent | None:
             for stmt in behind:
@@ -888,10 +896,7 @@ class SqliteConversations:
 
     async def _take_over(self, where: str, params: tuple[Any, ...], *,
                          requeue: bool = True) -> list[RunEvent]:
-        # (PostgreSQL) the runs' rows locked first: two instances taking one run over at once
-        # (a hand-back here, the chat taken over there) would both read the same last seq and
-        # write the same end — the second now waits for the first, then finds the run ended
-        lock = " FOR UPDATE" if self.engine.dialect == "postgres" else ""
+        lock = _row_lock(self.engine)
 
         def take(conn: Any) -> list[RunEvent]:
             ended: list[RunEvent] = []
