@@ -190,7 +190,7 @@ def _runs(stmts: list[Statement]) -> set[str]:
     return {params[0] for sql, params in stmts if sql.startswith(_EVENT_INTO)}
 
 
-def _row_lock(engine: Any) -> str:
+def _row_lock(engine: Engine) -> str:
     """(PostgreSQL) ``FOR UPDATE``: a run's row locked before its end is decided. Two
     instances ending one run at once (a hand-back here, the chat taken over there, a stop)
     would both read it running and its last seq, and write two ends or the same one twice;
