@@ -267,8 +267,8 @@ async def test_a_chats_next_turn_soon_after_an_answer_is_taken_under_the_same_ho
                 return await take(name, *args)
 
             async def released(name: str) -> None:
-                calls.append("release")
                 await release(name)
+                calls.append("release")  # (once its statement is done: the lease is gone)
 
             gw.cluster.take_chat = taken  # type: ignore[method-assign]
             gw.cluster.release = released  # type: ignore[method-assign]

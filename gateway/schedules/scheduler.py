@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pluto.errors import RunTakenOver
 from pluto.events import MessageDelta, MessageFinal, RunEnd, RunEvent
 from pluto.gateway.pipeline.routing import RoutingTable, session_key
 from pluto.gateway.schedules.config import (ScheduleConfig, ScheduleFileWatcher, ScheduleSettings,
@@ -283,6 +284,15 @@ class Scheduler:
                                              {"schedule": schedule.id})
         try:
             outcome = await self.pipeline.submit(msg, route, wrap=self._heartbeat(firing))
+        except RunTakenOver:
+            # its message is answered by another run already (after a restart the inbox's
+            # replay and the recovery of claimed firings may both hand it over): that run
+            # records the firing; this is no failure
+            log.info("schedule %s: the firing is answered by another run", schedule.id)
+            if step is not None and self.tasks is not None:
+                await self.tasks.answered(step.id, error="The scheduled message is answered "
+                                          "in another step.")
+            return Dropped("the firing is answered by another run")
         except Exception as e:  # noqa: BLE001 - recorded; the scheduler goes on
             log.exception("schedule %s: handing the firing over failed", schedule.id)
             await self.store.fired(firing.id, "failed", detail=str(e)[:500])
