@@ -11,7 +11,7 @@ import pytest
 
 from pluto.errors import StorageUnavailable
 from pluto.storage.postgres import PostgresStore
-from pluto.storage.postgres.engine import _count, _kind, _numbered
+from pluto.storage.postgres.engine import _count, _keyed, _kind, _numbered
 from tests.helpers.pg import connect as _connect
 from tests.helpers.pg import fresh_schema
 from tests.helpers.pg import terminate as _terminate
@@ -58,13 +58,123 @@ async def test_values_keep_their_meaning_through_the_loop_driver():
             assert engine.health.problem is None
 
 
+def test_a_statement_is_rewritten_to_go_with_others_only_when_it_fits():
+    """Several runs of one statement sent together tell their rows apart by one more column:
+    the statement becomes the last part of a ``WITH`` (its own parts kept before it, at the
+    top level, where PostgreSQL wants data-modifying ones). A statement that returns no rows,
+    locks rows, or touches session state goes alone."""
+    assert _keyed("SELECT a FROM t WHERE b = $1") == (
+        "WITH pluto_q AS (SELECT a FROM t WHERE b = $1) "
+        "SELECT $2::int4 AS pluto_k, pluto_q.* FROM pluto_q")
+    assert _keyed("WITH x(c) AS (INSERT INTO t VALUES ($2) RETURNING c), y AS MATERIALIZED "
+                  "(SELECT ')' AS p) UPDATE u SET n = $1 FROM x RETURNING n") == (
+        "WITH x(c) AS (INSERT INTO t VALUES ($2) RETURNING c), y AS MATERIALIZED "
+        "(SELECT ')' AS p), pluto_q AS (UPDATE u SET n = $1 FROM x RETURNING n) "
+        "SELECT $3::int4 AS pluto_k, pluto_q.* FROM pluto_q")
+    for alone in ("UPDATE t SET a = $1", "DELETE FROM t",  # nothing to tell apart
+                  "SELECT a FROM t WHERE b = $1 FOR UPDATE",
+                  "SELECT pg_advisory_xact_lock($1)", "SELECT set_config('x', $1, false)",
+                  "WITH RECURSIVE r AS (SELECT 1) SELECT * FROM r", "SHOW search_path",
+                  "WITH a AS (SELECT 1", "WITH a AS (SELECT ')'), b AS (SELECT 2"):
+        assert _keyed(alone) is None, alone
+
+
+async def test_statements_asked_for_at_once_share_a_round_trip_and_keep_their_rows():
+    with fresh_schema() as url:
+        async with PostgresStore(url, min_size=1, max_size=3) as store:
+            engine = store.engine
+            await engine.write(("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)", ()))
+            rows = await asyncio.gather(*(engine.write_returning(
+                ("INSERT INTO t (id, v) VALUES (?, ?) RETURNING id, v", (i, f"v{i}")))
+                for i in range(40)))
+            assert [(r["id"], r[1]) for r in rows] == [(i, f"v{i}") for i in range(40)]
+            assert engine.batches >= 1 and engine.batched >= 40
+            # none, one and many rows each (a WITH that writes, as the store's statements do)
+            reads = await asyncio.gather(*(engine.fetchall(
+                "WITH n AS (UPDATE t SET v = v WHERE id = -1 RETURNING id) "
+                "SELECT id, v FROM t WHERE id < ? ORDER BY id", (n,)) for n in (0, 1, 5, 40)))
+            assert [[r["id"] for r in rs] for rs in reads] == [[], [0], list(range(5)),
+                                                               list(range(40))]
+            assert all(r.keys() == ["id", "v"] for r in reads[3])
+            one, none = await asyncio.gather(engine.fetchone("SELECT v FROM t WHERE id = ?", (3,)),
+                                             engine.fetchone("SELECT v FROM t WHERE id = ?", (99,)))
+            assert one is not None and one["v"] == "v3" and none is None
+            assert engine.batches >= 3
+
+
+async def test_a_statement_failing_among_others_fails_alone():
+    """A batch is one transaction: one statement's error undoes it whole, so each is run again
+    on its own — the one that fails fails, the others commit once."""
+    with fresh_schema() as url:
+        async with PostgresStore(url, min_size=1, max_size=3) as store:
+            engine = store.engine
+            await engine.write(("CREATE TABLE t (id INTEGER PRIMARY KEY)", ()))
+            await engine.write(("INSERT INTO t (id) VALUES (5)", ()))
+            results = await asyncio.gather(*(engine.write_returning(
+                ("INSERT INTO t (id) VALUES (?) RETURNING id", (i,))) for i in range(10)),
+                return_exceptions=True)
+            assert engine.batches >= 1
+            assert "duplicate key" in str(results[5])
+            assert [r["id"] for i, r in enumerate(results) if i != 5] == [  # type: ignore[index]
+                i for i in range(10) if i != 5]
+            assert await engine.fetchone("SELECT count(*) AS n FROM t") == (10,)
+
+
+async def test_a_statement_whose_rewriting_the_server_refuses_goes_alone(monkeypatch):
+    """(A safety net: no statement of the store's is known to need it.)"""
+    from pluto.storage.postgres import engine as module
+
+    monkeypatch.setattr(module, "_keyed", lambda query: f"{query} WHERE nonsense")
+    with fresh_schema() as url:
+        async with PostgresStore(url, min_size=1, max_size=3) as store:
+            engine = store.engine
+            read = "SELECT ? + 1 AS n"
+            found = await asyncio.gather(*(engine.fetchone(read, (i,)) for i in range(3)))
+            assert [f["n"] for f in found] == [1, 2, 3]  # type: ignore[index]
+            assert _numbered(read, ("::int2",)) in engine._alone
+            batches = engine.batches
+            found = await asyncio.gather(*(engine.fetchone(read, (i,)) for i in range(3)))
+            assert [f["n"] for f in found] == [1, 2, 3] and engine.batches == batches  # type: ignore[index]
+
+
+async def test_a_statement_held_by_a_lock_holds_up_no_other_chat():
+    """A row locked by another transaction holds up the statement that writes it, not the
+    statements of the same text for other rows asked for after it."""
+    with fresh_schema() as url:
+        async with PostgresStore(url, min_size=1, max_size=4) as store:
+            engine = store.engine
+            await engine.write(("CREATE TABLE t (id INTEGER PRIMARY KEY, n INTEGER)", ()))
+            await engine.write(("INSERT INTO t SELECT g, 0 FROM generate_series(1, 6) g", ()))
+            bump = "UPDATE t SET n = n + 1 WHERE id = ? RETURNING id, n"
+            locker = await asyncio.to_thread(_connect, url)
+            try:
+                await asyncio.to_thread(_lock_row, locker)
+                held = asyncio.ensure_future(engine.write_returning((bump, (1,))))
+                await asyncio.sleep(0)
+                others = await asyncio.wait_for(asyncio.gather(*(
+                    engine.write_returning((bump, (i,))) for i in range(2, 7))), 30)
+                assert [tuple(r) for r in others] == [(i, 1) for i in range(2, 7)]
+                assert not held.done()
+            finally:
+                await asyncio.to_thread(locker.close)  # its transaction ends: the row is free
+            assert tuple(await asyncio.wait_for(held, 30)) == (1, 1)
+
+
+def _lock_row(conn) -> None:  # type: ignore[no-untyped-def]
+    conn.execute("BEGIN")
+    conn.execute("SELECT * FROM t WHERE id = 1 FOR UPDATE")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-async def test_backends_terminated_mid_traffic_lose_and_double_nothing():
+@pytest.mark.parametrize("returning", [False, True], ids=["alone", "together"])
+async def test_backends_terminated_mid_traffic_lose_and_double_nothing(returning: bool):
     """Twenty writers insert rows with keys of their own while every backend of the store is
     terminated five times a second: each write commits once (a duplicate key would say a
     committed statement was run again), none is lost, and no connection broken mid-statement
-    is handed to the next caller (asyncpg#1069): the writes go on until the end."""
+    is handed to the next caller (asyncpg#1069): the writes go on until the end. Writes that
+    return rows go several at a time (one round trip); a batch cut off is run again, each on
+    its own."""
     with fresh_schema() as url:
         name = f"pluto-statements-{uuid.uuid4().hex[:8]}"
         url += ("&" if "?" in url else "?") + f"application_name={name}"
@@ -80,7 +190,13 @@ async def test_backends_terminated_mid_traffic_lose_and_double_nothing():
                 while not stop.is_set():
                     key = uuid.uuid4().hex
                     try:
-                        assert await engine.write(("INSERT INTO w (id) VALUES (?)", (key,))) == 1
+                        if returning:
+                            row = await engine.write_returning(
+                                ("INSERT INTO w (id) VALUES (?) RETURNING id", (key,)))
+                            assert row is not None and row["id"] == key
+                        else:
+                            assert await engine.write(("INSERT INTO w (id) VALUES (?)",
+                                                       (key,))) == 1
                     except StorageUnavailable:
                         maybe.append(key)
                         continue
@@ -108,6 +224,7 @@ async def test_backends_terminated_mid_traffic_lose_and_double_nothing():
             rows = {r["id"] for r in await engine.fetchall("SELECT id FROM w")}
             assert set(written) <= rows <= set(written) | set(maybe)
             assert engine.health.problem is None
+            assert not returning or engine.batches > 0
 
 
 async def _until(condition, timeout: float = 30.0) -> None:
