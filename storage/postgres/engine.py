@@ -401,7 +401,7 @@ class PostgresEngine:
     async def write(self, *statements: Statement) -> int:
         if len(statements) == 1:
             # one statement is atomic by itself: no BEGIN and COMMIT around it (two round trips)
-            return _count(await self._statement("execute", *statements[0]))
+            return int(await self._statement("count", *statements[0]))
         return await self._in_thread(self._run, run_statements(statements))
 
     async def write_together(self, *statements: Statement) -> int:
@@ -431,14 +431,14 @@ class PostgresEngine:
 
     async def _statement(self, method: str, sql: str, params: Sequence[Any]) -> Any:
         """One statement through asyncpg on the event loop (no worker thread): prepared once
-        per connection, retried as :meth:`_run` retries. A caller cancelled meanwhile does not
-        stop it: it runs whole or fails whole."""
+        per connection, retried as :meth:`_run` retries. ``method``: asyncpg's ``fetch`` or
+        ``fetchrow``, or ``count`` (the number of rows it wrote or returned). A caller
+        cancelled meanwhile does not stop it: it runs whole or fails whole."""
         if self._apool is None:
             raise StorageError("storage is not open")
         values = tuple(params)
         query = _numbered(sql, tuple(map(_kind, values)))
-        if method != "execute" and self.together and query not in self._alone and \
-                _keyed(query) is not None:
+        if self.together and query not in self._alone and _keyed(query) is not None:
             return await self._whole(self._joined(method, query, values))
         return await self._whole(asyncio.ensure_future(
             self._statement_retried(method, query, values)))
@@ -521,6 +521,8 @@ class PostgresEngine:
                 rows[r[0]].append(cls(tuple(r)[1:]))
         if method == "fetchrow":
             return [r[0] if r else None for r in rows]
+        if method == "count":
+            return [len(r) for r in rows]
         return rows
 
     async def _statement_retried(self, method: str, sql: str, params: tuple[Any, ...]) -> Any:
@@ -534,7 +536,10 @@ class PostgresEngine:
             try:
                 async with pool.acquire() as conn:
                     try:
-                        result = await getattr(conn, method)(sql, *params)
+                        if method == "count":  # (a statement's rows: its status says)
+                            result = _count(await conn.execute(sql, *params))
+                        else:
+                            result = await getattr(conn, method)(sql, *params)
                     except BaseException as e:
                         if not isinstance(e, errors.PostgresError) or _lost(errors, e):
                             # (asyncpg may hand a connection broken mid-statement to the next
