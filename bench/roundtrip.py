@@ -86,10 +86,13 @@ async def load(server: Server | list[Server], sessions: int, messages: int) -> L
     servers = server if isinstance(server, list) else [server]
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        clients = [c for i, target in enumerate(servers) for c in await connect_many(
-            session, target, sessions // len(servers) + (i < sessions % len(servers)))]
-        for c in clients[: min(sessions, 20)]:
-            await c.ask("warm up")
+        groups = [await connect_many(session, target, sessions // len(servers)
+                                     + (i < sessions % len(servers)))
+                  for i, target in enumerate(servers)]
+        clients = [c for group in groups for c in group]
+        for group in groups:  # every instance warmed up alike (its first messages' own costs)
+            for c in group[: -(-min(sessions, 20) // len(groups))]:
+                await c.ask("warm up")
         per = max(1, messages // sessions)
         latencies: list[float] = []
         errors = 0

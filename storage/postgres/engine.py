@@ -107,14 +107,16 @@ STALLED = 0.05  # a batch of statements on its way this long: the next is sent b
 
 
 class _Line:
-    """The statements of one text waiting to be run, and whether some are on their way."""
+    """The statements of one text (run by one method) waiting to be sent, and how many
+    batches of them are on their way."""
 
-    __slots__ = ("method", "waiting", "busy")
+    __slots__ = ("key", "waiting", "sending", "timer")
 
-    def __init__(self, method: str):
-        self.method = method
+    def __init__(self, key: tuple[str, str]):
+        self.key = key  # (method, query)
         self.waiting: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
-        self.busy = False
+        self.sending = 0
+        self.timer: asyncio.TimerHandle | None = None  # armed while some wait behind a batch
 
 
 async def _settle(fut: asyncio.Future[Any], work: Any) -> None:
@@ -444,38 +446,62 @@ class PostgresEngine:
             self._statement_retried(method, query, values)))
 
     def _joined(self, method: str, query: str, values: tuple[Any, ...]) -> asyncio.Future[Any]:
-        """The result of ``query`` run with ``values``: at once, when no statement of the same
-        text is on its way; else with the others that came meanwhile, all in one round trip
-        and one commit (:meth:`_drain`)."""
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        """The result of ``query`` run with ``values``: sent at once when no statement of the
+        same text is on its way (with any asked for in the same pass of the loop); else with
+        the others that come meanwhile, once that batch is back — one round trip and one
+        commit for all (:meth:`_send`)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
         key = (method, query)
         line = self._lines.get(key)
         if line is None:
-            line = self._lines[key] = _Line(method)
+            line = self._lines[key] = _Line(key)
         line.waiting.append((values, fut))
-        if not line.busy:
-            line.busy = True
-            asyncio.ensure_future(self._drain(query, line))
+        if line.sending == 0:
+            self._flush(line)
+        elif line.timer is None:
+            line.timer = loop.call_later(STALLED, self._stalled, line)
         return fut
 
-    async def _drain(self, query: str, line: _Line) -> None:
-        """Sends what waits on ``line``, a batch at a time. A batch slower than
-        :data:`STALLED` (a row it writes is locked by another transaction) holds up nothing
-        after it: the next batch goes meanwhile."""
-        try:
-            while line.waiting:
-                batch = line.waiting[:BATCH_MAX]
-                del line.waiting[:BATCH_MAX]
-                sent = asyncio.ensure_future(self._send(query, line.method, batch))
-                await asyncio.wait((sent,), timeout=STALLED)
-        finally:
-            line.busy = False
-            if not line.waiting:
-                self._lines.pop((line.method, query), None)
+    def _flush(self, line: _Line) -> None:
+        if line.timer is not None:
+            line.timer.cancel()
+            line.timer = None
+        line.sending += 1
+        asyncio.ensure_future(self._send(line))
 
-    async def _send(self, query: str, method: str,
-                    batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
-        """(Never raises: each caller's future gets its result or its error.)"""
+    def _stalled(self, line: _Line) -> None:
+        """A batch has been on its way :data:`STALLED` (a row it writes is locked by another
+        transaction): those waiting behind it go meanwhile."""
+        line.timer = None
+        if line.waiting:
+            self._flush(line)
+
+    async def _send(self, line: _Line) -> None:
+        """(A task; never raises: each caller's future gets its result or its error.) Takes
+        what waits on ``line`` when it starts: the statements asked for in the same pass of the
+        loop as the one that started it go with it."""
+        batch = line.waiting[:BATCH_MAX]
+        del line.waiting[:BATCH_MAX]
+        if not line.waiting and line.timer is not None:
+            line.timer.cancel()
+            line.timer = None
+        try:
+            if batch:
+                await self._send_batch(line.key[0], line.key[1], batch)
+        finally:
+            line.sending -= 1
+            if line.waiting:
+                if line.sending == 0:
+                    self._flush(line)
+                elif line.timer is None:
+                    line.timer = asyncio.get_running_loop().call_later(
+                        STALLED, self._stalled, line)
+            elif line.sending == 0 and self._lines.get(line.key) is line:
+                del self._lines[line.key]
+
+    async def _send_batch(self, method: str, query: str,
+                          batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
         if len(batch) == 1:
             values, fut = batch[0]
             await _settle(fut, self._statement_retried(method, query, values))
