@@ -285,7 +285,6 @@ class PostgresEngine:
         self.retry_seconds = RETRY_SECONDS
         self.health = StorageHealth("PostgreSQL")
         # statements of one text asked for while one is on its way: sent together (_joined)
-        self.together = True
         self._lines: dict[tuple[str, str], _Line] = {}
         self._alone: set[str] = set()  # statements the rewriting does not fit: each alone
         self.batches = self.batched = 0
@@ -440,7 +439,7 @@ class PostgresEngine:
             raise StorageError("storage is not open")
         values = tuple(params)
         query = _numbered(sql, tuple(map(_kind, values)))
-        if self.together and query not in self._alone and _keyed(query) is not None:
+        if query not in self._alone and _keyed(query) is not None:
             return await self._whole(self._joined(method, query, values))
         return await self._whole(asyncio.ensure_future(
             self._statement_retried(method, query, values)))
