@@ -353,8 +353,12 @@ class Gateway:
                 self.store.bus.subscribe(CONTROL, self._control)
                 self.pipeline.stop_elsewhere = self._stop_elsewhere
                 await self._listen_intake(self.store.bus)
-            orphans = asyncio.create_task(self._adopt_orphans(), name="cluster:orphans")
-            stack.push_async_callback(_cancel, orphans)
+                # a platform's retry-after kept by any instance holds the chat everywhere
+                self.store.flood.notify = await self.store.bus.scoped(FLOOD)
+                self.store.bus.subscribe(FLOOD, self.outbox.flood.heard)
+                self.outbox.flood.followed = True
+            self._sweep_chats().start()  # orphaned runs, messages nobody took: taken up
+            stack.push_async_callback(self._sweep_chats().stop)
         else:
             # a gateway serving chats answers them again; a terminal command does not
             interrupted = await self.store.conversations.recover_interrupted(
@@ -446,24 +450,22 @@ class Gateway:
             await self._hand_back_one(run_id)
         return bool(runs)
 
-    async def _adopt_orphans(self) -> None:
-        """Several instances: now and then, find runs whose instance died and have the chat's
-        intake take them over (their messages are answered again, in order). Every half lease:
-        a dead instance's runs are found at most 1.5 leases after its last heartbeat (an idle
-        instance's statements stay under one a second)."""
-        every = max(1.0, self.cluster.ttl / 2)
-        while True:
-            await asyncio.sleep(every)
-            try:
-                in_feed = tuple(name for name, p in self.providers.items()
-                                if p.capabilities.answers_from_feed)
-                # (None: the instances alive are looked up by the same statement)
-                for provider, chat in await self.store.conversations.orphaned_chats(
-                        None, answered_in_feed=in_feed):
-                    if (intake := self.intakes.get(provider)) is not None:
-                        intake.kick(chat)
-            except Exception as e:  # noqa: BLE001 - the database is away: next time
-                log.warning("cluster: looking for orphaned runs failed: %s", e)
+    def _sweep_chats(self) -> ChatSweep:
+        """Several instances: the one sweep for every intake (see :meth:`_chats_to_take`)."""
+        if self._chat_sweep is None:
+            self._chat_sweep = ChatSweep(self._chats_to_take, max(1.0, self.cluster.ttl / 2))
+        return self._chat_sweep
+
+    async def _chats_to_take(self) -> list[tuple[str, str]]:
+        """Every half lease, in one statement: chats with runs whose instance died (their
+        messages are answered again, in order; found at most 1.5 leases after its last
+        heartbeat) and chats whose messages waited a lease with nobody taking them (their
+        receiver died). An idle instance's statements stay well under one a second."""
+        in_feed = tuple(name for name, p in self.providers.items()
+                        if p.capabilities.answers_from_feed)
+        # (None: the instances alive are looked up by the same statement)
+        return await self.store.conversations.orphaned_chats(
+            None, answered_in_feed=in_feed, waiting_longer_than=max(2.0, self.cluster.ttl))
 
     async def _take_over_chat(self, provider: str, chat: str) -> None:
         target = self.providers.get(provider)
@@ -556,9 +558,6 @@ class Gateway:
         """The provider's intake: its bounded queue in front of the pipeline."""
         queue = self.intakes.get(provider.name)
         if queue is None:
-            if self.shared and self._chat_sweep is None:
-                # (a chat whose receiver died waits a lease before anyone may take it)
-                self._chat_sweep = ChatSweep(self.store.inbound, max(2.0, self.cluster.ttl))
             shared = Shared(self.cluster, self._take_over_chat, self.pipeline.finished,
                             self.pipeline.urgent,  # a run's writes: fenced by its claim
                             claimed=self._claimed,
@@ -569,7 +568,7 @@ class Gateway:
                             # (one look now and then: notes carry the news)
                             fallback=max(1.0, self.cluster.ttl / 2),
                             sweep_every=max(2.0, self.cluster.ttl / 2),
-                            sweep=self._chat_sweep) if self.shared else None
+                            sweep=self._sweep_chats()) if self.shared else None
             queue = self.intakes[provider.name] = IntakeQueue(
                 provider.name, self.pipeline.handle, self.store.inbound,
                 capacity=INTAKE_CAPACITY, shared=shared)
@@ -662,6 +661,7 @@ class Gateway:
 
 CONTROL = "pluto_control"  # between instances: stop|<instance>|<session key>
 INTAKE = "pluto_intake"  # between intakes: see IntakeQueue.note
+FLOOD = "pluto_flood"  # a platform's retry-after kept: see FloodControl.heard
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -176,10 +176,13 @@ class ConversationStore(RunReader, Protocol):
         ...
 
     async def orphaned_chats(self, alive: set[str] | None, *,
-                             answered_in_feed: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+                             answered_in_feed: tuple[str, ...] = (),
+                             waiting_longer_than: float | None = None) -> list[tuple[str, str]]:
         """(provider, chat) of unfinished runs whose instance is not among ``alive`` (or
         answered with no reply in the outbox, but for the providers ``answered_in_feed``);
-        ``alive`` None: the instances whose heartbeat lease is current, in the same query."""
+        ``alive`` None: the instances whose heartbeat lease is current, in the same query;
+        ``waiting_longer_than``: with the chats holding a message not handled received longer
+        ago than so many seconds, in the same query too."""
         ...
 
     async def recent_runs(self, *, limit: int = 50, agent: str | None = None,
@@ -295,6 +298,9 @@ class FloodStore(Protocol):
     before which nothing may be sent to it — a platform's retry-after, kept across restarts
     (see gateway/delivery/flood.py)."""
 
+    # several instances (PostgreSQL): the channel each new hold is told on (None: not told)
+    notify: str | None
+
     async def hold(self, provider: str, chat_id: str, until: float) -> None:
         """Keep ``until`` for the chat, unless a later deadline is kept already."""
         ...
@@ -370,11 +376,6 @@ class InboundStore(Protocol):
 
     async def waiting_chats(self, provider: str, older_than: float) -> list[str]:
         """Chats with a message that has waited longer than ``older_than`` seconds."""
-        ...
-
-    async def waiting_everywhere(self, older_than: float) -> list[tuple[str, str]]:
-        """(provider, chat) of every chat with a message that has waited longer than
-        ``older_than`` seconds (one query for every provider)."""
         ...
 
     async def unhandled(self, provider: str, *, older_than: float = 0.0

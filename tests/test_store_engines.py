@@ -315,3 +315,63 @@ async def test_a_run_taken_over_cannot_answer_and_its_message_is_answered_again(
         with pytest.raises(RunTakenOver):  # and a cannot start another run for it
             await a.conversations.queue_run("r3", session.id, "agent", "hi",
                                             source=("telegram", "m1"))
+
+
+async def test_chats_whose_messages_nobody_took_come_with_the_orphans(store):
+    """The cluster's one sweep: a message not handled for longer than asked for names its
+    chat in the same statement as the orphaned runs (a message just received does not; one
+    handled does not; each chat once)."""
+    assert await store.inbound.accept("telegram", "m1", {"chat_id": "c1", "text": "hi"})
+    assert await store.inbound.accept("telegram", "m2", {"chat_id": "c1", "text": "again"})
+    assert await store.inbound.accept("web", "w1", {"chat_id": "s9", "text": "hey"})
+    assert await store.conversations.orphaned_chats(set(), waiting_longer_than=60) == []
+    async with asyncio.timeout(10):  # (received 0.3 s ago at least, on the inbox's clock)
+        while len(found := await store.conversations.orphaned_chats(
+                set(), waiting_longer_than=0.3)) < 2:
+            await asyncio.sleep(0.05)
+    assert sorted(found) == [("telegram", "c1"), ("web", "s9")]
+    await store.inbound.handled("web", "w1")
+    assert await store.conversations.orphaned_chats(set(), waiting_longer_than=0.3) == [
+        ("telegram", "c1")]
+    assert await store.conversations.orphaned_chats(set()) == []  # (not asked: runs only)
+
+
+async def test_a_flood_hold_kept_by_one_instance_holds_the_chat_on_another(pg_url):
+    """A platform's retry-after met on instance a: the statement that keeps it tells every
+    instance (NOTIFY), and b's flood control holds the chat as long — no periodic read. A note
+    that is not a hold is ignored; a gap in the notes (None) reads every hold again."""
+    from pluto.gateway.delivery.flood import FloodControl
+
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
+    async with a, b:
+        a.flood.notify = await a.bus.scoped("pluto_flood")
+        at_a, at_b = FloodControl(a.flood), FloodControl(b.flood)
+        heard: list[str | None] = []
+        b.bus.subscribe("pluto_flood", lambda p: (heard.append(p), at_b.heard(p)))
+        key = ("telegram", "c1")
+        async with asyncio.timeout(10):  # (until b's listening connection is in place)
+            for probe in range(1000):
+                await a.flood.hold("telegram", f"probe{probe}", 0.0)
+                await asyncio.sleep(0.1)
+                if heard:
+                    break
+        await at_a.hold(key, 30.0)
+        async with asyncio.timeout(10):
+            while not at_b.remaining(key):
+                await asyncio.sleep(0.02)
+        assert 25 < at_b.remaining(key) <= 30.5
+        await at_a.hold(key, 5.0)  # (an earlier deadline than the one kept: not told)
+        await at_a.hold(("telegram", "c|with|bars"), 12.0)
+        async with asyncio.timeout(10):
+            while not at_b.remaining(("telegram", "c|with|bars")):
+                await asyncio.sleep(0.02)
+        assert 25 < at_b.remaining(key)
+        for bad in ("hold|telegram", "hold|telegram|c2|soon", "stop|x|y|3", "", "hold||c3|4"):
+            at_b.heard(bad)
+        assert not any(at_b.remaining(("telegram", c)) for c in ("c2", "y", "c3"))
+        fresh = FloodControl(b.flood)
+        fresh.heard(None)  # notes may have been missed: the holds in force read again
+        async with asyncio.timeout(10):
+            while not fresh.remaining(key):
+                await asyncio.sleep(0.02)
+        assert 25 < fresh.remaining(key) <= 30.5

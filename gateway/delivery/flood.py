@@ -5,6 +5,10 @@ that chat until the time is up — not the live preview's next edit, not the fin
 notice, not a reply the outbox takes up again after a restart. The deadline is kept in storage
 (:class:`~pluto.storage.ports.FloodStore`) as wall-clock time, so a gateway restarted inside
 the window still waits it out. Other chats are never held up.
+
+Several instances (PostgreSQL): the statement that keeps a hold tells every instance at once
+(``NOTIFY``), and each takes it up (:meth:`FloodControl.heard`) — a reply another instance
+sends to the chat meanwhile waits too, and no instance reads the holds now and then.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ class FloodControl:
     def __init__(self, store: FloodStore | None = None):
         self.store = store
         self._until: dict[ChatKey, float] = {}  # epoch seconds
+        # set when holds kept elsewhere come as notes (:meth:`heard`): the outbox's sweep need
+        # not read them now and then
+        self.followed = False
+        self._reading: asyncio.Task[int] | None = None
 
     async def load(self) -> int:
         """Take up the holds still in force (at start); returns how many."""
@@ -78,3 +86,27 @@ class FloodControl:
                 await self.store.hold(key[0], key[1], until)
             except Exception as e:  # noqa: BLE001 - storage trouble never stops a send  # held in memory all the same
                 log.error("flood control: a hold could not be kept: %s", e)
+
+    def heard(self, payload: str | None) -> None:
+        """A note from the database: ``hold|<provider>|<chat>|<seconds left>`` — a hold some
+        instance kept (this one's too: the later deadline wins) — or None: notes may have been
+        missed, so every hold in force is read again."""
+        if payload is None:
+            if self._reading is None or self._reading.done():
+                self._reading = asyncio.get_running_loop().create_task(
+                    self.load(), name="flood:load")
+            return
+        kind, _, rest = payload.partition("|")
+        provider, _, rest = rest.partition("|")
+        chat_id, _, left = rest.rpartition("|")
+        try:
+            seconds = float(left)
+        except ValueError:
+            seconds = float("nan")
+        if kind != "hold" or not provider or not chat_id or not seconds == seconds:
+            log.warning("flood control: a note that is not a hold was ignored: %.80r", payload)
+            return
+        key = (provider, chat_id)
+        until = _now() + max(0.0, seconds)
+        if until > self._until.get(key, 0.0):
+            self._until[key] = until

@@ -545,7 +545,8 @@ class Outbox:
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(self.sweep_seconds)
-            await self.flood.load()  # holds another instance kept meanwhile (shared database)
+            if not self.flood.followed:  # (told as they are kept, when they can be)
+                await self.flood.load()  # holds another instance kept meanwhile
             try:
                 await self.flush_all()
             except Exception as e:  # noqa: BLE001 - storage is away: the next sweep

@@ -33,7 +33,7 @@ import dataclasses
 import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -125,19 +125,23 @@ class Shared:
 
 
 class ChatSweep:
-    """Several instances: now and then, one query for every provider's chats whose messages
-    have waited a while with nobody holding them (the instance that received them died); each
-    is handed to its provider's intake (an idle instance costs one statement per look, not one
-    per provider)."""
+    """Several instances: now and then, one query for every provider's chats that need taking
+    up — ``look`` finds them: messages that have waited a while with nobody holding them (the
+    instance that received them died), runs whose instance died — each handed to its
+    provider's intake (an idle instance costs one statement per look, not one per provider
+    and kind)."""
 
-    def __init__(self, inbox: InboundStore, every: float):
-        self.inbox = inbox
+    def __init__(self, look: Callable[[], Awaitable[Iterable[tuple[str, str]]]], every: float):
+        self.look = look
         self.every = every
         self.intakes: dict[str, IntakeQueue] = {}
         self._task: asyncio.Task[None] | None = None
 
     def add(self, intake: IntakeQueue) -> None:
         self.intakes[intake.name] = intake
+        self.start()
+
+    def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(),
                                                                 name="intake:sweep")
@@ -152,11 +156,11 @@ class ChatSweep:
         while True:
             await asyncio.sleep(self.every)
             try:
-                waiting = await self.inbox.waiting_everywhere(self.every)
+                found = await self.look()
             except Exception as e:  # noqa: BLE001 - the database is away: next time
                 log.warning("intake: the sweep failed: %s", e)
                 continue
-            for provider, key in waiting:
+            for provider, key in found:
                 if (intake := self.intakes.get(provider)) is not None:
                     intake.kick(key)
 

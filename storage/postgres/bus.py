@@ -103,6 +103,7 @@ class PgBus:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the database went away: come back
+                first = False  # (notes sent meanwhile are missed, even before the first hears)
                 log.warning("bus: listening at %s failed (%s); again in %.1fs",
                             redact(self.engine.url), str(e).splitlines()[0] if str(e)
                             else type(e).__name__, delay)

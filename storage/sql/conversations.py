@@ -831,25 +831,34 @@ class SqliteConversations:
         return row is not None
 
     async def orphaned_chats(self, alive: set[str] | None, *,
-                             answered_in_feed: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+                             answered_in_feed: tuple[str, ...] = (),
+                             waiting_longer_than: float | None = None) -> list[tuple[str, str]]:
         """(provider, chat) of runs not ended whose owner is not among the ``alive``
         instances, or answered with no reply in the outbox — except for the providers
         ``answered_in_feed``, whose answers are read from the runs' events (never in the
         outbox: each of their runs would look undelivered for a day). ``alive`` None: the
         instances whose heartbeat lease (``instance:<id>``) is current, looked up by the same
-        statement."""
+        statement. ``waiting_longer_than`` (seconds): with, in the same statement, the chats
+        with a message not handled that was received longer ago than that."""
         unsent = _UNDELIVERED if not answered_in_feed else (
             f"({_UNDELIVERED} AND i.provider NOT IN ({', '.join('?' * len(answered_in_feed))}))")
+        now = self.engine.now_sql
         dead = "" if alive is not None else (
             " AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = 'instance:' || r.owner"
-            f" AND l.until >= {self.engine.now_sql})")
+            f" AND l.until >= {now})")
+        params: tuple[Any, ...] = (time.time() - UNDELIVERED_WINDOW, *answered_in_feed)
+        waiting = ""
+        if waiting_longer_than is not None:  # (on the clock the inbox keeps its times by)
+            waiting = (" UNION SELECT DISTINCT provider, chat_id, NULL FROM inbound_seen WHERE"
+                       f" handled = 0 AND seen_at < {now if self.engine.shared else '?'} - ?")
+            params = (*params, *(() if self.engine.shared else (time.time(),)),
+                      waiting_longer_than)
         rows = await self.engine.fetchall(
             "SELECT DISTINCT i.provider, i.chat_id, r.owner FROM runs r JOIN inbound_seen i"
             " ON i.provider = r.source_provider AND i.message_id = r.source_id"
-            f" WHERE (r.status IN ('queued', 'running') OR {unsent}){dead}",
-            (time.time() - UNDELIVERED_WINDOW, *answered_in_feed))
-        return [(r[0], r[1]) for r in rows
-                if (alive is None or r[2] not in alive) and r[1] is not None]
+            f" WHERE (r.status IN ('queued', 'running') OR {unsent}){dead}{waiting}", params)
+        return list(dict.fromkeys((r[0], r[1]) for r in rows
+                                  if (alive is None or r[2] not in alive) and r[1] is not None))
 
     async def undelivered_answer(self, run_id: str) -> RunEvent | None:
         """The answer of run ``run_id`` when it ended answered and no reply of it is in the

@@ -33,6 +33,9 @@ class SqlFlood:
     def __init__(self, engine: Any):
         self.engine = engine
         self._db_clock = bool(getattr(engine, "shared", False))
+        # (PostgreSQL, several instances) the channel a new hold is told on, by the statement
+        # that keeps it: ``hold|<provider>|<chat>|<seconds left>`` (see FloodControl.heard)
+        self.notify: str | None = None
 
     async def migrate(self) -> None:
         await self.engine.migrate(COMPONENT, MIGRATIONS)
@@ -40,12 +43,17 @@ class SqlFlood:
     async def hold(self, provider: str, chat_id: str, until: float) -> None:
         if self._db_clock:
             now = self.engine.now_sql
-            await self.engine.write((
-                "INSERT INTO flood_holds (provider, chat_id, hold_until) VALUES"
-                f" (?,?,{now} + ?) ON CONFLICT (provider, chat_id) DO UPDATE SET"
-                " hold_until = excluded.hold_until"
-                " WHERE excluded.hold_until > flood_holds.hold_until",
-                (provider, chat_id, until - time.time())))
+            keep = ("INSERT INTO flood_holds (provider, chat_id, hold_until) VALUES"
+                    f" (?,?,{now} + ?) ON CONFLICT (provider, chat_id) DO UPDATE SET"
+                    " hold_until = excluded.hold_until"
+                    " WHERE excluded.hold_until > flood_holds.hold_until")
+            params: tuple[Any, ...] = (provider, chat_id, until - time.time())
+            if self.notify is not None:  # (a later hold kept already: nothing to tell)
+                keep = (f"WITH h AS ({keep} RETURNING provider, chat_id, hold_until - {now}"
+                        " AS left_s) SELECT pg_notify(?, 'hold|' || provider || '|' || chat_id"
+                        " || '|' || left_s::text) FROM h")
+                params = (*params, self.notify)
+            await self.engine.write((keep, params))
             return
         await self.engine.write((
             "INSERT INTO flood_holds (provider, chat_id, hold_until) VALUES (?,?,?)"

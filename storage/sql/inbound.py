@@ -238,14 +238,6 @@ class SqliteInbound:
             f" AND seen_at < {self._now} - ?", (provider, *self._at(), older_than))
         return [r[0] for r in rows if r[0] is not None]
 
-    async def waiting_everywhere(self, older_than: float) -> list[tuple[str, str]]:
-        """(provider, chat) of every chat with a message that has waited longer than
-        ``older_than`` seconds."""
-        rows = await self.engine.fetchall(
-            "SELECT DISTINCT provider, chat_id FROM inbound_seen WHERE handled = 0"
-            f" AND seen_at < {self._now} - ?", (*self._at(), older_than))
-        return [(r[0], r[1]) for r in rows if r[1] is not None]
-
     async def unhandled(self, provider: str, *, older_than: float = 0.0
                         ) -> list[dict[str, Any]]:
         """The provider's messages not yet handled, in arrival order (``older_than``: only
