@@ -107,6 +107,35 @@ async def test_statements_asked_for_at_once_share_a_round_trip_and_keep_their_ro
             assert engine.batches >= 4
 
 
+async def test_under_load_a_statement_waits_for_others_a_lone_client_never(monkeypatch):
+    """A text that went in a batch lately is busy: its next statement, with none of its text on
+    its way, waits GATHER for others, and those asked meanwhile (each in a pass of the loop of
+    its own, as chats reach the same step) go with it. Statements of a text not busy — a lone
+    client's, one after the other — go at once, each alone."""
+    from pluto.storage.postgres import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "GATHER", 0.5)  # (wide: no race with a slow machine)
+    with fresh_schema() as url:
+        async with PostgresStore(url, min_size=1, max_size=3) as store:
+            engine = store.engine
+            read = "SELECT ? + 1 AS n"
+            for i in range(5):  # a lone client: at once, alone
+                assert (await engine.fetchone(read, (i,)))["n"] == i + 1  # type: ignore[index]
+            assert engine.batches == 0
+            await asyncio.gather(*(engine.fetchone(read, (i,)) for i in range(10)))
+            batches, batched = engine.batches, engine.batched
+            assert batches >= 1  # (the text is busy now)
+            asked = []
+            for i in range(5):  # the same step of five chats, a pass of the loop apart
+                asked.append(asyncio.ensure_future(engine.fetchone(read, (i,))))
+                await asyncio.sleep(0)
+            assert [r["n"] for r in await asyncio.gather(*asked)] == [1, 2, 3, 4, 5]  # type: ignore[index]
+            assert (engine.batches, engine.batched) == (batches + 1, batched + 5)
+            other = "SELECT ? + 2 AS n"  # (another text: not busy)
+            assert (await engine.fetchone(other, (1,)))["n"] == 3  # type: ignore[index]
+            assert engine.batches == batches + 1
+
+
 async def test_a_statement_failing_among_others_fails_alone():
     """A batch is one transaction: one statement's error undoes it whole, so each is run again
     on its own — the one that fails fails, the others commit once."""
