@@ -366,3 +366,81 @@ async def test_psycopgs_pool_still_reconnecting_is_replaced_once_the_database_an
                 assert engine.health.problem is None
         finally:
             await proxy.stop()
+
+
+async def test_a_full_disk_under_batched_writes_loses_and_doubles_nothing(monkeypatch):
+    """The server's disk fills (every write refused: 53100) under twenty writers whose writes
+    go several at a time. A short one: each batch refused is run again statement by statement
+    with the single statement's retries, and every write commits once, none refused. One past
+    the retry window: the writes then asked for fail with StorageUnavailable (never silently),
+    storage's health names the full disk meanwhile, none of them is in the table, and writing
+    goes on by itself once space returns."""
+    import asyncpg
+
+    from pluto.storage.postgres.engine import DISK_FULL
+
+    full = [False]
+    for method in ("fetchmany", "fetch", "fetchrow", "execute"):
+        real = getattr(asyncpg.connection.Connection, method)
+
+        def refusing(self, query, *args, _real=real, **kw):  # type: ignore[no-untyped-def]
+            if full[0] and "INSERT INTO w" in str(query):
+                async def refuse():  # type: ignore[no-untyped-def]
+                    raise asyncpg.exceptions.DiskFullError(
+                        "could not extend file: No space left on device")
+                return refuse()
+            return _real(self, query, *args, **kw)
+        monkeypatch.setattr(asyncpg.connection.Connection, method, refusing)
+
+    with fresh_schema() as url:
+        async with PostgresStore(url, min_size=2, max_size=6) as store:
+            engine = store.engine
+            await engine.write(("CREATE TABLE w (id TEXT PRIMARY KEY)", ()))
+            written: list[str] = []
+            refused: list[str] = []
+            failed: list[BaseException] = []
+            problems: set[str | None] = set()
+            stop = asyncio.Event()
+
+            async def writer() -> None:
+                while not stop.is_set():
+                    key = uuid.uuid4().hex
+                    try:
+                        row = await engine.write_returning(
+                            ("INSERT INTO w (id) VALUES (?) RETURNING id", (key,)))
+                        assert row is not None and row["id"] == key
+                    except StorageUnavailable:
+                        refused.append(key)
+                        continue
+                    except Exception as e:  # noqa: BLE001 - anything else fails the test
+                        failed.append(e)
+                        return
+                    written.append(key)
+
+            async def outage(seconds: float) -> None:
+                full[0] = True
+                end = asyncio.get_running_loop().time() + seconds
+                while asyncio.get_running_loop().time() < end:
+                    problems.add(engine.health.problem)
+                    await asyncio.sleep(0.05)
+                full[0] = False
+
+            writers = [asyncio.create_task(writer()) for _ in range(20)]
+            try:
+                await _until(lambda: engine.batches > 0 and len(written) >= 200)
+                await outage(0.6)  # (within the retry window: nobody is refused)
+                before = len(written)
+                await _until(lambda: len(written) >= before + 200)
+                assert not refused and DISK_FULL in problems
+                await outage(engine.retry_seconds + 1.5)  # past it: refused, said, not lost
+                before = len(written)
+                await _until(lambda: len(written) >= before + 200)  # back by itself
+            finally:
+                stop.set()
+                await asyncio.wait_for(asyncio.gather(*writers), 30)
+            assert not failed, failed[:3]
+            assert refused
+            rows = {r["id"] for r in await engine.fetchall("SELECT id FROM w")}
+            assert rows == set(written) and not rows & set(refused)
+            assert len(written) == len(set(written))
+            assert engine.health.problem is None
