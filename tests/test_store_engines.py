@@ -366,7 +366,8 @@ async def test_a_flood_hold_kept_by_one_instance_holds_the_chat_on_another(pg_ur
             while not at_b.remaining(("telegram", "c|with|bars")):
                 await asyncio.sleep(0.02)
         assert 25 < at_b.remaining(key)
-        for bad in ("hold|telegram", "hold|telegram|c2|soon", "stop|x|y|3", "", "hold||c3|4"):
+        for bad in ("hold|telegram", "hold|telegram|c2|soon", "stop|x|y|3", "", "hold||c3|4",
+                    "hold|telegram|c2|inf", "hold|telegram|c2|nan"):
             at_b.heard(bad)
         assert not any(at_b.remaining(("telegram", c)) for c in ("c2", "y", "c3"))
         fresh = FloodControl(b.flood)

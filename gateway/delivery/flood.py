@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -103,7 +104,7 @@ class FloodControl:
             seconds = float(left)
         except ValueError:
             seconds = float("nan")
-        if kind != "hold" or not provider or not chat_id or not seconds == seconds:
+        if kind != "hold" or not provider or not chat_id or not math.isfinite(seconds):
             log.warning("flood control: a note that is not a hold was ignored: %.80r", payload)
             return
         key = (provider, chat_id)

@@ -524,6 +524,8 @@ class PostgresEngine:
             return
         self.batches += 1
         self.batched += len(batch)
+        if len(self._crowded) >= 10_000:  # (texts made on the fly: never without bound)
+            self._crowded.clear()
         self._crowded[(method, query)] = asyncio.get_running_loop().time() + CROWDED_FOR
         try:
             results = await self._together(method, query, [v for v, _ in batch])
