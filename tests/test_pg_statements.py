@@ -215,31 +215,10 @@ async def test_backends_terminated_mid_traffic_lose_and_double_nothing(returning
         async with PostgresStore(url, min_size=2, max_size=6) as store:
             engine = store.engine
             await engine.write(("CREATE TABLE w (id TEXT PRIMARY KEY)", ()))
-            written: list[str] = []
-            maybe: list[str] = []  # refused after the fault lasted: committed or not, once
-            failed: list[BaseException] = []
-            stop = asyncio.Event()
-
-            async def writer() -> None:
-                while not stop.is_set():
-                    key = uuid.uuid4().hex
-                    try:
-                        if returning:
-                            row = await engine.write_returning(
-                                ("INSERT INTO w (id) VALUES (?) RETURNING id", (key,)))
-                            assert row is not None and row["id"] == key
-                        else:
-                            assert await engine.write(("INSERT INTO w (id) VALUES (?)",
-                                                       (key,))) == 1
-                    except StorageUnavailable:
-                        maybe.append(key)
-                        continue
-                    except Exception as e:  # noqa: BLE001 - anything else fails the test
-                        failed.append(e)
-                        return
-                    written.append(key)
-
-            writers = [asyncio.create_task(writer()) for _ in range(20)]
+            w = _Writers(engine, returning)
+            # (maybe: refused after the fault lasted — committed or not, once)
+            written, maybe, failed, stop = w.written, w.refused, w.failed, w.stop
+            writers = w.start(20)
             killer = await asyncio.to_thread(_connect, url)
             try:
                 killed = 0
@@ -259,6 +238,40 @@ async def test_backends_terminated_mid_traffic_lose_and_double_nothing(returning
             assert set(written) <= rows <= set(written) | set(maybe)
             assert engine.health.problem is None
             assert not returning or engine.batches > 0
+
+
+class _Writers:
+    """Writers inserting rows with keys of their own until ``stop``: the keys written, those
+    refused with StorageUnavailable, and any other error (which ends its writer)."""
+
+    def __init__(self, engine, returning: bool):  # type: ignore[no-untyped-def]
+        self.engine, self.returning = engine, returning
+        self.written: list[str] = []
+        self.refused: list[str] = []
+        self.failed: list[BaseException] = []
+        self.stop = asyncio.Event()
+
+    def start(self, n: int) -> list[asyncio.Task[None]]:
+        return [asyncio.create_task(self._write()) for _ in range(n)]
+
+    async def _write(self) -> None:
+        while not self.stop.is_set():
+            key = uuid.uuid4().hex
+            try:
+                if self.returning:
+                    row = await self.engine.write_returning(
+                        ("INSERT INTO w (id) VALUES (?) RETURNING id", (key,)))
+                    assert row is not None and row["id"] == key
+                else:
+                    assert await self.engine.write(("INSERT INTO w (id) VALUES (?)",
+                                                    (key,))) == 1
+            except StorageUnavailable:
+                self.refused.append(key)
+                continue
+            except Exception as e:  # noqa: BLE001 - anything else fails the test
+                self.failed.append(e)
+                return
+            self.written.append(key)
 
 
 async def _until(condition, timeout: float = 30.0) -> None:
@@ -396,26 +409,9 @@ async def test_a_full_disk_under_batched_writes_loses_and_doubles_nothing(monkey
         async with PostgresStore(url, min_size=2, max_size=6) as store:
             engine = store.engine
             await engine.write(("CREATE TABLE w (id TEXT PRIMARY KEY)", ()))
-            written: list[str] = []
-            refused: list[str] = []
-            failed: list[BaseException] = []
+            w = _Writers(engine, returning=True)
+            written, refused, failed, stop = w.written, w.refused, w.failed, w.stop
             problems: set[str | None] = set()
-            stop = asyncio.Event()
-
-            async def writer() -> None:
-                while not stop.is_set():
-                    key = uuid.uuid4().hex
-                    try:
-                        row = await engine.write_returning(
-                            ("INSERT INTO w (id) VALUES (?) RETURNING id", (key,)))
-                        assert row is not None and row["id"] == key
-                    except StorageUnavailable:
-                        refused.append(key)
-                        continue
-                    except Exception as e:  # noqa: BLE001 - anything else fails the test
-                        failed.append(e)
-                        return
-                    written.append(key)
 
             async def outage(seconds: float) -> None:
                 full[0] = True
@@ -425,7 +421,7 @@ async def test_a_full_disk_under_batched_writes_loses_and_doubles_nothing(monkey
                     await asyncio.sleep(0.05)
                 full[0] = False
 
-            writers = [asyncio.create_task(writer()) for _ in range(20)]
+            writers = w.start(20)
             try:
                 await _until(lambda: engine.batches > 0 and len(written) >= 200)
                 await outage(0.6)  # (within the retry window: nobody is refused)
