@@ -567,7 +567,6 @@ class Gateway:
                             stranded_in=self._hand_back_chat,
                             # (one look now and then: notes carry the news)
                             fallback=max(1.0, self.cluster.ttl / 2),
-                            sweep_every=max(2.0, self.cluster.ttl / 2),
                             sweep=self._sweep_chats()) if self.shared else None
             queue = self.intakes[provider.name] = IntakeQueue(
                 provider.name, self.pipeline.handle, self.store.inbound,

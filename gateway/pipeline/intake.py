@@ -119,7 +119,7 @@ class Shared:
     # worker that lost the chat to the outage that cut its run short takes it again afresh;
     # whether any was handed back
     stranded_in: Callable[[str, str], Awaitable[bool]] | None = None
-    sweep_every: float = 2.0
+    sweep_every: float = 2.0  # (seconds between an intake's own looks: with no ``sweep``)
     # one look for every provider's intake at once (None: each intake looks by itself)
     sweep: ChatSweep | None = None
 
