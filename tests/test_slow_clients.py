@@ -492,10 +492,12 @@ async def test_5000_slowloris_sockets_while_healthz_answers(config_dir, data_dir
     timeout = 10.0
     thresholds = gc.get_threshold()
     async with served(config_dir, data_dir, http={"header_timeout_seconds": timeout}) as gw:
-        gcpolicy.settle()  # as `pluto serve` does once up (restored below)
+        pacer = gcpolicy.settle()  # as `pluto serve` does once up (restored below)
         try:
             await _slowloris(gw, count, timeout, open_files, path, rate)
         finally:
+            if pacer is not None:
+                pacer.stop()
             gc.unfreeze()
             gc.set_threshold(*thresholds)
 

@@ -181,10 +181,14 @@ async def _serve(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) 
     _on_signals(on_signal, signal.SIGINT, signal.SIGTERM)
     async with gw:
         assert gw.http is not None
-        gcpolicy.settle()  # what exists now lives as long as the process
+        pacer = gcpolicy.settle()  # what exists now lives as long as the process
         log.info("pluto %s serving on %s (config: %s, data: %s)", __version__, gw.http.url,
                  args.config.resolve(), data_dir)
-        await stop.wait()
+        try:
+            await stop.wait()
+        finally:
+            if pacer is not None:
+                pacer.stop()
     # What settle() froze is never collected, so at exit native extensions would find their
     # objects alive and complain (DuckDB's nanobind: ~43 lines of "leaked" on every stop).
     gc.unfreeze()
