@@ -69,7 +69,8 @@ class _Reader(Generic[End]):
         return text
 
 
-async def batched(items: AsyncIterator[str | End], *, interval: float = 0.04,
+async def batched(items: AsyncIterator[str | End], *,
+                  interval: float | Callable[[], float] = 0.04,
                   max_chars: int = 2000, after: Awaitable[object] | None = None,
                   covers: Callable[[End], bool] | None = None) -> AsyncIterator[str | End]:
     """``items`` (text deltas, then one end item) with the deltas joined in batches. An error
@@ -81,7 +82,10 @@ async def batched(items: AsyncIterator[str | End], *, interval: float = 0.04,
     With ``covers``: an end for which it is true carries the turn's whole text itself (a final
     answer), so a turn that has ended so before its first batch went out hands on that end
     alone — no preview to show and replace at once. Once a batch went out, the batches always
-    add up to the turn's text."""
+    add up to the turn's text.
+
+    ``interval`` may be a function: asked again before each batch (a gap that widens under
+    load)."""
     reader: _Reader[End] = _Reader(items, max_chars)
     loop = asyncio.get_running_loop()
     last = float("-inf")  # when the last batch was handed on
@@ -105,7 +109,7 @@ async def batched(items: AsyncIterator[str | End], *, interval: float = 0.04,
                     graced = True  # the first piece: is the end right behind it?
                     await reader.wait(FIRST_GRACE)
                     continue
-                wait = last + interval - loop.time()
+                wait = last + (interval() if callable(interval) else interval) - loop.time()
                 if wait > 0 and not done and reader.chars < reader.max_chars:
                     await reader.wait(wait)
                     continue

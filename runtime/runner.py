@@ -53,6 +53,11 @@ INTERNAL_ERROR = "Something went wrong on our side while answering; the error ha
 STORAGE_FAILED = ("I couldn't save this answer, so I can't send it; please try again in a "
                   "moment.")
 
+# previews at full rate (a batch every delta_interval) while this many turns stream at once;
+# beyond, the gap widens in proportion, up to MAX_DELTA_INTERVAL seconds (Runner._batch_gap)
+STREAMS_AT_FULL_RATE = 50
+MAX_DELTA_INTERVAL = 0.5
+
 Observer = Callable[[RunEvent], None]
 
 
@@ -119,6 +124,7 @@ class Runner:
         self.model_factory = model_factory
         self.retry_base_delay = retry_base_delay
         self.delta_interval = delta_interval  # text deltas are committed and shown in batches
+        self.streaming = 0  # model turns being read now (their batches widen when many are)
         self.usage = usage  # the ledger (a row per model call) and budgets
         self.tracing = tracing  # spans of runs, model and tool calls (off unless configured)
         self.approvals = approvals  # tool calls waiting for a person (runtime/approvals.py)
@@ -323,19 +329,23 @@ class Runner:
                 return
         while True:
             turn = None
-            items = batched(self._model_turn(state, schemas), interval=self.delta_interval,
+            items = batched(self._model_turn(state, schemas), interval=self._batch_gap,
                             after=None if state.start_shown else state.starting,
                             covers=_final_answer)
-            async with aclosing(items):  # type: ignore[type-var]
-                async for item in items:
-                    if not state.start_shown:
-                        yield await self._shown_start(state)  # type: ignore[misc]
-                    if isinstance(item, ModelTurn):
-                        turn = item
-                    else:
-                        state.partial += item
-                        yield await self._commit(state, MessageDelta(run_id=state.req.run_id,
-                                                                     text=item))
+            self.streaming += 1
+            try:
+                async with aclosing(items):  # type: ignore[type-var]
+                    async for item in items:
+                        if not state.start_shown:
+                            yield await self._shown_start(state)  # type: ignore[misc]
+                        if isinstance(item, ModelTurn):
+                            turn = item
+                        else:
+                            state.partial += item
+                            yield await self._commit(state, MessageDelta(
+                                run_id=state.req.run_id, text=item))
+            finally:
+                self.streaming -= 1
             assert turn is not None
             self._account(state, turn)
             if not turn.tool_calls:  # the answer and the run's end, in one commit
@@ -358,6 +368,17 @@ class Runner:
                 yield event
             if state.ended:  # a call waits for a person's approval
                 return
+
+    def _batch_gap(self) -> float:
+        """The gap between a turn's preview batches: ``delta_interval``, widened in proportion
+        once more than :data:`STREAMS_AT_FULL_RATE` turns stream at once (up to
+        :data:`MAX_DELTA_INTERVAL`). A batch costs a commit, an observer call and a frame per
+        watcher, so the same previews at a thousand answers at once would keep the loop from
+        the questions still arriving; each preview then shows more text at a time."""
+        if self.streaming <= STREAMS_AT_FULL_RATE:
+            return self.delta_interval
+        return min(MAX_DELTA_INTERVAL,
+                   self.delta_interval * self.streaming / STREAMS_AT_FULL_RATE)
 
     async def _model_turn(self, state: _RunState,
                           schemas: list[dict[str, Any]]) -> AsyncIterator[str | ModelTurn]:

@@ -245,6 +245,53 @@ async def test_deltas_are_committed_in_batches_the_first_at_once(store, tmp_path
     assert events[-2].text == "Hello there, friend." and events[-1].outcome == "ok"
 
 
+async def test_many_answers_streaming_at_once_get_their_previews_in_wider_batches(store, tmp_path):
+    """Past STREAMS_AT_FULL_RATE turns streaming at once, each preview batch waits longer (in
+    proportion, up to MAX_DELTA_INTERVAL): a thousand answers at once cost the loop a fifth of
+    the commits and frames, and the questions still arriving get their turn."""
+    from pluto.runtime import runner as runner_module
+
+    runner = Runner(store, models={}, tools=TOOLS, data_dir=Path("."),
+                    model_factory=ScriptedModel(), delta_interval=0.04)
+    full = runner_module.STREAMS_AT_FULL_RATE
+    assert runner.streaming == 0 and runner._batch_gap() == 0.04
+    runner.streaming = full
+    assert runner._batch_gap() == 0.04
+    runner.streaming = 4 * full
+    assert runner._batch_gap() == pytest.approx(0.16)
+    runner.streaming = 1000 * full
+    assert runner._batch_gap() == runner_module.MAX_DELTA_INTERVAL
+    runner.streaming = 0
+
+    # a turn counts while it streams, and no longer once it ended (or failed)
+    seen: list[int] = []
+    model = ScriptedModel(Scripted(text="one two three", chunk=4, delay=0.01),
+                          Scripted(error=ModelError("The model service had an error.")))
+    session = await store.session("gap", "a")
+    async for event in runner.run(RunRequest("r-gap", session, agent(tmp_path), "hi")):
+        seen.append(runner.streaming)
+    assert seen[0] == 1 and runner.streaming == 0
+    runner.model_factory = model
+    for run_id, outcome in (("r-gap-2", "ok"), ("r-gap-3", "error")):
+        events = [e async for e in runner.run(RunRequest(run_id, session, agent(tmp_path), "x"))]
+        assert events[-1].outcome == outcome and runner.streaming == 0
+
+
+async def test_a_batch_gap_given_as_a_function_is_asked_before_each_batch():
+    gaps = iter([3600.0, 0.0, 0.0, 0.0, 0.0, 0.0])  # the first gap holds; then none
+
+    asked: list[float] = []
+
+    def gap() -> float:
+        asked.append(value := next(gaps, 0.0))
+        return value
+
+    out = [item async for item in batched(_source(["a", "b", "c"], delay=0.05), interval=gap)]
+    assert "".join(i for i in out if isinstance(i, str)) == "abc"
+    assert asked and asked[0] == 3600.0  # (after the first piece, which goes at once)
+    assert isinstance(out[-1], ModelTurn)
+
+
 async def _source(pieces: list[str], *, delay: float = 0.01, error: Exception | None = None,
                   closed: list[bool] | None = None):
     try:
