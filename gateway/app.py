@@ -163,6 +163,8 @@ class Gateway:
         self.pipeline.on_stranded = self.recovery.strand
         if self.shared:  # several instances: a run storage cut short is handed back
             self._stranded: dict[str, tuple[str, IncomingMessage]] = {}
+            # chats with a run handed back since their worker last asked (_hand_back_chat)
+            self._returned: set[tuple[str, str]] = set()
             self._handing_back: asyncio.Task[None] | None = None
             self.pipeline.on_stranded = self._strand_shared
             self.runner.hand_back = True
@@ -418,6 +420,8 @@ class Gateway:
             self.delivery.withdraw_left(target, msg)
         for end in await self.store.conversations.recover_runs([run_id]):
             self.feed.publish(end)
+        if answer is None:  # its message is back in the inbox: a look at the chat made
+            self._returned.add((provider, msg.chat_id))  # before is stale
         if answer is not None:
             await self._resend(provider, msg, answer)
         self._stranded.pop(run_id, None)
@@ -440,15 +444,20 @@ class Gateway:
         back first — the worker that waited for one may have lost the chat to the same outage
         and take it again, fresh — so their messages are answered again in their place, before
         the chat's next; whether any was (its message is back in the inbox). A failure to
-        record it goes to the caller: the chat waits for storage."""
+        record it goes to the caller: the chat waits for storage. Also true when one was
+        handed back by the background task (:meth:`_hand_back`) since the chat's last ask:
+        the worker's look at the inbox as it took the chat may have come just before."""
+        returned = (provider, chat) in self._returned
+        self._returned.discard((provider, chat))
         if not self._stranded:
-            return False
+            return returned
         runs = [run_id for run_id, (p, msg) in list(self._stranded.items())
                 if p == provider and msg.chat_id == chat]
         for run_id in runs:
             await self.pipeline.finished(run_id)  # (its task is done with it first)
             await self._hand_back_one(run_id)
-        return bool(runs)
+        self._returned.discard((provider, chat))  # (the caller reads the inbox again)
+        return bool(runs) or returned
 
     def _sweep_chats(self) -> ChatSweep:
         """Several instances: the one sweep for every intake (see :meth:`_chats_to_take`)."""
