@@ -260,3 +260,29 @@ async def test_a_run_whose_fence_stays_open_shows_its_answer(store, data_dir) ->
     await delivery.run(p, msg, events(), fence=lambda: True)
     await outbox.idle()
     assert [m.text for m in p.sent] == ["all of it"]
+
+
+async def test_a_preview_withdrawn_while_the_chat_rests_is_still_deleted(store) -> None:
+    """A run cut short by an outage left a preview holding its whole answer; its message is
+    answered again (maybe by another instance). The preview's removal is posted to the chat
+    while the chat rests — its reply could not go, the instance being silenced — and must not
+    be dropped with the previews and typing calls a resting chat refuses: left there, it reads
+    as the answer given twice."""
+    p = RecordingProvider()
+    silent = [True]
+    outbox = Outbox(store.outbox, {"test": p}, sweep_seconds=0, may_send=lambda: not silent[0])
+    await outbox.open()
+    done = await outbox.deliver(p, "r1", [OutgoingMessage(chat_id="c1", text="the answer")])
+    assert await done is False  # silenced: the chat rests, its reply recorded for the sweep
+    delivery = Delivery(outbox, data_dir=Path("."), throttle=EditThrottle(0), replace_left=True)
+    msg = IncomingMessage(provider="test", chat_id="c1", user_id="u", user_name="u",
+                          text="question", message_id="m1")
+    delivery._previews[("test", "m1")] = "preview-7"
+    assert delivery.withdraw_left(p, msg)
+    await outbox.idle()
+    assert p.deleted == ["preview-7"]
+    assert p.sent == []  # (the reply still waits for the fence)
+    silent[0] = False
+    await outbox.flush(p)
+    await outbox.idle()
+    assert [m.text for m in p.sent] == ["the answer"]

@@ -221,8 +221,8 @@ class Outbox:
         chat = self._chats.get(key)
         if chat is None:
             chat = self._chats[key] = _Chat()
-        if chat.resting:
-            return False
+        if chat.resting and (isinstance(item, str) or not item.needed):
+            return False  # (a reply rests recorded: the sweep sends it)
         if isinstance(item, str) and item in chat.queue:
             return True
         chat.queue.append(item)
@@ -273,7 +273,7 @@ class Outbox:
                 provider = self.providers.get(key[0])
                 if provider is None:  # not running: it flushes this when it (re)starts
                     self._drop_waiting(chat)
-                    return
+                    continue
                 try:
                     ok = await self._send_reply(provider, item, chat)
                 finally:
@@ -289,12 +289,15 @@ class Outbox:
 
     def _drop_waiting(self, chat: _Chat) -> None:
         """Let go of what waits in a chat that cannot be sent to now: replies stay recorded
-        (sent later, in order), other calls are not made."""
+        (sent later, in order), other calls are not made — but those needed all the same (a
+        preview removed), which stay."""
+        kept = [w for w in chat.queue if not isinstance(w, str) and w.needed]
         for waiting in chat.queue:
             if isinstance(waiting, str):
                 self._forget(waiting)
                 self._finish(waiting, False)
         chat.queue.clear()
+        chat.queue.extend(kept)
 
     def _forget(self, reply_id: str) -> None:
         self._ahead.discard(reply_id)

@@ -42,6 +42,10 @@ class ChatOp(Protocol):
     the chat's sender when its turn comes."""
 
     key: ChatKey
+    # made even while the chat rests (its replies cannot go now): a call whose loss leaves
+    # something wrong in the chat (a preview removed); a preview or a typing indicator that
+    # cannot be shown now is not worth showing later
+    needed: bool
 
     async def perform(self) -> None:
         """Make the call (or nothing, if it is no longer wanted); never raises."""
@@ -91,6 +95,8 @@ class EditThrottle:
 class LivePreview:
     """One reply shown while it grows: sent once, then edited (throttled) with the latest text,
     each call made by the chat's sender in its turn."""
+
+    needed = False
 
     def __init__(self, provider: Provider, target: OutgoingMessage, throttle: EditThrottle,
                  flood: FloodControl | None = None, *, post: Post,
@@ -210,6 +216,10 @@ class Removal:
     several instances that run may be on an instance that was stopped, not dead: an edit it had
     begun can still land when it resumes — into a message the answer no longer lives in."""
 
+    # made while the chat rests too: the preview may hold the whole answer, which its
+    # message's next run gives again (tests/test_fencing.py)
+    needed = True
+
     def __init__(self, provider: Provider, chat_id: str, thread_id: str | None,
                  platform_id: str, *, may_send: Callable[[], bool] = lambda: True):
         self.provider = provider
@@ -234,6 +244,8 @@ class Removal:
 class Typing:
     """Asks for the platform's typing indicator every ``interval`` seconds until stopped; each
     call is made by the chat's sender (never cancelled in flight)."""
+
+    needed = False
 
     def __init__(self, provider: Provider, chat_id: str, thread_id: str | None,
                  interval: float = 4.0, flood: FloodControl | None = None, *,

@@ -167,6 +167,18 @@ def _scan_group(sql: str, i: int) -> int:
     return -1
 
 
+def _turn(name: str) -> str:
+    """The condition of :meth:`PostgresEngine.turn_sql`: an uncorrelated scalar subquery is
+    run once, before the statement reads a row (an InitPlan), and the transaction-scoped
+    advisory lock it takes is held to the commit, across the statements of a batch too. (Not
+    ``EXISTS (SELECT pg_advisory_xact_lock(…))``: PostgreSQL drops an ``EXISTS``'s select
+    list unread, and the lock is never taken.)"""
+    return f"(SELECT pg_advisory_xact_lock({zlib.crc32(name.encode())}::int8)) IS NOT NULL"
+
+
+_TURNS = re.compile(r"\(SELECT pg_advisory_xact_lock\(\d+::int8\)\) IS NOT NULL")
+
+
 @lru_cache(maxsize=1024)
 def _keyed(query: str) -> str | None:
     """``query`` (numbered) with its rows led by one more parameter (an int): several runs
@@ -208,8 +220,11 @@ def _keyed(query: str) -> str | None:
         return None
     if verb != "SELECT" and verb != "VALUES" and not re.search(r"\bRETURNING\b", main, re.I):
         return None
-    if re.search(r"\b(FOR\s+(UPDATE|SHARE|NO KEY|KEY)|pg_advisory\w*|set_config)\b", text, re.I):
+    if re.search(r"\b(FOR\s+(UPDATE|SHARE|NO KEY|KEY)|pg_advisory\w*|set_config)\b",
+                 _TURNS.sub("", text), re.I):
         return None  # locks or session state: not to be held for other statements' sake
+    # (a turn may: the statements sent together all take it, one after the other, in one
+    # transaction — it is taken once for all of them)
     k = max((int(n) for n in re.findall(r"\$(\d+)", text)), default=0) + 1
     return f"{head} pluto_q AS ({main}) SELECT ${k}::int4 AS pluto_k, pluto_q.* FROM pluto_q"
 
@@ -277,6 +292,9 @@ class PostgresEngine:
     in_order = False  # a pool: changes commit side by side
     now_sql = "extract(epoch from clock_timestamp())::double precision"
 
+    def turn_sql(self, name: str) -> str | None:
+        return _turn(name)
+
     def __init__(self, url: str, *, min_size: int = 2, max_size: int = 10,
                  connect_timeout: float = 10.0):
         self.url = url
@@ -300,6 +318,7 @@ class PostgresEngine:
         self._crowded: dict[tuple[str, str], float] = {}
         self._alone: set[str] = set()  # statements the rewriting does not fit: each alone
         self.batches = self.batched = 0
+        self.deadlocks = 0  # deadlocks met (each broken by the server after a second)
         # several instances: a transaction left open this long (its process paused before
         # COMMIT) is ended by the server, so it cannot commit after its claims were taken
         # (set from the lease's length before open; None: the server's setting)
@@ -530,6 +549,7 @@ class PostgresEngine:
         try:
             results = await self._together(method, query, [v for v, _ in batch])
         except Exception as e:  # each on its own: only the one that fails fails
+            self.deadlocks += getattr(e, "sqlstate", None) == "40P01"
             if (getattr(e, "sqlstate", None) or "")[:2] in ("42", "0A"):
                 self._alone.add(query)  # (the rewritten text does not fit it)
                 log.warning("storage: a statement cannot be sent with others (%s): %s",
@@ -593,7 +613,8 @@ class PostgresEngine:
                             with contextlib.suppress(Exception):
                                 conn.terminate()
                         raise
-            except (errors.SerializationError, errors.DeadlockDetectedError):
+            except (errors.SerializationError, errors.DeadlockDetectedError) as e:
+                self.deadlocks += isinstance(e, errors.DeadlockDetectedError)
                 conflicts += 1
                 if conflicts == RETRIES:
                     raise
@@ -687,7 +708,8 @@ class PostgresEngine:
             ran = [False]  # the change ran whole: a failure now is in COMMIT (maybe done)
             try:
                 result = self._once(pool, change, atomic, ran)
-            except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
+            except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as e:
+                self.deadlocks += isinstance(e, psycopg.errors.DeadlockDetected)  # (an int: atomic)
                 conflicts += 1
                 if conflicts == RETRIES:
                     raise

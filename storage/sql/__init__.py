@@ -65,6 +65,15 @@ class Engine(Protocol):
     # connections commit side by side, and a change handed over later may commit first
     in_order: bool
 
+    def turn_sql(self, name: str) -> str | None:
+        """A condition (always true) for a statement's ``WHERE`` that waits for, and takes
+        until its transaction ends, the turn ``name``, before the statement touches a row:
+        rows shared by many transactions, each writing several of them (the usage counters),
+        are written only in that turn, so no two transactions each hold a row the other
+        waits for (a deadlock, which PostgreSQL breaks only after a second). None when
+        writers take turns anyway (SQLite's one writer)."""
+        ...
+
     @property
     def is_open(self) -> bool: ...
 

@@ -110,6 +110,11 @@ DAY: Mapping[str, str] = {
 # what a person may group the ledger by (the CLI's --by, the admin API's ?by=)
 GROUPS = ("agent", "user", "chat", "model", "route", "provider", "origin", "day")
 SCOPES = ("agent", "route", "user", "chat")  # what a budget limits (a counter each)
+# Every statement that writes counters takes this turn first (Engine.turn_sql): a run's end
+# writes eight rows, some shared with runs of other chats (the agent's, the route's); two
+# transactions writing theirs in different orders (batches of run ends on two instances)
+# deadlocked, a second's stall each (a test: tests/test_usage_turns.py)
+COUNTERS_TURN = "pluto usage counters"
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +228,8 @@ class HeldUsage:
                 for i, v in enumerate((1, *row[4:])):
                     kept[i] += v
         if counters:
-            stmts.append(_counters([(*k, *v) for k, v in counters.items()], guard))
+            stmts.append(_counters([(*k, *v) for k, v in counters.items()], guard,
+                                   self.engine.turn_sql(COUNTERS_TURN)))
         return stmts
 
     def settle(self, outcome: int | BaseException) -> None:
@@ -255,7 +261,7 @@ class SqlUsage:
         """Add one call to the ledger and to the counters of ``periods`` (``{"day": start,
         "month": start}``), giving back ``release``, in one transaction (committed when this
         returns)."""
-        await self.engine.write(*self._statements(call, periods), *_released(release))
+        await self.engine.write(*self._statements(call, periods), *self._released(release))
 
     def record_soon(self, call: UsageCall, periods: Mapping[str, float] | None = None,
                     release: Reservation | None = None) -> asyncio.Future[int]:
@@ -266,7 +272,7 @@ class SqlUsage:
             # held for the statement that ends the run (:meth:`take_held`), or alone soon
             # (a reservation given back changes the counters' rows again: a transaction)
             return self._hold(call, periods)
-        statements = (*self._statements(call, periods), *_released(release))
+        statements = (*self._statements(call, periods), *self._released(release))
         return self.engine.queue(run_statements(statements), hold=True)
 
     def _hold(self, call: UsageCall, periods: Mapping[str, float] | None) -> asyncio.Future[int]:
@@ -314,15 +320,18 @@ class SqlUsage:
         ``prompt`` over its limit, or its money spent), else None. Each counter is taken by
         one conditional statement, so concurrent reservations, from any instance, queue on
         the row and each sees the others'."""
+        turn = self.engine.turn_sql(COUNTERS_TURN)
+        # (the first statement takes the counters' turn: the rest of the change has it)
+        made = ("INSERT INTO usage_counters (scope, key, period, start, calls, input_tokens,"
+                " output_tokens, cached_tokens, cost, unpriced_calls) "
+                + ("VALUES (?, ?, ?, ?, 0, 0, 0, 0, 0, 0)" if turn is None else
+                   f"SELECT ?, ?, ?, CAST(? AS DOUBLE PRECISION), 0, 0, 0, 0, 0, 0 WHERE {turn}")
+                + " ON CONFLICT(scope, key, period, start) DO NOTHING")
+
         def change(conn: Any) -> int | None:
             taken: list[Claim] = []
             for i, c in enumerate(claims):
-                conn.execute(
-                    "INSERT INTO usage_counters (scope, key, period, start, calls, input_tokens,"
-                    " output_tokens, cached_tokens, cost, unpriced_calls) VALUES"
-                    " (?, ?, ?, ?, 0, 0, 0, 0, 0, 0)"
-                    " ON CONFLICT(scope, key, period, start) DO NOTHING",
-                    (c.scope, c.key, c.period, c.start))
+                conn.execute(made, (c.scope, c.key, c.period, c.start))
                 got = conn.execute(*_taken(c, tokens, cost, prompt)).rowcount
                 if got != 1:  # no room: what this change took is given back, in it
                     for sql, params in _released(Reservation(tuple(taken), tokens, cost)):
@@ -335,13 +344,17 @@ class SqlUsage:
     async def release(self, reservation: Reservation) -> None:
         """Give a reservation back without recording a call (its call was never made)."""
         if reservation.claims:
-            await self.engine.write(*_released(reservation))
+            await self.engine.write(*self._released(reservation))
 
     def _statements(self, call: UsageCall,
                     periods: Mapping[str, float] | None) -> list[Statement]:
         rows = _counter_rows(call, periods)
         return [_ledger_row(self.engine, call),
-                *([_counters([(*r[:4], 1, *r[4:]) for r in rows])] if rows else [])]
+                *([_counters([(*r[:4], 1, *r[4:]) for r in rows], None,
+                             self.engine.turn_sql(COUNTERS_TURN))] if rows else [])]
+
+    def _released(self, reservation: Reservation | None) -> list[Statement]:
+        return _released(reservation, self.engine.turn_sql(COUNTERS_TURN))
 
     async def calls(self, *, run_id: str | None = None, since: float | None = None,
                     limit: int = 1000) -> list[UsageCall]:
@@ -398,8 +411,10 @@ class SqlUsage:
 
     async def reset(self, scope: str, key: str) -> None:
         """An admin's reset: what ``key`` spent until now no longer counts for its budgets."""
+        turn = self.engine.turn_sql(COUNTERS_TURN)
         await self.engine.write(
-            ("DELETE FROM usage_counters WHERE scope = ? AND key = ?", (scope, key)),
+            ("DELETE FROM usage_counters WHERE scope = ? AND key = ?"
+             + (f" AND {turn}" if turn else ""), (scope, key)),
             (f"INSERT INTO usage_resets (scope, key, at) VALUES (?, ?, {self.engine.now_sql})"
              f" ON CONFLICT(scope, key) DO UPDATE SET at = excluded.at", (scope, key)))
 
@@ -409,9 +424,10 @@ class SqlUsage:
 
     async def prune(self, older_than_seconds: float) -> int:
         """Forget calls (and counters of periods that began) longer ago than that."""
+        turn = self.engine.turn_sql(COUNTERS_TURN)
         return await self.engine.write(
-            (f"DELETE FROM usage_counters WHERE start < {self.engine.now_sql} - ?",
-             (older_than_seconds,)),
+            (f"DELETE FROM usage_counters WHERE start < {self.engine.now_sql} - ?"
+             + (f" AND {turn}" if turn else ""), (older_than_seconds,)),
             (f"DELETE FROM usage_calls WHERE ts < {self.engine.now_sql} - ?",
              (older_than_seconds,)))
 
@@ -478,15 +494,17 @@ def _counter_rows(call: UsageCall, periods: Mapping[str, float] | None
             for period, start in sorted((periods or {}).items())]
 
 
-def _counters(rows: list[tuple[Any, ...]], guard: str | None = None) -> Statement:
+def _counters(rows: list[tuple[Any, ...]], guard: str | None = None,
+              turn: str | None = None) -> Statement:
     """Every counter in one statement (each statement is a trip to the engine): rows of
     (scope, key, period, start, calls, input, output, cached, cost, unpriced); ``guard``: only
-    if that CTE returned a row."""
+    if that CTE returned a row; ``turn``: the counters' turn taken first."""
     values = ", ".join("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" for _ in rows)
     head = ("INSERT INTO usage_counters (scope, key, period, start, calls, input_tokens,"
             " output_tokens, cached_tokens, cost, unpriced_calls) ")
-    body = (f"SELECT * FROM (VALUES {values}) AS v WHERE EXISTS (SELECT 1 FROM {guard})"
-            if guard is not None else f"VALUES {values}")
+    where = [w for w in (turn, guard and f"EXISTS (SELECT 1 FROM {guard})") if w]
+    body = (f"SELECT * FROM (VALUES {values}) AS v WHERE {' AND '.join(where)}"
+            if where else f"VALUES {values}")
     return (head + body + " ON CONFLICT(scope, key, period, start) DO"
             " UPDATE SET calls = usage_counters.calls + excluded.calls,"
             " input_tokens = usage_counters.input_tokens + excluded.input_tokens,"
@@ -497,16 +515,17 @@ def _counters(rows: list[tuple[Any, ...]], guard: str | None = None) -> Statemen
             tuple(v for row in rows for v in row))
 
 
-def _released(reservation: Reservation | None) -> list[Statement]:
+def _released(reservation: Reservation | None, turn: str | None = None) -> list[Statement]:
     """The statements that give a reservation back (never below zero: an admin's reset may
-    have cleared the counter meanwhile)."""
+    have cleared the counter meanwhile); ``turn``: the counters' turn taken first."""
     if reservation is None:
         return []
     t, c = reservation.tokens, reservation.cost
     return [("UPDATE usage_counters SET"
              " reserved_tokens = CASE WHEN reserved_tokens > ? THEN reserved_tokens - ? ELSE 0 END,"
              " reserved_cost = CASE WHEN reserved_cost > ? THEN reserved_cost - ? ELSE 0 END"
-             " WHERE scope = ? AND key = ? AND period = ? AND start = ?",
+             " WHERE scope = ? AND key = ? AND period = ? AND start = ?"
+             + (f" AND {turn}" if turn else ""),
              (t, t, c, c, claim.scope, claim.key, claim.period, claim.start))
             for claim in reservation.claims]
 
