@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from pluto.agents.spec import AgentSpec, HistoryWindow
 from pluto.agents.spec import Budget as AgentBudget
@@ -31,7 +32,10 @@ from pluto.runtime.testing import Scripted, ScriptedModel
 from pluto.runtime.usage import Attribution, UsageMeter, period_start
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.postgres.engine import _keyed, _kind, _numbered
-from pluto.storage.sql.usage import COUNTERS_TURN, _counters
+from pluto.storage.sql.store import SqlStore
+from pluto.storage.sql.usage import COUNTERS_TURN, Claim, _counters
+from pluto.storage.sqlite import SqliteStore
+from tests.helpers.inspect_store import reserved_tokens
 from tests.helpers.pg import fresh_schema
 
 
@@ -138,3 +142,29 @@ async def test_a_thousand_run_ends_over_several_agents_on_two_instances_meet_no_
             day = period_start("day", time.time())
             total = sum([(await a.usage.spent("agent", n, "day", day)).calls for n in "xyz"])
             assert total == 1000  # every call counted once, on both instances
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+async def test_a_reservation_takes_from_every_claim_or_from_none(engine, tmp_path):
+    """Its claims are tried together (PostgreSQL: in one round trip): when one has no room,
+    what the others took is given back in the same transaction, and the index of the first
+    full one is told."""
+    async def check(store: SqlStore) -> None:
+        roomy = Claim("agent", "a", "day", 0.0, tokens=1_000)
+        full = Claim("user", "u", "day", 0.0, tokens=40)  # (the prompt alone is 50)
+        other = Claim("route", "r", "day", 0.0, tokens=1_000)
+        assert await store.usage.reserve((roomy, full, other), 200, 0.0, 50) == 1
+        for c in (roomy, full, other):
+            assert await reserved_tokens(store, c.scope, c.key, c.period, c.start) == 0
+        assert await store.usage.reserve((roomy, other), 200, 0.0, 50) is None
+        for c in (roomy, other):
+            assert await reserved_tokens(store, c.scope, c.key, c.period, c.start) == 200
+        assert await reserved_tokens(store, "user", "u", "day", 0.0) == 0
+
+    if engine == "sqlite":
+        async with SqliteStore(tmp_path / "p.db") as store:
+            await check(store)
+        return
+    with fresh_schema() as url:
+        async with PostgresStore(url) as store:
+            await check(store)

@@ -280,6 +280,10 @@ class _Conn:
         cur.executemany(_pg(sql), rows)
         return cur
 
+    def pipeline(self) -> Any:
+        """psycopg's pipeline mode (:func:`pluto.storage.sql.pipelined`)."""
+        return self._conn.pipeline()
+
 
 def redact(url: str) -> str:
     """A connection URL fit for a log line or an error: no password."""

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pluto.storage.sql import Engine, Statement, run_statements
+from pluto.storage.sql import Engine, Statement, pipelined, run_statements
 
 COMPONENT = "usage"
 MIGRATIONS: list[Any] = [
@@ -329,16 +329,19 @@ class SqlUsage:
                 + " ON CONFLICT(scope, key, period, start) DO NOTHING")
 
         def change(conn: Any) -> int | None:
-            taken: list[Claim] = []
-            for i, c in enumerate(claims):
-                conn.execute(made, (c.scope, c.key, c.period, c.start))
-                got = conn.execute(*_taken(c, tokens, cost, prompt)).rowcount
-                if got != 1:  # no room: what this change took is given back, in it
-                    for sql, params in _released(Reservation(tuple(taken), tokens, cost)):
-                        conn.execute(sql, params)
-                    return i
-                taken.append(c)
-            return None
+            # every claim tried at once (PostgreSQL: one round trip, so the counters' rows
+            # and their turn are held that much shorter); when one had no room, what the
+            # others took is given back, in the same transaction
+            with pipelined(conn):
+                tried = [(conn.execute(made, (c.scope, c.key, c.period, c.start)),
+                          conn.execute(*_taken(c, tokens, cost, prompt))) for c in claims]
+            got = [taken.rowcount == 1 for _, taken in tried]
+            if all(got):
+                return None
+            for sql, params in _released(Reservation(
+                    tuple(c for c, ok in zip(claims, got) if ok), tokens, cost)):
+                conn.execute(sql, params)
+            return got.index(False)
         return await self.engine.transact(change)
 
     async def release(self, reservation: Reservation) -> None:
