@@ -168,3 +168,51 @@ async def test_a_reservation_takes_from_every_claim_or_from_none(engine, tmp_pat
     with fresh_schema() as url:
         async with PostgresStore(url) as store:
             await check(store)
+
+
+async def test_a_paused_holder_of_the_turn_holds_up_the_counters_only_until_the_server_ends_it(
+        tmp_path):
+    """An instance paused (SIGSTOP) inside a transaction that took the counters' turn — a
+    budget's reservation — holds up every other instance's counter writes; the server ends
+    that transaction after ``idle_in_transaction_session_timeout`` (half a lease in the
+    gateway; 1 s here), the others' writes go on, and the paused change, once its instance
+    resumes, is run again whole on a fresh connection."""
+    import threading
+
+    from pluto.storage.sql.usage import UsageCall, _taken
+
+    with fresh_schema() as url:
+        async with PostgresStore(url) as other:
+            paused = PostgresStore(url)
+            paused.engine.idle_in_transaction = 1.0
+            async with paused:
+                resume, took = threading.Event(), threading.Event()
+                claim = Claim("agent", "a", "day", 0.0, tokens=10_000)
+                turn = paused.engine.turn_sql(COUNTERS_TURN)
+                runs = []
+
+                def reserve_then_pause(conn: Any) -> int:
+                    runs.append(1)
+                    conn.execute(f"INSERT INTO usage_counters (scope, key, period, start, calls,"
+                                 f" input_tokens, output_tokens, cached_tokens, cost,"
+                                 f" unpriced_calls) SELECT ?, ?, ?, CAST(? AS DOUBLE PRECISION),"
+                                 f" 0, 0, 0, 0, 0, 0 WHERE {turn} ON CONFLICT DO NOTHING",
+                                 (claim.scope, claim.key, claim.period, claim.start))
+                    got = conn.execute(*_taken(claim, 100, 0.0, 10)).rowcount
+                    if len(runs) == 1:  # the instance stops here, the turn held
+                        took.set()
+                        resume.wait(30)
+                    return got
+
+                held = asyncio.ensure_future(paused.engine.transact(reserve_then_pause))
+                assert await asyncio.to_thread(took.wait, 10)
+                call = UsageCall(run_id="r", session_id="s", agent="a", model="m",
+                                 input_tokens=5, output_tokens=7, latency=0.1, outcome="ok")
+                # the other instance's write waits for the turn, then goes on
+                await asyncio.wait_for(other.usage.record(call, {"day": 0.0}), 20)
+                resume.set()
+                assert await asyncio.wait_for(held, 30) == 1
+                assert len(runs) == 2  # run again whole: the first transaction was ended
+            total = await other.usage.spent("agent", "a", "day", 0.0)
+            assert (total.calls, total.input_tokens, total.output_tokens) == (1, 5, 7)
+            assert await reserved_tokens(other, "agent", "a", "day", 0.0) == 100

@@ -719,6 +719,17 @@ class PostgresEngine:
                     raise
                 time.sleep(0.01 * conflicts)
                 continue
+            except psycopg.errors.IdleInTransactionSessionTimeout:
+                # the server ended the transaction while this process was away (paused past
+                # idle_in_transaction_session_timeout, at a COMMIT it never got): nothing of
+                # it was committed, so it is run whole again on a fresh connection — its
+                # fences decide whether it still may write
+                conflicts += 1
+                if conflicts == RETRIES:
+                    raise StorageUnavailable(UNREACHABLE) from None
+                log.warning("storage: a transaction was ended by the server while this "
+                            "process was paused; running it again")
+                continue
             except psycopg.OperationalError as e:
                 if isinstance(e, PoolClosed) and self._pool not in (None, pool):
                     continue  # it waited on a pool replaced meanwhile: on the new one
