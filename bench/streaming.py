@@ -10,7 +10,8 @@ how long each question takes to reach the model as a request (the fake model not
 tagged question came whole, on the same monotonic clock as the clients), the server's CPU per
 answer and its RSS afterwards. The 1,000-answer burst runs three rounds, the relay and Pluto
 taking turns; each side is reported by its median round (by the slowest request's reach), with
-every round's reach ratio in the note.
+every round's reach ratio in the note. The instant-answer rate (a one-token model: the hop's
+own cost) runs three rounds in turns too, reported by the round of the middle ratio.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ GAP = 0.02
 MODEL_TIME = (TOKENS - 1) * GAP  # first token at once, the last 99 gaps later
 QUESTION = "Tell me a long story."
 BURST_ROUNDS = 3  # rounds of the 1,000-answer burst
+RATE_ROUNDS = 3  # rounds of the instant-answer rate (the relay and Pluto taking turns)
 
 MODEL_SERVER = r"""
 import asyncio, json, re, sys, time
@@ -357,15 +359,23 @@ def run(report: Report, quick: bool = False) -> None:
             _report(report, n, pluto, relay,
                     [max(p.reached or [0]) / max(r.reached or [1e-9]) for r, p in pairs])
         per = 5 if quick else 20
-        pluto_rate, pluto_cpu = rate("pluto", model_url, 100, per)
-        relay_rate, relay_cpu = rate("relay", model_url, 100, per)
+        # the relay's own rate moved by half between rounds minutes apart on a shared
+        # machine: rounds taking turns, the round of the middle ratio reported, every
+        # round's ratio printed
+        turns = [(rate("pluto", model_url, 100, per), rate("relay", model_url, 100, per))
+                 for _ in range(1 if quick else RATE_ROUNDS)]
+        turns.sort(key=lambda t: t[0][0] / t[1][0])
+        (pluto_rate, pluto_cpu), (relay_rate, relay_cpu) = turns[len(turns) // 2]
+        rounds = ", ".join(f"{p[0] / r[0]:.2f}" for p, r in turns)
         report.add(Figure("streaming", "instant model: messages/s, 100 sessions", pluto_rate,
                           "msg/s", "bare relay", relay_rate, target="ratio >= 0.5",
                           met=pluto_rate >= 0.5 * relay_rate,
                           note=f"through the model path over HTTP (a one-token answer); "
                                f"{'at least' if pluto_rate >= 1000 else 'under'} 1,000 msg/s; "
                                f"server CPU {pluto_cpu * 1000:.2f} ms per answer (relay "
-                               f"{relay_cpu * 1000:.2f} ms)"))
+                               f"{relay_cpu * 1000:.2f} ms)"
+                               + (f"; the middle of {len(turns)} rounds, each round's ratio "
+                                  f"{rounds}" if len(turns) > 1 else "")))
 
 
 def _median(rounds: list[Round]) -> Round:
