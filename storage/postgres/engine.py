@@ -713,7 +713,8 @@ class PostgresEngine:
             try:
                 result = self._once(pool, change, atomic, ran)
             except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as e:
-                self.deadlocks += isinstance(e, psycopg.errors.DeadlockDetected)  # (an int: atomic)
+                # (a count to look at: two threads may rarely lose an increment)
+                self.deadlocks += isinstance(e, psycopg.errors.DeadlockDetected)
                 conflicts += 1
                 if conflicts == RETRIES:
                     raise
