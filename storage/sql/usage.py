@@ -417,7 +417,7 @@ class SqlUsage:
         turn = self.engine.turn_sql(COUNTERS_TURN)
         await self.engine.write(
             ("DELETE FROM usage_counters WHERE scope = ? AND key = ?"
-             + (f" AND {turn}" if turn else ""), (scope, key)),
+             + _also(turn), (scope, key)),
             (f"INSERT INTO usage_resets (scope, key, at) VALUES (?, ?, {self.engine.now_sql})"
              f" ON CONFLICT(scope, key) DO UPDATE SET at = excluded.at", (scope, key)))
 
@@ -430,7 +430,7 @@ class SqlUsage:
         turn = self.engine.turn_sql(COUNTERS_TURN)
         return await self.engine.write(
             (f"DELETE FROM usage_counters WHERE start < {self.engine.now_sql} - ?"
-             + (f" AND {turn}" if turn else ""), (older_than_seconds,)),
+             + _also(turn), (older_than_seconds,)),
             (f"DELETE FROM usage_calls WHERE ts < {self.engine.now_sql} - ?",
              (older_than_seconds,)))
 
@@ -518,6 +518,11 @@ def _counters(rows: list[tuple[Any, ...]], guard: str | None = None,
             tuple(v for row in rows for v in row))
 
 
+def _also(turn: str | None) -> str:
+    """`` AND`` the counters' turn, for a statement's ``WHERE`` (nothing where none is taken)."""
+    return f" AND {turn}" if turn else ""
+
+
 def _released(reservation: Reservation | None, turn: str | None = None) -> list[Statement]:
     """The statements that give a reservation back (never below zero: an admin's reset may
     have cleared the counter meanwhile); ``turn``: the counters' turn taken first."""
@@ -528,7 +533,7 @@ def _released(reservation: Reservation | None, turn: str | None = None) -> list[
              " reserved_tokens = CASE WHEN reserved_tokens > ? THEN reserved_tokens - ? ELSE 0 END,"
              " reserved_cost = CASE WHEN reserved_cost > ? THEN reserved_cost - ? ELSE 0 END"
              " WHERE scope = ? AND key = ? AND period = ? AND start = ?"
-             + (f" AND {turn}" if turn else ""),
+             + _also(turn),
              (t, t, c, c, claim.scope, claim.key, claim.period, claim.start))
             for claim in reservation.claims]
 
