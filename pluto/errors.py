@@ -61,15 +61,26 @@ class UnknownAgent(PlutoError, LookupError):
 # chat platforms ---------------------------------------------------------------------------------
 
 class ProviderError(PlutoError):
-    """A platform call failed in a way that trying again later may fix."""
+    """A platform call failed in a way that trying again later may fix.
+
+    ``unsent``: the platform certainly did not take the call — it answered no, or the request
+    never left (no connection). False when that is not known (a timeout after the request was
+    written, a connection dropped mid-answer): the call may have been made."""
 
     retry_after: float | None = None
+    unsent: bool = False
+
+    def __init__(self, *args: object, unsent: bool | None = None):
+        super().__init__(*args)
+        if unsent is not None:
+            self.unsent = unsent
 
 
 class RateLimited(ProviderError):
     """The platform asked us to wait ``retry_after`` seconds before the next call."""
 
     retry_after: float  # always known here (a ProviderError's may be None)
+    unsent = True  # (the platform answered: not now)
 
     def __init__(self, message: str, retry_after: float):
         super().__init__(message)
@@ -80,7 +91,11 @@ class DeliveryRefused(ProviderError):
     """A permanent delivery failure: the platform will never take this message (the chat is
     gone, the bot was blocked, the message is malformed). Not retried."""
 
+    unsent = True
+
 
 class ProviderUnusable(ProviderError):
     """The provider itself cannot work (its token was rejected, an intent is missing):
     restarting it cannot help, so its supervisor stops it."""
+
+    unsent = True

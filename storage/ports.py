@@ -212,7 +212,8 @@ class OutboxStore(Protocol):
     async def record_claimed(self, rows: list[OutboxRow], owner: str, lease_seconds: float,
                              *, count: bool = True) -> tuple[list[OutboxRow], bool]:
         """:meth:`record`, and in the same commit claim the reply for ``owner`` and (``count``)
-        count a first attempt of its pending chunks (the sender calls the platform next);
+        count a first attempt of its first pending chunk (the sender calls the platform with
+        it next; each later chunk is counted when the one before it is marked sent);
         False when another owner holds it."""
         ...
 
@@ -240,7 +241,7 @@ class OutboxStore(Protocol):
 
     async def failed(self, row_ids: list[int], error: str) -> None: ...
 
-    async def note_error(self, row_id: int, error: str) -> None: ...
+    async def note_error(self, row_id: int, error: str, *, unsent: bool = False) -> None: ...
 
     async def prune(self, older_than_seconds: float) -> int: ...
 

@@ -159,7 +159,8 @@ async def test_retry_after_is_honoured_and_other_errors_back_off(outbox, store, 
     assert await sent(outbox, provider, "run1", chunks("hello"))
     assert sleeps == [7, 1.0]  # the platform's wait, then backoff (0.5 * 2 ** 1)
     assert [m.text for m in provider.sent] == ["hello"]
-    assert [(r.attempts, r.error) for r in await store.outbox.reply("run1")] == [(3, None)]
+    # three calls counted, the one the platform refused (429) taken back
+    assert [(r.attempts, r.error) for r in await store.outbox.reply("run1")] == [(2, None)]
 
 
 async def test_a_rate_limit_holds_the_chats_edits_too(outbox, store, providers, sleeps):
@@ -240,6 +241,63 @@ async def test_a_crash_between_send_and_mark_resends_and_says_so(outbox, store, 
     await outbox.idle()
     assert "may have been delivered before a crash" in caplog.text
     assert [m.text for m in provider.sent] == ["x"]
+
+
+@pytest.mark.parametrize("error", [
+    ProviderError("could not reach the platform (ClientConnectorError)", unsent=True),
+    RateLimited("the platform asked to slow down for 1s", retry_after=1),
+])
+async def test_calls_the_platform_refused_are_not_taken_for_maybe_delivered(
+        store, providers, sleeps, caplog, error):
+    """A call the platform certainly did not take (it said no, or no connection was made):
+    the attempt counted before it is taken back, so neither this instance's next try nor a
+    new process after a restart warns of a duplicate that cannot be."""
+    box = Outbox(store.outbox, providers, retry=RetryPolicy(attempts=1), sweep_seconds=0)
+    await box.open()
+    provider = running(providers, RecordingProvider())
+    provider.fail_next(error, times=outbox_module.MAX_HOLDS if isinstance(error, RateLimited)
+                       else 1)  # (a rate limit has more tries)
+    assert not await sent(box, provider, "run1", chunks("a", "b"))  # out of tries: it rests
+    assert [r.attempts for r in await store.outbox.reply("run1")] == [0, 0]
+    restarted = Outbox(store.outbox, providers, retry=RetryPolicy(attempts=1), sweep_seconds=0)
+    await restarted.open()
+    assert await restarted.flush(provider) == 2  # (its two chunks)
+    await restarted.idle()
+    assert [m.text for m in provider.sent] == ["a", "b"]
+    assert "may have been delivered" not in caplog.text
+
+
+async def test_a_crash_mid_reply_says_maybe_delivered_of_the_chunk_in_flight_only(
+        outbox, store, providers, caplog):
+    """The process died while the first of three chunks was being sent: that chunk may have
+    been delivered, the two after it were never called — only the first is said."""
+    provider = running(providers, RecordingProvider())
+    rows, claimed = await store.outbox.record_claimed(
+        [outbox_module._to_row("test", "run1", i, m) for i, m in
+         enumerate(chunks("a", "b", "c"))], "gone-process", 60)  # counted, then the crash
+    assert claimed and [r.attempts for r in rows] == [1, 0, 0]
+    assert [r.attempts for r in await store.outbox.reply("run1")] == [1, 0, 0]
+    await store.outbox.release("run1", "gone-process")
+    assert await outbox.flush(provider) == 3
+    await outbox.idle()
+    assert [m.text for m in provider.sent] == ["a", "b", "c"]
+    assert "chunk 0 of reply run1 may have been delivered" in caplog.text
+    assert "chunk 1 of reply" not in caplog.text and "chunk 2 of reply" not in caplog.text
+
+
+async def test_a_call_that_may_have_been_made_is_still_said(store, providers, sleeps, caplog):
+    """A timeout after the request was written: the platform may have taken it — the next
+    try says so."""
+    box = Outbox(store.outbox, providers, retry=RetryPolicy(attempts=1), sweep_seconds=0)
+    await box.open()
+    provider = running(providers, RecordingProvider())
+    provider.fail_next(ProviderError("the platform did not answer in time"))
+    assert not await sent(box, provider, "run1", chunks("a"))
+    assert [r.attempts for r in await store.outbox.reply("run1")] == [1]
+    assert await box.flush(provider) == 1
+    await box.idle()
+    assert "chunk 0 of reply run1 may have been delivered before a crash" in caplog.text
+    assert [m.text for m in provider.sent] == ["a"]
 
 
 async def test_a_reply_being_delivered_is_not_flushed_twice(outbox, store, providers):

@@ -155,8 +155,9 @@ class Outbox:
             self.owner, self.lease_seconds, count=at_once)  # one commit: recorded and ours
         if claimed:
             self._fresh[reply_id] = rows
-            if at_once:
-                self._counted.update(r.id for r in rows if r.status == "pending" and r.id)
+            first = next((r for r in rows if r.status == "pending"), None)
+            if at_once and first is not None and first.id:
+                self._counted.add(first.id)  # (each later chunk: counted at the mark before)
         if all(r.status != "pending" for r in rows):  # recorded and sent before
             self._forget(reply_id)
             _settle(done, all(r.status == "sent" for r in rows))
@@ -476,7 +477,7 @@ class Outbox:
             return replace(message, edit_of=None), failures  # the message to edit is gone
         self._observed(provider, e)
         try:
-            await self.rows.note_error(row.id, str(e))
+            await self.rows.note_error(row.id, str(e), unsent=e.unsent)
         except Exception as stored:  # noqa: BLE001 - only a note
             log.debug("outbox: could not note an error: %s", stored)
         limited = isinstance(e, RateLimited)

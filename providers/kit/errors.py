@@ -51,5 +51,8 @@ def transport_error(exc: BaseException, who: str) -> ProviderError | None:
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         return ProviderError(f"{who} did not answer in time")
     if isinstance(exc, (aiohttp.ClientError, OSError)):
-        return ProviderError(f"could not reach {who} ({type(exc).__name__})")
+        # no connection made: the request never left; anything later (a dropped connection,
+        # a broken answer) may have been taken
+        unsent = isinstance(exc, (aiohttp.ClientConnectorError, ConnectionRefusedError))
+        return ProviderError(f"could not reach {who} ({type(exc).__name__})", unsent=unsent)
     return None

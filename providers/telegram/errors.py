@@ -51,11 +51,12 @@ def provider_error(exc: TelegramError) -> ProviderError:
         case BadRequest():
             return DeliveryRefused(f"Telegram rejected the request: {_reason(exc)}")
         case TimedOut():
-            return ProviderError(timed_out(exc))
+            return ProviderError(timed_out(exc), unsent=_never_left(exc))
         case Conflict():
             return ProviderError(f"Telegram reported a conflict: {_reason(exc)}")
         case NetworkError():
-            return ProviderError(f"could not reach Telegram ({_reason(exc)})")
+            return ProviderError(f"could not reach Telegram ({_reason(exc)})",
+                                 unsent=_never_left(exc))
     return ProviderError(f"Telegram error: {_reason(exc)}")
 
 
@@ -75,6 +76,15 @@ def timed_out(exc: TimedOut) -> str:
     if cause == "WriteTimeout":
         return "Telegram did not take the request in time (httpx.WriteTimeout)"
     return f"Telegram did not answer in time ({f'httpx.{cause}' if cause else text})"
+
+
+def _never_left(exc: TelegramError) -> bool:
+    """Whether the request certainly never reached Telegram: no free connection in the pool,
+    or no connection made (httpx's connect errors); a read or write that failed may have."""
+    if _reason(exc).lower().startswith("pool timeout"):
+        return True
+    cause = type(exc.__cause__).__name__ if exc.__cause__ is not None else ""
+    return cause in ("PoolTimeout", "ConnectTimeout", "ConnectError")
 
 
 def _reason(exc: TelegramError) -> str:

@@ -151,16 +151,21 @@ class SqliteOutbox:
         def record(conn: Any) -> tuple[list[OutboxRow], bool]:
             claimed = conn.execute(self._claim, self._claim_args(reply_id, owner, now,
                                                                   lease_seconds)).rowcount > 0
-            # the sender's first call, counted with the record when it follows at once
+            # the sender's first call, counted with the record when it follows at once: the
+            # first chunk's (each later one is counted when the one before it is marked sent;
+            # a chunk counted and never called would be taken, after a crash, for one that
+            # may have been delivered)
             tries = 1 if claimed and count else 0
-            ids = [conn.execute(insert, (*(_value(r, c) for c in _COLUMNS), tries, now,
-                                         now)).fetchone() for r in rows]
+            ids = [conn.execute(insert, (*(_value(r, c) for c in _COLUMNS),
+                                         tries if i == 0 else 0, now, now)).fetchone()
+                   for i, r in enumerate(rows)]
             if all(found is not None for found in ids):  # all new: no need to read them back
-                return [replace(r, id=found[0], attempts=tries)
-                        for r, found in zip(rows, ids)], claimed
-            if claimed and count:  # recorded before: count the call on what is pending
+                return [replace(r, id=found[0], attempts=tries if i == 0 else 0)
+                        for i, (r, found) in enumerate(zip(rows, ids))], claimed
+            if claimed and count:  # recorded before: count the call on its first pending
                 conn.execute("UPDATE outbox SET attempts = attempts + 1, error = NULL,"
-                             " updated_at = ? WHERE reply_id = ? AND status = 'pending'",
+                             " updated_at = ? WHERE id = (SELECT id FROM outbox WHERE"
+                             " reply_id = ? AND status = 'pending' ORDER BY chunk LIMIT 1)",
                              (now, reply_id))
             return [_row(r) for r in conn.execute(
                 "SELECT * FROM outbox WHERE reply_id = ? ORDER BY chunk", (reply_id,))], claimed
@@ -170,9 +175,9 @@ class SqliteOutbox:
     async def _record_claimed_at_once(self, rows: list[OutboxRow], insert: str, owner: str,
                                       lease_seconds: float, now: float, count: bool
                                       ) -> tuple[list[OutboxRow], bool] | None:
-        """(PostgreSQL) :meth:`record_claimed` as one statement — the claim, then each chunk
-        counted with the sender's first call if the claim was had — when every chunk is new;
-        None when one was recorded before (the transaction reads them back)."""
+        """(PostgreSQL) :meth:`record_claimed` as one statement — the claim, then each chunk,
+        the first counted with the sender's first call if the claim was had — when every chunk
+        is new; None when one was recorded before (the transaction reads them back)."""
         head = insert.partition(" VALUES (")[0]
         marks = ",".join(["?"] * len(_COLUMNS))
         parts: list[tuple[str, Statement]] = [("c", (
@@ -182,7 +187,7 @@ class SqliteOutbox:
             parts.append((f"i{i}", (
                 f"{head} SELECT {marks}, CASE WHEN EXISTS (SELECT 1 FROM c) THEN ? ELSE 0 END,"
                 " ?, ? ON CONFLICT DO NOTHING RETURNING id",
-                (*(_value(r, c) for c in _COLUMNS), 1 if count else 0, now, now))))
+                (*(_value(r, c) for c in _COLUMNS), 1 if count and i == 0 else 0, now, now))))
         result = ", ".join(["(SELECT count(*) FROM c)",
                             *(f"(SELECT id FROM i{i})" for i in range(len(rows)))])
         got = await self.engine.write_returning(together(parts, result))
@@ -190,8 +195,8 @@ class SqliteOutbox:
             return None
         claimed = bool(got[0])
         tries = 1 if claimed and count else 0
-        return [replace(r, id=found, attempts=tries)
-                for r, found in zip(rows, tuple(got)[1:])], claimed
+        return [replace(r, id=found, attempts=tries if i == 0 else 0)
+                for i, (r, found) in enumerate(zip(rows, tuple(got)[1:]))], claimed
 
     async def reply(self, reply_id: str) -> list[OutboxRow]:
         rows = await self.engine.fetchall(
@@ -253,8 +258,15 @@ class SqliteOutbox:
             "UPDATE outbox SET status = 'failed', error = ?, updated_at = ? WHERE id = ?",
             (error, now, row_id)) for row_id in row_ids])
 
-    async def note_error(self, row_id: int, error: str) -> None:
-        await self._update(row_id, "error = ?", error)
+    async def note_error(self, row_id: int, error: str, *, unsent: bool = False) -> None:
+        """The last call's error; ``unsent``: the platform certainly did not take it, so the
+        attempt counted before it was not made (taken back: after a crash, a chunk with no
+        attempt left is not taken for one that may have been delivered)."""
+        if unsent:
+            await self._update(row_id, "attempts = CASE WHEN attempts > 0 THEN attempts - 1"
+                                       " ELSE 0 END, error = ?", error)
+        else:
+            await self._update(row_id, "error = ?", error)
 
     async def prune(self, older_than_seconds: float) -> int:
         """Forget delivered and failed chunks older than that; pending ones that nobody sent in
