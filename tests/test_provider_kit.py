@@ -124,6 +124,13 @@ def test_transport_failures_are_errors_to_try_again() -> None:
     assert str(errors.transport_error(ConnectionRefusedError(), "X")) == (
         "could not reach X (ConnectionRefusedError)")
     assert errors.transport_error(ValueError("not JSON"), "X") is None
+    # whether the platform may have taken the call: no connection made — certainly not; a
+    # timeout or a connection lost mid-call — perhaps (its "may have been delivered" stays)
+    assert errors.transport_error(ConnectionRefusedError(), "X").unsent  # type: ignore[union-attr]
+    assert not timeout.unsent and not lost.unsent  # type: ignore[union-attr]
+    assert errors.rate_limited("X", 1).unsent
+    assert errors.by_status(403, refused="no", failed="later").unsent
+    assert not errors.by_status(502, refused="no", failed="later").unsent
 
 
 # signatures ----------------------------------------------------------------------------------

@@ -14,9 +14,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from telegram import Bot
-from telegram.error import TimedOut
+from telegram.error import NetworkError, TimedOut
 from telegram.request import HTTPXRequest
 
 from pluto.errors import ProviderError
@@ -84,6 +85,7 @@ async def rounds_to_wedge_stock_request(fake: FakeTelegram, attempts: int = 3) -
             # what the mapping makes of it names the real cause, not "did not answer in time"
             error = provider_error(failure)
             assert str(error).startswith("Telegram request not sent: pool timeout"), error
+            assert error.unsent  # (never left: not a chunk that may have been delivered)
             assert fake.token not in str(error)
             return round_
         finally:
@@ -171,3 +173,26 @@ async def test_reset_rebuilds_the_send_client_and_keeps_sending(fake, data_dir):
             await old.request.do_request(f"{fake.url}/bot{fake.token}/getMe", "POST")
     finally:
         await provider.close()
+
+
+def test_what_timed_out_says_whether_the_request_may_have_reached_telegram() -> None:
+    """A connect timeout or failure: the request never left (unsent, not a "maybe delivered");
+    a read timeout: Telegram may have taken it."""
+    def timed_out_by(cause: Exception) -> TimedOut:
+        try:
+            raise TimedOut("Timed out") from cause
+        except TimedOut as e:
+            return e
+
+    def network_by(cause: Exception) -> NetworkError:
+        try:
+            raise NetworkError(f"httpx.{type(cause).__name__}: x") from cause
+        except NetworkError as e:
+            return e
+
+    connect = provider_error(timed_out_by(httpx.ConnectTimeout("x")))
+    assert connect.unsent and "could not connect" in str(connect)
+    read = provider_error(timed_out_by(httpx.ReadTimeout("x")))
+    assert not read.unsent and "did not answer in time" in str(read)
+    assert provider_error(network_by(httpx.ConnectError("refused"))).unsent
+    assert not provider_error(network_by(httpx.RemoteProtocolError("cut"))).unsent
