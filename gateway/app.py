@@ -117,6 +117,7 @@ class Gateway:
         # extra reports in /readyz: informative, they never make the gateway unready
         self.load = Load(lambda: self.config.gateway)  # run slots; busy notice when overloaded
         self.metrics.watch_load(self.load)
+        self.metrics.watch_storage(getattr(self.store, "engine", None))
         self.health_reports: dict[str, Callable[[], object]] = {"mcp": self.mcp.health,
                                                                 "load": self.load.report}
         self.pipeline = self._pipeline()

@@ -9,6 +9,7 @@ deployment's configuration, a set its admin bounds.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import (
@@ -19,6 +20,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from pluto.events import MessageFinal, RunEnd, RunError, RunEvent, RunStart, ToolEnd
 from pluto.gateway.pipeline.overload import Load
@@ -99,6 +102,12 @@ class Metrics:
         Gauge("pluto_event_loop_lag_seconds", "How late the event loop woke, at worst, in "
               "about the last second.", registry=r).set_function(lambda: load.lag)
 
+    def watch_storage(self, engine: object) -> None:
+        """The database engine's own counts, read at each scrape (PostgreSQL keeps them: the
+        deadlocks it met, statements sent together with others)."""
+        if hasattr(engine, "deadlocks"):
+            self.registry.register(_EngineCounts(engine))
+
     def provider_reset(self, provider: str) -> None:
         """The send watchdog rebuilt a provider's client (its sends all failed for a while)."""
         self._of(self.provider_resets, provider).inc()
@@ -172,3 +181,18 @@ class Metrics:
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _EngineCounts(Collector):
+    """A PostgreSQL engine's counts as Prometheus counters (read, never reset, at each scrape)."""
+
+    def __init__(self, engine: object):
+        self.engine = engine
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "pluto_storage_deadlocks", "Deadlocks the database met and broke (each a second's "
+            "stall; none are expected: docs/cluster.md).", value=getattr(self.engine, "deadlocks", 0))
+        yield CounterMetricFamily(
+            "pluto_storage_statements_joined", "Statements sent in one round trip with others "
+            "of the same text.", value=getattr(self.engine, "batched", 0))

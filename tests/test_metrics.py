@@ -90,3 +90,26 @@ def test_observe_reads_a_runs_events():
     assert m[("pluto_runs_total", (("outcome", "interrupted"),))] == 1
     assert m[("pluto_model_tokens_total", (("kind", "prompt"),))] == 7
     assert m[("pluto_runs_active", ())] == 0
+
+
+def test_the_databases_own_counts_are_read_at_each_scrape(tmp_path):
+    """PostgreSQL's engine counts the deadlocks it met (none expected: docs/cluster.md) and
+    the statements it sent together; /metrics shows them as they are at the scrape. SQLite's
+    engine has neither: nothing is shown."""
+    from pluto.storage.postgres.engine import PostgresEngine
+    from pluto.storage.sqlite.engine import SqliteEngine
+
+    engine = PostgresEngine("postgresql://127.0.0.1/none")  # (never opened: counts only)
+    metrics = Metrics()
+    metrics.watch_storage(engine)
+    seen = samples(metrics.render()[0].decode())
+    assert seen[("pluto_storage_deadlocks_total", ())] == 0
+    engine.deadlocks, engine.batched = 2, 40
+    seen = samples(metrics.render()[0].decode())
+    assert seen[("pluto_storage_deadlocks_total", ())] == 2
+    assert seen[("pluto_storage_statements_joined_total", ())] == 40
+
+    lone = Metrics()
+    lone.watch_storage(SqliteEngine(tmp_path / "pluto.db"))
+    assert not any(name.startswith("pluto_storage") for name, _ in
+                   samples(lone.render()[0].decode()))
