@@ -291,6 +291,38 @@ async def test_an_answer_whose_instance_died_before_the_outbox_is_found(pg_url):
         assert await b.conversations.orphaned_chats(alive={"b"}) == []
 
 
+async def test_the_sweep_finds_only_the_runs_of_instances_gone(pg_url):
+    """The cluster's sweep (one statement): runs not ended, or answered with no reply in the
+    outbox, of an instance with no current heartbeat — one that stopped (its lease given
+    back) or died (run out) — and never a run answered in the feed (the widget's)."""
+    stores = {name: PostgresStore(pg_url) for name in ("alive", "stopped", "died")}
+    async with stores["alive"], stores["stopped"], stores["died"]:
+        for name, store in stores.items():
+            store.conversations.owner = name
+            for provider, chat in (("telegram", f"t-{name}"), ("web", f"w-{name}")):
+                message, run = f"m-{chat}", f"r-{chat}"
+                assert await store.inbound.accept(provider, message, {"chat_id": chat})
+                session = await store.conversations.session(chat, "agent")
+                await store.conversations.start_run(
+                    run, session.id, "agent", "hi", RunStart(run_id=run, session_id=session.id,
+                                                             agent="agent"),
+                    source=(provider, message))
+                await store.conversations.complete_run(
+                    run, session.id, MessageFinal(run_id=run, text="hello"),
+                    RunEnd(run_id=run, outcome="ok"), usage={})
+        sweep = stores["alive"]
+        assert await sweep.leases.acquire("instance:alive", "alive", 60) is not None
+        token = await sweep.leases.acquire("instance:stopped", "stopped", 60)
+        assert token is not None and await sweep.leases.release("instance:stopped", "stopped",
+                                                                token)
+        assert await sweep.leases.acquire("instance:died", "died", 0.2) is not None
+        async with asyncio.timeout(10):  # until died's heartbeat runs out
+            while len(found := await sweep.conversations.orphaned_chats(
+                    None, answered_in_feed=("web",))) < 2:
+                await asyncio.sleep(0.05)
+        assert sorted(found) == [("telegram", "t-died"), ("telegram", "t-stopped")]
+
+
 async def test_a_run_taken_over_cannot_answer_and_its_message_is_answered_again(pg_url):
     a, b = PostgresStore(pg_url), PostgresStore(pg_url)
     async with a, b:
