@@ -137,7 +137,11 @@ async def test_the_inbox_is_bounded(store):
 async def test_outbox_chunks_are_recorded_once_and_claimed_by_one_owner(store):
     await store.leases.acquire("instance:a", "a", ttl=30)  # a is a live instance
     rows, claimed = await store.outbox.record_claimed([chunk("r1", 0), chunk("r1", 1)], "a", 30)
-    assert claimed and [r.chunk for r in rows] == [0, 1] and rows[0].attempts == 1
+    assert claimed and [r.chunk for r in rows] == [0, 1]
+    # the sender's first call is counted with the record: the first chunk's, not the next
+    # one's (counted when the first is marked sent: never a call that was not made)
+    assert [r.attempts for r in rows] == [1, 0]
+    assert [r.attempts for r in await store.outbox.reply("r1")] == [1, 0]
     again, claimed_again = await store.outbox.record_claimed([chunk("r1", 0)], "b", 30)
     assert not claimed_again and [r.id for r in again] == [r.id for r in rows]
     assert not await store.outbox.claim("r1", "b", 30)
@@ -146,6 +150,13 @@ async def test_outbox_chunks_are_recorded_once_and_claimed_by_one_owner(store):
     assert await store.outbox.claim("r1", "b", 30)  # released: free for anyone
     assert [r.status for r in await store.outbox.reply("r1")] == ["sent", "sent"]
     assert await store.outbox.pending("telegram") == []
+    # recorded before (a retried delivery): the call counted is on its first pending chunk
+    await store.outbox.record_claimed([chunk("r2", 0), chunk("r2", 1)], "a", 30, count=False)
+    await store.outbox.release("r2", "a")
+    [first, _] = await store.outbox.reply("r2")
+    await store.outbox.sent(first.id, "p3")
+    again, claimed = await store.outbox.record_claimed([chunk("r2", 0), chunk("r2", 1)], "a", 30)
+    assert claimed and [(r.status, r.attempts) for r in again] == [("sent", 0), ("pending", 1)]
 
 
 async def test_pairing_codes_and_approvals(store):
