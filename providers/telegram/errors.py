@@ -65,7 +65,7 @@ def timed_out(exc: TimedOut) -> str:
     (every connection was busy — or lost, see ``request.py``); otherwise the httpx timeout that
     fired (connect, write, read)."""
     text = _reason(exc)
-    if text.lower().startswith("pool timeout"):
+    if _pool_timeout(exc):
         detail = text.split(":", 1)[1].strip() if ":" in text else ""
         detail = detail.split(". ")[0].rstrip(".")
         detail = detail[:1].lower() + detail[1:]
@@ -81,10 +81,15 @@ def timed_out(exc: TimedOut) -> str:
 def _never_left(exc: TelegramError) -> bool:
     """Whether the request certainly never reached Telegram: no free connection in the pool,
     or no connection made (httpx's connect errors); a read or write that failed may have."""
-    if _reason(exc).lower().startswith("pool timeout"):
+    if _pool_timeout(exc):
         return True
     cause = type(exc.__cause__).__name__ if exc.__cause__ is not None else ""
     return cause in ("PoolTimeout", "ConnectTimeout", "ConnectError")
+
+
+def _pool_timeout(exc: TelegramError) -> bool:
+    """No free connection in httpx's pool: the request never left."""
+    return _reason(exc).lower().startswith("pool timeout")
 
 
 def _reason(exc: TelegramError) -> str:

@@ -100,6 +100,12 @@ def _row(r: Any) -> OutboxRow:
         error=r["error"])
 
 
+def _recorded(rows: list[OutboxRow], ids: list[int], tries: int) -> list[OutboxRow]:
+    """A reply's chunks as just recorded: their ids, the first with its call counted."""
+    return [replace(r, id=found, attempts=tries if i == 0 else 0)
+            for i, (r, found) in enumerate(zip(rows, ids))]
+
+
 class SqliteOutbox:
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -160,8 +166,7 @@ class SqliteOutbox:
                                          tries if i == 0 else 0, now, now)).fetchone()
                    for i, r in enumerate(rows)]
             if all(found is not None for found in ids):  # all new: no need to read them back
-                return [replace(r, id=found[0], attempts=tries if i == 0 else 0)
-                        for i, (r, found) in enumerate(zip(rows, ids))], claimed
+                return _recorded(rows, [found[0] for found in ids], tries), claimed
             if claimed and count:  # recorded before: count the call on its first pending
                 conn.execute("UPDATE outbox SET attempts = attempts + 1, error = NULL,"
                              " updated_at = ? WHERE id = (SELECT id FROM outbox WHERE"
@@ -195,8 +200,7 @@ class SqliteOutbox:
             return None
         claimed = bool(got[0])
         tries = 1 if claimed and count else 0
-        return [replace(r, id=found, attempts=tries if i == 0 else 0)
-                for i, (r, found) in enumerate(zip(rows, tuple(got)[1:]))], claimed
+        return _recorded(rows, list(tuple(got)[1:]), tries), claimed
 
     async def reply(self, reply_id: str) -> list[OutboxRow]:
         rows = await self.engine.fetchall(
