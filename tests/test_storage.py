@@ -4,15 +4,16 @@ changes that arrive meanwhile, and never half-committed nor rolled back by anyon
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
-import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from pluto.errors import StorageError
 from pluto.events import MessageDelta, RunEnd, RunStart
+from pluto.storage.sql import run_statements
 from pluto.storage.sqlite import SqliteStore
 from pluto.storage.sql.conversations import PREVIEWS_AHEAD
 
@@ -109,54 +110,41 @@ def queued(store: SqliteStore, monkeypatch: pytest.MonkeyPatch) -> list[object]:
     return changes
 
 
-async def test_a_paused_multi_statement_write_is_neither_half_committed_nor_undone(
-        store, monkeypatch):
-    """Caller A's change pauses half-way (one row written, one to go) while caller B's write
-    lands: nobody sees A's half, B's write is not lost when A fails, and A's whole change
-    commits when it finishes."""
+async def test_a_multi_statement_write_is_neither_half_committed_nor_undone(store):
+    """Caller A's change half-way (one row written, one to go) is seen by nobody; B's write,
+    handed over while A's commit is under way, is committed after it — not lost when A fails
+    (rolled back alone), and whole beside A's when A succeeds; a change failing in A's batch
+    leaves A's work."""
     engine = store.engine
-    halfway, go_on = threading.Event(), threading.Event()
+    reader = other_connection(store)
     fail = {"value": True}
-    in_line = queued(store, monkeypatch)
+    halfway: list[list[str]] = []
+    b: list[asyncio.Future[int]] = []
 
     def change_a(conn: sqlite3.Connection) -> str:
         conn.execute(SESSION, ("a-1", "ka-1", "a", 1.0, 1.0))
-        halfway.set()
-        assert go_on.wait(10)
+        halfway.append(session_ids(reader))  # from another connection, half-way
+        n = len(b) + 1  # B handed over now, as a caller on the loop would during a commit
+        b.append(engine.queue(run_statements(
+            ((SESSION, (f"b-{n}", f"kb-{n}", "a", 1.0, 1.0)),))))
         if fail["value"]:
             raise RuntimeError("A changed its mind")
         conn.execute(SESSION, ("a-2", "ka-2", "a", 1.0, 1.0))
         return "a done"
 
-    # 1. A fails after its first statement: rolled back alone, B's write committed
-    a = asyncio.create_task(engine.transact(change_a))
-    await asyncio.to_thread(halfway.wait, 10)
-    b = asyncio.create_task(engine.write((SESSION, ("b-1", "kb-1", "a", 1.0, 1.0))))
-    await until(lambda: len(in_line) == 2)  # B is queued behind A's change
-    reader = other_connection(store)
     try:
-        assert session_ids(reader) == []  # A's first row is not visible half-way
-        assert not b.done()
-        go_on.set()
+        # 1. A fails after its first statement: rolled back alone, B's write committed
         with pytest.raises(RuntimeError, match="changed its mind"):
-            await a
-        assert await b == 1
+            await engine.transact(change_a)
+        assert halfway == [[]]  # A's first row was not visible half-way
+        assert await b[0] == 1
         assert session_ids(reader) == ["b-1"]  # B's work survives A's rollback
-        # 2. A succeeds while B's write waits: both whole, in one or two commits
-        halfway.clear()
-        go_on.clear()
+        # 2. A succeeds with B handed over during its commit: both whole
         fail["value"] = False
-        a = asyncio.create_task(engine.transact(change_a))
-        await asyncio.to_thread(halfway.wait, 10)
-        b = asyncio.create_task(engine.write((SESSION, ("b-2", "kb-2", "a", 1.0, 1.0))))
-        await until(lambda: len(in_line) == 4)  # B is queued behind A's change
-        assert session_ids(reader) == ["b-1"]
-        go_on.set()
-        assert await a == "a done" and await b == 1
+        assert await engine.transact(change_a) == "a done" and await b[1] == 1
+        assert halfway[1] == ["b-1"]
         assert session_ids(reader) == ["a-1", "a-2", "b-1", "b-2"]
         # 3. B fails while A's change is in the same batch: A's work is not rolled back
-        halfway.clear()
-        go_on.clear()
         a = asyncio.create_task(engine.transact(lambda c: c.execute(
             SESSION, ("a-3", "ka-3", "a", 1.0, 1.0)).rowcount))
         bad = asyncio.create_task(engine.write((SESSION, ("a-3", "dup", "a", 1.0, 1.0))))
@@ -165,7 +153,6 @@ async def test_a_paused_multi_statement_write_is_neither_half_committed_nor_undo
             await bad
         assert "a-3" in session_ids(reader)
     finally:
-        go_on.set()
         reader.close()
 
 
@@ -234,31 +221,28 @@ async def test_an_unusable_database_path_is_one_sentence(tmp_path):
     assert not store.is_open
 
 
-async def blocked_writer(store: SqliteStore) -> tuple[asyncio.Task[None], threading.Event]:
-    """The writing thread held inside a change until the returned event is set."""
-    inside, release = threading.Event(), threading.Event()
-
-    def hold(conn: sqlite3.Connection) -> None:
-        inside.set()
-        assert release.wait(10)
-
-    held = asyncio.create_task(store.engine.transact(hold))
-    assert await asyncio.to_thread(inside.wait, 10)
-    return held, release
+@contextlib.contextmanager
+def locked_by_another_process(store: SqliteStore) -> Iterator[None]:
+    """Another process holds the database's write lock meanwhile: the writes handed over wait
+    in line (tried for again and again, quietly at first)."""
+    other = other_connection(store)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
 
 
 async def test_a_read_never_waits_for_a_commit_in_progress(store):
-    """Reads have a connection and a thread of their own: they answer while a commit is under
-    way, from what is committed (and a write once awaited is seen by the next read)."""
+    """Reads have a connection and a thread of their own: they answer while a write waits in
+    line, from what is committed (and a write once awaited is seen by the next read)."""
     engine = store.engine
-    held, release = await blocked_writer(store)
-    try:
+    with locked_by_another_process(store):
         write = asyncio.create_task(engine.write((SESSION, ("s-1", "k-1", "a", 1.0, 1.0))))
         row = await asyncio.wait_for(engine.fetchone("SELECT COUNT(*) FROM sessions"), 5)
         assert row[0] == 0 and not write.done()
-    finally:
-        release.set()
-    await held
+        assert engine.health.problem is None  # (a lock of a moment is no outage)
     assert await write == 1
     assert (await engine.fetchone("SELECT COUNT(*) FROM sessions"))[0] == 1
     with pytest.raises(sqlite3.OperationalError, match="readonly"):  # reads only, there
@@ -270,8 +254,7 @@ async def test_a_new_session_is_used_before_its_row_is_committed(store, monkeypa
     start) is committed after the session's row, and every lookup meanwhile finds the same
     session, never a second one."""
     conversations = store.conversations
-    held, release = await blocked_writer(store)
-    try:
+    with locked_by_another_process(store):
         session = await asyncio.wait_for(conversations.session("chat-1", "a"), 5)
         assert await conversations.session("chat-1", "a") is session
         conversations._sessions.clear()  # the cache let go of it: still the same session
@@ -282,9 +265,6 @@ async def test_a_new_session_is_used_before_its_row_is_committed(store, monkeypa
                                                   agent="a")))
         await until(lambda: in_line)  # the start is queued (behind the session's row) ...
         assert not start.done()  # ... and waits for its commit
-    finally:
-        release.set()
-    await held
     assert (await start).seq == 1
     rows = await store.engine.fetchall("SELECT id, key, active FROM sessions")
     assert [tuple(r) for r in rows] == [(session.id, "chat-1", 1)]
@@ -372,3 +352,33 @@ async def test_a_held_change_that_fails_fails_alone(store, monkeypatch):
         await held
     assert [r[0] for r in await store.engine.fetchall("SELECT id FROM sessions ORDER BY id")] \
         == ["s-1", "s-2"]
+
+
+def rows_in_main_file(path: Path) -> int:
+    """Sessions in the database file itself, not counting what is only in its WAL."""
+    conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    try:
+        return conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+    finally:
+        conn.close()
+
+
+async def test_the_wal_is_written_back_by_a_connection_of_its_own(tmp_path, monkeypatch):
+    """The writing connection never checkpoints (a checkpoint syncs the disk: the loop would
+    wait) nor waits for another process's lock; the WAL is written back after commits by the
+    checkpointing connection, in its own thread."""
+    from pluto.storage.sqlite import engine as engine_module
+    monkeypatch.setattr(engine_module, "CHECKPOINT_SECONDS", 0.0)  # after every commit
+    path = tmp_path / "pluto.db"
+    async with SqliteStore(path) as store:
+        engine = store.engine
+        writer = engine._db._conn  # type: ignore[union-attr]
+        assert writer.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        assert writer.execute("PRAGMA busy_timeout").fetchone()[0] == 0
+        for i in range(20):
+            await engine.write((SESSION, (f"s-{i}", f"k-{i}", "a", 1.0, 1.0)))
+        await until(lambda: engine._checkpointing is None)
+        await engine.write((SESSION, ("s-last", "k-last", "a", 1.0, 1.0)))
+        assert engine._checkpointing is not None  # (started by that commit)
+        await engine._checkpointing
+        assert rows_in_main_file(path) == 21

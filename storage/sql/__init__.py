@@ -3,8 +3,8 @@
 Each part of the store (conversations, outbox, inbox, tasks, pairing, leases) is written once,
 as plain synchronous changes (``Change``: a function of a DB-API connection) in one SQL dialect
 that SQLite and PostgreSQL both speak: ``?`` placeholders, ``INSERT … ON CONFLICT``,
-``RETURNING``, no engine-only functions. An :class:`Engine` runs a change atomically — SQLite in
-its one database thread with group commit (:mod:`.sqlite.engine`), PostgreSQL in a worker
+``RETURNING``, no engine-only functions. An :class:`Engine` runs a change atomically — SQLite on
+its one writing connection with group commit (:mod:`.sqlite.engine`), PostgreSQL in a worker
 thread holding a pooled connection, or a single statement on the event loop through asyncpg
 (:mod:`.postgres.engine`) — and the part never learns which.
 

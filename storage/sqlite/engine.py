@@ -1,16 +1,25 @@
-"""The SQLite engine: one writing connection and thread, one way to write; reads apart.
+"""The SQLite engine: one writing connection, one way to write; reads apart.
 
-Every change goes through :meth:`SqliteEngine.transact`: a function that runs in the database
-thread against the connection and makes one atomic change (one or many statements, reads in
-between as it needs). Changes that arrive while a commit is in progress are committed together
-in the next one (group commit: one trip to the database thread and one commit for many callers),
-each inside its own savepoint, so
+Every change goes through :meth:`SqliteEngine.transact`: a function that runs against the
+writing connection and makes one atomic change (one or many statements, reads in between as it
+needs). Changes handed over in one pass of the event loop are committed together in the next
+(group commit: one commit for many callers), each inside its own savepoint when one fails, so
 
-- a change is never half-committed: it runs from start to end in the database thread, and the
-  batch commits only after every change in it has run;
+- a change is never half-committed: it runs from start to end, and the batch commits only after
+  every change in it has run;
 - a change that fails is rolled back to its own savepoint and its caller gets the error; the
   other changes in the batch commit as if it had never been there;
 - a caller continues only once its own change is durable (committed).
+
+The batch runs on the event loop itself, not in a thread. A commit in WAL mode with
+``synchronous=NORMAL`` is CPU work and a write into the page cache: no wait on the disk. In a
+thread, each statement handed the interpreter's lock back and forth with the busy loop, so that
+in a burst of a thousand questions a batch of starts took 718 ms of wall time for 112 ms of
+CPU, and every answer's first words waited for it. What could make a commit wait is kept off
+the loop: the WAL is checkpointed (written back and synced) by a connection and thread of its
+own, at most every :data:`CHECKPOINT_SECONDS`; another process holding the write lock is not
+waited for (``busy_timeout=0``): the batch is tried again after a pause, like any error that
+passes; and a batch holds at most :data:`BATCH_MAX` changes (a pass of the loop stays short).
 
 Reads (:meth:`read`) run on a second, read-only connection in a thread of its own, each in
 one read transaction: WAL mode shows them every committed change and never one that is not,
@@ -22,12 +31,14 @@ locked by another process) is not failed: it goes back in line, first, and is tr
 backoff (on a fresh connection after an I/O error), with whatever arrived meanwhile; each
 change is given up only after :attr:`SqliteEngine.retry_seconds` (then its caller gets
 :class:`~pluto.errors.StorageUnavailable`). A constraint violation is never retried. Meanwhile
-:attr:`SqliteEngine.health` says what is wrong (readiness reports it); the next commit that
-works ends the outage, and :meth:`SqliteEngine.probe` is a cheap commit to find out.
+:attr:`SqliteEngine.health` says what is wrong (readiness reports it; a lock held by another
+process only once it has lasted :attr:`SqliteEngine.lock_grace`); the next commit that works
+ends the outage, and :meth:`SqliteEngine.probe` is a cheap commit to find out.
 
-aiosqlite (pinned) runs each call in its thread, in order, from a queue; putting one function
-on that queue (``Connection._tx``, like its own ``_execute`` does) is what lets a whole batch
-cost one hop. These private parts are used here and nowhere else.
+aiosqlite (pinned) opens the connections, each with a thread of its own: the reads and the
+checkpoints run there, the migrations at open too; the writing connection is used from the
+loop's thread once open (``Connection._conn``). These private parts are used here and nowhere
+else.
 """
 
 from __future__ import annotations
@@ -52,6 +63,10 @@ T = TypeVar("T")
 HOLD_SECONDS = 0.05  # a held change waits this long for a commit to ride with
 RETRY_SECONDS = 30.0  # a change that cannot be committed is tried again this long
 RETRY_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)  # between tries (then the last, again and again)
+BATCH_MAX = 256  # changes in one commit (about 40 ms of the loop at most in a burst)
+CHECKPOINT_SECONDS = 1.0  # the WAL is written back at most this often, while commits come
+LOCK_GRACE = 5.0  # the write lock held by another process this long before it is an outage
+LOCK_RETRY_SECONDS = 0.02  # meanwhile the lock is tried for this often
 
 # SQLite's primary result codes worth retrying, and what readiness says about each
 _PASSING = {13: "the disk is full", 10: "the database cannot be written (a disk I/O error)",
@@ -80,7 +95,7 @@ def _passing(error: BaseException) -> str | None:
 
 
 def _apply_batch(conn: sqlite3.Connection, changes: list[Change]) -> list[Any]:
-    """In the database thread: every change, then one commit for all.
+    """Every change, then one commit for all.
 
     A change that raises is rolled back alone and its exception is its result; the others
     commit. They are first run together, without a savepoint each (two statements fewer per
@@ -173,14 +188,20 @@ class SqliteEngine:
         # reads run on a connection (and a thread) of their own: WAL lets them see every
         # committed change without waiting in line behind the commits
         self._reader: aiosqlite.Connection | None = None
+        # the WAL is written back to the database (and synced) here, off the loop
+        self._checkpointer: aiosqlite.Connection | None = None
+        self._checkpointing: asyncio.Task[None] | None = None
+        self._next_checkpoint = 0.0  # (monotonic) the next checkpoint, once a commit comes
         self._pending: list[tuple[Change, asyncio.Future[Any]]] = []
-        self._committing = False  # a batch is in the database thread
+        self._committing = False  # a batch is due (in the loop's next pass) or being retried
         self._waiting = False  # a change pending is not held: the next commit starts at once
         self._closing = False  # nothing is held any more
         self._hold_timer: asyncio.TimerHandle | None = None  # held changes go alone then
         self._idle = asyncio.Event()
         self._idle.set()
         self.retry_seconds = RETRY_SECONDS
+        self.lock_grace = LOCK_GRACE
+        self._locked_since: float | None = None  # (monotonic) another process has the lock
         self.health = StorageHealth("SQLite")
         self._deadlines: dict[asyncio.Future[Any], float] = {}  # changes being retried
         self._tries = 0  # failed tries of the batch in line
@@ -221,10 +242,18 @@ class SqliteEngine:
                 await _ended(connecting)
             await self.close()
             raise StorageError(f"cannot open the database {self.path}: {e}") from None
+        connecting = aiosqlite.connect(self.path, isolation_level=None)
+        try:
+            self._checkpointer = await connecting
+        except (OSError, sqlite3.Error) as e:
+            await _ended(connecting)
+            await self.close()
+            raise StorageError(f"cannot open the database {self.path}: {e}") from None
 
     async def _writer(self) -> aiosqlite.Connection:
-        """A new writing connection (at open, and after a disk I/O error)."""
-        connecting = aiosqlite.connect(self.path, isolation_level=None)
+        """A new writing connection (at open, and after a disk I/O error): opened in a thread,
+        used from the loop's."""
+        connecting = aiosqlite.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             db = await connecting
         except (OSError, sqlite3.Error) as e:
@@ -233,9 +262,11 @@ class SqliteEngine:
         db.row_factory = sqlite3.Row
         try:
             # temp_store=MEMORY: a batch run again change by change (one failed) puts each in a
-            # savepoint, whose journal would otherwise be a temporary file (40 µs; 8 in memory)
+            # savepoint, whose journal would otherwise be a temporary file (40 µs; 8 in memory).
+            # busy_timeout=0 and wal_autocheckpoint=0: the loop never waits for another
+            # process's lock nor for a sync of the disk (see the module's notes)
             for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON",
-                           "busy_timeout=5000", "temp_store=MEMORY"):
+                           "busy_timeout=0", "wal_autocheckpoint=0", "temp_store=MEMORY"):
                 await db.execute(f"PRAGMA {pragma}")
         except sqlite3.Error as e:
             await db.close()
@@ -248,7 +279,9 @@ class SqliteEngine:
         if not self._committing:
             self._next()
         await self._idle.wait()  # every change handed over is committed (or failed)
-        for attr in ("_reader", "_db"):
+        if self._checkpointing is not None:
+            await asyncio.gather(self._checkpointing, return_exceptions=True)
+        for attr in ("_checkpointer", "_reader", "_db"):
             db = getattr(self, attr)
             if db is not None:
                 setattr(self, attr, None)
@@ -282,7 +315,8 @@ class SqliteEngine:
     # the one write path -------------------------------------------------------------------
 
     async def transact(self, change: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``change`` atomically in the database thread; return its result once committed.
+        """Run ``change`` atomically on the writing connection; return its result once
+        committed.
 
         ``change`` must not commit, roll back or await: it is plain synchronous SQL, with no
         effect outside the database — it may run twice (the first time rolled back) when
@@ -306,8 +340,8 @@ class SqliteEngine:
         return fut
 
     def _next(self) -> None:
-        """With nothing in the database thread: commit what is pending, unless all of it is
-        held (then it waits for company, at most :data:`HOLD_SECONDS`)."""
+        """With no commit due: commit what is pending, unless all of it is held (then it waits
+        for company, at most :data:`HOLD_SECONDS`)."""
         if not self._pending or self._db is None:
             self._idle.set()
         elif self._waiting or self._closing:
@@ -335,30 +369,30 @@ class SqliteEngine:
         return await self.transact(lambda conn: conn.execute(*statement).fetchall())
 
     def _commit_next(self) -> None:
-        """Hand what is pending to the database thread as one batch. Its end (a callback the
-        thread schedules on the loop, not a task: a caller cancelled meanwhile never stops it)
-        settles each change and hands over whatever arrived in the meantime."""
-        batch, self._pending = self._pending, []
-        self._waiting = False
+        """Commit what is pending in the loop's next pass: what is handed over until then goes
+        in the same commit. Its end settles each change and hands over what is left."""
         if self._hold_timer is not None:  # what was held goes in this batch
             self._hold_timer.cancel()
             self._hold_timer = None
         self._committing = True
         self._idle.clear()
-        db = self._conn
-        loop = asyncio.get_running_loop()
-        changes = [change for change, _ in batch]
+        asyncio.get_running_loop().call_soon(self._commit)
 
-        def apply() -> None:  # in the database thread
-            try:
-                results: list[Any] | BaseException = _apply_batch(db._conn, changes)
-            except BaseException as e:  # noqa: BLE001 - every caller gets it
-                results = e
-            loop.call_soon_threadsafe(self._committed, batch, results)
-
-        # aiosqlite's worker runs queued functions in order; with no future of its own it
-        # schedules nothing: the batch's end is one callback on the loop, not two
-        db._tx.put_nowait((None, apply))
+    def _commit(self) -> None:
+        batch, self._pending = self._pending[:BATCH_MAX], self._pending[BATCH_MAX:]
+        self._waiting = bool(self._pending)  # (the rest goes in the next pass, at once)
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        db = self._db
+        if db is None:  # (closed by force meanwhile)
+            self._committed(batch, StorageError("storage is not open"))
+            return
+        try:
+            results: list[Any] | BaseException = _apply_batch(db._conn, [c for c, _ in batch])
+        except Exception as e:  # noqa: BLE001 - every caller gets it
+            results = e
+        self._committed(batch, results)
 
     def _committed(self, batch: list[tuple[Change, asyncio.Future[Any]]],
                    results: list[Any] | BaseException) -> None:
@@ -372,7 +406,9 @@ class SqliteEngine:
                 "the commit was interrupted"))] * len(batch)
         else:
             self._tries = 0
+            self._locked_since = None
             self.health.working()
+            self._checkpoint_soon()
         if self._deadlines:
             for _, fut in batch:
                 self._deadlines.pop(fut, None)
@@ -391,9 +427,15 @@ class SqliteEngine:
     def _again(self, batch: list[tuple[Change, asyncio.Future[Any]]], problem: str,
                error: BaseException) -> None:
         """The batch back in line, first, to be tried again after a pause; a change that has
-        waited :attr:`retry_seconds` is given up (its caller gets StorageUnavailable)."""
-        self.health.failing(problem, str(error))
+        waited :attr:`retry_seconds` is given up (its caller gets StorageUnavailable). The
+        write lock held by another process (a command writing meanwhile) is an outage only
+        once it has lasted :attr:`lock_grace`; it is tried for again every few milliseconds."""
         now = time.monotonic()
+        locked = problem == _PASSING[5]
+        if locked and self._locked_since is None:
+            self._locked_since = now
+        if not locked or now - (self._locked_since or now) >= self.lock_grace:
+            self.health.failing(problem, str(error))
         keep = []
         for change, fut in batch:
             if now < self._deadlines.setdefault(fut, now + self.retry_seconds):
@@ -407,6 +449,8 @@ class SqliteEngine:
         self._waiting = True  # (no waiting for held company: they have waited)
         delay = RETRY_DELAYS[min(self._tries, len(RETRY_DELAYS) - 1)]
         self._tries += 1
+        if locked:
+            delay = min(delay, LOCK_RETRY_SECONDS)
         if getattr(error, "sqlite_errorcode", 0) & 0xFF == _IOERR or "i/o" in str(error).lower():
             self._retry = asyncio.get_running_loop().create_task(self._reconnect(delay))
         else:
@@ -434,6 +478,27 @@ class SqliteEngine:
                         log.debug("storage: closing the failed connection: %s", e)
         finally:
             self._resume()
+
+    def _checkpoint_soon(self) -> None:
+        """After a commit: the WAL written back to the database by the checkpointing
+        connection, in its thread, unless one is under way or was started less than
+        :data:`CHECKPOINT_SECONDS` ago (the loop never waits for the disk's sync)."""
+        now = time.monotonic()
+        if self._checkpointing is not None or now < self._next_checkpoint or \
+                self._checkpointer is None or self._closing:
+            return
+        self._next_checkpoint = now + CHECKPOINT_SECONDS
+        self._checkpointing = asyncio.get_running_loop().create_task(self._checkpoint(
+            self._checkpointer), name="sqlite-checkpoint")
+
+    async def _checkpoint(self, db: aiosqlite.Connection) -> None:
+        try:
+            # PASSIVE: what no reader still needs, with no wait for readers or the writer
+            await db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except (sqlite3.Error, ValueError) as e:  # (the disk is full: the next one tries again)
+            log.debug("storage: a checkpoint failed: %s", e)
+        finally:
+            self._checkpointing = None
 
     async def probe(self) -> bool:
         """A cheap commit (it writes the file's header): whether storage can commit now. It
