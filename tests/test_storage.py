@@ -382,3 +382,34 @@ async def test_the_wal_is_written_back_by_a_connection_of_its_own(tmp_path, monk
         assert engine._checkpointing is not None  # (started by that commit)
         await engine._checkpointing
         assert rows_in_main_file(path) == 21
+
+
+async def test_a_small_read_runs_on_the_loop_and_in_the_thread_when_busy(store, monkeypatch):
+    """A chat's session and history (``small``) are read on the loop, with no hop to the
+    reading thread; when the database is busy a moment the read goes to the thread after all,
+    never failing for it."""
+    from pluto.storage.sqlite import engine as engine_module
+    engine = store.engine
+    await engine.write((SESSION, ("s-1", "k-1", "a", 1.0, 1.0)))
+    hops: list[int] = []
+    execute = engine._reader._execute  # type: ignore[union-attr]
+
+    async def counted(*args, **kw):  # type: ignore[no-untyped-def]
+        hops.append(1)
+        return await execute(*args, **kw)
+
+    monkeypatch.setattr(engine._reader, "_execute", counted)
+    row = await engine.fetchone("SELECT id FROM sessions WHERE key = ?", ("k-1",), small=True)
+    assert row["id"] == "s-1" and hops == []
+    assert (await engine.fetchone("SELECT COUNT(*) FROM sessions"))[0] == 1 and hops == [1]
+
+    snapshot = engine_module._snapshot
+
+    def busy(query, conn):  # type: ignore[no-untyped-def]
+        if conn is engine._quick._conn:  # type: ignore[union-attr]
+            raise sqlite3.OperationalError("database is locked")
+        return snapshot(query, conn)
+
+    monkeypatch.setattr(engine_module, "_snapshot", busy)
+    rows = await engine.fetchall("SELECT id FROM sessions", small=True)
+    assert [r["id"] for r in rows] == ["s-1"] and hops == [1, 1]

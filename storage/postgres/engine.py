@@ -456,13 +456,15 @@ class PostgresEngine:
     async def write_returning_all(self, statement: Statement) -> list[Any]:
         return list(await self._statement("fetch", *statement))
 
-    async def read(self, query: Callable[[Any], T]) -> T:
+    async def read(self, query: Callable[[Any], T], *, small: bool = False) -> T:
         return await self._in_thread(self._run, query, False)
 
-    async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-        return list(await self._statement("fetch", sql, params))
+    async def fetchall(self, sql: str, params: tuple[Any, ...] = (), *,
+                       small: bool = False) -> list[Any]:
+        return list(await self._statement("fetch", sql, params))  # (on the loop already)
 
-    async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> Any | None:
+    async def fetchone(self, sql: str, params: tuple[Any, ...] = (), *,
+                       small: bool = False) -> Any | None:
         return await self._statement("fetchrow", sql, params)
 
     async def _statement(self, method: str, sql: str, params: Sequence[Any]) -> Any:

@@ -275,7 +275,7 @@ class SqliteConversations:
             return await self._find_or_create(key, agent)
         if (known := self._known(key)) is not None:
             return known
-        row = await self.engine.fetchone(_FIND_SESSION, (key,))
+        row = await self.engine.fetchone(_FIND_SESSION, (key,), small=True)
         if (known := self._known(key)) is not None:  # created while we read
             return known
         if row is not None:
@@ -324,7 +324,7 @@ class SqliteConversations:
                 self._prefetch(rows[0]["id"], [_message_row(tuple(r)[4:]) for r in reversed(rows)
                                                if r[4] is not None])
                 return _session(rows[0])
-        elif (row := await self.engine.fetchone(_FIND_SESSION, (key,))) is not None:
+        elif (row := await self.engine.fetchone(_FIND_SESSION, (key,), small=True)) is not None:
             return _session(row)
 
         def find_or_create(conn: Any) -> SessionRow:
@@ -368,7 +368,7 @@ class SqliteConversations:
     async def messages(self, session_id: str, limit: int = 1000) -> list[MessageRow]:
         rows = await self.engine.fetchall(
             f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? ORDER BY id DESC"
-            " LIMIT ?", (session_id, limit))
+            " LIMIT ?", (session_id, limit), small=limit <= HISTORY_MESSAGES)
         return [_message_row(tuple(r)) for r in reversed(rows)]
 
     async def newest_tool_result(self, session_id: str, name: str) -> str | None:

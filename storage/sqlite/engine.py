@@ -23,7 +23,9 @@ passes; and a batch holds at most :data:`BATCH_MAX` changes (a pass of the loop 
 
 Reads (:meth:`read`) run on a second, read-only connection in a thread of its own, each in
 one read transaction: WAL mode shows them every committed change and never one that is not,
-and they never wait in line behind the commits. Nothing outside ``storage/`` holds a
+and they never wait in line behind the commits. A small read on a message's way (a chat's
+session, its history: ``small=True``) runs on the loop instead, on a read-only connection of
+its own, and in the thread only when the database is busy a moment. Nothing outside ``storage/`` holds a
 connection or writes SQL.
 
 A batch that fails for a reason that passes (the disk is full, an I/O error, the database
@@ -188,6 +190,9 @@ class SqliteEngine:
         # reads run on a connection (and a thread) of their own: WAL lets them see every
         # committed change without waiting in line behind the commits
         self._reader: aiosqlite.Connection | None = None
+        # small reads on the loop's hot path (a chat's session, its history): run on the loop
+        # itself, on a read-only connection used from its thread only (no hand-over)
+        self._quick: aiosqlite.Connection | None = None
         # the WAL is written back to the database (and synced) here, off the loop
         self._checkpointer: aiosqlite.Connection | None = None
         self._checkpointing: asyncio.Task[None] | None = None
@@ -242,13 +247,21 @@ class SqliteEngine:
                 await _ended(connecting)
             await self.close()
             raise StorageError(f"cannot open the database {self.path}: {e}") from None
-        connecting = aiosqlite.connect(self.path, isolation_level=None)
-        try:
-            self._checkpointer = await connecting
-        except (OSError, sqlite3.Error) as e:
-            await _ended(connecting)
-            await self.close()
-            raise StorageError(f"cannot open the database {self.path}: {e}") from None
+        for attr, quick in (("_quick", True), ("_checkpointer", False)):
+            connecting = aiosqlite.connect(self.path, isolation_level=None,
+                                           check_same_thread=not quick)
+            try:
+                db = await connecting
+                setattr(self, attr, db)
+                if quick:  # busy_timeout=0: never a wait on the loop (the thread reads then)
+                    db.row_factory = sqlite3.Row
+                    for pragma in ("query_only=ON", "busy_timeout=0", "temp_store=MEMORY"):
+                        await db.execute(f"PRAGMA {pragma}")
+            except (OSError, sqlite3.Error) as e:
+                if getattr(self, attr) is None:
+                    await _ended(connecting)
+                await self.close()
+                raise StorageError(f"cannot open the database {self.path}: {e}") from None
 
     async def _writer(self) -> aiosqlite.Connection:
         """A new writing connection (at open, and after a disk I/O error): opened in a thread,
@@ -281,7 +294,7 @@ class SqliteEngine:
         await self._idle.wait()  # every change handed over is committed (or failed)
         if self._checkpointing is not None:
             await asyncio.gather(self._checkpointing, return_exceptions=True)
-        for attr in ("_checkpointer", "_reader", "_db"):
+        for attr in ("_checkpointer", "_quick", "_reader", "_db"):
             db = getattr(self, attr)
             if db is not None:
                 setattr(self, attr, None)
@@ -511,15 +524,28 @@ class SqliteEngine:
 
     # reads --------------------------------------------------------------------------------
 
-    async def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
+    async def read(self, query: Callable[[sqlite3.Connection], T], *,
+                   small: bool = False) -> T:
         """Run ``query`` (reads only) on the reading connection; return its result. It sees
-        every change whose commit was awaited, and never waits for a commit in progress."""
+        every change whose commit was awaited, and never waits for a commit in progress.
+
+        ``small``: a read of a few rows by an index, on the hot path of a message — run on the
+        loop itself (a hop to the reading thread hands the interpreter's lock back and forth
+        at each statement: in a burst, more than the read); in the thread after all when the
+        database is busy a moment."""
         if self._reader is None:
             raise StorageError("storage is not open")
+        if small and self._quick is not None:
+            try:
+                return _snapshot(query, self._quick._conn)
+            except sqlite3.OperationalError as e:
+                log.debug("storage: a small read goes to the reading thread: %s", e)
         return await self._reader._execute(_snapshot, query, self._reader._conn)
 
-    async def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-        return await self.read(lambda conn: conn.execute(sql, params).fetchall())
+    async def fetchall(self, sql: str, params: tuple[Any, ...] = (), *,
+                       small: bool = False) -> list[sqlite3.Row]:
+        return await self.read(lambda conn: conn.execute(sql, params).fetchall(), small=small)
 
-    async def fetchone(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Row | None:
-        return await self.read(lambda conn: conn.execute(sql, params).fetchone())
+    async def fetchone(self, sql: str, params: tuple[Any, ...] = (), *,
+                       small: bool = False) -> sqlite3.Row | None:
+        return await self.read(lambda conn: conn.execute(sql, params).fetchone(), small=small)
