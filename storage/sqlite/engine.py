@@ -25,8 +25,8 @@ Reads (:meth:`read`) run on a second, read-only connection in a thread of its ow
 one read transaction: WAL mode shows them every committed change and never one that is not,
 and they never wait in line behind the commits. A small read on a message's way (a chat's
 session, its history: ``small=True``) runs on the loop instead, on a read-only connection of
-its own, and in the thread only when the database is busy a moment. Nothing outside ``storage/`` holds a
-connection or writes SQL.
+its own, and in the thread only when the database is busy a moment. Nothing outside
+``storage/`` holds a connection or writes SQL.
 
 A batch that fails for a reason that passes (the disk is full, an I/O error, the database
 locked by another process) is not failed: it goes back in line, first, and is tried again with
