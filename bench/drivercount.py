@@ -114,7 +114,9 @@ def _sqlite_count(conn: Any, sql: str, times: int = 1) -> None:
     t = _tally()
     shape = normalize(sql)
     if shape.upper().startswith("PRAGMA QUERY_ONLY"):
-        conn.bench_role = "reader"  # the engine's reading connection says so when it opens
+        conn.bench_role = "reader"  # the engine's reading connections say so when they open
+    elif shape.upper().startswith("PRAGMA WAL_CHECKPOINT"):
+        conn.bench_role = "checkpointer"  # (writes the WAL back: no statement of a message)
     role = getattr(conn, "bench_role", "writer")
     t.statements[f"sqlite|{role}|{shape}"] += times
     t.events[f"sqlite|statement|{role}"] += times
