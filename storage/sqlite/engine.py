@@ -236,27 +236,20 @@ class SqliteEngine:
         except sqlite3.Error as e:
             await self.close()
             raise StorageError(f"cannot use the database {self.path}: {e}") from None
-        connecting = aiosqlite.connect(self.path, isolation_level=None)
-        try:
-            self._reader = await connecting
-            self._reader.row_factory = sqlite3.Row
-            for pragma in ("query_only=ON", "busy_timeout=5000", "temp_store=MEMORY"):
-                await self._reader.execute(f"PRAGMA {pragma}")
-        except (OSError, sqlite3.Error) as e:
-            if self._reader is None:
-                await _ended(connecting)
-            await self.close()
-            raise StorageError(f"cannot open the database {self.path}: {e}") from None
-        for attr, quick in (("_quick", True), ("_checkpointer", False)):
+        # the reading thread's connection; the loop's own for small reads (busy_timeout=0:
+        # never a wait on the loop, the thread reads then); the checkpoints'
+        for attr, pragmas, on_loop in (
+                ("_reader", ("query_only=ON", "busy_timeout=5000", "temp_store=MEMORY"), False),
+                ("_quick", ("query_only=ON", "busy_timeout=0", "temp_store=MEMORY"), True),
+                ("_checkpointer", (), False)):
             connecting = aiosqlite.connect(self.path, isolation_level=None,
-                                           check_same_thread=not quick)
+                                           check_same_thread=not on_loop)
             try:
                 db = await connecting
                 setattr(self, attr, db)
-                if quick:  # busy_timeout=0: never a wait on the loop (the thread reads then)
-                    db.row_factory = sqlite3.Row
-                    for pragma in ("query_only=ON", "busy_timeout=0", "temp_store=MEMORY"):
-                        await db.execute(f"PRAGMA {pragma}")
+                db.row_factory = sqlite3.Row
+                for pragma in pragmas:
+                    await db.execute(f"PRAGMA {pragma}")
             except (OSError, sqlite3.Error) as e:
                 if getattr(self, attr) is None:
                     await _ended(connecting)
@@ -394,9 +387,6 @@ class SqliteEngine:
     def _commit(self) -> None:
         batch, self._pending = self._pending[:BATCH_MAX], self._pending[BATCH_MAX:]
         self._waiting = bool(self._pending)  # (the rest goes in the next pass, at once)
-        if self._hold_timer is not None:
-            self._hold_timer.cancel()
-            self._hold_timer = None
         db = self._db
         if db is None:  # (closed by force meanwhile)
             self._committed(batch, StorageError("storage is not open"))
