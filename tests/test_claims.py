@@ -162,6 +162,23 @@ async def test_a_taken_over_runs_writes_are_refused_and_leave_no_history(two) ->
     assert await b.inbound.unhandled_in_chat("telegram", "1") != []  # answered again, by b
 
 
+async def test_a_history_copy_read_before_a_take_over_is_not_used_after_it(two) -> None:
+    """The messages of a taken-over run are deleted before it is answered again: an instance
+    that read them with the session earlier reads the session's history whole again."""
+    a, b = two
+    lease = "chat:telegram:1"
+    token = await a.leases.acquire(lease, "a", 30)
+    session = await run_under_claim(a, "r1", "m1", (lease, token))
+    await a.conversations.session("agent/telegram/1", "agent")  # (its copy holds "hi")
+    assert [m["content"] for m in await a.conversations.history(session.id, 10, 10_000)] == \
+        ["hi"]
+    await expire(b, lease)
+    assert await b.leases.take(lease, "b", 30) is not None
+    assert [e.run_id for e in await b.conversations.take_over_chat("telegram", "1")] == ["r1"]
+    await a.conversations.session("agent/telegram/1", "agent")
+    assert await a.conversations.history(session.id, 10, 10_000) == []
+
+
 async def test_a_run_whose_claim_still_holds_writes_and_completes(two) -> None:
     a, _ = two
     lease = "chat:telegram:1"

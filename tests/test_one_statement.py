@@ -132,3 +132,56 @@ async def test_a_history_longer_than_what_was_read_with_the_session_is_read_whol
         await conv.session("k", "agent")
         short = await conv.history(s.id, 3, 1_000_000)  # served by what was read with it
         assert [m["content"] for m in short] == ["m57", "m58", "m59"]
+
+
+async def test_a_sessions_history_is_read_once_then_only_what_is_newer(pg_url):
+    """The copy of a session's newest messages kept by an instance: a lookup reads only the
+    messages written since (by any instance), and the run's history is the whole window."""
+    async with PostgresStore(pg_url) as a, PostgresStore(pg_url) as b:
+        s = await a.conversations.session("k", "agent")
+        for i in range(3):
+            await a.conversations.add_message(s.id, "user", f"m{i}")
+        read: list[int] = []
+        fetchall = a.engine.fetchall
+
+        async def counted(sql, params=(), **kw):  # type: ignore[no-untyped-def]
+            rows = await fetchall(sql, params, **kw)
+            read.append(sum(1 for r in rows if r[4] is not None))
+            return rows
+        a.engine.fetchall = counted  # type: ignore[method-assign]
+        assert (await a.conversations.session("k", "agent")).id == s.id
+        assert read == [3]  # (its first lookup here since they were written: all of them)
+        for i in range(3, 5):  # written by another instance (which took the chat meanwhile)
+            await b.conversations.add_message(s.id, "user", f"m{i}")
+        await a.conversations.session("k", "agent")
+        assert read == [3, 2]  # just the two newer ones
+        history = await a.conversations.history(s.id, 10, 10_000)
+        assert [m["content"] for m in history] == [f"m{i}" for i in range(5)]
+        # two lookups at once read the same newer message: the copy holds it once
+        await b.conversations.add_message(s.id, "user", "m5")
+        await asyncio.gather(a.conversations.session("k", "agent"),
+                             a.conversations.session("k", "agent"))
+        await a.conversations.session("k", "agent")
+        assert read[-1] == 0
+        history = await a.conversations.history(s.id, 10, 10_000)
+        assert [m["content"] for m in history] == [f"m{i}" for i in range(6)]
+        # a window of 50: the newest 50 after many more were written elsewhere
+        for i in range(6, 70):
+            await b.conversations.add_message(s.id, "user", f"m{i}")
+        await a.conversations.session("k", "agent")
+        assert read[-1] == 50
+        history = await a.conversations.history(s.id, 40, 1_000_000)
+        assert [m["content"] for m in history] == [f"m{i}" for i in range(30, 70)]
+
+
+async def test_a_new_session_for_the_key_is_read_whole(pg_url):
+    async with PostgresStore(pg_url) as a, PostgresStore(pg_url) as b:
+        s = await a.conversations.session("k", "agent")
+        await a.conversations.add_message(s.id, "user", "before the reset")
+        await a.conversations.session("k", "agent")
+        assert await b.conversations.reset_session("k")  # (/new, on another instance)
+        fresh = await b.conversations.session("k", "agent")
+        await b.conversations.add_message(fresh.id, "user", "after")
+        assert (await a.conversations.session("k", "agent")).id == fresh.id
+        history = await a.conversations.history(fresh.id, 10, 10_000)
+        assert [m["content"] for m in history] == ["after"]

@@ -96,6 +96,11 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_id, instance)
     );
     """,
+    # several instances: counts the times messages of the session were deleted (a taken-over
+    # run's, before it is answered again): a copy of its history read before is whole no more
+    """
+    ALTER TABLE sessions ADD COLUMN trimmed INTEGER NOT NULL DEFAULT 0;
+    """,
 ]
 FOLLOWS_KEPT = 86400.0  # seconds a follow left by an instance that died is kept
 # the notes ``owner|run`` (owner, then the runs as one array) of the runs another instance follows
@@ -116,15 +121,24 @@ _INSERT_SESSION = ("INSERT INTO sessions (id, key, agent, created_at, updated_at
                    " VALUES (?,?,?,?,?)")
 HISTORY_SESSIONS = 1_000  # sessions whose recent messages are kept in memory
 _MESSAGE_COLUMNS = "role, content, tool_calls, tool_call_id, name, tokens, run_id, created_at"
-# (PostgreSQL, several instances) the active session with its newest messages, in one read
+# (PostgreSQL, several instances) the active session with its newest messages, in one read:
+# only those after message ``id`` (the newest of the copy kept here) when that copy is of this
+# session and none of its messages were deleted since; else the newest (all parameters:
+# session id, trimmed, after, how many, key)
 _FIND_SESSION_AND_HISTORY = (
     "SELECT s.id, s.key, s.agent, s.created_at, m.role, m.content, m.tool_calls,"
-    " m.tool_call_id, m.name, m.tokens, m.run_id, m.created_at AS said_at FROM sessions s"
+    " m.tool_call_id, m.name, m.tokens, m.run_id, m.created_at AS said_at, m.id AS m_id,"
+    " s.trimmed FROM sessions s"
     " LEFT JOIN LATERAL (SELECT id, " + _MESSAGE_COLUMNS + " FROM messages"
-    " WHERE session_id = s.id ORDER BY id DESC LIMIT ?) m ON true"
+    " WHERE session_id = s.id AND id > CASE WHEN s.id = ? AND s.trimmed = ? THEN ? ELSE 0 END"
+    " ORDER BY id DESC LIMIT ?) m ON true"
     " WHERE s.key = ? AND s.active = 1 ORDER BY m.id DESC")
 PREFETCH_FOR = 2.0  # seconds a history read with its session serves the run that follows
 PREFETCH_MESSAGES = 50  # how many (an agent's default history is 40 messages)
+# (several instances) a session's copy is read whole again at least this often: a message
+# committed out of id order (none is, while one run at a time writes a session) would be
+# missed by the reads of what is newer for no longer than this
+WINDOW_WHOLE_EVERY = 60.0
 HISTORY_MESSAGES = 200  # of each, at most this many (a longer window reads the database)
 
 
@@ -217,6 +231,21 @@ def _session(row: Any) -> SessionRow:
     return SessionRow(row["id"], row["key"], row["agent"], row["created_at"])
 
 
+class _Window:
+    """(A shared database) a session's newest messages as last read here: ``last_id`` the
+    newest one's id, ``trimmed`` the session's count of deletions then, ``whole_at`` when it
+    was last read whole (monotonic)."""
+
+    __slots__ = ("session_id", "trimmed", "whole_at", "last_id", "rows")
+
+    def __init__(self, session_id: str, trimmed: int, whole_at: float):
+        self.session_id = session_id
+        self.trimmed = trimmed
+        self.whole_at = whole_at
+        self.last_id = 0
+        self.rows: deque[MessageRow] = deque(maxlen=PREFETCH_MESSAGES)
+
+
 class SqliteConversations:
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -239,6 +268,10 @@ class SqliteConversations:
         # (a shared database) the history read with a session's lookup, for the run that
         # follows at once: dropped by any write of the session here, and after PREFETCH_FOR
         self._prefetched: OrderedDict[str, tuple[float, list[MessageRow]]] = OrderedDict()
+        # (a shared database) each recently used session's newest messages as last read, by
+        # session key: a lookup reads only what is newer (a message's rows are turned into
+        # objects once, not at every message)
+        self._windows: OrderedDict[str, _Window] = OrderedDict()
         self.owner = "local"  # the instance whose runs these are (set by the gateway)
         self.notify_channel: str | None = None  # (PostgreSQL, several instances)
         # several instances: the chat claim (lease, token) each run's writes are fenced by
@@ -318,12 +351,8 @@ class SqliteConversations:
         # (several instances) one plain read for a session that exists — every message but a
         # chat's first — with its history, and a transaction only to create one
         if self.engine.dialect == "postgres":
-            rows = await self.engine.fetchall(_FIND_SESSION_AND_HISTORY,
-                                              (PREFETCH_MESSAGES, key))
-            if rows:
-                self._prefetch(rows[0]["id"], [_message_row(tuple(r)[4:]) for r in reversed(rows)
-                                               if r[4] is not None])
-                return _session(rows[0])
+            if (session := await self._find_with_history(key)) is not None:
+                return session
         elif (row := await self.engine.fetchone(_FIND_SESSION, (key,), small=True)) is not None:
             return _session(row)
 
@@ -377,6 +406,41 @@ class SqliteConversations:
             "SELECT content FROM messages WHERE session_id = ? AND role = 'tool' AND name = ?"
             " ORDER BY id DESC LIMIT 1", (session_id, name))
         return row[0] if row is not None else None
+
+    async def _find_with_history(self, key: str) -> SessionRow | None:
+        """(PostgreSQL) The active session of ``key`` with its newest messages, kept for the
+        run that follows: one statement, which reads only the messages newer than the copy
+        kept here when it is still whole (the same session, none of its messages deleted
+        since, read whole within :data:`WINDOW_WHOLE_EVERY`)."""
+        window = self._windows.get(key)
+        now = time.monotonic()
+        if window is not None and now - window.whole_at >= WINDOW_WHOLE_EVERY:
+            window = None
+        sid, trimmed, after = ((window.session_id, window.trimmed, window.last_id)
+                               if window is not None else ("", 0, 0))
+        rows = await self.engine.fetchall(_FIND_SESSION_AND_HISTORY,
+                                          (sid, trimmed, after, PREFETCH_MESSAGES, key))
+        if not rows:
+            self._windows.pop(key, None)
+            return None
+        first = rows[0]
+        session = _session(first)
+        if window is None or window.session_id != session.id or window.trimmed != first[13]:
+            window = _Window(session.id, first[13], now)  # (read whole: a copy of its own)
+            self._windows[key] = window
+            while len(self._windows) > HISTORY_SESSIONS:
+                self._windows.popitem(last=False)
+        elif self._windows.get(key) is window:  # what is newer than the copy
+            self._windows.move_to_end(key)
+        else:  # the copy was replaced or dropped while this read: the run reads its own
+            return session
+        # (newest first; a lookup of the same key at the same time may have added some)
+        newer = [r for r in rows if r[4] is not None and r[12] > window.last_id]
+        if newer:
+            window.rows.extend(_message_row(tuple(r)[4:12]) for r in reversed(newer))
+            window.last_id = newer[0][12]
+        self._prefetch(session.id, list(window.rows))
+        return session
 
     def _prefetch(self, session_id: str, rows: list[MessageRow]) -> None:
         self._prefetched[session_id] = (time.monotonic() + PREFETCH_FOR, rows)
@@ -935,13 +999,18 @@ class SqliteConversations:
                     if requeued and self.engine.shared:  # several instances: what the run
                         # wrote (its user message, tool calls) never enters the history
                         # the re-run reads — it writes its own
-                        conn.execute("DELETE FROM messages WHERE run_id = ?", (r[0],))
+                        if conn.execute("DELETE FROM messages WHERE run_id = ?",
+                                        (r[0],)).rowcount:  # (copies of the history are
+                            conn.execute(  # whole no more: every instance reads it again)
+                                "UPDATE sessions SET trimmed = trimmed + 1 WHERE id ="
+                                " (SELECT session_id FROM runs WHERE id = ?)", (r[0],))
                 ended.append(end)
             self._tell(conn, {end.run_id for end in ended}, always=True)
             return ended
 
         ended = await self.engine.transact(take)
         self._prefetched.clear()  # (messages of the runs taken over may be gone)
+        self._windows.clear()
         for end in ended:
             self._forget(end.run_id)
         return ended
