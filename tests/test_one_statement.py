@@ -185,3 +185,30 @@ async def test_a_new_session_for_the_key_is_read_whole(pg_url):
         assert (await a.conversations.session("k", "agent")).id == fresh.id
         history = await a.conversations.history(fresh.id, 10, 10_000)
         assert [m["content"] for m in history] == ["after"]
+
+
+async def test_a_sessions_history_is_read_whole_again_after_a_while(pg_url, monkeypatch):
+    """However well the copy is kept, it is read whole again at least every
+    ``WINDOW_WHOLE_EVERY`` seconds (a message committed out of id order is missed no longer)."""
+    from pluto.storage.sql import conversations
+
+    async with PostgresStore(pg_url) as a:
+        s = await a.conversations.session("k", "agent")
+        for i in range(3):
+            await a.conversations.add_message(s.id, "user", f"m{i}")
+        read: list[int] = []
+        fetchall = a.engine.fetchall
+
+        async def counted(sql, params=(), **kw):  # type: ignore[no-untyped-def]
+            rows = await fetchall(sql, params, **kw)
+            read.append(sum(1 for r in rows if r[4] is not None))
+            return rows
+        a.engine.fetchall = counted  # type: ignore[method-assign]
+        await a.conversations.session("k", "agent")
+        await a.conversations.session("k", "agent")
+        assert read == [3, 0]
+        monkeypatch.setattr(conversations, "WINDOW_WHOLE_EVERY", 0.0)
+        await a.conversations.session("k", "agent")
+        assert read == [3, 0, 3]
+        history = await a.conversations.history(s.id, 10, 10_000)
+        assert [m["content"] for m in history] == ["m0", "m1", "m2"]
