@@ -134,6 +134,20 @@ async def test_a_history_longer_than_what_was_read_with_the_session_is_read_whol
         assert [m["content"] for m in short] == ["m57", "m58", "m59"]
 
 
+def _messages_read(store: PostgresStore) -> list[int]:
+    """From now on, how many messages each of ``store``'s row reads returned (one entry a
+    read: a session's lookup with its history counts the history's rows)."""
+    read: list[int] = []
+    fetchall = store.engine.fetchall
+
+    async def counted(sql, params=(), **kw):  # type: ignore[no-untyped-def]
+        rows = await fetchall(sql, params, **kw)
+        read.append(sum(1 for r in rows if r[4] is not None))
+        return rows
+    store.engine.fetchall = counted  # type: ignore[method-assign]
+    return read
+
+
 async def test_a_sessions_history_is_read_once_then_only_what_is_newer(pg_url):
     """The copy of a session's newest messages kept by an instance: a lookup reads only the
     messages written since (by any instance), and the run's history is the whole window."""
@@ -141,14 +155,7 @@ async def test_a_sessions_history_is_read_once_then_only_what_is_newer(pg_url):
         s = await a.conversations.session("k", "agent")
         for i in range(3):
             await a.conversations.add_message(s.id, "user", f"m{i}")
-        read: list[int] = []
-        fetchall = a.engine.fetchall
-
-        async def counted(sql, params=(), **kw):  # type: ignore[no-untyped-def]
-            rows = await fetchall(sql, params, **kw)
-            read.append(sum(1 for r in rows if r[4] is not None))
-            return rows
-        a.engine.fetchall = counted  # type: ignore[method-assign]
+        read = _messages_read(a)
         assert (await a.conversations.session("k", "agent")).id == s.id
         assert read == [3]  # (its first lookup here since they were written: all of them)
         for i in range(3, 5):  # written by another instance (which took the chat meanwhile)
@@ -196,14 +203,7 @@ async def test_a_sessions_history_is_read_whole_again_after_a_while(pg_url, monk
         s = await a.conversations.session("k", "agent")
         for i in range(3):
             await a.conversations.add_message(s.id, "user", f"m{i}")
-        read: list[int] = []
-        fetchall = a.engine.fetchall
-
-        async def counted(sql, params=(), **kw):  # type: ignore[no-untyped-def]
-            rows = await fetchall(sql, params, **kw)
-            read.append(sum(1 for r in rows if r[4] is not None))
-            return rows
-        a.engine.fetchall = counted  # type: ignore[method-assign]
+        read = _messages_read(a)
         await a.conversations.session("k", "agent")
         await a.conversations.session("k", "agent")
         assert read == [3, 0]
