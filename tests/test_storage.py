@@ -384,6 +384,93 @@ async def test_the_wal_is_written_back_by_a_connection_of_its_own(tmp_path, monk
         assert rows_in_main_file(path) == 21
 
 
+def wal_bytes(path: Path) -> int:
+    wal = path.with_name(path.name + "-wal")
+    return wal.stat().st_size if wal.exists() else 0
+
+
+async def test_the_wal_stays_small_while_commits_keep_coming(tmp_path, monkeypatch):
+    """Commits that never pause, with reads between them: the WAL is emptied whenever it
+    holds WAL_RESTART_FRAMES (a checkpoint that only writes back never starts it over while
+    commits land during it: it grew for good, to a full disk)."""
+    from pluto.storage.sqlite import engine as engine_module
+    monkeypatch.setattr(engine_module, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(engine_module, "WAL_RESTART_FRAMES", 64)  # 256 KB
+    path = tmp_path / "pluto.db"
+    async with SqliteStore(path) as store:
+        engine = store.engine
+        pad = "x" * 2000  # about a page a row
+        emptied, largest, stop = 0, 0, False
+        empty = engine._empty
+
+        async def counted(db):  # type: ignore[no-untyped-def]
+            nonlocal emptied
+            emptied += 1
+            await empty(db)
+
+        monkeypatch.setattr(engine, "_empty", counted)
+
+        async def writer(w: int) -> None:
+            nonlocal largest
+            for i in range(150):
+                await engine.write((SESSION, (f"s-{w}-{i}", f"k-{w}-{i}-{pad}", "a", 1.0, 1.0)))
+                largest = max(largest, wal_bytes(path))
+
+        async def reader() -> None:
+            while not stop:
+                await engine.fetchall("SELECT COUNT(*) FROM sessions")
+
+        readers = [asyncio.create_task(reader()) for _ in range(2)]
+        await asyncio.gather(*(writer(w) for w in range(8)))
+        stop = True
+        await asyncio.gather(*readers)
+        assert emptied >= 2
+        assert largest < 8 << 20, largest  # (never emptied: 23 MB; emptied: 1.3-3.6 MB)
+        assert (await engine.fetchall("SELECT COUNT(*) FROM sessions"))[0][0] == 1200
+
+
+async def test_commits_wait_while_the_wal_is_emptied_and_none_fails_for_it(tmp_path,
+                                                                           monkeypatch):
+    """Emptying the WAL holds the write lock: commits due meanwhile wait in line and start
+    right after; none is tried and refused (the lock is ours, not another process's)."""
+    from pluto.storage.sqlite import engine as engine_module
+    path = tmp_path / "pluto.db"
+    async with SqliteStore(path) as store:
+        engine = store.engine
+        for i in range(20):
+            await engine.write((SESSION, (f"s-{i}", f"k-{i}", "a", 1.0, 1.0)))
+        refused: list[str] = []
+        again = engine._again
+        monkeypatch.setattr(engine, "_again", lambda batch, problem, error: (
+            refused.append(problem), again(batch, problem, error)))
+        checkpointer = engine._checkpointer
+        assert checkpointer is not None
+        started, release = asyncio.Event(), asyncio.Event()
+        execute = checkpointer.execute
+
+        async def slow(sql, *args):  # type: ignore[no-untyped-def]
+            if "TRUNCATE" in sql:
+                started.set()
+                await release.wait()
+            return await execute(sql, *args)
+
+        monkeypatch.setattr(checkpointer, "execute", slow)
+        emptying = asyncio.create_task(engine._empty(checkpointer))
+        await started.wait()
+        writes = [asyncio.create_task(engine.write((SESSION, (f"t-{i}", f"u-{i}", "a", 1.0,
+                                                              1.0)))) for i in range(5)]
+        await asyncio.sleep(0.05)  # (a commit would have run by now)
+        assert not any(w.done() for w in writes)
+        assert engine._held_back
+        release.set()
+        await emptying
+        assert await asyncio.gather(*writes) == [1] * 5
+        assert refused == []
+        assert wal_bytes(path) < 64 * 1024  # (emptied; only the five commits since)
+        assert rows_in_main_file(path) == 20
+    assert engine_module.WAL_RESTART_FRAMES >= 1024  # a WAL of megabytes, not every second
+
+
 async def test_a_small_read_runs_on_the_loop_and_in_the_thread_when_busy(store, monkeypatch):
     """A chat's session and history (``small``) are read on the loop, with no hop to the
     reading thread; when the database is busy a moment the read goes to the thread after all,
