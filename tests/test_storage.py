@@ -471,6 +471,41 @@ async def test_commits_wait_while_the_wal_is_emptied_and_none_fails_for_it(tmp_p
     assert engine_module.WAL_RESTART_FRAMES >= 1024  # a WAL of megabytes, not every second
 
 
+async def test_an_emptying_that_fails_lets_the_held_commits_go(tmp_path, monkeypatch):
+    """The disk full (or any error) while the WAL is emptied: the commits held meanwhile go
+    right after, and the store closes cleanly."""
+    from pluto.storage.sqlite import engine as engine_module
+    monkeypatch.setattr(engine_module, "WAL_RESTART_FRAMES", 0)  # (every checkpoint empties)
+    path = tmp_path / "pluto.db"
+    async with SqliteStore(path) as store:
+        engine = store.engine
+        checkpointer = engine._checkpointer
+        assert checkpointer is not None
+        started, release = asyncio.Event(), asyncio.Event()
+        execute = checkpointer.execute
+
+        async def failing(sql, *args):  # type: ignore[no-untyped-def]
+            if "TRUNCATE" in sql:
+                started.set()
+                await release.wait()
+                raise sqlite3.OperationalError("database or disk is full")
+            return await execute(sql, *args)
+
+        monkeypatch.setattr(checkpointer, "execute", failing)
+        checkpoint = asyncio.create_task(engine._checkpoint(checkpointer))
+        await started.wait()
+        writes = [asyncio.create_task(engine.write((SESSION, (f"t-{i}", f"u-{i}", "a", 1.0,
+                                                              1.0)))) for i in range(3)]
+        await asyncio.sleep(0.02)
+        assert not any(w.done() for w in writes)
+        release.set()
+        await checkpoint  # (the error is the checkpoint's own: logged, not raised)
+        assert await asyncio.gather(*writes) == [1] * 3
+        assert not engine._emptying and not engine._held_back
+        later = asyncio.create_task(engine.write((SESSION, ("t-9", "u-9", "a", 1.0, 1.0))))
+    assert await later == 1  # (committed before the store closed)
+
+
 async def test_a_small_read_runs_on_the_loop_and_in_the_thread_when_busy(store, monkeypatch):
     """A chat's session and history (``small``) are read on the loop, with no hop to the
     reading thread; when the database is busy a moment the read goes to the thread after all,
