@@ -334,6 +334,50 @@ async def test_the_sweep_finds_only_the_runs_of_instances_gone(pg_url):
         assert sorted(found) == [("telegram", "t-died"), ("telegram", "t-stopped")]
 
 
+async def test_the_sweep_reads_a_day_of_answered_runs_not_every_run_kept(pg_url):
+    """Runs are kept; the sweep runs every half lease on each instance. With 30 days of
+    answered runs (30,000) it reads the runs not ended and the last day's answered ones by
+    their indexes — never all of them (0.6 s for 200,000 when it did) — and still finds a run
+    of a gone instance answered an hour ago with no reply."""
+    import json
+    import time
+
+    from tests.helpers.pg import connect
+
+    async with PostgresStore(pg_url) as store:
+        conversations = store.conversations
+        now = time.time()
+        with connect(pg_url) as conn:
+            conn.execute("INSERT INTO sessions (id, key, agent, created_at, updated_at)"
+                         " VALUES ('s', 'k', 'agent', 0, 0)")
+            conn.execute(  # one an instance answered every 86 s for 30 days, each delivered
+                "INSERT INTO runs (id, session_id, agent, status, started_at, ended_at, owner,"
+                " source_provider, source_id) SELECT 'r' || g, 's', 'agent', 'ok', %s - g * 86.4,"
+                " %s - g * 86.4, 'gone', 'telegram', 'm' || g FROM generate_series(1, 30000) g",
+                (now, now))
+            conn.execute("INSERT INTO inbound_seen (provider, message_id, seen_at, payload,"
+                         " handled, chat_id) SELECT 'telegram', 'm' || g, 0, '{}', 1, 'c' ||"
+                         " (g % 100) FROM generate_series(1, 30000) g")
+            conn.execute("INSERT INTO outbox (reply_id, chunk, provider, chat_id, kind, markup,"
+                         " text, status, created_at, updated_at) SELECT 'r' || g, 0, 'telegram',"
+                         " 'c', 'reply', 'plain', 'x', 'sent', 0, 0"
+                         " FROM generate_series(1, 30000) g WHERE g <> 42")  # (42: an hour ago)
+            conn.execute("ANALYZE")
+            sql, params = conversations._orphans_query(True, ("web",), 20.0)
+            plan = conn.execute("EXPLAIN (FORMAT JSON) " + sql.replace("?", "%s"),
+                                params).fetchone()[0]
+
+        def nodes(node: dict) -> list[dict]:  # type: ignore[type-arg]
+            return [node] + [n for child in node.get("Plans", []) for n in nodes(child)]
+
+        scans = [(n["Node Type"], n.get("Index Name")) for n in nodes(plan[0]["Plan"])
+                 if n.get("Relation Name") == "runs"]
+        assert scans and all(kind != "Seq Scan" for kind, _ in scans), json.dumps(plan)
+        assert {"runs_status", "runs_answered"} <= {name for _, name in scans}, scans
+        assert await conversations.orphaned_chats(None, answered_in_feed=("web",)) == [
+            ("telegram", "c42")]
+
+
 async def test_a_run_taken_over_cannot_answer_and_its_message_is_answered_again(pg_url):
     a, b = PostgresStore(pg_url), PostgresStore(pg_url)
     async with a, b:
