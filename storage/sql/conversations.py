@@ -25,7 +25,7 @@ from pluto.events import RunEnd, RunEvent, event_from_dict, event_to_dict
 from pluto.ids import new_id
 from pluto.storage.rows import (MessageRow, RunRow, SessionRow, estimate_tokens,
                                 sanitize_history)
-from pluto.storage.sql import Engine, Statement, run_statements, together
+from pluto.storage.sql import Engine, Migration, Statement, run_statements, together
 from pluto.storage.sql.fencing import Claim, fence
 from pluto.storage.sql.usage import SqlUsage
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 COMPONENT = "conversations"
-MIGRATIONS: list[str] = [
+MIGRATIONS: list[Migration] = [
     """
     CREATE TABLE IF NOT EXISTS sessions (
         id TEXT PRIMARY KEY,
