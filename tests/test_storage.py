@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -469,6 +471,45 @@ async def test_commits_wait_while_the_wal_is_emptied_and_none_fails_for_it(tmp_p
         assert wal_bytes(path) < 64 * 1024  # (emptied; only the five commits since)
         assert rows_in_main_file(path) == 20
     assert engine_module.WAL_RESTART_FRAMES >= 1024  # a WAL of megabytes, not every second
+
+
+async def test_a_long_reader_of_another_process_holds_commits_up_once(tmp_path, monkeypatch,
+                                                                       caplog):
+    """Another process keeps a read open (an admin's query): the WAL cannot be emptied. The
+    commits wait for it once, at most about RESTART_WAIT_MS, and not again before
+    EMPTY_AGAIN_SECONDS; the log says why the WAL grows."""
+    from pluto.storage.sqlite import engine as engine_module
+    monkeypatch.setattr(engine_module, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(engine_module, "WAL_RESTART_FRAMES", 16)
+    path = tmp_path / "pluto.db"
+    async with SqliteStore(path) as store:
+        engine = store.engine
+        await engine.write((SESSION, ("s-0", "k-0", "a", 1.0, 1.0)))
+        admin = other_connection(store)
+        admin.execute("BEGIN")
+        admin.execute("SELECT COUNT(*) FROM sessions").fetchone()  # (its snapshot, kept)
+        tries: list[float] = []
+        empty = engine._empty
+
+        async def timed(db):  # type: ignore[no-untyped-def]
+            started = time.monotonic()
+            await empty(db)
+            tries.append(time.monotonic() - started)
+
+        monkeypatch.setattr(engine, "_empty", timed)
+        try:
+            with caplog.at_level(logging.INFO, logger="pluto.storage.sqlite.engine"):
+                for i in range(300):
+                    await engine.write((SESSION, (f"s-{i + 1}", f"k-{i + 1}-{'x' * 2000}",
+                                                  "a", 1.0, 1.0)))
+                    await asyncio.sleep(0)  # (the checkpoints' turn)
+        finally:
+            admin.rollback()
+            admin.close()
+        assert len(tries) == 1, tries  # (then not again for EMPTY_AGAIN_SECONDS)
+        assert tries[0] < 2.0  # (about RESTART_WAIT_MS: 0.1 s)
+        assert "could not be emptied" in caplog.text
+        assert (await engine.fetchall("SELECT COUNT(*) FROM sessions"))[0][0] == 301
 
 
 async def test_an_emptying_that_fails_lets_the_held_commits_go(tmp_path, monkeypatch):

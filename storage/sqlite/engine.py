@@ -70,7 +70,8 @@ RETRY_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)  # between tries (then the last, again
 BATCH_MAX = 256  # changes in one commit (about 40 ms of the loop at most in a burst)
 CHECKPOINT_SECONDS = 1.0  # the WAL is written back at most this often, while commits come
 WAL_RESTART_FRAMES = 4096  # a WAL this long (16 MB of 4 KB pages) is emptied, commits held
-RESTART_WAIT_MS = 500  # how long emptying it waits for the readers (or a process), at most
+RESTART_WAIT_MS = 100  # how long emptying it waits for the readers (or a process), at most
+EMPTY_AGAIN_SECONDS = 30.0  # after a reader kept it from being emptied, the next try
 LOCK_GRACE = 5.0  # the write lock held by another process this long before it is an outage
 LOCK_RETRY_SECONDS = 0.02  # meanwhile the lock is tried for this often
 
@@ -201,6 +202,7 @@ class SqliteEngine:
         self._checkpointer: aiosqlite.Connection | None = None
         self._checkpointing: asyncio.Task[None] | None = None
         self._emptying = False  # the WAL is being emptied: no commit starts meanwhile
+        self._empty_after = 0.0  # (monotonic) not emptied before (a reader kept it from it)
         self._held_back = False  # a commit came due meanwhile: it starts once it is empty
         self._migrating = 0  # migrations under way (the WAL is not emptied meanwhile)
         self._next_checkpoint = 0.0  # (monotonic) the next checkpoint, once a commit comes
@@ -524,7 +526,8 @@ class SqliteEngine:
             cursor = await db.execute("PRAGMA wal_checkpoint(PASSIVE)")
             row = await cursor.fetchone()
             await cursor.close()
-            if row is not None and row[1] >= WAL_RESTART_FRAMES and not self._migrating:
+            if row is not None and row[1] >= WAL_RESTART_FRAMES and not self._migrating and \
+                    time.monotonic() >= self._empty_after:
                 await self._empty(db)
         except (sqlite3.Error, ValueError) as e:  # (the disk is full: the next one tries again)
             log.debug("storage: a checkpoint failed: %s", e)
@@ -536,10 +539,19 @@ class SqliteEngine:
         fails for it): it writes back what came since the PASSIVE one, syncs, waits for the
         readers at most :data:`RESTART_WAIT_MS` and cuts the file to nothing. Commits wait for
         it (20-40 ms at 800 widget messages a second on a 2-core test machine), at most once
-        every :data:`CHECKPOINT_SECONDS`."""
+        every :data:`CHECKPOINT_SECONDS`. A reader that outlasts the wait (another process's
+        long read) keeps part of it: then no commit waits for another try before
+        :data:`EMPTY_AGAIN_SECONDS`."""
         self._emptying = True
         try:
-            await db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            cursor = await db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            row = await cursor.fetchone()
+            await cursor.close()
+            if row is not None and row[0]:
+                self._empty_after = time.monotonic() + EMPTY_AGAIN_SECONDS
+                log.info("storage: the WAL (%d pages) could not be emptied: a reader, perhaps "
+                         "another process, held on to it; tried again in %.0f s", row[1],
+                         EMPTY_AGAIN_SECONDS)
         finally:
             self._emptying = False
             if self._held_back:
