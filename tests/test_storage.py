@@ -391,6 +391,27 @@ def wal_bytes(path: Path) -> int:
     return wal.stat().st_size if wal.exists() else 0
 
 
+def held_truncate(engine, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+                  error: Exception | None = None) -> tuple[asyncio.Event, asyncio.Event]:
+    """The checkpointing connection's TRUNCATE held until ``release`` is set (``started``
+    once it is), then run — or ``error`` raised instead."""
+    checkpointer = engine._checkpointer
+    assert checkpointer is not None
+    started, release = asyncio.Event(), asyncio.Event()
+    execute = checkpointer.execute
+
+    async def held(sql, *args):  # type: ignore[no-untyped-def]
+        if "TRUNCATE" in sql:
+            started.set()
+            await release.wait()
+            if error is not None:
+                raise error
+        return await execute(sql, *args)
+
+    monkeypatch.setattr(checkpointer, "execute", held)
+    return started, release
+
+
 async def test_the_wal_stays_small_while_commits_keep_coming(tmp_path, monkeypatch):
     """Commits that never pause, with reads between them: the WAL is emptied whenever it
     holds WAL_RESTART_FRAMES (a checkpoint that only writes back never starts it over while
@@ -445,19 +466,8 @@ async def test_commits_wait_while_the_wal_is_emptied_and_none_fails_for_it(tmp_p
         again = engine._again
         monkeypatch.setattr(engine, "_again", lambda batch, problem, error: (
             refused.append(problem), again(batch, problem, error)))
-        checkpointer = engine._checkpointer
-        assert checkpointer is not None
-        started, release = asyncio.Event(), asyncio.Event()
-        execute = checkpointer.execute
-
-        async def slow(sql, *args):  # type: ignore[no-untyped-def]
-            if "TRUNCATE" in sql:
-                started.set()
-                await release.wait()
-            return await execute(sql, *args)
-
-        monkeypatch.setattr(checkpointer, "execute", slow)
-        emptying = asyncio.create_task(engine._empty(checkpointer))
+        started, release = held_truncate(engine, monkeypatch)
+        emptying = asyncio.create_task(engine._empty(engine._checkpointer))
         await started.wait()
         writes = [asyncio.create_task(engine.write((SESSION, (f"t-{i}", f"u-{i}", "a", 1.0,
                                                               1.0)))) for i in range(5)]
@@ -520,20 +530,9 @@ async def test_an_emptying_that_fails_lets_the_held_commits_go(tmp_path, monkeyp
     path = tmp_path / "pluto.db"
     async with SqliteStore(path) as store:
         engine = store.engine
-        checkpointer = engine._checkpointer
-        assert checkpointer is not None
-        started, release = asyncio.Event(), asyncio.Event()
-        execute = checkpointer.execute
-
-        async def failing(sql, *args):  # type: ignore[no-untyped-def]
-            if "TRUNCATE" in sql:
-                started.set()
-                await release.wait()
-                raise sqlite3.OperationalError("database or disk is full")
-            return await execute(sql, *args)
-
-        monkeypatch.setattr(checkpointer, "execute", failing)
-        checkpoint = asyncio.create_task(engine._checkpoint(checkpointer))
+        started, release = held_truncate(
+            engine, monkeypatch, sqlite3.OperationalError("database or disk is full"))
+        checkpoint = asyncio.create_task(engine._checkpoint(engine._checkpointer))
         await started.wait()
         writes = [asyncio.create_task(engine.write((SESSION, (f"t-{i}", f"u-{i}", "a", 1.0,
                                                               1.0)))) for i in range(3)]
