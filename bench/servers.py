@@ -18,7 +18,7 @@ from bench.common import ROOT, free_port, pluto_exe
 
 BENCH_PLUTO_YAML = """\
 data_dir: {data}
-http: {{host: 127.0.0.1, port: {port}}}
+http: {{host: 127.0.0.1, port: {port}{http_extra}}}
 models:
   default: {{model: echo}}        # answers at once with the user's words: gateway cost only
 providers:
@@ -66,9 +66,13 @@ def _more_files() -> None:
 class Server:
     """A server in its own process; ``url`` once ready."""
 
-    def __init__(self, kind: str, env: dict[str, str] | None = None):
+    def __init__(self, kind: str, env: dict[str, str] | None = None,
+                 max_connections: int | None = None):
         self.kind = kind
         self.extra_env = env or {}  # e.g. DATABASE_URL: the instance shares a PostgreSQL
+        # (pluto) ``http.max_connections``: by default the gateway keeps half its open-files
+        # limit for connections (each answer may hold a model connection beside its socket)
+        self.max_connections = max_connections
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix=f"pluto-bench-{kind}-")
@@ -90,8 +94,10 @@ class Server:
         config = tmp / "config"
         shutil.copytree(ROOT / "config" / "agents", config / "agents")
         shutil.copy(ROOT / "config" / "routes.yaml", config / "routes.yaml")
-        (config / "pluto.yaml").write_text(BENCH_PLUTO_YAML.format(data=tmp / "data",
-                                                                   port=self.port))
+        extra = (f", max_connections: {self.max_connections}"
+                 if self.max_connections is not None else "")
+        (config / "pluto.yaml").write_text(BENCH_PLUTO_YAML.format(
+            data=tmp / "data", port=self.port, http_extra=extra))
         return [*pluto_exe(), "serve", "--config", str(config)]
 
     def __enter__(self) -> Server:
