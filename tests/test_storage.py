@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import decimal
+import json
 import logging
 import sqlite3
 import time
@@ -15,7 +18,7 @@ import pytest
 
 from pluto.errors import StorageError
 from pluto.events import MessageDelta, RunEnd, RunStart
-from pluto.storage.sql import run_statements
+from pluto.storage.sql import json_text, run_statements
 from pluto.storage.sqlite import SqliteStore
 from pluto.storage.sql.conversations import PREVIEWS_AHEAD
 
@@ -575,3 +578,15 @@ async def test_a_small_read_runs_on_the_loop_and_in_the_thread_when_busy(store, 
     monkeypatch.setattr(engine_module, "_snapshot", busy)
     rows = await engine.fetchall("SELECT id FROM sessions", small=True)
     assert [r["id"] for r in rows] == ["s-1"] and hops == [1, 1]
+
+
+@pytest.mark.parametrize("value", [
+    {"type": "message.final", "run_id": "r1", "seq": 2, "text": "héllo \u2028 \"q\"", "ts": 1.5},
+    {"at": datetime.datetime(2026, 1, 2, 3, 4, 5)},  # str(), as json.dumps(default=str) did
+    {"price": decimal.Decimal("1.50")},
+    {"big": 2**70},  # past 64 bits: orjson refuses, the standard library writes it
+    {1: "a key that is not a string"},
+    {"nested": [{"a": [1, 2.5, None, True]}]},
+])
+def test_json_kept_in_rows_reads_back_as_the_standard_library_wrote_it(value) -> None:
+    assert json.loads(json_text(value)) == json.loads(json.dumps(value, default=str))

@@ -17,14 +17,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
+
+import orjson
 
 T = TypeVar("T")
 Statement = tuple[str, tuple[Any, ...]]
 Change = Callable[[Any], Any]
 Migration = str | Mapping[str, str]
+
+
+_AS_STDLIB = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+
+
+def json_text(value: Any) -> str:
+    """``value`` as the JSON text a row keeps (events, an inbox's payload, a run's usage):
+    orjson, about a tenth of the standard library's time (three to five rows a message), with
+    what it would write differently — dates, dataclasses — given to ``str`` as the standard
+    library's ``default=str`` does; what it refuses (an integer past 64 bits, a key that is not
+    a string) by the standard library. Readers parse either alike. Text compared in SQL (an
+    inbox outcome) stays with ``json.dumps``: the same value must give the same text."""
+    try:
+        return orjson.dumps(value, default=str, option=_AS_STDLIB).decode()
+    except TypeError:
+        return json.dumps(value, default=str)
 
 
 def run_statements(statements: tuple[Statement, ...]) -> Change:

@@ -25,7 +25,8 @@ from pluto.events import RunEnd, RunEvent, event_from_dict, event_to_dict
 from pluto.ids import new_id
 from pluto.storage.rows import (MessageRow, RunRow, SessionRow, estimate_tokens,
                                 sanitize_history)
-from pluto.storage.sql import Engine, Migration, Statement, run_statements, together
+from pluto.storage.sql import (Engine, Migration, Statement, json_text, run_statements,
+                               together)
 from pluto.storage.sql.fencing import Claim, fence
 from pluto.storage.sql.usage import SqlUsage
 
@@ -147,10 +148,14 @@ WINDOW_WHOLE_EVERY = 60.0
 HISTORY_MESSAGES = 200  # of each, at most this many (a longer window reads the database)
 
 
+_NO_CALLS = estimate_tokens('""')  # (what a message without tool calls always counted)
+
+
 def _message(role: str, content: str | None, run_id: str | None,
              tool_calls: list[dict] | None = None, tool_call_id: str | None = None,
              name: str | None = None) -> MessageRow:
-    tokens = estimate_tokens(content or "") + estimate_tokens(json.dumps(tool_calls or ""))
+    tokens = estimate_tokens(content or "") + (estimate_tokens(json.dumps(tool_calls))
+                                               if tool_calls else _NO_CALLS)
     return MessageRow(role, content, tool_calls, tool_call_id, name, tokens, run_id, time.time())
 
 
@@ -168,7 +173,7 @@ _EVENT_INTO = "INSERT INTO run_events "  # (fenced or not)
 
 def _event_stmt(event: RunEvent) -> Statement:
     return (_INSERT_EVENT,
-            (event.run_id, event.seq, event.type, json.dumps(event_to_dict(event), default=str)))
+            (event.run_id, event.seq, event.type, json_text(event_to_dict(event))))
 
 
 def _handled(source: tuple[str, str], run_id: str) -> Statement:
@@ -790,7 +795,7 @@ class SqliteConversations:
         behind = self._take_behind()
         ended = fence(("UPDATE runs SET status = 'ok', error = NULL, usage = ?, ended_at = ?"
                        " WHERE id = ? AND status = 'running'",
-                       (json.dumps(usage), time.time(), run_id)), self._claims.get(run_id))
+                       (json_text(usage), time.time(), run_id)), self._claims.get(run_id))
 
         answer = [_message_stmt(session_id, message), _event_stmt(final), _event_stmt(end)]
 

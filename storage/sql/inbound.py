@@ -19,7 +19,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from pluto.storage.sql import Engine, Migration, Statement
+from pluto.storage.sql import Engine, Migration, Statement, json_text
 from pluto.storage.sql.fencing import Claim, fence
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class SqliteInbound:
     async def accept(self, provider: str, message_id: str, payload: dict[str, Any]) -> bool:
         insert = ("INSERT INTO inbound_seen (provider, message_id, seen_at, payload, handled,"
                   f" chat_id) VALUES (?,?,{self._now},?,0,?) ON CONFLICT DO NOTHING",
-                  (provider, message_id, *self._at(), json.dumps(payload),
+                  (provider, message_id, *self._at(), json_text(payload),
                    str(payload.get("chat_id", ""))))
         if self.notify is not None:  # (one statement: the row and its notification)
             # told only when another instance holds the chat (lease ``chat:<provider>:<chat>``,
@@ -208,7 +208,7 @@ class SqliteInbound:
             ("ins", ("INSERT INTO inbound_seen (provider, message_id, seen_at, payload, handled,"
                      f" chat_id) VALUES (?,?,{self._now},?,0,?) ON CONFLICT DO NOTHING"
                      " RETURNING provider, chat_id",
-                     (provider, message_id, *self._at(), json.dumps(payload), chat_id)))]
+                     (provider, message_id, *self._at(), json_text(payload), chat_id)))]
         # (the chat's holder is told only when it is another: taken here, nobody needs it)
         after: list[tuple[str, Statement]] = [
             ("n", ("SELECT pg_notify(?, 'new|' || provider || '|' || chat_id || '|' || ?)"
