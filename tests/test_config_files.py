@@ -212,6 +212,78 @@ async def test_callers_asking_while_an_agent_is_looked_at_share_that_look(
     looks.clear()
     assert (await registry.load("default")).name == "default" and looks == []  # from memory
 
+
+async def test_callers_get_a_definition_looked_at_moments_ago_while_the_next_look_runs(
+        config_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The look at the files runs behind the callers, not in front of them: while it is under
+    way, a definition looked at less than serve_stale_seconds ago is served at once; the edit
+    it finds is served from then on; a definition older than that (or recheck_seconds 0)
+    waits for the look, and so does an agent never loaded."""
+    registry = AgentRegistry(config_dir / "agents", recheck_seconds=0.25,
+                             serve_stale_seconds=60)
+    first = await registry.load("default")
+    looks: list[str] = []
+    real = AgentRegistry.get
+    gate = threading.Event()
+
+    def slow_get(self: AgentRegistry, name: str):  # type: ignore[no-untyped-def]
+        looks.append(name)
+        gate.wait(5)
+        return real(self, name)
+
+    monkeypatch.setattr(AgentRegistry, "get", slow_get)
+    registry._cache["default"].checked -= 1  # its last look is due again
+    write_agent(config_dir, "default", "description: edited\n", "hi")
+    served = [await registry.load("default") for _ in range(20)]  # none waits for the look
+    assert {id(s) for s in served} == {id(first)}
+    while not looks:
+        await asyncio.sleep(0.01)
+    assert looks == ["default"]  # one look, behind them
+    never_loaded = asyncio.ensure_future(registry.load("cook"))  # nothing to serve: it waits
+    while len(looks) < 2:
+        await asyncio.sleep(0.01)
+    assert not never_loaded.done()
+    gate.set()
+    assert (await never_loaded).name == "cook"
+    while registry._looking:
+        await asyncio.sleep(0.01)
+    assert (await registry.load("default")).description == "edited"  # the look's find
+
+    gate.clear()  # older than serve_stale_seconds: the caller waits for the look
+    registry._cache["default"].checked -= 61
+    waiting = asyncio.ensure_future(registry.load("default"))
+    while len(looks) < 3:
+        await asyncio.sleep(0.01)
+    assert not waiting.done()
+    gate.set()
+    assert (await waiting).description == "edited"
+
+    registry.recheck_seconds = 0  # files looked at for every caller: each waits
+    gate.clear()
+    waiting = asyncio.ensure_future(registry.load("default"))
+    while len(looks) < 4:
+        await asyncio.sleep(0.01)
+    assert not waiting.done()
+    gate.set()
+    assert (await waiting).name == "default"
+
+
+async def test_an_agent_removed_is_unknown_once_the_look_has_seen_it(
+        config_dir: Path) -> None:
+    registry = AgentRegistry(config_dir / "agents", recheck_seconds=0.25,
+                             serve_stale_seconds=60)
+    await registry.load("cook")
+    for path in sorted((config_dir / "agents" / "cook").rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    (config_dir / "agents" / "cook").rmdir()
+    registry._cache["cook"].checked -= 1
+    assert (await registry.load("cook")).name == "cook"  # served while the look runs
+    while registry._looking:
+        await asyncio.sleep(0.01)
+    with pytest.raises(Exception) as e:
+        await registry.load("cook")
+    assert type(e.value).__name__ == "UnknownAgent"
+
 # the live-reload watcher -----------------------------------------------------------------------
 
 async def serving(config: Path, data_dir: Path) -> tuple[Gateway, RecordingProvider]:
