@@ -23,6 +23,8 @@ that adds the real usage (a failed call adds nothing and gives all of it back).
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -470,8 +472,13 @@ def _values(call: UsageCall) -> tuple[Any, ...]:
 
 def _ledger_row(engine: Engine, call: UsageCall) -> Statement:
     """The call's ledger row."""
+    return _ledger_sql(engine.now_sql), _values(call)
+
+
+@functools.lru_cache(maxsize=8)
+def _ledger_sql(now_sql: str) -> str:
     return (f"INSERT INTO usage_calls (ts, {', '.join(_COLUMNS)}) VALUES"
-            f" ({engine.now_sql}, {', '.join('?' for _ in _COLUMNS)})", _values(call))
+            f" ({now_sql}, {', '.join('?' for _ in _COLUMNS)})")
 
 
 def _ledger_rows(engine: Engine, calls: list[UsageCall], guard: str | None) -> Statement:
@@ -502,7 +509,13 @@ def _counters(rows: list[tuple[Any, ...]], guard: str | None = None,
     """Every counter in one statement (each statement is a trip to the engine): rows of
     (scope, key, period, start, calls, input, output, cached, cost, unpriced); ``guard``: only
     if that CTE returned a row; ``turn``: the counters' turn taken first."""
-    values = ", ".join("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" for _ in rows)
+    return _counters_sql(len(rows), guard, turn), tuple(itertools.chain.from_iterable(rows))
+
+
+@functools.lru_cache(maxsize=64)
+def _counters_sql(count: int, guard: str | None, turn: str | None) -> str:
+    """:func:`_counters`'s text for ``count`` rows (made once: every answer writes one)."""
+    values = ", ".join("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" for _ in range(count))
     head = ("INSERT INTO usage_counters (scope, key, period, start, calls, input_tokens,"
             " output_tokens, cached_tokens, cost, unpriced_calls) ")
     where = [w for w in (turn, guard and f"EXISTS (SELECT 1 FROM {guard})") if w]
@@ -514,8 +527,7 @@ def _counters(rows: list[tuple[Any, ...]], guard: str | None = None,
             " output_tokens = usage_counters.output_tokens + excluded.output_tokens,"
             " cached_tokens = usage_counters.cached_tokens + excluded.cached_tokens,"
             " cost = usage_counters.cost + excluded.cost,"
-            " unpriced_calls = usage_counters.unpriced_calls + excluded.unpriced_calls",
-            tuple(v for row in rows for v in row))
+            " unpriced_calls = usage_counters.unpriced_calls + excluded.unpriced_calls")
 
 
 def _also(turn: str | None) -> str:
