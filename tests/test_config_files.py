@@ -180,11 +180,8 @@ async def test_many_concurrent_loads_share_one_cache(config_dir: Path) -> None:
 
 
 
-async def test_callers_asking_while_an_agent_is_looked_at_share_that_look(
-        config_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A burst of messages when the agent's last look is old: one look at its files, in one
-    worker thread, serves every caller asking meanwhile — its definition, or its error."""
-    registry = AgentRegistry(config_dir / "agents", recheck_seconds=60)
+def held_looks(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], threading.Event]:
+    """Each look at an agent's files noted (its name), and held until the event is set."""
     looks: list[str] = []
     real = AgentRegistry.get
     gate = threading.Event()
@@ -195,6 +192,15 @@ async def test_callers_asking_while_an_agent_is_looked_at_share_that_look(
         return real(self, name)
 
     monkeypatch.setattr(AgentRegistry, "get", slow_get)
+    return looks, gate
+
+
+async def test_callers_asking_while_an_agent_is_looked_at_share_that_look(
+        config_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst of messages when the agent's last look is old: one look at its files, in one
+    worker thread, serves every caller asking meanwhile — its definition, or its error."""
+    registry = AgentRegistry(config_dir / "agents", recheck_seconds=60)
+    looks, gate = held_looks(monkeypatch)
     callers = [asyncio.ensure_future(registry.load("default")) for _ in range(50)]
     lost = [asyncio.ensure_future(registry.load("nobody")) for _ in range(5)]
     while len(looks) < 2:
@@ -222,16 +228,7 @@ async def test_callers_get_a_definition_looked_at_moments_ago_while_the_next_loo
     registry = AgentRegistry(config_dir / "agents", recheck_seconds=0.25,
                              serve_stale_seconds=60)
     first = await registry.load("default")
-    looks: list[str] = []
-    real = AgentRegistry.get
-    gate = threading.Event()
-
-    def slow_get(self: AgentRegistry, name: str):  # type: ignore[no-untyped-def]
-        looks.append(name)
-        gate.wait(5)
-        return real(self, name)
-
-    monkeypatch.setattr(AgentRegistry, "get", slow_get)
+    looks, gate = held_looks(monkeypatch)
     registry._cache["default"].checked -= 1  # its last look is due again
     write_agent(config_dir, "default", "description: edited\n", "hi")
     served = [await registry.load("default") for _ in range(20)]  # none waits for the look
