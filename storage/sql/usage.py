@@ -512,9 +512,10 @@ def _counters(rows: list[tuple[Any, ...]], guard: str | None = None,
     return _counters_sql(len(rows), guard, turn), tuple(itertools.chain.from_iterable(rows))
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)
 def _counters_sql(count: int, guard: str | None, turn: str | None) -> str:
-    """:func:`_counters`'s text for ``count`` rows (made once: every answer writes one)."""
+    """:func:`_counters`'s text for ``count`` rows (made once: every answer writes one; a
+    batch of run ends on PostgreSQL, one for its count — a few shapes kept)."""
     values = ", ".join("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" for _ in range(count))
     head = ("INSERT INTO usage_counters (scope, key, period, start, calls, input_tokens,"
             " output_tokens, cached_tokens, cost, unpriced_calls) ")
