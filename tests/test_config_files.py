@@ -246,23 +246,20 @@ async def test_callers_get_a_definition_looked_at_moments_ago_while_the_next_loo
         await asyncio.sleep(0.01)
     assert (await registry.load("default")).description == "edited"  # the look's find
 
-    gate.clear()  # older than serve_stale_seconds: the caller waits for the look
-    registry._cache["default"].checked -= 61
-    waiting = asyncio.ensure_future(registry.load("default"))
-    while len(looks) < 3:
-        await asyncio.sleep(0.01)
-    assert not waiting.done()
-    gate.set()
-    assert (await waiting).description == "edited"
+    async def waits_for_the_look() -> str:
+        gate.clear()
+        asked = len(looks)
+        waiting = asyncio.ensure_future(registry.load("default"))
+        while len(looks) == asked:
+            await asyncio.sleep(0.01)
+        assert not waiting.done()
+        gate.set()
+        return (await waiting).description
 
-    registry.recheck_seconds = 0  # files looked at for every caller: each waits
-    gate.clear()
-    waiting = asyncio.ensure_future(registry.load("default"))
-    while len(looks) < 4:
-        await asyncio.sleep(0.01)
-    assert not waiting.done()
-    gate.set()
-    assert (await waiting).name == "default"
+    registry._cache["default"].checked -= 61  # older than serve_stale_seconds
+    assert await waits_for_the_look() == "edited"
+    registry.recheck_seconds = 0  # files looked at for every caller
+    assert await waits_for_the_look() == "edited"
 
 
 async def test_an_agent_removed_is_unknown_once_the_look_has_seen_it(
