@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Protocol
 from pluto.agents.spec import AgentSpec, Budget
 from pluto.errors import PlutoError
 from pluto.events import MessageFinal, RunEnd, RunError, RunEvent, RunStart, ToolStart
-from pluto.ids import new_id
+from pluto.ids import ordered_id
 from pluto.runtime.tools import Progress, Tool, ToolContext, ToolResult
 from pluto.storage.ports import ConversationStore
 
@@ -221,7 +221,7 @@ class Delegation:
                                              spec.name)
         # (a child cannot wait for a person: a call of its that needs approval is refused,
         # and the parent reads why — docs/approvals.md)
-        return replace(parent.req, run_id=run_id or new_id(), session=session, agent=spec,
+        return replace(parent.req, run_id=run_id or ordered_id(), session=session, agent=spec,
                        text=question, tools=None, source=None, notify=None, asking=None,
                        resume=None)
 

@@ -27,7 +27,7 @@ from typing import Any
 from pluto.agents.spec import AgentSpec
 from pluto.events import (ApprovalDecision, ApprovalRequest, MessageDelta, MessageFinal, RunEnd,
                           RunError, RunEvent, RunStart, ToolEnd, ToolProgress, ToolStart)
-from pluto.ids import new_id
+from pluto.ids import ordered_id
 from pluto.runtime.approvals import (STORED_ARGUMENTS, Asking, new_approval_id, refusal_text,
                                      shown_arguments, who_decides)
 from pluto.runtime.batching import batched
@@ -581,7 +581,7 @@ class Runner:
         req = state.req
         state.tool_calls += 1
         args, problem = _parse_arguments(call)
-        child = new_id() if problem is None and call.name.startswith("ask_") and \
+        child = ordered_id() if problem is None and call.name.startswith("ask_") and \
             self.services.get("delegation") is not None and call.name in state.tools else None
         yield await self._commit(state, ToolStart(run_id=req.run_id, call_id=call.id,
                                                   name=call.name, arguments=args or {},

@@ -40,7 +40,7 @@ from pluto.gateway.pipeline.lanes import SessionLanes
 from pluto.gateway.pipeline.overload import Load
 from pluto.gateway.pipeline.routing import RoutingTable
 from pluto.gateway.ports import Provider
-from pluto.ids import new_id
+from pluto.ids import ordered_id
 from pluto.runtime.approvals import Asking
 from pluto.runtime.delegation import Delegation
 from pluto.runtime.memory import Speaker
@@ -233,7 +233,7 @@ class Pipeline:
                         tools=tuple(tools) if tools is not None else None, rule="approval",
                         approvers=row.approvers,
                         memory_in_groups=route.memory_in_groups if route is not None else None)
-        run_id = new_id()
+        run_id = ordered_id()
         if not await self.approvals.store.claim_resume(row.id, run_id, msg.message_id):
             log.info("approval %s: resumed already (or its run was taken over)", row.id)
             return Dropped("the request was resumed already")
@@ -247,7 +247,7 @@ class Pipeline:
         one that starts at once is recorded by its start (one commit fewer on the way)."""
         session = await self.conversations.session(route.session_key, route.agent)
         waiting = self.lanes.busy(route.session_key)
-        job = Job(msg, route, run_id or new_id(), time.time(), session.id,
+        job = Job(msg, route, run_id or ordered_id(), time.time(), session.id,
                   None if waiting else session, wrap, origin, resume)
         self.live[job.run_id] = msg.message_id
         if self.track_runs:

@@ -52,7 +52,7 @@ import orjson
 
 from pluto import jsonlimits
 from pluto.errors import PlutoError
-from pluto.ids import new_id
+from pluto.ids import new_id, ordered_id
 from pluto.jsonlimits import JsonTooDeep
 from pluto.types import (
     ApprovalDecision,
@@ -179,7 +179,7 @@ def parse_frame(raw: str, max_chars: int) -> ClientFrame:
                 raise ProtocolError("too_long", f"The message is too long ({len(text):,} "
                                     f"characters; the limit is {max_chars:,}).",
                                     reply_to=client_id)
-            return Message(id=client_id or new_id(), text=text, files=files)
+            return Message(id=client_id or ordered_id(), text=text, files=files)
         case "file":
             return _file_start(data, client_id)
         case "stop":
