@@ -205,6 +205,95 @@ async def test_search_finds_every_session_of_the_key_and_nothing_else(store):
         assert isinstance(await history.search("helper/telegram/42", odd), list)
 
 
+def _index_whole(conn) -> None:
+    """FTS5's own check: the index holds exactly what the messages say (raises otherwise)."""
+    conn.execute("INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)")
+
+
+async def test_sqlite_indexes_a_commits_messages_once_for_all_in_its_commit(tmp_path: Path,
+                                                                             caplog):
+    """SQLite's search index is written once a commit, before it, for every message the commit
+    wrote: twenty messages handed over at once are searchable as soon as each caller's write
+    returns, the index is whole, and a message deleted — indexed or not yet — leaves it
+    whole. A message another process wrote without indexing it is indexed by the next commit;
+    an index that cannot be written fails no message (the next commit tries again)."""
+    import sqlite3
+
+    from pluto.storage.sqlite import SqliteStore
+    async with SqliteStore(tmp_path / "pluto.db") as store:
+        conv, history, engine = store.conversations, store.history, store.engine
+        session = await conv.session("helper/web/1", "helper")
+        await asyncio.gather(*(conv.add_message(session.id, "user", f"parcel number {i}")
+                               for i in range(20)))
+        hits = await history.search(session.key, "parcel")
+        assert len(hits) == 10 and {h.content for h in hits} <= {
+            f"parcel number {i}" for i in range(20)}
+        assert len(await history.search(session.key, "parcel", limit=50)) == 20
+        await engine.transact(_index_whole)
+
+        def written_and_deleted(conn) -> None:  # (deleted in the commit that wrote it)
+            conn.execute("INSERT INTO messages (session_id, role, content, created_at) VALUES"
+                         " (?, 'user', 'ephemeral words', 1.0)", (session.id,))
+            conn.execute("DELETE FROM messages WHERE content = 'ephemeral words'")
+            conn.execute("DELETE FROM messages WHERE content = 'parcel number 3'")
+        await engine.transact(written_and_deleted)
+        await engine.transact(_index_whole)
+        assert await history.search(session.key, "ephemeral") == []
+        assert len(await history.search(session.key, "parcel", limit=50)) == 19
+
+    # another process's message, not indexed: the next commit here indexes it
+    raw = sqlite3.connect(tmp_path / "pluto.db")
+    raw.execute("INSERT INTO messages (session_id, role, content, created_at) VALUES"
+                " (?, 'user', 'a stray otter', 1.0)", (session.id,))
+    raw.commit()
+    raw.close()
+    async with SqliteStore(tmp_path / "pluto.db") as store:
+        assert await store.history.search(session.key, "otter") == []
+        await store.conversations.add_message(session.id, "assistant", "otters hold hands")
+        assert [h.content for h in await store.history.search(session.key, "otter")] == [
+            "a stray otter"]
+        await store.engine.transact(_index_whole)
+
+        # the index cannot be written (a table gone): messages still commit, it is logged
+        await store.engine.write(("ALTER TABLE messages_fts_upto RENAME TO upto_away", ()))
+        caplog.clear()
+        await store.conversations.add_message(session.id, "user", "a quiet heron")
+        assert [m.content for m in await store.conversations.messages(session.id)][-1] == \
+            "a quiet heron"
+        assert "index_new_messages failed before a commit" in caplog.text
+        await store.engine.write(("ALTER TABLE upto_away RENAME TO messages_fts_upto", ()))
+        await store.conversations.add_message(session.id, "user", "a loud heron")
+        assert len(await store.history.search(session.key, "heron")) == 2
+        await store.engine.transact(_index_whole)
+
+
+async def test_sqlite_index_of_an_older_database_carries_over(tmp_path: Path):
+    """A database whose messages a trigger indexed (the schema before): after the migration
+    they are still found, a new one is too, and deleting an old one keeps the index whole."""
+    import sqlite3
+
+    from pluto.storage.sql import memory
+    from pluto.storage.sqlite import SqliteStore
+    older = memory.MIGRATIONS[:-1]
+    from unittest import mock
+    with mock.patch.object(memory, "MIGRATIONS", older):
+        async with SqliteStore(tmp_path / "pluto.db") as store:
+            session = await store.conversations.session("helper/web/2", "helper")
+            for text in ("old badger", "old ferret"):
+                await store.conversations.add_message(session.id, "user", text)
+    conn = sqlite3.connect(tmp_path / "pluto.db")
+    assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name ="
+                        " 'messages_fts_insert'").fetchone()[0] == 1
+    conn.close()
+    async with SqliteStore(tmp_path / "pluto.db") as store:
+        await store.conversations.add_message(session.id, "user", "new badger")
+        assert sorted(h.content for h in await store.history.search(session.key, "badger")) \
+            == ["new badger", "old badger"]
+        await store.engine.write(("DELETE FROM messages WHERE content = 'old ferret'", ()))
+        assert await store.history.search(session.key, "ferret") == []
+        await store.engine.transact(_index_whole)
+
+
 async def test_a_compaction_is_kept_and_the_messages_after_it_read(store):
     from pluto.storage.sql.memory import Compaction
     conv, history = store.conversations, store.history

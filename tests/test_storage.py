@@ -8,6 +8,7 @@ import contextlib
 import datetime
 import decimal
 import json
+from typing import Any
 import logging
 import sqlite3
 import time
@@ -302,9 +303,9 @@ def counting_batches(store: SqliteStore, monkeypatch) -> list[int]:
     sizes: list[int] = []
     apply = engine_module._apply_batch
 
-    def counted(conn: sqlite3.Connection, changes: list) -> list:
+    def counted(conn: sqlite3.Connection, changes: list, *hooks: Any) -> list:
         sizes.append(len(changes))
-        return apply(conn, changes)
+        return apply(conn, changes, *hooks)
     monkeypatch.setattr(engine_module, "_apply_batch", counted)
     return sizes
 

@@ -215,10 +215,10 @@ async def test_a_run_storage_could_not_even_end_is_answered_once_storage_works(
     broken = [False]
     apply_batch = sqlite_engine._apply_batch
 
-    def apply(conn, changes):
+    def apply(conn, changes, *hooks):
         if broken[0]:
             raise sqlite3.OperationalError("database or disk is full")
-        return apply_batch(conn, changes)
+        return apply_batch(conn, changes, *hooks)
 
     monkeypatch.setattr(sqlite_engine, "_apply_batch", apply)
     answers = [0]

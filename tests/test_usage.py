@@ -406,9 +406,9 @@ async def test_an_answers_ledger_row_costs_no_commit_of_its_own(tmp_path, monkey
     commits: list[list[str]] = []
     apply = engine_module._apply_batch
 
-    def counted(conn: Any, changes: list) -> list:
+    def counted(conn: Any, changes: list, *hooks: Any) -> list:
         commits.append([getattr(c, "__qualname__", "?") for c in changes])
-        return apply(conn, changes)
+        return apply(conn, changes, *hooks)
 
     async with SqliteStore(tmp_path / "p.db") as store:
         meter = UsageMeter(store.usage)

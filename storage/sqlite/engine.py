@@ -101,8 +101,10 @@ def _passing(error: BaseException) -> str | None:
     return None
 
 
-def _apply_batch(conn: sqlite3.Connection, changes: list[Change]) -> list[Any]:
-    """Every change, then one commit for all.
+def _apply_batch(conn: sqlite3.Connection, changes: list[Change],
+                 hooks: Sequence[Change] = ()) -> list[Any]:
+    """Every change, then the ``hooks`` (:meth:`SqliteEngine.before_commit`), then one commit
+    for all.
 
     A change that raises is rolled back alone and its exception is its result; the others
     commit. They are first run together, without a savepoint each (two statements fewer per
@@ -110,13 +112,30 @@ def _apply_batch(conn: sqlite3.Connection, changes: list[Change]) -> list[Any]:
     in its own savepoint. If the commit itself fails, everything is rolled back and the error
     goes to every caller."""
     if len(changes) > 1:
-        together = _apply(conn, changes, isolated=False)
+        together = _apply(conn, changes, hooks, isolated=False)
         if together is not None:
             return together
-    return _apply(conn, changes, isolated=True)  # type: ignore[return-value]
+    return _apply(conn, changes, hooks, isolated=True)  # type: ignore[return-value]
 
 
-def _apply(conn: sqlite3.Connection, changes: list[Change], *,
+def _hooks(conn: sqlite3.Connection, hooks: Sequence[Change]) -> None:
+    """Each hook in a savepoint of its own: one that fails for a reason that does not pass is
+    rolled back alone and logged (the changes commit without it; it tries again at the next
+    commit); one that may pass fails the batch, which is tried again."""
+    for hook in hooks:
+        conn.execute("SAVEPOINT hook")
+        try:
+            hook(conn)
+        except Exception as e:  # noqa: BLE001 - logged, the batch commits without it
+            if _passing(e) is not None:
+                raise
+            conn.execute("ROLLBACK TO hook")
+            log.error("storage: %s failed before a commit (tried again at the next): %s",
+                      getattr(hook, "__qualname__", "a hook"), e)
+        conn.execute("RELEASE hook")
+
+
+def _apply(conn: sqlite3.Connection, changes: list[Change], hooks: Sequence[Change], *,
            isolated: bool) -> list[Any] | None:
     """One transaction; None when a change failed and ``isolated`` is False (rolled back)."""
     results: list[Any] = []
@@ -141,6 +160,8 @@ def _apply(conn: sqlite3.Connection, changes: list[Change], *,
                 results.append(_Failed(e))
             if savepoints:
                 conn.execute("RELEASE change")
+        if hooks:
+            _hooks(conn, hooks)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
@@ -220,6 +241,7 @@ class SqliteEngine:
         self._deadlines: dict[asyncio.Future[Any], float] = {}  # changes being retried
         self._tries = 0  # failed tries of the batch in line
         self._retry: asyncio.TimerHandle | asyncio.Task[None] | None = None
+        self._before_commit: list[Change] = []  # run in every batch, before its commit
 
     @property
     def is_open(self) -> bool:
@@ -378,6 +400,14 @@ class SqliteEngine:
         if self._pending and not self._committing and self._db is not None:
             self._commit_next()
 
+    def before_commit(self, hook: Change) -> None:
+        """Run ``hook`` in every batch, after its changes and before its commit: work that
+        costs less done once for many changes than once each (the search index of the
+        messages the batch wrote). It must be idempotent and cheap when there is nothing to
+        do; it never fails a change: one that fails is rolled back alone and logged."""
+        if hook not in self._before_commit:
+            self._before_commit.append(hook)
+
     async def write(self, *statements: Statement) -> int:
         """Statements as one atomic change; returns the row count of the last one."""
         return await self.transact(run_statements(statements))
@@ -412,7 +442,8 @@ class SqliteEngine:
             self._committed(batch, StorageError("storage is not open"))
             return
         try:
-            results: list[Any] | BaseException = _apply_batch(db._conn, [c for c, _ in batch])
+            results: list[Any] | BaseException = _apply_batch(
+                db._conn, [c for c, _ in batch], self._before_commit)
         except Exception as e:  # noqa: BLE001 - every caller gets it
             results = e
         self._committed(batch, results)
