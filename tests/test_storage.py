@@ -8,12 +8,12 @@ import contextlib
 import datetime
 import decimal
 import json
-from typing import Any
 import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -591,3 +591,29 @@ async def test_a_small_read_runs_on_the_loop_and_in_the_thread_when_busy(store, 
 ])
 def test_json_kept_in_rows_reads_back_as_the_standard_library_wrote_it(value) -> None:
     assert json.loads(json_text(value)) == json.loads(json.dumps(value, default=str))
+
+
+async def test_foreign_keys_guard_sqlite_and_cost_postgres_nothing_on_a_messages_way(tmp_path):
+    """SQLite checks that a run's events, a session's messages and runs have their parent
+    (one index lookup each: the tests catch a row written before it); PostgreSQL keeps no such
+    key on a message's way (a trigger's query and a row lock each: see the migration)."""
+    from pluto.storage.postgres import PostgresStore
+    from tests.helpers.pg import fresh_schema
+    orphans = [("INSERT INTO run_events (run_id, seq, type, data) VALUES (?, 1, 'x', '{}')",
+                ("no-such-run",)),
+               ("INSERT INTO messages (session_id, role, content, created_at) VALUES"
+                " (?, 'user', 'hi', 1.0)", ("no-such-session",)),
+               ("INSERT INTO runs (id, session_id, agent, status, started_at) VALUES"
+                " ('r-orphan', ?, 'a', 'ok', 1.0)", ("no-such-session",))]
+    async with SqliteStore(tmp_path / "p.db") as store:
+        for stmt in orphans:
+            with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+                await store.engine.write(stmt)
+    with fresh_schema() as url:
+        async with PostgresStore(url, min_size=1, max_size=2) as pg:
+            keys = await pg.engine.fetchall(
+                "SELECT tc.table_name FROM information_schema.table_constraints tc WHERE"
+                " tc.constraint_type = 'FOREIGN KEY' AND tc.table_schema = current_schema()")
+            assert sorted(r[0] for r in keys) == ["api_steps", "blob_chunks"]  # (off that way)
+            for stmt in orphans:
+                await pg.engine.write(stmt)
