@@ -230,6 +230,10 @@ async def test_sqlite_indexes_a_commits_messages_once_for_all_in_its_commit(tmp_
             f"parcel number {i}" for i in range(20)}
         assert len(await history.search(session.key, "parcel", limit=50)) == 20
         await engine.transact(_index_whole)
+        await conv.add_message(session.id, "tool", "parcel table with many rows")
+        assert len(await history.search(session.key, "parcel", limit=50)) == 20
+        assert await engine.read(lambda c: _indexed(c, "rows")) == []  # (never read: not kept)
+        await engine.transact(_index_sound)
 
         def written_and_deleted(conn) -> None:  # (deleted in the commit that wrote it)
             conn.execute("INSERT INTO messages (session_id, role, content, created_at) VALUES"
@@ -237,7 +241,7 @@ async def test_sqlite_indexes_a_commits_messages_once_for_all_in_its_commit(tmp_
             conn.execute("DELETE FROM messages WHERE content = 'ephemeral words'")
             conn.execute("DELETE FROM messages WHERE content = 'parcel number 3'")
         await engine.transact(written_and_deleted)
-        await engine.transact(_index_whole)
+        await engine.transact(_index_sound)
         assert await history.search(session.key, "ephemeral") == []
         assert len(await history.search(session.key, "parcel", limit=50)) == 19
 
@@ -252,7 +256,7 @@ async def test_sqlite_indexes_a_commits_messages_once_for_all_in_its_commit(tmp_
         await store.conversations.add_message(session.id, "assistant", "otters hold hands")
         assert [h.content for h in await store.history.search(session.key, "otter")] == [
             "a stray otter"]
-        await store.engine.transact(_index_whole)
+        await store.engine.transact(_index_sound)
 
         # the index cannot be written (a table gone): messages still commit, it is logged
         await store.engine.write(("ALTER TABLE messages_fts_upto RENAME TO upto_away", ()))
@@ -264,34 +268,64 @@ async def test_sqlite_indexes_a_commits_messages_once_for_all_in_its_commit(tmp_
         await store.engine.write(("ALTER TABLE upto_away RENAME TO messages_fts_upto", ()))
         await store.conversations.add_message(session.id, "user", "a loud heron")
         assert len(await store.history.search(session.key, "heron")) == 2
-        await store.engine.transact(_index_whole)
+        await store.engine.transact(_index_sound)
 
 
-async def test_sqlite_index_of_an_older_database_carries_over(tmp_path: Path):
-    """A database whose messages a trigger indexed (the schema before): after the migration
-    they are still found, a new one is too, and deleting an old one keeps the index whole."""
+def _indexed(conn, word: str) -> list[int]:
+    """The message ids the search index holds for ``word`` (whatever their role)."""
+    return [r[0] for r in conn.execute(
+        "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? ORDER BY rowid",
+        (word,)).fetchall()]
+
+
+def _index_sound(conn) -> None:
+    """FTS5's check of the index itself (it holds only some of the messages: not against
+    them)."""
+    conn.execute("INSERT INTO messages_fts (messages_fts) VALUES ('integrity-check')")
+
+
+@pytest.mark.parametrize("schema", ["trigger", "per-commit"])
+async def test_sqlite_index_of_an_older_database_carries_over(tmp_path: Path, schema: str):
+    """A database indexed by an earlier schema — a trigger per message, or once a commit with
+    the tools' results — after the migrations: its people's messages are still found, a new
+    one is too, the tools' results leave the index (search never looks at them), and deleting
+    an old message of either kind keeps the index sound."""
     import sqlite3
+    from unittest import mock
 
     from pluto.storage.sql import memory
     from pluto.storage.sqlite import SqliteStore
-    older = memory.MIGRATIONS[:-1]
-    from unittest import mock
+    older = memory.MIGRATIONS[:-2] if schema == "trigger" else memory.MIGRATIONS[:-1]
     with mock.patch.object(memory, "MIGRATIONS", older):
         async with SqliteStore(tmp_path / "pluto.db") as store:
             session = await store.conversations.session("helper/web/2", "helper")
-            for text in ("old badger", "old ferret"):
-                await store.conversations.add_message(session.id, "user", text)
+            for role, text in (("user", "old badger"), ("user", "old ferret"),
+                               ("tool", "badger table one"), ("tool", "badger table two")):
+                await store.conversations.add_message(session.id, role, text)
+            if schema == "per-commit":  # (that schema's hook indexed the tools' results too)
+                await store.engine.write((
+                    "INSERT INTO messages_fts (rowid, content) SELECT id, content FROM"
+                    " messages WHERE role = 'tool'", ()))
+            assert len(await store.engine.read(lambda c: _indexed(c, "badger"))) == 3
     conn = sqlite3.connect(tmp_path / "pluto.db")
     assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name ="
-                        " 'messages_fts_insert'").fetchone()[0] == 1
+                        " 'messages_fts_insert'").fetchone()[0] == (schema == "trigger")
     conn.close()
     async with SqliteStore(tmp_path / "pluto.db") as store:
         await store.conversations.add_message(session.id, "user", "new badger")
+        await store.conversations.add_message(session.id, "tool", "badger table three")
         assert sorted(h.content for h in await store.history.search(session.key, "badger")) \
             == ["new badger", "old badger"]
-        await store.engine.write(("DELETE FROM messages WHERE content = 'old ferret'", ()))
+        ids = await store.engine.read(lambda c: _indexed(c, "badger"))
+        roles = await store.engine.fetchall(
+            f"SELECT DISTINCT role FROM messages WHERE id IN ({','.join('?' * len(ids))})",
+            tuple(ids))
+        assert len(ids) == 2 and [r[0] for r in roles] == ["user"]
+        await store.engine.write(("DELETE FROM messages WHERE content IN"
+                                  " ('old ferret', 'badger table one', 'badger table three')",
+                                  ()))
         assert await store.history.search(session.key, "ferret") == []
-        await store.engine.transact(_index_whole)
+        await store.engine.transact(_index_sound)
 
 
 async def test_a_compaction_is_kept_and_the_messages_after_it_read(store):
@@ -678,3 +712,36 @@ async def test_the_gateway_keeps_notes_in_the_database_when_instances_share_it(
         assert isinstance(gw.runner.services["memory"], SharedMemoryBook)
     gw = Gateway(config_dir, config=PlutoConfig(data_dir=data_dir))
     assert isinstance(gw.runner.services["memory"], MemoryBook)
+
+
+async def test_postgres_search_reads_its_partial_index(monkeypatch):
+    """PostgreSQL's full-text index holds people's and the agent's messages only (the tools'
+    results are never searched), and search's own statement can read it."""
+    from pluto.storage.postgres import PostgresStore
+    from pluto.storage.postgres.engine import _pg
+    from tests.helpers.pg import connect, fresh_schema
+    with fresh_schema() as url:
+        async with PostgresStore(url, min_size=1, max_size=2) as store:
+            session = await store.conversations.session("helper/web/9", "helper")
+            for role, text in (("user", "where is my parcel"), ("tool", "parcel rows"),
+                               ("assistant", "your parcel is on its way")):
+                await store.conversations.add_message(session.id, role, text)
+            asked: list[tuple[str, tuple]] = []
+            fetchall = store.engine.fetchall
+
+            async def noted(sql: str, params: tuple = (), **kw):  # type: ignore[no-untyped-def]
+                asked.append((sql, params))
+                return await fetchall(sql, params, **kw)
+            monkeypatch.setattr(store.engine, "fetchall", noted)
+            hits = await store.history.search(session.key, "parcel")
+            assert [h.role for h in hits] == ["assistant", "user"]
+        with connect(url) as conn:
+            predicate = conn.execute(
+                "SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index i JOIN pg_class c"
+                " ON c.oid = i.indexrelid WHERE c.relname = 'messages_fts'"
+                " AND c.relnamespace = current_schema()::regnamespace").fetchone()[0]
+            assert "'user'" in predicate and "'assistant'" in predicate
+            conn.execute("SET enable_seqscan = off")
+            sql, params = asked[-1]
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + _pg(sql), params))
+            assert "messages_fts" in plan, plan

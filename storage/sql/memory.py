@@ -14,6 +14,10 @@ of every statement that touches it, so a message indexed on its own cost 25-30 �
 its insert (a third of an instant answer's SQL, two messages an answer); twenty at once,
 4 µs each. ``messages_fts_upto`` keeps the last message id indexed; a message deleted
 leaves the index only if it was in it.
+
+Only what search looks at is indexed, on both engines: people's and the agent's messages
+(:data:`SEARCHED`), not the tools' results — a data tool's table can be thousands of words,
+tokenized at every call on the loop, for an index no search reads.
 """
 
 from __future__ import annotations
@@ -110,6 +114,26 @@ MIGRATIONS.append({  # SQLite: the index written once a commit (see the module's
     END;
     """,
     "postgres": "SELECT 1"})
+MIGRATIONS.append({  # only what search looks at is indexed: people's and the agent's words
+    "sqlite": """
+    INSERT INTO messages_fts (messages_fts, rowid, content)
+        SELECT 'delete', id, content FROM messages WHERE content IS NOT NULL
+        AND role NOT IN ('user', 'assistant') AND id <= (SELECT id FROM messages_fts_upto);
+    DROP TRIGGER messages_fts_delete;
+    CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages
+        WHEN old.content IS NOT NULL AND old.role IN ('user', 'assistant')
+        AND old.id <= (SELECT id FROM messages_fts_upto) BEGIN
+        INSERT INTO messages_fts(messages_fts, rowid, content)
+            VALUES ('delete', old.id, old.content);
+    END;
+    """,
+    "postgres": """
+    DROP INDEX messages_fts;
+    CREATE INDEX messages_fts ON messages
+        USING GIN (to_tsvector('simple', coalesce(content, '')))
+        WHERE role IN ('user', 'assistant');
+    """})
+SEARCHED = "role IN ('user', 'assistant')"  # the messages search looks at (and the index holds)
 MAX_UNSUMMARIZED = 2_000  # messages read after the last summary, at most (the newest)
 MAX_QUERY_TERMS = 12
 
@@ -157,7 +181,7 @@ def index_new_messages(conn: Any) -> None:
     if last is None or last <= upto:
         return
     conn.execute("INSERT INTO messages_fts (rowid, content) SELECT id, content FROM messages"
-                 " WHERE id > ? AND content IS NOT NULL", (upto,))
+                 f" WHERE id > ? AND content IS NOT NULL AND {SEARCHED}", (upto,))
     conn.execute("UPDATE messages_fts_upto SET id = ?", (last,))
 
 
@@ -223,7 +247,7 @@ class SqlHistory:
         rows = await self.engine.fetchall(
             "SELECT m.id, m.session_id, m.role, m.content, m.created_at FROM messages m"
             " JOIN sessions s ON s.id = m.session_id WHERE s.key = ?"
-            " AND m.role IN ('user', 'assistant') AND m.content IS NOT NULL AND " + match +
+            f" AND m.{SEARCHED} AND m.content IS NOT NULL AND " + match +
             " ORDER BY m.id DESC LIMIT ?", (session_key, arg, limit))
         return [HistoryHit(int(r[0]), r[1], r[2], r[3], float(r[4])) for r in rows]
 
