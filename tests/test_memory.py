@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -259,15 +260,18 @@ async def test_sqlite_indexes_a_commits_messages_once_for_all_in_its_commit(tmp_
         await store.engine.transact(_index_sound)
 
         # the index cannot be written (a table gone): messages still commit, it is logged
-        await store.engine.write(("ALTER TABLE messages_fts_upto RENAME TO upto_away", ()))
         caplog.clear()
-        await store.conversations.add_message(session.id, "user", "a quiet heron")
+        caplog.set_level(logging.INFO, logger="pluto.storage.sqlite.engine")
+        await store.engine.write(("ALTER TABLE messages_fts_upto RENAME TO upto_away", ()))
+        for text in ("a quiet heron", "a grey heron", "a still heron"):
+            await store.conversations.add_message(session.id, "user", text)
         assert [m.content for m in await store.conversations.messages(session.id)][-1] == \
-            "a quiet heron"
-        assert "index_new_messages failed before a commit" in caplog.text
+            "a still heron"
+        assert caplog.text.count("index_new_messages failed before a commit") == 1  # (once)
         await store.engine.write(("ALTER TABLE upto_away RENAME TO messages_fts_upto", ()))
         await store.conversations.add_message(session.id, "user", "a loud heron")
-        assert len(await store.history.search(session.key, "heron")) == 2
+        assert len(await store.history.search(session.key, "heron")) == 4
+        assert "index_new_messages works again" in caplog.text
         await store.engine.transact(_index_sound)
 
 

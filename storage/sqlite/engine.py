@@ -118,20 +118,31 @@ def _apply_batch(conn: sqlite3.Connection, changes: list[Change],
     return _apply(conn, changes, hooks, isolated=True)  # type: ignore[return-value]
 
 
+_FAILING_HOOKS: set[Change] = set()  # hooks whose last run failed (logged once until it works)
+
+
 def _hooks(conn: sqlite3.Connection, hooks: Sequence[Change]) -> None:
     """Each hook in a savepoint of its own: one that fails for a reason that does not pass is
-    rolled back alone and logged (the changes commit without it; it tries again at the next
-    commit); one that may pass fails the batch, which is tried again."""
+    rolled back alone and logged, once until it works again (the changes commit without it; it
+    tries again at the next commit); one that may pass fails the batch, which is tried
+    again."""
     for hook in hooks:
         conn.execute("SAVEPOINT hook")
+        name = getattr(hook, "__qualname__", "a hook")
         try:
             hook(conn)
         except Exception as e:  # noqa: BLE001 - logged, the batch commits without it
             if _passing(e) is not None:
                 raise
             conn.execute("ROLLBACK TO hook")
-            log.error("storage: %s failed before a commit (tried again at the next): %s",
-                      getattr(hook, "__qualname__", "a hook"), e)
+            if hook not in _FAILING_HOOKS:
+                _FAILING_HOOKS.add(hook)
+                log.error("storage: %s failed before a commit (tried again at each next one,"
+                          " logged again once it works): %s", name, e)
+        else:
+            if hook in _FAILING_HOOKS:
+                _FAILING_HOOKS.discard(hook)
+                log.info("storage: %s works again", name)
         conn.execute("RELEASE hook")
 
 
