@@ -48,19 +48,22 @@ import re
 import time
 import zlib
 from decimal import Decimal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any, TypeVar
 
 from pluto.errors import StorageError, StorageUnavailable
 from pluto.storage.health import StorageHealth
-from pluto.storage.sql import Migration, Statement, migration_for, run_statements, together
+from pluto.storage.sql import (Migration, Online, Statement, migration_for, run_statements,
+                               together)
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MIGRATION_LOCK = zlib.crc32(b"pluto-migrations")  # held while one instance migrates
+MIGRATION_POLL = 0.1  # seconds between asks for that lock
+MIGRATION_NOTICE = 5.0  # seconds waited for it before saying so (once)
 RETRIES = 5  # a change that meets a serialization failure or deadlock is run again
 RETRY_SECONDS = 2.0  # a change that meets a lost connection or a full disk: tried this long
 # (short: several instances' leases and fencing judge an instance that cannot write)
@@ -74,6 +77,28 @@ DISK_FULL = "the database server's disk is full"
 def _pg(sql: str) -> str:
     """``?`` placeholders as psycopg's ``%s`` (a literal ``%`` doubled)."""
     return sql.replace("%", "%%").replace("?", "%s")
+
+
+@contextlib.contextmanager
+def _migrating(conn: _Conn) -> Iterator[None]:
+    """Hold the migration lock (one instance migrates at a time) on ``conn`` — an autocommit
+    connection — while the block runs. It is waited for by asking again, never inside a
+    statement: one waiting inside a statement holds a snapshot, which another instance's
+    ``CREATE INDEX CONCURRENTLY`` waits to see end while that instance holds the lock — a
+    deadlock (the reason Rails' migrations ask the same way)."""
+    notice: float | None = time.monotonic() + MIGRATION_NOTICE
+    while not conn.execute("SELECT pg_try_advisory_lock(?)", (MIGRATION_LOCK,)).fetchone()[0]:
+        if notice is not None and time.monotonic() >= notice:
+            log.info("storage: waiting for another instance to finish migrating the database")
+            notice = None
+        time.sleep(MIGRATION_POLL)
+    try:
+        yield
+    finally:
+        try:
+            conn.execute("SELECT pg_advisory_unlock(?)", (MIGRATION_LOCK,))
+        except Exception:  # noqa: BLE001 - the session is gone, and its lock with it; were
+            conn._conn.close()  # it not, closed: never back in the pool holding the lock
 
 
 # the types psycopg names when it sends a Python value (the server infers the rest: a string
@@ -368,8 +393,7 @@ class PostgresEngine:
         pool = self._new_pool()
         try:
             pool.open(wait=True, timeout=self.connect_timeout)
-            with pool.connection() as conn, conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            with pool.connection() as conn, _migrating(_Conn(conn)):
                 conn.execute("CREATE TABLE IF NOT EXISTS schema_versions (component TEXT"
                              " PRIMARY KEY, version INTEGER NOT NULL)")
         except BaseException:
@@ -405,22 +429,33 @@ class PostgresEngine:
     # schema -------------------------------------------------------------------------------
 
     async def migrate(self, component: str, migrations: Sequence[Migration]) -> None:
-        def step(conn: _Conn) -> int:
-            conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
-            row = conn.execute("SELECT version FROM schema_versions WHERE component = ?",
-                               (component,)).fetchone()
-            version = row[0] if row else 0
-            if version > len(migrations):
-                raise StorageError(f"the {component} tables were written by a newer Pluto "
-                                   f"(schema {version})")
-            for i in range(version, len(migrations)):
-                conn._conn.execute(migration_for("postgres", migrations[i]))
-                conn.execute("INSERT INTO schema_versions (component, version) VALUES (?,?)"
-                             " ON CONFLICT(component) DO UPDATE SET version = excluded.version",
-                             (component, i + 1))
-            return len(migrations) - version
+        """Each step commits with its version, in a transaction; an :class:`Online` step runs
+        statement by statement outside one (an index built while the table is written), its
+        version recorded after it. One instance migrates at a time (the others wait, then
+        find nothing left to do)."""
+        def run(conn: _Conn) -> int:
+            with _migrating(conn):
+                row = conn.execute("SELECT version FROM schema_versions WHERE component = ?",
+                                   (component,)).fetchone()
+                version = row[0] if row else 0
+                if version > len(migrations):
+                    raise StorageError(f"the {component} tables were written by a newer Pluto"
+                                       f" (schema {version})")
+                mark = ("INSERT INTO schema_versions (component, version) VALUES (?,?)"
+                        " ON CONFLICT(component) DO UPDATE SET version = excluded.version")
+                for i in range(version, len(migrations)):
+                    step = migration_for("postgres", migrations[i])
+                    if isinstance(step, Online):
+                        for sql in step.statements:
+                            conn._conn.execute(sql)
+                        conn.execute(mark, (component, i + 1))
+                        continue
+                    with conn._conn.transaction():
+                        conn._conn.execute(step)
+                        conn.execute(mark, (component, i + 1))
+                return len(migrations) - version
 
-        applied = await self.transact(step)
+        applied = await self._in_thread(self._run, run, False)
         if applied:
             log.info("storage: migrated %s schema to %d", component, len(migrations))
 

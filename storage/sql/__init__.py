@@ -10,13 +10,17 @@ thread holding a pooled connection, or a single statement on the event loop thro
 
 Migrations are kept with their part, one versioned list for both engines. A step is either one
 script for both (the PostgreSQL engine spells two column types its way: an autoincrement key
-and ``REAL``) or a ``{"sqlite": …, "postgres": …}`` pair where the engines truly differ.
+and ``REAL``) or a ``{"sqlite": …, "postgres": …}`` pair where the engines truly differ. A
+PostgreSQL step that builds an index on a table that grows with use (messages, runs) is
+:func:`online_index`: built while the table keeps being read and written, so that instances
+of the previous version keep answering while a new one migrates (a rolling upgrade).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +31,31 @@ import orjson
 T = TypeVar("T")
 Statement = tuple[str, tuple[Any, ...]]
 Change = Callable[[Any], Any]
-Migration = str | Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Online:
+    """A PostgreSQL migration step run outside a transaction, statement by statement
+    (``CREATE INDEX CONCURRENTLY`` cannot run inside one); each statement must be safe to run
+    again, as the whole step is when it was cut short before its version was recorded."""
+
+    statements: tuple[str, ...]
+
+
+def online_index(name: str, definition: str) -> Online:
+    """The index ``name`` as ``CREATE INDEX name ON definition``, built without holding the
+    table against writes (``CONCURRENTLY``: a plain build, or dropping an index, locks writers
+    out of the table for the whole build — minutes on a large one), replacing an index of that
+    name once the new one is whole. A build cut short leaves an invalid index under the
+    building name: the step run again drops it first."""
+    building = f"{name}_building"
+    return Online((f"DROP INDEX CONCURRENTLY IF EXISTS {building}",
+                   f"CREATE INDEX CONCURRENTLY {building} ON {definition}",
+                   f"DROP INDEX CONCURRENTLY IF EXISTS {name}",
+                   f"ALTER INDEX {building} RENAME TO {name}"))
+
+
+Migration = str | Mapping[str, "str | Online"]
 
 
 _AS_STDLIB = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
@@ -74,8 +102,9 @@ def together(parts: Sequence[tuple[str, Statement]], result: str) -> Statement:
             + f" SELECT {result}", tuple(p for _, (_, ps) in parts for p in ps))
 
 
-def migration_for(dialect: str, step: Migration) -> str:
-    """One migration step as the engine ``dialect`` runs it."""
+def migration_for(dialect: str, step: Migration) -> str | Online:
+    """One migration step as the engine ``dialect`` runs it (:class:`Online`: PostgreSQL's
+    only)."""
     if not isinstance(step, str):
         return step[dialect]
     if dialect == "postgres":

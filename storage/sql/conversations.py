@@ -25,8 +25,8 @@ from pluto.events import RunEnd, RunEvent, event_from_dict, event_to_dict
 from pluto.ids import new_id
 from pluto.storage.rows import (MessageRow, RunRow, SessionRow, estimate_tokens,
                                 sanitize_history)
-from pluto.storage.sql import (Engine, Migration, Statement, json_text, run_statements,
-                               together)
+from pluto.storage.sql import (Engine, Migration, Statement, json_text, online_index,
+                               run_statements, together)
 from pluto.storage.sql.fencing import Claim, fence
 from pluto.storage.sql.usage import SqlUsage
 
@@ -106,7 +106,7 @@ MIGRATIONS: list[Migration] = [
     # index, not every run ever answered (runs are kept: 200,000 of them took it 0.6 s, every
     # half lease, on each instance); one SQLite process never sweeps (no index to keep up)
     {"sqlite": "SELECT 1",
-     "postgres": "CREATE INDEX runs_answered ON runs(ended_at) WHERE status = 'ok'"},
+     "postgres": online_index("runs_answered", "runs(ended_at) WHERE status = 'ok'")},
     # PostgreSQL: no foreign keys on a message's way. Each row a key guards is checked by a
     # query of its own at the statement's end (a trigger, through SPI) that also locks the row
     # it finds (FOR KEY SHARE): six a message (three run events, two messages, the run), 15%

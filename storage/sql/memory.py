@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pluto.storage.rows import MessageRow
-from pluto.storage.sql import Engine
+from pluto.storage.sql import Engine, online_index
 
 COMPONENT = "memory"
 MIGRATIONS: list[Any] = [
@@ -127,12 +127,9 @@ MIGRATIONS.append({  # only what search looks at is indexed: people's and the ag
             VALUES ('delete', old.id, old.content);
     END;
     """,
-    "postgres": """
-    DROP INDEX messages_fts;
-    CREATE INDEX messages_fts ON messages
-        USING GIN (to_tsvector('simple', coalesce(content, '')))
-        WHERE role IN ('user', 'assistant');
-    """})
+    # (built while messages keep being written: a rolling upgrade's older instances answer on)
+    "postgres": online_index("messages_fts", "messages USING GIN (to_tsvector('simple',"
+                             " coalesce(content, ''))) WHERE role IN ('user', 'assistant')")})
 SEARCHED = "role IN ('user', 'assistant')"  # the messages search looks at (and the index holds)
 MAX_UNSUMMARIZED = 2_000  # messages read after the last summary, at most (the newest)
 MAX_QUERY_TERMS = 12

@@ -349,8 +349,10 @@ class SqliteEngine:
                 raise StorageError(f"the {component} tables in {self.path} were written by a "
                                    f"newer Pluto (schema {version})")
             for i in range(version, len(migrations)):
+                script = migration_for("sqlite", migrations[i])
+                assert isinstance(script, str)  # (online steps are PostgreSQL's)
                 conn.executescript(
-                    f"BEGIN; {migration_for('sqlite', migrations[i])}; INSERT INTO schema_versions (component, version)"
+                    f"BEGIN; {script}; INSERT INTO schema_versions (component, version)"
                     f" VALUES ('{component}', {i + 1}) ON CONFLICT(component) DO UPDATE SET"
                     f" version = excluded.version; COMMIT;")
             return len(migrations) - version
