@@ -299,6 +299,10 @@ async def _cut_short_then_next(config_dir: Path, tmp_path: Path,
             await asyncio.sleep(1.0)  # (the old way: "two" was answered in this second)
             assert provider.finals() == []
             away[0] = False  # storage works again
+            if race:  # (as the listener, back after an outage, wakes every chat: the worker of
+                # "two" takes the chat now — else the worker of "one", retrying its hand-back
+                # every second, often came first and there was no race)
+                intake.note(None)
             assert await provider.wait_finals(2, timeout=20) == ["echo: one", "echo: two"]
             assert bool(raced) == race  # (the race happened as described)
             await gw.settled()
