@@ -507,15 +507,23 @@ class IntakeQueue:
         the chat queued here wakes it too."""
         assert self.shared is not None
         event = self._wake.setdefault(key, asyncio.Event())
-        waiter = asyncio.ensure_future(event.wait())
+        waiting = [True]  # (``also`` finishing later wakes no later wait)
+
+        def finished(_: asyncio.Future[Any]) -> None:
+            if waiting[0]:
+                event.set()
+        if also is not None:  # (it ends the wait as a note would: no task, no asyncio.wait)
+            also.add_done_callback(finished)
         try:
-            done, _ = await asyncio.wait({waiter, also} if also is not None else {waiter},
-                                         timeout=self.shared.fallback if timeout is None
-                                         else timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            return bool(done)
+            async with asyncio.timeout(self.shared.fallback if timeout is None else timeout):
+                await event.wait()
+            return True
+        except TimeoutError:
+            return False
         finally:
-            waiter.cancel()
+            waiting[0] = False
+            if also is not None:
+                also.remove_done_callback(finished)
             event.clear()
 
     def note(self, payload: str | None) -> None:
