@@ -13,13 +13,15 @@ transaction, and every writer queued behind it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from unittest import mock
 
 import pytest
 
 from pluto.storage.postgres import PostgresStore
+from pluto.storage.postgres.engine import MIGRATION_LOCK
 from pluto.storage.sql import Online, memory, online_index
 from tests.helpers.pg import connect, fresh_schema
 from tests.helpers.served import wait_for
@@ -33,8 +35,8 @@ def behind() -> Iterator[str]:
     with fresh_schema() as url:
         async def open_old() -> None:
             with _one_behind():
-                async with _store(url):
-                    pass
+                await (store := _store(url)).open()
+            await store.close()
         asyncio.run(open_old())
         yield url
 
@@ -47,6 +49,32 @@ def _store(url: str) -> PostgresStore:
 
 def _one_behind() -> Any:
     return mock.patch.object(memory, "MIGRATIONS", memory.MIGRATIONS[:-1])
+
+
+@contextlib.asynccontextmanager
+async def _building(url: str, stores: int = 1
+                    ) -> AsyncIterator[tuple[Any, list[PostgresStore], asyncio.Future[None]]]:
+    """``stores`` stores opened on ``url`` one step behind, the first running the last step,
+    whose build waits for a transaction left open on messages: (that transaction's
+    connection — COMMIT lets the build go on —, the stores, the migration under way)."""
+    holder = connect(url)
+    opened: list[PostgresStore] = []
+    try:
+        holder.execute("BEGIN")
+        _insert(holder, "a writer of the moment, still open")  # (the build waits for it)
+        with _one_behind():
+            for _ in range(stores):
+                await (store := _store(url)).open()
+                opened.append(store)
+        migrating = asyncio.ensure_future(opened[0].engine.migrate(memory.COMPONENT,
+                                                                   memory.MIGRATIONS))
+        with connect(url) as look:
+            await wait_for(lambda: _build_waiting(look))
+        yield holder, opened, migrating
+    finally:
+        holder.close()  # (its transaction ends, were the test to fail before)
+        for store in opened:
+            await store.close()
 
 
 def _insert(conn: Any, text: str) -> None:
@@ -103,15 +131,8 @@ def test_an_online_index_step_run_again_leaves_one_index() -> None:
 
 
 async def test_the_table_is_written_while_its_index_is_built(behind: str) -> None:
-    with connect(behind) as holder, connect(behind) as writer, connect(behind) as look:
-        holder.execute("BEGIN")
-        _insert(holder, "a writer of the moment, still open")  # (the build waits for it)
-        with _one_behind():
-            await (store := _store(behind)).open()
-        try:
-            migrating = asyncio.ensure_future(store.engine.migrate(memory.COMPONENT,
-                                                                   memory.MIGRATIONS))
-            await wait_for(lambda: _build_waiting(look))
+    with connect(behind) as writer, connect(behind) as look:
+        async with _building(behind) as (holder, _, migrating):
             # the previous version's instances go on: they write and read the table at once
             writer.execute("SET lock_timeout = '2s'")
             for n in range(5):
@@ -122,9 +143,6 @@ async def test_the_table_is_written_while_its_index_is_built(behind: str) -> Non
             holder.execute("COMMIT")
             await asyncio.wait_for(migrating, 30)
             _migrated(look)
-        finally:
-            holder.close()  # (its transaction ends, were the test to fail before)
-            await store.close()
         rows = look.execute("SELECT count(*) FROM messages WHERE to_tsvector('simple',"
                             " coalesce(content, '')) @@ to_tsquery('simple', 'build')"
                             " AND role IN ('user', 'assistant')").fetchone()[0]
@@ -132,15 +150,8 @@ async def test_the_table_is_written_while_its_index_is_built(behind: str) -> Non
 
 
 async def test_a_build_cut_short_is_built_again(behind: str) -> None:
-    with connect(behind) as holder, connect(behind) as look:
-        holder.execute("BEGIN")
-        _insert(holder, "holds the build")
-        with _one_behind():
-            await (store := _store(behind)).open()
-        try:
-            migrating = asyncio.ensure_future(store.engine.migrate(memory.COMPONENT,
-                                                                   memory.MIGRATIONS))
-            await wait_for(lambda: _build_waiting(look))
+    with connect(behind) as look:
+        async with _building(behind) as (holder, (store,), migrating):
             # the migrating instance's connection is cut mid-build: an invalid index is left
             cut = look.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE"
                                " query LIKE 'CREATE INDEX CONCURRENTLY%%'").fetchall()
@@ -156,33 +167,16 @@ async def test_a_build_cut_short_is_built_again(behind: str) -> None:
             # the migration lock was let go with the connection cut, and by the one that
             # finished: another migration takes it at once
             assert look.execute("SELECT pg_try_advisory_lock(%s)",
-                                (store_lock(),)).fetchone()[0]
-            look.execute("SELECT pg_advisory_unlock(%s)", (store_lock(),))
-        finally:
-            holder.close()  # (its transaction ends, were the test to fail before)
-            await store.close()
-
-
-def store_lock() -> int:
-    from pluto.storage.postgres.engine import MIGRATION_LOCK
-    return MIGRATION_LOCK
+                                (MIGRATION_LOCK,)).fetchone()[0]
+            look.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
 
 
 async def test_instances_migrating_together_wait_for_an_online_build(behind: str) -> None:
     """One instance builds; the other waits for the migration lock without holding a snapshot
     (the build would wait for it while it waits for the lock: a deadlock, one of them failed
     by the server) and then finds nothing left to do."""
-    with connect(behind) as holder, connect(behind) as look:
-        holder.execute("BEGIN")
-        _insert(holder, "holds the build")
-        with _one_behind():
-            first, second = _store(behind), _store(behind)
-            await first.open()
-            await second.open()
-        try:
-            building = asyncio.ensure_future(first.engine.migrate(memory.COMPONENT,
-                                                                  memory.MIGRATIONS))
-            await wait_for(lambda: _build_waiting(look))
+    with connect(behind) as look:
+        async with _building(behind, stores=2) as (holder, (first, second), building):
             waiting = asyncio.ensure_future(second.engine.migrate(memory.COMPONENT,
                                                                   memory.MIGRATIONS))
             # the second asks for the lock now and then, holding nothing meanwhile
@@ -193,10 +187,6 @@ async def test_instances_migrating_together_wait_for_an_online_build(behind: str
             await asyncio.wait_for(asyncio.gather(building, waiting), 30)
             _migrated(look)
             assert first.engine.deadlocks == second.engine.deadlocks == 0
-        finally:
-            holder.close()  # (its transaction ends, were the test to fail before)
-            await first.close()
-            await second.close()
 
 
 def _asks(conn: Any, seen: set[tuple[int, Any]]) -> int:
