@@ -380,6 +380,11 @@ class Gateway:
         self.store.leases.notify = channel
         bus.subscribe(INTAKE, self._intake_note)
 
+    def _hearing(self) -> bool:
+        """Whether the notes between instances are heard now (several instances)."""
+        bus = self.store.bus
+        return bus is not None and bool(bus.hearing)
+
     def _intake_note(self, payload: str | None) -> None:
         for intake in list(self.intakes.values()):
             intake.note(payload)
@@ -572,7 +577,8 @@ class Gateway:
                             self.pipeline.urgent,  # a run's writes: fenced by its claim
                             claimed=self._claimed,
                             publish=self._publish_intake if self.store.bus is not None
-                            else None, delivered=self.outbox.chat_idle,
+                            else None, hearing=self._hearing,
+                            delivered=self.outbox.chat_idle,
                             handed_back=self._handed_back,
                             stranded_in=self._hand_back_chat,
                             # (one look now and then: notes carry the news)

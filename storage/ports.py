@@ -597,6 +597,12 @@ class Bus(Protocol):
         """``callback(payload)`` for each notification; ``callback(None)`` after a gap."""
         ...
 
+    @property
+    def hearing(self) -> bool:
+        """Whether notifications are heard now (the listening connection is up): while it is
+        not, one sent is lost — a note's absence then tells nothing."""
+        ...
+
 
 class ApprovalStore(Protocol):
     """Tool calls waiting for a person's decision (``storage/sql/approvals``)."""

@@ -2,16 +2,16 @@
 drawn at random while the traffic flows — the way production breaks, several things at once:
 
 - ``kill``: an instance is killed (SIGKILL) and started again 0.5-3 s later;
-- ``pause``: an instance is stopped (SIGSTOP) for 1-12 s — often past its 5 s lease, so its
+- ``pause``: an instance is stopped (SIGSTOP) for 1-20 s — often past its 5 s lease, so its
   chats are taken elsewhere meanwhile — then continued;
 - ``cut``: every connection the instances hold to PostgreSQL is terminated at once;
 - ``flood``: Telegram answers every send, edit and typing call with 429 for 1-4 s.
 
-At most two instances are down at a time. The schedule comes from a seeded random generator:
-the seed is printed, and ``CHAOS_SEEDS=7,8`` replays (or widens) the run. Every message's
-answer names it, and the chats must end as the scenario tests of tests/test_cluster.py say:
-each message answered, once, each chat in order. Two things the platform makes unknowable are
-told apart from faults, as there: a preview a killed instance had shown but never recorded (its
+A fault every 0.5-2 s; at times all three instances are down at once. The schedule comes
+from a seeded random generator: the seed is printed, and ``CHAOS_SEEDS=7,8`` replays (or
+widens) the run. Every message's answer names it, and the chats must end as the scenario
+tests of tests/test_cluster.py say: each message answered, once, each chat in order. Two things
+the platform makes unknowable are told apart from faults, as there: a preview a killed instance had shown but never recorded (its
 id died with it) stays behind as a leftover, and a reply a stopped instance had in flight when
 it stopped may be sent again by the chat's new holder — only with a "may have been delivered"
 line in its log (no bot API tells whether a send that got no answer went through).
@@ -37,11 +37,13 @@ from tests.test_chat_order import WindowedTelegram
 from tests.test_cluster import answer_to, wait_ready
 from tests.test_cluster_faults import Cluster, terminate_backends
 
-SEEDS = [int(s) for s in os.environ.get("CHAOS_SEEDS", "1,2").split(",") if s.strip()]
+# (13: the schedule that found a chat answered out of order — tests/test_cluster_inprocess.py,
+# "notes missed" — reproduced at each of its runs before the fix)
+SEEDS = [int(s) for s in os.environ.get("CHAOS_SEEDS", "1,13").split(",") if s.strip()]
 CHATS = 12
 ROUNDS = 24  # one round (a message to every chat) every ROUND_SECONDS
 ROUND_SECONDS = 1.25
-DOWN_AT_ONCE = 2  # instances killed or stopped at the same time, at most
+DOWN_AT_ONCE = 3  # instances killed or stopped at the same time, at most (all: an outage)
 
 
 class Chaos:
@@ -74,7 +76,7 @@ class Chaos:
     async def pause(self, i: int) -> None:
         serve = self.cluster.instances[i]
         assert serve.proc is not None
-        seconds = self.rng.uniform(1.0, 12.0)
+        seconds = self.rng.uniform(1.0, 20.0)
         self.note(f"stop {i} for {seconds:.1f}s")
         serve.proc.send_signal(signal.SIGSTOP)
         try:
@@ -109,7 +111,7 @@ class Chaos:
         await asyncio.sleep(self.rng.uniform(1.0, 3.0))
         while time.monotonic() < until:
             self.one()
-            await asyncio.sleep(self.rng.uniform(1.5, 4.0))  # (the schedule: faults' pace)
+            await asyncio.sleep(self.rng.uniform(0.5, 2.0))  # (the schedule: faults' pace)
         await asyncio.gather(*self.tasks)
 
 

@@ -104,6 +104,9 @@ class Shared:
         lambda source, claim: None
     # a note to the other instances (LISTEN/NOTIFY; see IntakeQueue.note): None, no bus
     publish: Callable[[str], Awaitable[None]] | None = None
+    # whether notes are heard now (the bus's listening connection is up): while they are
+    # not, a missing note tells nothing and a chat's inbox is read, not taken from memory
+    hearing: Callable[[], bool] = lambda: True
     # wait (at most so long) until this instance sent what it holds for (provider, chat),
     # whether it did: the chat is let go only then (waited for again while it is still
     # held), so the next answer, from anywhere, comes after
@@ -184,11 +187,15 @@ class IntakeQueue:
         # chat's queue — the chat's holder may take the message from the inbox meanwhile
         self._arriving: dict[str, Ticket] = {}
         self._wake: dict[str, asyncio.Event] = {}  # chats whose worker waits for a note
-        # chats with a message recorded by another instance since this one last read them
-        # (its note "new"), or all of them when notes may have been missed: read them again
-        # before letting go (else the release's note tells that message's receiver to take it)
+        # busy chats with a message recorded by another instance since this one last read
+        # them (its note "new"), and every chat read before notes were last missed: read them
+        # again before letting go (else the release's note tells that message's receiver to
+        # take it). Notes missed (the listener was away) count up ``_missed``; each busy
+        # chat's last read is stamped with its count then (``_looked``): one chat's read
+        # says nothing of the others'.
         self._news: set[str] = set()
-        self._all_news = False
+        self._missed = 0
+        self._looked: dict[str, int] = {}
         self._notes: set[asyncio.Task[None]] = set()  # notes being sent
         self._ticks = 0  # the count tickets' recordings are ordered by (Ticket.asked)
 
@@ -422,6 +429,8 @@ class IntakeQueue:
                 del self._chats[key]
             self._workers.pop(key, None)
             self._wake.pop(key, None)
+            self._news.discard(key)  # (the chat's next worker reads it as it takes it)
+            self._looked.pop(key, None)
             for ticket in queue:
                 ticket.settle(Dropped("the gateway is stopping"))
                 self._release()
@@ -533,7 +542,7 @@ class IntakeQueue:
         ``orphan|<provider>|<chat>`` a stopping instance left the chat's messages to us;
         None: notes may have been missed (every waiting chat looks again)."""
         if payload is None:
-            self._all_news = True
+            self._missed += 1
             for waiting in self._wake.values():
                 waiting.set()
             return
@@ -548,7 +557,8 @@ class IntakeQueue:
             chat, _, via = chat.rpartition("|")
             if self.shared is not None and via == self.shared.cluster.id:
                 return  # received here: in the chat's queue already (its worker was woken)
-            self._news.add(chat)
+            if chat in self._workers:  # (a chat with no worker here is read when taken)
+                self._news.add(chat)
         if kind == "done":
             self._done_elsewhere(*chat.partition("|")[::2])
         elif kind == "orphan":
@@ -714,15 +724,13 @@ class IntakeQueue:
     def _more_news(self, key: str) -> bool:
         """Whether another instance may have recorded a message of the chat since its inbox
         was last read (a note says so, or notes may have been missed)."""
-        return self.shared is None or self.shared.publish is None or self._all_news or \
-            key in self._news
+        return self.shared is None or self.shared.publish is None or key in self._news or \
+            self._looked.get(key, -1) != self._missed or not self.shared.hearing()
 
     def _heard_of(self, key: str) -> None:
         """The chat's inbox is about to be read: what was noted of it so far is in it."""
         self._news.discard(key)
-        if self._all_news:
-            self._all_news = False
-            self._news.clear()
+        self._looked[key] = self._missed
 
     def _more_since(self, key: str, queue: deque[Ticket]) -> bool:
         """Whether the chat may have a message its holder has not read yet: one received here

@@ -38,6 +38,13 @@ class PgBus:
         self._suffix: str | None = None  # the schema's, once known
         self._callbacks: dict[str, list[Callable[[str | None], None]]] = {}
         self._listener: asyncio.Task[None] | None = None  # one connection for every channel
+        self._hearing = False  # the listening connection is up, listening on every channel
+
+    @property
+    def hearing(self) -> bool:
+        """Whether notifications are heard now: from the moment the listening connection
+        listens on every channel until its loss is seen (a note sent meanwhile is lost)."""
+        return self._hearing
 
     async def scoped(self, channel: str) -> str:
         """The database-wide name of ``channel`` for this deployment's schema."""
@@ -77,7 +84,6 @@ class PgBus:
         asyncpg = await asyncio.to_thread(importlib.import_module, "asyncpg")
         loop = asyncio.get_running_loop()
         delay = 0.2
-        first = True
         while True:
             conn: Any = None
             try:
@@ -87,6 +93,7 @@ class PgBus:
                 gone: asyncio.Future[None] = loop.create_future()
 
                 def closed(_conn: Any, gone: asyncio.Future[None] = gone) -> None:
+                    self._hearing = False  # (at once: not when this task next runs)
                     if not gone.done():
                         gone.set_result(None)
 
@@ -95,21 +102,23 @@ class PgBus:
                     await conn.add_listener(
                         scoped, lambda _c, _pid, channel, payload:
                         _deliver(by_name, channel, payload))
-                if not first:  # back after a gap: whatever was missed, re-read
-                    _deliver(by_name, None, None)
-                first, delay = False, 0.2
+                self._hearing = not gone.done()
+                # whatever was missed before it listened (after a gap, or before the first
+                # time: a look taken just before may have missed a note), re-read
+                _deliver(by_name, None, None)
+                delay = 0.2
                 await gone
                 raise ConnectionError("the listening connection was closed")
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the database went away: come back
-                first = False  # (notes sent meanwhile are missed, even before the first hears)
                 log.warning("bus: listening at %s failed (%s); again in %.1fs",
                             redact(self.engine.url), str(e).splitlines()[0] if str(e)
                             else type(e).__name__, delay)
                 await asyncio.sleep(delay)
                 delay = min(5.0, delay * 2)
             finally:
+                self._hearing = False
                 if conn is not None:
                     conn.terminate()
 
