@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -15,6 +16,8 @@ from pluto.storage.postgres.engine import _count, _keyed, _kind, _numbered
 from tests.helpers.pg import connect as _connect
 from tests.helpers.pg import fresh_schema
 from tests.helpers.pg import terminate as _terminate
+from tests.helpers.tcp_proxy import TcpProxy
+from tests.test_cluster_faults import through
 
 
 def test_placeholders_are_numbered_and_typed_as_psycopg_sends_them():
@@ -309,6 +312,36 @@ async def test_the_bus_hears_notes_and_says_when_it_may_have_missed_some():
             assert store.bus.hearing
             await store.bus.publish("pluto_test", ["c"])
             await _until(lambda: heard[4:] == ["c"])
+
+
+async def test_a_listening_connection_cut_without_a_word_is_given_up_and_opened_again():
+    """A partition (or a NAT forgetting an idle flow) tells the listening connection nothing:
+    asked to answer now and then, it does not, and the bus says it no longer hears, opens a
+    new connection once the database is reachable again, hands every callback None and hears
+    on."""
+    with fresh_schema() as url:
+        proxy = TcpProxy("127.0.0.1", urlsplit(url).port or 5432)
+        port = await proxy.start()
+        try:
+            async with PostgresStore(through(url, port), min_size=1, max_size=2) as far, \
+                    PostgresStore(url, min_size=1, max_size=2) as near:
+                far.bus.ping_every, far.bus.ping_timeout = 0.2, 0.5
+                heard: list[str | None] = []
+                far.bus.subscribe("pluto_test", heard.append)
+                await _until(lambda: far.bus.hearing and heard == [None], 10)
+                await near.bus.publish("pluto_test", ["a"])
+                await _until(lambda: heard[1:] == ["a"])
+                proxy.silent = True  # (nothing is closed: only the questions go unanswered)
+                await _until(lambda: not far.bus.hearing, 10)
+                await near.bus.publish("pluto_test", ["lost"])
+                proxy.silent = False
+                proxy.cut()  # (the flows the partition left half-open: gone for good)
+                await _until(lambda: far.bus.hearing and heard[2:] == [None], 20)
+                await near.bus.publish("pluto_test", ["b"])
+                await _until(lambda: heard[3:] == ["b"])
+        finally:
+            proxy.silent = False
+            await proxy.stop()
 
 
 def _listening(store: PostgresStore, name: str) -> bool:

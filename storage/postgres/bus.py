@@ -5,7 +5,10 @@
 when the sending transaction commits, in order); :meth:`PgBus.subscribe` keeps one dedicated
 connection listening and hands each payload to a callback, reconnecting with backoff when the
 connection drops (a listener that missed notifications while away is told so by a ``None``
-payload, so it can re-read what it follows). Payloads are small (ids), never data.
+payload, so it can re-read what it follows; :attr:`PgBus.hearing` says whether notes are heard
+now). The listening connection is asked to answer every :data:`PING_EVERY` seconds, so one cut
+without a word (a partition, a NAT dropping an idle flow) is given up within seconds instead of
+never. Payloads are small (ids), never data.
 
 Channels are database-wide, while Pluto's tables live in a schema: deployments that share a
 database in schemas of their own must not hear each other (a ``/stop`` for one must never stop
@@ -29,6 +32,12 @@ from pluto.storage.postgres.engine import PostgresEngine, redact
 log = logging.getLogger(__name__)
 
 CHANNEL = re.compile(r"[a-z_][a-z0-9_]{0,49}")  # (63 characters at most with the suffix)
+# The listening connection only receives: one cut without a word (a NAT or firewall dropping
+# an idle flow, a partition) would leave it waiting forever while every note is lost. It is
+# asked to answer this often (which also keeps such a flow from looking idle), and given up
+# and opened again when it does not answer in PING_TIMEOUT.
+PING_EVERY = 10.0  # seconds
+PING_TIMEOUT = 5.0  # seconds
 
 
 class PgBus:
@@ -39,6 +48,7 @@ class PgBus:
         self._callbacks: dict[str, list[Callable[[str | None], None]]] = {}
         self._listener: asyncio.Task[None] | None = None  # one connection for every channel
         self._hearing = False  # the listening connection is up, listening on every channel
+        self.ping_every, self.ping_timeout = PING_EVERY, PING_TIMEOUT
 
     @property
     def hearing(self) -> bool:
@@ -107,8 +117,7 @@ class PgBus:
                 # time: a look taken just before may have missed a note), re-read
                 _deliver(by_name, None, None)
                 delay = 0.2
-                await gone
-                raise ConnectionError("the listening connection was closed")
+                await self._until_gone(conn, gone)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the database went away: come back
@@ -121,6 +130,22 @@ class PgBus:
                 self._hearing = False
                 if conn is not None:
                     conn.terminate()
+
+    async def _until_gone(self, conn: Any, gone: asyncio.Future[None]) -> None:
+        """Raises once the listening connection is closed, or once it leaves a question
+        unanswered for ``ping_timeout`` (asked every ``ping_every`` seconds)."""
+        while True:
+            try:
+                await asyncio.wait_for(asyncio.shield(gone), self.ping_every)
+                raise ConnectionError("the listening connection was closed")
+            except TimeoutError:
+                pass
+            try:
+                await asyncio.wait_for(conn.fetchval("SELECT 1"), self.ping_timeout)
+            except TimeoutError:
+                self._hearing = False
+                raise ConnectionError(f"the listening connection did not answer in "
+                                      f"{self.ping_timeout:g} s") from None
 
     async def close(self) -> None:
         for task in list(self._tasks):

@@ -1,6 +1,7 @@
 """A TCP proxy in front of PostgreSQL for cluster fault tests: every connection of the
-instances goes through it, so a test can cut them all (as a network partition or a server
-restart would) and refuse new ones for a while (the server is unreachable)."""
+instances goes through it, so a test can cut them all (as a server restart would), refuse new
+ones for a while (the server is unreachable), or let every byte vanish without a word (a
+partition, or a NAT that forgot the flows: nobody is told, nothing arrives)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class TcpProxy:
         self._server: asyncio.base_events.Server | None = None
         self._pipes: set[asyncio.StreamWriter] = set()
         self.refusing = False
+        self.silent = False  # bytes are read and dropped, both ways; connections stay open
 
     async def start(self, port: int = 0) -> int:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", port or self.port)
@@ -75,6 +77,8 @@ class TcpProxy:
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while data := await reader.read(65536):
+                if self.silent:
+                    continue
                 writer.write(data)
                 await writer.drain()
         finally:
