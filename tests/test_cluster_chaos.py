@@ -123,7 +123,7 @@ async def test_three_instances_under_random_faults_answer_every_message_once_in_
     rng = random.Random(seed)
     chats = [8000 + i for i in range(CHATS)]
     expected = {c: [answer_to(f"tg{c} m{r}") for r in range(ROUNDS)] for c in chats}
-    cluster = Cluster(tmp_path, config_dir, "outage")  # (its database behind a proxy)
+    cluster = Cluster(tmp_path, config_dir, "chaos", proxied=True)
     cluster.telegram = WindowedTelegram()
     chaos = Chaos(cluster, rng)
     with fresh_schema() as db_url:
@@ -143,14 +143,11 @@ async def test_three_instances_under_random_faults_answer_every_message_once_in_
             await sending
             orphans: set[tuple[int, str]] = set()
 
+            shown = cluster.shown_with_ids
+
             def complete(c: int) -> list[str]:
                 want = set(expected[c])
                 return [t for t, mid in shown(c) if t in want and (c, mid) not in orphans]
-
-            def shown(c: int) -> list[tuple[str, str]]:
-                return [(str(m.get("text") or ""), str(s.message_id))
-                        for s in cluster.telegram.messages(c)
-                        if (m := cluster.telegram.message(c, s.message_id)) is not None]
 
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline and not all(

@@ -64,8 +64,11 @@ def terminate_backends(ports: list[int]) -> int:
 
 
 class Cluster:
-    def __init__(self, tmp_path: Path, config_dir: Path, scenario: str):
+    def __init__(self, tmp_path: Path, config_dir: Path, scenario: str, *,
+                 proxied: bool | None = None):
         self.tmp_path, self.config_dir, self.scenario = tmp_path, config_dir, scenario
+        # the database behind a TCP proxy (cuts, refusals): the outage's, or as asked
+        self.proxied = scenario == "outage" if proxied is None else proxied
         self.model = FakeOpenAI()
         self.telegram = FakeTelegram()
         self.ports = [free_port() for _ in range(3)]
@@ -82,7 +85,7 @@ class Cluster:
         await self.balancer.start()
         for chat in chats:
             self.telegram.add_chat(chat, first_name=f"User{chat}")
-        if self.scenario == "outage":
+        if self.proxied:
             host = urlsplit(db_url)
             self.proxy = TcpProxy(host.hostname or "127.0.0.1", host.port or 5432)
             db_url = through(db_url, await self.proxy.start())
@@ -118,7 +121,12 @@ class Cluster:
     def shown(self, chat: int) -> list[str]:
         """The text of each message the bot has in the chat now, in order (a preview it
         deleted — withdrawn by a run that lost its claim — is no longer there)."""
-        return [str(m.get("text") or "") for s in self.telegram.messages(chat)
+        return [text for text, _ in self.shown_with_ids(chat)]
+
+    def shown_with_ids(self, chat: int) -> list[tuple[str, str]]:
+        """(text, platform id) of each message :meth:`shown` lists."""
+        return [(str(m.get("text") or ""), str(s.message_id))
+                for s in self.telegram.messages(chat)
                 if (m := self.telegram.message(chat, s.message_id)) is not None]
 
     async def stop(self) -> None:

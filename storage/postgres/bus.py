@@ -135,11 +135,9 @@ class PgBus:
         """Raises once the listening connection is closed, or once it leaves a question
         unanswered for ``ping_timeout`` (asked every ``ping_every`` seconds)."""
         while True:
-            try:
-                await asyncio.wait_for(asyncio.shield(gone), self.ping_every)
+            closed, _ = await asyncio.wait({gone}, timeout=self.ping_every)
+            if closed:
                 raise ConnectionError("the listening connection was closed")
-            except TimeoutError:
-                pass
             try:
                 await asyncio.wait_for(conn.fetchval("SELECT 1"), self.ping_timeout)
             except TimeoutError:
