@@ -124,7 +124,8 @@ class Gateway:
         self._recovery(serve)
         self.health_reports["cluster"] = self._cluster_report
         self._control_tasks: set[asyncio.Task[object]] = set()
-        self.directory = Directory(lambda: self.routes, self.registry, self.store.conversations)
+        self.directory = Directory(lambda: self.routes, self.registry, self.store.conversations,
+                                   self.store.inbound)
         self.watcher = ConfigWatcher(self)  # live reload of the config dir (serve only)
         self.scheduler = schedules.attach(self)  # schedules.yaml, /remind: agents speak first
         # approval requests nobody decided in time, handed to their chats (docs/approvals.md)

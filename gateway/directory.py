@@ -14,16 +14,20 @@ from pluto.errors import PlutoError
 from pluto.events import ToolEnd
 from pluto.gateway.pipeline.routing import RoutingTable
 from pluto.gateway.ports import AgentInfo, TranscriptItem
-from pluto.storage.ports import ConversationStore
-from pluto.types import IncomingMessage, Route
+from pluto.gateway.pipeline.intake import message_from_dict
+from pluto.storage.ports import ConversationStore, InboundStore
+from pluto.types import IncomingMessage, Outcome, Route, outcome_from_dict
+
+WAITING_SHOWN = 100  # a chat's messages waiting for their turn, shown at most
 
 
 class Directory:
     def __init__(self, routes: Callable[[], RoutingTable], registry: AgentRegistry,
-                 conversations: ConversationStore):
+                 conversations: ConversationStore, inbox: InboundStore | None = None):
         self.routes = routes  # the table in force (live reload swaps it)
         self.registry = registry
         self.conversations = conversations
+        self.inbox = inbox
 
     def route(self, probe: IncomingMessage) -> Route | None:
         return self.routes().route(probe)
@@ -53,6 +57,23 @@ class Directory:
                     items.append(TranscriptItem("tool", "", row.run_id, row.created_at,
                                                 name=end.name, details=end.details))
         return items
+
+    async def waiting(self, provider: str, chat_id: str) -> list[IncomingMessage]:
+        """The chat's messages recorded and not yet taken up (waiting for the chat's runs
+        before them, or for an instance to take the chat), oldest first, whoever received
+        them: they are in no transcript yet."""
+        if self.inbox is None:
+            return []
+        return [message_from_dict(payload) for payload in
+                await self.inbox.unhandled_in_chat(provider, chat_id, WAITING_SHOWN)]
+
+    async def outcome(self, provider: str, message_id: str) -> Outcome | None:
+        """What became of a recorded message (the run answering it, once started — by any
+        instance); None while it waits."""
+        if self.inbox is None:
+            return None
+        found = await self.inbox.outcome(provider, message_id)
+        return None if found is None else outcome_from_dict(found)
 
     async def agents(self) -> list[AgentInfo]:
         out = []

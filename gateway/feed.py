@@ -259,15 +259,18 @@ class SharedRunFeed(LocalRunFeed):
         return task
 
     def _heard(self, payload: str | None) -> None:
-        if payload is None:  # the listener was away: wake every watcher
-            targets = [w for ws in self._watchers.values() for w in ws]
-        else:
-            sender, _, run_id = payload.partition("|")
+        if payload is None:  # the listener was away: wake every watcher and listener (a
+            targets = [w for ws in self._watchers.values() for w in ws]  # run listened to
+            runs = list(self._listeners)  # may have been taken over and ended elsewhere
+        else:  # meanwhile — the note that said so was lost; found by
+            sender, _, run_id = payload.partition("|")  # tests/test_cluster_chaos_web.py)
             if sender == self.instance:
                 return  # ours: local watchers have it already
             targets = list(self._watchers.get(run_id, ()))
-            # a run listened to here went on elsewhere (handed over): WAKE's seq is no next
-            # seq, the listener's cue to follow it from storage
+            runs = [run_id]
+        # a run listened to here went on elsewhere (handed over): WAKE's seq is no next
+        # seq, the listener's cue to follow it from storage
+        for run_id in runs:
             for listener in list(self._listeners.get(run_id, ())):
                 try:
                     listener(WAKE)

@@ -109,6 +109,14 @@ class ChatDirectory(Protocol):
         """The active conversation of the chat ``probe`` comes from, as its people saw it."""
         ...
 
+    async def waiting(self, provider: str, chat_id: str) -> list[IncomingMessage]:
+        """The chat's messages recorded but not yet taken up (in no transcript yet)."""
+        ...
+
+    async def outcome(self, provider: str, message_id: str) -> Outcome | None:
+        """What became of a recorded message (its run, once started); None while it waits."""
+        ...
+
     async def agents(self) -> list[AgentInfo]: ...
 
 

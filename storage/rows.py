@@ -50,6 +50,7 @@ class RunRow:
     usage: dict[str, int]
     started_at: float
     ended_at: float | None
+    source_id: str | None = None  # the message it answers (its provider's id), if any
 
 
 def estimate_tokens(text: str) -> int:

@@ -50,8 +50,9 @@ class Chaos:
     """The faults, drawn from ``rng`` and applied to ``cluster`` while the traffic flows;
     what happened is kept for the assertions (``log``) and the report."""
 
-    def __init__(self, cluster: Cluster, rng: random.Random):
-        self.cluster, self.rng = cluster, rng
+    def __init__(self, cluster: Cluster, rng: random.Random,
+                 kinds: tuple[str, ...] = ("kill", "pause", "pause", "cut", "flood")):
+        self.cluster, self.rng, self.kinds = cluster, rng, kinds
         self.down: set[int] = set()
         self.killed_at: dict[int, list[float]] = {}
         self.log: list[str] = []
@@ -86,7 +87,7 @@ class Chaos:
         self.down.discard(i)
 
     def one(self) -> None:
-        kind = self.rng.choice(["kill", "pause", "pause", "cut", "flood"])
+        kind = self.rng.choice(self.kinds)
         if kind in ("kill", "pause"):
             up = [i for i in range(len(self.cluster.instances)) if i not in self.down]
             if len(self.down) >= DOWN_AT_ONCE or not up:

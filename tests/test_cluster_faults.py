@@ -24,6 +24,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -77,7 +78,9 @@ class Cluster:
         self.proxy: TcpProxy | None = None
 
     async def start(self, db_url: str, *, chats: list[int], delay: float,
-                    mode: str = "polling") -> None:
+                    mode: str = "polling", web: dict[str, Any] | None = None) -> None:
+        """``web``: the chat widget's settings too (one signing key on every instance, as the
+        docker-compose layout has it)."""
         await self.model.start()
         self.model.respond_with(lambda body: Reply(text=answer_to(last_user_text(body)),
                                                    chunk_size=6, chunk_delay=delay))
@@ -94,6 +97,8 @@ class Cluster:
             "enabled": True, "token_env": TOKEN_ENV, "base_url": self.telegram.url,
             "poll_timeout": 2, "mode": mode, "public_url": self.balancer.url,
             "secret_env": SECRET_ENV}}
+        if web is not None:
+            config["providers"]["web"] = {"enabled": True, **web}
         config["storage"] = {"lease_seconds": 5}
         config["gateway"]["stream_edit_interval_seconds"] = 0.2
         config["gateway"]["shutdown_grace_seconds"] = 30
@@ -102,6 +107,7 @@ class Cluster:
             "DATABASE_URL": db_url, "PLUTO_MODEL": "openai/fake",
             "PLUTO_API_BASE": self.model.base_url, "PLUTO_API_KEY": "sk-faults-test",
             TOKEN_ENV: self.telegram.token, SECRET_ENV: "faults-webhook-secret",
+            "PLUTO_WEB_SECRET": "faults-web-secret-0123456789-0123456789",
             "PYTHONUNBUFFERED": "1"}
         for i, port in enumerate(self.ports):
             extra = {}

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from pluto.events import MessageDelta, RunEnd
@@ -24,6 +25,7 @@ from pluto.storage.postgres import PostgresStore
 from pluto.types import Accepted
 from tests.helpers.gateway import RecordingProvider
 from tests.helpers.pg import fresh_schema
+from tests.helpers.served import Tab, wait_for
 
 
 def slow_echo(messages: list[dict]) -> Scripted:
@@ -501,6 +503,58 @@ async def test_a_chat_stays_with_the_instance_whose_answer_the_platform_holds_pa
             for gw in gateways:
                 await gw.settled()
             assert platform == ["echo: one", "echo: two"]
+        finally:
+            for gw in gateways:
+                await gw.stop()
+
+
+@pytest.mark.parametrize("where", ["same instance", "other instance"])
+async def test_a_tab_that_joins_sees_the_messages_waiting_and_their_answers_as_they_come(
+        config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """A visitor's tab sent three messages on A; the first is being answered, the others wait
+    their turn. A tab of the same visitor opens (the first one's socket dropped: a reload, a
+    reconnect through the balancer to B): its history shows the two waiting — with the ids
+    the tab gave them, so a tab that had not seen their acknowledgement draws them once — and
+    each answer reaches it when its run begins, although on B no ticket of theirs tells (found
+    by tests/test_cluster_chaos_web.py: the answers of messages queued on an instance that died
+    reached no tab until a reload, and the messages vanished from the tab meanwhile)."""
+    monkeypatch.setenv("PLUTO_WEB_SECRET", "w" * 40)
+    model = Gated()
+    reached, gate = model.hold("message 0")
+    with fresh_schema() as url:
+        gateways: list[Gateway] = []
+        try:
+            for i in range(2):
+                gw = Gateway(config_dir, config=PlutoConfig(
+                    data_dir=tmp_path / f"w{i}", providers={"web": {"enabled": True}}),
+                    model_factory=model, store=PostgresStore(url), serve=True,
+                    http_bind=("127.0.0.1", 0))
+                await gw.start()
+                gateways.append(gw)
+                await wait_for(lambda g=gw: g.health["web"].state == "running")
+            a, b = gateways if where == "other instance" else (gateways[0], gateways[0])
+            async with aiohttp.ClientSession() as http:
+                first = await Tab.open(http, a)
+                for i in range(3):
+                    await first.send(type="message", id=f"m{i}", text=f"message {i}")
+                for i in range(3):
+                    await first.until("ack", lambda f, i=i: f["reply_to"] == f"m{i}")
+                await asyncio.wait_for(reached.wait(), 10)  # message 0 answered, 1 and 2 wait
+                await first.ws.close()
+                tab = await Tab.open(http, b, token=first.ready["token"])
+                waiting = [(m.get("id"), m["text"]) for m in tab.history if m["role"] == "user"]
+                assert waiting == [(None, "message 0"), ("m1", "message 1"),
+                                   ("m2", "message 2")], tab.history
+                gate.set()
+                finals = [await tab.until("message.final", timeout=30) for _ in range(3)]
+                assert sorted(f["text"] for f in finals) == [f"echo: message {i}"
+                                                             for i in range(3)]
+                # each answer's start names the message it answers: the widget draws it in
+                # that message's place (one found late may come after a later one's frames)
+                starts = {f["run_id"]: f.get("message_id") for f in tab.of("run.start")}
+                answered = {starts[f["run_id"]]: f["text"] for f in finals}
+                assert {k: answered.get(k) for k in ("m1", "m2")} == {
+                    "m1": "echo: message 1", "m2": "echo: message 2"}, (starts, finals)
         finally:
             for gw in gateways:
                 await gw.stop()

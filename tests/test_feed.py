@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pluto.events import MessageDelta, MessageFinal, RunEnd, RunEvent, RunStart
-from pluto.gateway.feed import LocalRunFeed, SharedRunFeed
+from pluto.gateway.feed import WAKE, LocalRunFeed, SharedRunFeed
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.sql.store import SqlStore
 from pluto.storage.sqlite import SqliteStore
@@ -217,6 +217,34 @@ async def test_listening_is_refused_when_every_event_cannot_be_promised():
 
     shared = SharedRunFeed(Runs(), Bus(), "i1")  # it may execute on another instance
     assert shared.listen("r", lambda e: None) is None
+
+
+async def test_a_run_listened_to_is_read_from_storage_after_the_notes_may_have_been_missed():
+    """A run listened to here may be taken over and ended elsewhere while this instance could
+    not hear (stopped, its listening connection cut): the note that said so is lost. The
+    listener, told notes were missed, gets the wake-up (no next seq: its cue to read storage),
+    as a watcher does — else a tab showed that answer unfinished for ever (found by
+    tests/test_cluster_chaos_web.py)."""
+    class Bus:
+        def __init__(self) -> None:
+            self.heard: Callable[[str | None], None] | None = None
+
+        def subscribe(self, channel, callback) -> None:
+            self.heard = callback
+
+        async def publish(self, channel, payloads) -> None: ...
+
+    bus = Bus()
+    feed = SharedRunFeed(Runs(), bus, "i1")
+    feed.start(local=lambda run_id: run_id == "r")
+    heard: list[int] = []
+    assert feed.listen("r", lambda e: heard.append(e.seq)) is not None
+    feed.publish(events()[0])
+    assert bus.heard is not None
+    bus.heard("i1|r")  # its own note: nothing to do
+    assert heard == [1]
+    bus.heard(None)  # the listening connection is back: notes may have been missed
+    assert heard == [1, WAKE.seq]
 
 
 async def test_a_listener_that_fails_is_dropped_and_the_run_goes_on(caplog):

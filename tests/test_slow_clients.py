@@ -15,6 +15,7 @@ import resource
 import shutil
 import socket
 import statistics
+import struct
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -24,9 +25,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from pluto.gateway import gcpolicy
 from pluto.gateway.http import guard as guard_module
+from pluto.gateway.http import server as server_module
 from pluto.gateway.logs import EVERY_LINE, RateLimit, setup_logging
 from tests.helpers.served import API_KEY, served, url, wait_for
 
@@ -619,3 +622,53 @@ async def test_pluto_logs_follows_the_log_across_a_rotation(tmp_path, config_dir
     finally:
         follow.kill()
         await follow.wait()
+
+
+@pytest.mark.parametrize("answer", ["chat socket", "event stream"])
+@pytest.mark.parametrize("guarded", [True, False])
+async def test_a_client_that_left_before_its_answer_began_is_not_a_server_error(
+        answer, guarded, caplog):
+    """A chat socket's handshake answer (or an event stream's headers) written after this
+    process stalled — an instance stopped past its clients' patience, then continued: the
+    client is gone, the first write raises. Not an error with a traceback in the log, as
+    aiohttp would make it; one debug line (``guarded=False`` shows what the middleware
+    spares)."""
+    entered, gate = asyncio.Event(), asyncio.Event()
+    requests: list[web.Request] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        requests.append(request)
+        entered.set()
+        await gate.wait()  # (the stall)
+        response = web.WebSocketResponse() if answer == "chat socket" else web.StreamResponse()
+        await response.prepare(request)
+        return response
+
+    app = web.Application(middlewares=[server_module._client_gone] if guarded else [])
+    app.router.add_get("/ws", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        sock = await connect(port, b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                             b"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        await asyncio.wait_for(entered.wait(), 10)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # a reset: the client gave up
+        await wait_for(lambda: requests[0].transport is None
+                       or requests[0].transport.is_closing())
+        with caplog.at_level(logging.DEBUG):
+            gate.set()
+            await wait_for(lambda: any("left before its answer" in r.getMessage()
+                                       or r.name == "aiohttp.server"
+                                       for r in caplog.records))
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        if guarded:
+            assert not errors, [r.getMessage() for r in errors]
+        else:
+            assert [r.name for r in errors] == ["aiohttp.server"]
+    finally:
+        await runner.cleanup()

@@ -213,10 +213,44 @@ async def test_an_unreachable_server_is_one_sentence_without_the_password():
 
     store = PostgresStore("postgresql://u:secret@127.0.0.1:1/db")
     store.engine.connect_timeout = 2
+    store.engine.open_patience = 0  # (tried once: see below for the patience)
     with pytest.raises(StorageError) as e:
         await store.open()
     assert "cannot open the PostgreSQL database" in str(e.value)
     assert "secret" not in str(e.value) and not store.is_open
+
+
+async def test_a_server_not_reachable_yet_is_waited_for_and_a_wrong_database_is_not(
+        pg_url, caplog):
+    """An instance started beside a PostgreSQL still starting (docker-compose), or restarted
+    while every connection is cut (found by tests/test_cluster_chaos_web.py: the instance
+    exited at start), opens once the server answers; a database that does not exist is said
+    at once."""
+    from urllib.parse import urlsplit
+
+    from pluto.errors import StorageError
+    from tests.helpers.tcp_proxy import TcpProxy
+    from tests.test_cluster_faults import through
+
+    target = urlsplit(pg_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    await proxy.start()
+    refusing = asyncio.ensure_future(proxy.refuse(2.0))  # nothing listens for 2 s
+    store = PostgresStore(through(pg_url, proxy.port))
+    store.engine.connect_timeout = 1
+    try:
+        with caplog.at_level("WARNING"):
+            await asyncio.wait_for(store.open(), 30)
+        assert store.is_open and refusing.done()
+        assert await store.engine.fetchone("SELECT 1") is not None
+    finally:
+        await store.close()
+        await proxy.stop()
+    missing = PostgresStore(pg_url.replace("/test", "/no_such_database_here", 1))
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(StorageError, match="no_such_database_here"):
+        await missing.open()
+    assert asyncio.get_running_loop().time() - started < 10  # not the patience's 30 s
 
 
 async def test_instances_starting_together_migrate_once(pg_url):

@@ -160,3 +160,31 @@ async def test_a_tab_joining_while_a_child_answers_gets_its_frames_nested(tmp_pa
             assert len(ids) == len(set(ids))  # each once
             assert tab.frames.index(ask) < tab.frames.index(nested[0])
         await wait_for(lambda: not gw.providers["web"].following())
+
+
+def test_a_history_shows_an_answer_cut_off_as_its_message_waiting_for_the_next() -> None:
+    """A run cut off (its instance stopped: ``interrupted``) is answered again by a run of
+    its own: the history leaves out its end mark ("could not be finished") and its items, gives
+    its message the id the tab gave it (the next run is drawn after it) and looks for that run
+    (found by tests/test_cluster_chaos_web.py: such an answer stayed "unfinished" and the
+    answer given in its place never reached the tab)."""
+    from pluto.providers.web.socket import Connection
+
+    looked: list[tuple[str, str]] = []
+    conn = Connection.__new__(Connection)
+    conn.client = type("C", (), {"chat_id": "v"})()  # type: ignore[assignment]
+    conn.p = type("P", (), {"await_answer": lambda self, c, m: looked.append((c, m))})()  # type: ignore[assignment]
+    items = [{"role": "user", "text": "hi", "run_id": "r1"},
+             {"role": "assistant", "text": "Hello.", "run_id": "r1"},
+             {"role": "user", "text": "more", "run_id": "r2"},
+             {"role": "tool", "text": "", "run_id": "r2", "name": "t", "details": {}},
+             {"role": "run.end", "run_id": "r2", "outcome": "interrupted", "text": "",
+              "error": "This answer could not be finished.", "source_id": "v:m7"},
+             {"role": "run.end", "run_id": "r3", "outcome": "error", "text": "", "error": "x"}]
+    shown = conn._cut_off(items, "v:")
+    assert shown == [{"role": "user", "text": "hi", "run_id": "r1"},
+                     {"role": "assistant", "text": "Hello.", "run_id": "r1"},
+                     {"role": "user", "text": "more", "run_id": "r2", "id": "m7"},
+                     {"role": "run.end", "run_id": "r3", "outcome": "error", "text": "",
+                      "error": "x"}]
+    assert looked == [("v", "v:m7")]

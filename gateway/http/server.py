@@ -26,6 +26,25 @@ log = logging.getLogger(__name__)
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway", "Gateway")  # type: ignore[arg-type]
 
 
+@web.middleware
+async def _client_gone(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A client that left before its answer began — a chat socket's handshake or an event
+    stream's headers written after this process stalled (a stopped instance continued, a long
+    pause of the loop) — makes the handler's first write raise ConnectionResetError, which
+    aiohttp would log as a server error with its traceback. Nothing failed here and nobody is
+    left to tell: one debug line. A reset from anything else (the client still connected: an
+    outgoing call of the handler) goes on as an error."""
+    try:
+        return await handler(request)
+    except ConnectionResetError:
+        transport = request.transport
+        if transport is not None and not transport.is_closing():
+            raise
+        log.debug("http: %s %s: the client left before its answer began", request.method,
+                  request.path)
+        return web.Response(status=499, reason="Client Closed Request")  # (never sent)
+
+
 class HttpServer:
     def __init__(self, gateway: Gateway, host: str, port: int):
         self.host = host
@@ -39,7 +58,8 @@ class HttpServer:
             exempt=settings.per_client_exempt, header_timeout=settings.header_timeout_seconds,
             body_timeout=settings.body_timeout_seconds)
         self.app = web.Application(client_max_size=32 * 1024 * 1024,
-                                    middlewares=[self.guard.middleware, self._check_host])
+                                    middlewares=[_client_gone, self.guard.middleware,
+                                                 self._check_host])
         self.app[GATEWAY_KEY] = gateway
         gateway.health_reports["http"] = self.guard.report  # (in /readyz: checks.http)
         self.app.router.add_get("/healthz", self._healthz)

@@ -86,8 +86,11 @@ async def _end(runs: RunReader, run_id: str, slots: asyncio.Semaphore) -> dict[s
         except Exception as e:  # noqa: BLE001 - the history is shown without the mark
             log.warning("web: could not read how run %s ended: %s", run_id, e)
             return None
-    return {"role": "run.end", "run_id": run_id, "outcome": run.status, "error": error,
-            "text": ""}
+    end = {"role": "run.end", "run_id": run_id, "outcome": run.status, "error": error,
+           "text": ""}
+    if run.status == "interrupted":  # cut off, answered again: which message (not sent)
+        end["source_id"] = run.source_id
+    return end
 
 
 async def _request(runs: RunReader, run_id: str) -> dict[str, Any] | None:

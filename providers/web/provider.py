@@ -27,6 +27,13 @@ request shown here is open and a tab of its chat is, the chat's conversation is 
 and then (:data:`WAIT_LOOK`; each second once it has expired) and the run that answered after
 it is followed from storage, its frames reaching the tabs like any run's (a run already shown
 is never shown twice).
+
+A tab that joins while messages of its chat wait for their turn — recorded by an instance that
+died since, or by this one before the tab's socket dropped, or queued behind the chat's run —
+sees them after the history (:meth:`WebProvider.waiting`), and the run answering each is
+followed as it begins, wherever it runs: what became of each is looked up now and then
+(:data:`ANSWER_LOOK`) while a tab of the chat is here. A message the tab sends again that was
+recorded already (its acknowledgement was lost) is looked after the same way.
 """
 
 from __future__ import annotations
@@ -56,8 +63,8 @@ from pluto.providers.web.settings import WebSettings, load_settings
 from pluto.providers.web.socket import serve_socket
 from pluto.providers.web.tokens import FileLinks, SessionSigner, load_key
 from pluto.storage.ports import RunReader
-from pluto.types import (MARKDOWN, Accepted, Capabilities, Dropped, IncomingMessage,
-                         OutgoingMessage, Outcome, Refused, Route)
+from pluto.types import (MARKDOWN, Accepted, Capabilities, Dropped, Duplicate,
+                         IncomingMessage, OutgoingMessage, Outcome, Refused, Route)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +74,8 @@ WAIT_LOOK = 5.0  # seconds between looks for the run resuming a request shown he
 EXPIRED_LOOK = 1.0  # … once it has expired (the gateway resumes it itself)
 EXPIRED_LOOKING = 300.0  # seconds after its expiry a request is looked after at most
 WAITING_KEPT = 1000  # requests looked after at most
+ANSWER_LOOK = 1.0  # seconds between looks for the runs answering messages waiting elsewhere
+ANSWERS_KEPT = 5000  # such messages looked after at most
 KEPT_PROBES = 2000
 MAX_CHILDREN = 50  # child runs (asked agents) of one run shown nested at most  # chats whose route (agent) is remembered from their last message
 
@@ -133,6 +142,10 @@ class WebProvider(Provider):
         self._waiting: OrderedDict[str, _Waiting] = OrderedDict()  # approval id → request
         self._probes: OrderedDict[str, IncomingMessage] = OrderedDict()  # chat → its route
         self._looking: asyncio.Task[None] | None = None
+        # messages recorded whose run is looked for: message id → chat (:meth:`await_answer`)
+        self._answers: OrderedDict[str, str] = OrderedDict()
+        self._answering: asyncio.Task[None] | None = None
+        self._look_failed = False
 
     @classmethod
     def from_context(cls, ctx: ProviderContext) -> WebProvider:
@@ -177,10 +190,65 @@ class WebProvider(Provider):
     def _show_outcome(self, msg: IncomingMessage, outcome: Outcome) -> None:
         client_id = (msg.message_id or "").removeprefix(f"{msg.chat_id}:")
         if isinstance(outcome, Accepted):
+            self._answers.pop(msg.message_id or "", None)
             self._follow(msg.chat_id, outcome.run_id, client_id, fresh=True)
         elif isinstance(outcome, Refused | Dropped):  # (over a rate limit, a full queue…): the
             # tabs show it as not sent, to send again (the chat is told why by a notice)
             self.rooms.broadcast(msg.chat_id, protocol.frame("refused", reply_to=client_id))
+        elif isinstance(outcome, Duplicate) and msg.message_id:  # recorded before (its ack
+            self.await_answer(msg.chat_id, msg.message_id)  # was lost): its run is shown
+
+    # messages waiting, wherever they were received ---------------------------------------
+
+    async def waiting(self, chat_id: str) -> list[IncomingMessage]:
+        """A tab joins chat ``chat_id``: its messages recorded and not yet taken up (in no
+        transcript yet), oldest first; the run answering each is shown to the chat's tabs
+        when it begins (:meth:`_look_for_answers`). Empty when storage cannot say (logged)."""
+        try:
+            found = await self.chats.waiting(self.name, chat_id)
+        except Exception as e:  # noqa: BLE001 - the history is shown without them
+            log.warning("web: could not read the waiting messages of chat %s: %s", chat_id, e)
+            return []
+        for msg in found:
+            if msg.message_id:
+                self.await_answer(chat_id, msg.message_id)
+        return found
+
+    def await_answer(self, chat_id: str, message_id: str) -> None:
+        """Show chat ``chat_id``'s tabs the run that answers ``message_id`` when it begins
+        (looked for now and then, while a tab of the chat is here). A message received here
+        may be told by its ticket first (which ends the looking); looking too means one whose
+        ticket is decided late — its chat's holder changed meanwhile — is not shown late."""
+        remember(self._answers, message_id, chat_id, ANSWERS_KEPT)
+        if self._answering is None or self._answering.done():
+            self._answering = asyncio.create_task(self._look_for_answers(), name="web:answers")
+
+    async def _look_for_answers(self) -> None:
+        """While messages of chats with a tab here wait: now and then, what became of each
+        (one lookup a message); the run that took one up is followed (from storage, from its
+        start: it may have begun, or ended, on another instance since the last look)."""
+        while self._answers:
+            await asyncio.sleep(ANSWER_LOOK)
+            for message_id, chat_id in list(self._answers.items()):
+                if not self.rooms.count(chat_id):
+                    self._answers.pop(message_id, None)  # nobody here to show it to (the
+                    continue  # history has it on the next visit)
+                try:
+                    outcome = await self.chats.outcome(self.name, message_id)
+                except Exception as e:  # noqa: BLE001 - storage away: the next look
+                    if not self._look_failed:
+                        log.warning("web: looking up what became of waiting messages failed "
+                                    "(looking again every %g s): %s", ANSWER_LOOK, e)
+                    self._look_failed = True
+                    break
+                self._look_failed = False
+                if outcome is None or self._answers.pop(message_id, None) is None:
+                    continue
+                client_id = message_id.removeprefix(f"{chat_id}:")
+                if isinstance(outcome, Accepted):  # (its run.start names the message: a tab
+                    self._follow(chat_id, outcome.run_id, client_id)  # draws it in its place)
+                elif isinstance(outcome, Refused | Dropped):
+                    self.rooms.broadcast(chat_id, protocol.frame("refused", reply_to=client_id))
 
     def run_started(self, msg: IncomingMessage, run_id: str) -> None:
         """A run the gateway started here in a chat of ours for a message it made itself (a
@@ -209,7 +277,9 @@ class WebProvider(Provider):
             return set()
         if run is None or run.status not in ("queued", "running"):
             return set()  # ended: its answer is in the history
-        self._follow(chat_id, run_id)
+        # (the message it answers: should the run be cut off, its message's next run is found)
+        source, prefix = run.source_id or "", f"{chat_id}:"
+        self._follow(chat_id, run_id, source[len(prefix):] if source.startswith(prefix) else None)
         return {run_id}
 
     def following(self) -> dict[str, bool]:
@@ -286,6 +356,10 @@ class WebProvider(Provider):
         shown.seq = event.seq
         if isinstance(event, ToolStart) and event.child_run_id is not None:
             self._follow_child(run_id, shown, event.call_id, event.child_run_id)
+        if isinstance(event, RunEnd) and event.outcome == "interrupted" and \
+                shown.parent is None and shown.message_id:  # cut off (its instance stopped):
+            # its message is answered again, by a run of its own, maybe elsewhere
+            self.await_answer(shown.chat_id, f"{shown.chat_id}:{shown.message_id}")
         if isinstance(event, ApprovalRequest):
             self._await(shown.chat_id, event)
         elif isinstance(event, ApprovalDecision):
@@ -424,8 +498,7 @@ class WebProvider(Provider):
 
     async def close(self) -> None:
         tasks = [task for task in self._follows.values() if task is not None]
-        if self._looking is not None:
-            tasks.append(self._looking)
+        tasks += [t for t in (self._looking, self._answering) if t is not None]
         for task in tasks:
             task.cancel()
         for shown in list(self._shown.values()):

@@ -212,9 +212,36 @@ class Connection:
         resumed = await self.p.resume(probe.chat_id, next(
             (i.run_id for i in reversed(items) if i.role == "user"), None))
         live = self.client.held_runs() | resumed  # these come as frames after the history
-        return protocol.frame("history", messages=await history.with_ends(self.p.runs, [
+        shown = await history.with_ends(self.p.runs, [
             d for item in items if not (item.role != "user" and item.run_id in live)
-            if (d := self._shown(item)) is not None], live))
+            if (d := self._shown(item)) is not None], live)
+        prefix = f"{probe.chat_id}:"
+        shown = self._cut_off(shown, prefix)
+        # then the chat's messages waiting for their turn (their runs are shown as they begin)
+        shown += [{"role": "user", "text": m.text, "run_id": None, "ts": m.timestamp,
+                   "id": (m.message_id or "").removeprefix(prefix),
+                   "files": [a.filename for a in m.attachments]}
+                  for m in await self.p.waiting(probe.chat_id)
+                  if m.firing is None and m.approval is None and m.text.strip() != "/stop"]
+        return protocol.frame("history", messages=shown)
+
+    def _cut_off(self, items: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
+        """A run cut off (its instance stopped) is answered again by a run of its own: not
+        shown as unfinished — its message is, waiting for that run (followed when it begins,
+        drawn after the message: the message carries the id the tab gave it)."""
+        again: dict[str, str] = {}  # run cut off -> its message's id in the tab
+        for item in items:
+            source = item.pop("source_id", None) or ""
+            if item["role"] == "run.end" and item["outcome"] == "interrupted" and \
+                    source.startswith(prefix):
+                again[item["run_id"]] = source[len(prefix):]
+                assert self.client is not None
+                self.p.await_answer(self.client.chat_id, source)
+        if not again:
+            return items
+        return [item | {"id": again[item["run_id"]]}
+                if item["role"] == "user" and item["run_id"] in again else item
+                for item in items if item["role"] == "user" or item["run_id"] not in again]
 
     def _shown(self, item: TranscriptItem) -> dict[str, Any] | None:
         out: dict[str, Any] = {"role": item.role, "text": item.text, "run_id": item.run_id,

@@ -68,6 +68,11 @@ RETRIES = 5  # a change that meets a serialization failure or deadlock is run ag
 RETRY_SECONDS = 2.0  # a change that meets a lost connection or a full disk: tried this long
 # (short: several instances' leases and fencing judge an instance that cannot write)
 RETRY_DELAYS = (0.0, 0.1, 0.25, 0.5, 1.0)  # the first again at once, on a fresh connection
+# opening: a server not reachable yet (starting beside this one, restarting) or a connection
+# cut while the pools fill is tried again this long, with a line every OPEN_NOTICE seconds;
+# a refusal that will not change (a wrong password, no such database) ends it at once
+OPEN_PATIENCE = 30.0  # seconds
+OPEN_NOTICE = 5.0  # seconds
 STATEMENT_CACHE = 1024  # prepared statements kept per asyncpg connection
 UNREACHABLE = "the database cannot be reached"
 DISK_FULL = "the database server's disk is full"
@@ -352,6 +357,7 @@ class PostgresEngine:
         # COMMIT) is ended by the server, so it cannot commit after its claims were taken
         # (set from the lease's length before open; None: the server's setting)
         self.idle_in_transaction: float | None = None
+        self.open_patience = OPEN_PATIENCE
 
     @property
     def is_open(self) -> bool:
@@ -361,6 +367,41 @@ class PostgresEngine:
         return f"PostgresEngine({redact(self.url)})"
 
     async def open(self) -> None:
+        """Both pools open and the schema table there; a server that cannot be reached yet
+        (or a connection cut meanwhile) is tried again for :attr:`open_patience` seconds."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.open_patience
+        told = loop.time()
+        delay = 0.25
+        asyncpg = await asyncio.to_thread(importlib.import_module, "asyncpg")
+        while True:
+            try:
+                await self._probe(asyncpg)
+                await self._open_once()
+                return
+            except _Unreachable as e:
+                if loop.time() + delay > until:
+                    raise StorageError(str(e)) from None
+                if loop.time() - told >= OPEN_NOTICE:
+                    told = loop.time()
+                    log.warning("%s; trying again for %.0f s more", e, until - loop.time())
+            await asyncio.sleep(delay)  # (the server's own pace: it is starting, or gone)
+            delay = min(2.0, delay * 2)
+
+    async def _probe(self, asyncpg: Any) -> None:
+        """One connection, to tell a server not reachable yet (tried again) from a refusal
+        that will not change — no such database, role or password (said at once): asyncpg
+        names the server's reason (psycopg's pool would only time out)."""
+        try:
+            conn = await asyncpg.connect(self.url, timeout=self.connect_timeout)
+        except Exception as e:
+            sentence = f"cannot open the PostgreSQL database {redact(self.url)}: {_reason(e)}"
+            if _lost(asyncpg.exceptions, e):
+                raise _Unreachable(sentence) from None
+            raise StorageError(sentence) from None
+        await conn.close()
+
+    async def _open_once(self) -> None:
         self._executor = ThreadPoolExecutor(self.max_size, thread_name_prefix="pluto-pg")
         try:
             self._pool = await self._in_thread(self._open_pool)
@@ -374,10 +415,15 @@ class PostgresEngine:
             if self._pool is not None:
                 await self._in_thread(self._pool.close)
                 self._pool = None
+            if self._apool is not None:
+                self._apool.terminate()
+                self._apool = None
             self._executor.shutdown(wait=False)
             self._executor = None
-            raise StorageError(f"cannot open the PostgreSQL database {redact(self.url)}: "
-                               f"{_reason(e)}") from None
+            sentence = f"cannot open the PostgreSQL database {redact(self.url)}: {_reason(e)}"
+            if _unreachable(e, self._asyncpg):  # (the server answered the probe just now)
+                raise _Unreachable(sentence) from None
+            raise StorageError(sentence) from None
 
     def _new_pool(self) -> Any:
         from psycopg_pool import ConnectionPool  # imported here: in a thread, only when used
@@ -810,6 +856,23 @@ async def _kept_as_is(conn: Any) -> None:
     """A connection going back to asyncpg's pool keeps its session: the statements run on it
     are single autocommit statements that leave nothing behind (asyncpg's own reset would
     cost a round trip per statement, and undo :meth:`PostgresEngine._configure_async`)."""
+
+
+class _Unreachable(Exception):
+    """Opening met a server it could not reach or a connection it lost: worth trying again."""
+
+
+def _unreachable(e: BaseException, asyncpg: Any) -> bool:
+    """Whether opening failed for a reason that may pass: a connection refused, cut or timed
+    out, a server starting or shutting down — not a refusal that will not change."""
+    import psycopg  # (loaded already: the pool opens first)
+
+    if isinstance(e, psycopg.OperationalError):
+        state = getattr(e, "sqlstate", None)
+        return state is None or state[:2] in ("08", "53", "57", "58")
+    if asyncpg is not None:
+        return _lost(asyncpg.exceptions, e) if isinstance(e, Exception) else False
+    return isinstance(e, (OSError, asyncio.TimeoutError, ConnectionError))
 
 
 def _lost(errors: Any, e: Exception) -> bool:

@@ -861,7 +861,8 @@ class SqliteConversations:
         if r is None:
             return None
         return RunRow(r["id"], r["session_id"], r["agent"], r["status"], r["input"], r["error"],
-                      json.loads(r["usage"]) if r["usage"] else {}, r["started_at"], r["ended_at"])
+                      json.loads(r["usage"]) if r["usage"] else {}, r["started_at"], r["ended_at"],
+                      r["source_id"])
 
     async def events(self, run_id: str, after: int = 0) -> list[RunEvent]:
         """The run's events after ``after``; past the end of an ended run, its end all the

@@ -281,11 +281,12 @@
     if (stick) { scrollDown(); }
     return node;
   }
-  function userBubble(text, id, names) {
+  function userBubble(text, id, names, runId) {
     var hint = log.querySelector(".pluto-hint");
     if (hint) { log.removeChild(hint); }
     var b = el("div", "pluto-msg pluto-user");
     if (id) { b.setAttribute("data-id", id); }
+    if (runId) { b.setAttribute("data-run-of", runId); }  // (the history's: the run it started)
     var bubble = b.appendChild(el("div", "pluto-bubble", text));
     (names || []).forEach(function (name) { bubble.appendChild(el("div", "pluto-attached", name)); });
     return add(b);
@@ -294,7 +295,20 @@
     return log.querySelector('.pluto-user[data-id="' + String(id).replace(/[^\w.:-]/g, "") + '"]');
   }
   function systemLine(text, cls) { return add(el("div", "pluto-system " + (cls || ""), text)); }
-  function botBubble(runId) {
+  // an answer is drawn after the message it answers (and that message's earlier answers): a
+  // run shown late — found after a reconnect, or run on another instance — keeps its place
+  function anchorOf(runId, messageId) {
+    var clean = function (v) { return String(v).replace(/[^\w.:-]/g, ""); };
+    var at = runId && log.querySelector('.pluto-user[data-run-of="' + clean(runId) + '"]');
+    if (at && messageId && !at.getAttribute("data-id")) {  // (learnt: a run answering it again
+      at.setAttribute("data-id", messageId);  // after this one is cut off goes here too)
+    }
+    at = at || (messageId && bubbleOf(messageId));
+    if (!at) { return null; }
+    while (at.nextSibling && at.nextSibling.classList.contains("pluto-bot")) { at = at.nextSibling; }
+    return at;
+  }
+  function botBubble(runId, messageId) {
     if (runId && runs[runId]) { return runs[runId]; }
     var node = el("div", "pluto-msg pluto-bot");
     var tools = node.appendChild(el("div", "pluto-tools"));
@@ -302,7 +316,8 @@
     var run = { node: node, body: body, tools: tools, text: "", final: false, calls: {} };
     copyButton(node.appendChild(el("div", "pluto-actions")), run);
     if (runId) { runs[runId] = run; node.setAttribute("data-run", runId); }
-    add(node);
+    var at = anchorOf(runId, messageId);
+    if (at && at.nextSibling) { log.insertBefore(node, at.nextSibling); } else { add(node); }
     return run;
   }
   function copyButton(into, run) {
@@ -512,7 +527,7 @@
     while (log.firstChild) { log.removeChild(log.firstChild); }
     if (!messages.length) { systemLine("Ask me anything. Send /help to see what I can do.", "pluto-hint"); }
     messages.forEach(function (m) {
-      if (m.role === "user") { userBubble(m.text, null, m.files); return; }
+      if (m.role === "user") { userBubble(m.text, m.id || null, m.files, m.run_id); return; }  // (an id: it waits its turn)
       var run = botBubble(m.run_id);
       if (m.role === "tool") { details(m.details, run.tools); return; }
       if (m.role === "run.end") { ended(run, m.outcome, m.error); return; }
@@ -525,6 +540,8 @@
       run.final = true;
       draw(run);
     });
+    // sent, not acknowledged, yet recorded (the history shows it waiting): not drawn twice
+    pending = pending.filter(function (p) { return !bubbleOf(p.id); });
     pending.forEach(function (p) { userBubble(p.text, p.id, p.names).classList.add("pluto-pending"); });
     Object.keys(failed).forEach(function (id) { var p = failed[id]; drawNotSent(userBubble(p.text, p.id, p.names), p, true); });
     scrollDown();
@@ -586,7 +603,7 @@
         break;
       case "run.start":
         active[f.run_id] = true; setBusy();
-        botBubble(f.run_id).node.classList.add("pluto-typing");
+        botBubble(f.run_id, f.message_id).node.classList.add("pluto-typing");
         break;
       case "message.delta":
         run = botBubble(f.run_id);
@@ -606,6 +623,12 @@
         break;
       case "run.end":
         delete active[f.run_id]; setBusy();
+        if (f.outcome === "interrupted" && runs[f.run_id]) {  // cut off (its instance stopped):
+          run = runs[f.run_id];  // answered again, in a run of its own, in the same place
+          if (run.node.parentNode === log) { log.removeChild(run.node); }
+          delete runs[f.run_id];
+          break;
+        }
         run = botBubble(f.run_id);
         if (f.outcome === "cancelled" && !run.final && run.text) { run.node.classList.add("pluto-stopped"); }
         if (f.outcome === "cancelled" && !run.final && !run.text && run.tools.firstChild &&
