@@ -41,12 +41,15 @@ class Directory:
             return []
         session = await self.conversations.session(route.session_key, route.agent)
         rows = await self.conversations.messages(session.id, limit=limit)
+        sources = await self.conversations.run_sources(session.id, limit) if any(
+            row.role == "user" for row in rows) else {}
         details: dict[str, dict[str, ToolEnd]] = {}
         items: list[TranscriptItem] = []
         for row in rows:
             if row.role in ("user", "assistant") and row.content:
-                items.append(TranscriptItem(row.role, row.content,  # type: ignore[arg-type]
-                                            row.run_id, row.created_at))
+                items.append(TranscriptItem(
+                    row.role, row.content, row.run_id, row.created_at,  # type: ignore[arg-type]
+                    message_id=sources.get(row.run_id or "") if row.role == "user" else None))
             elif row.role == "tool" and row.run_id and row.tool_call_id:
                 if row.run_id not in details:
                     details[row.run_id] = {

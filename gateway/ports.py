@@ -87,6 +87,7 @@ class TranscriptItem:
     run_id: str | None
     ts: float
     name: str | None = None  # the tool, for role "tool"
+    message_id: str | None = None  # for role "user": the message's id on its platform
     details: Any = None  # what the tool showed people (a table, a chart), for role "tool"
 
 

@@ -81,6 +81,10 @@ class ConversationStore(RunReader, Protocol):
 
     async def messages(self, session_id: str, limit: int = 1000) -> list[MessageRow]: ...
 
+    async def run_sources(self, session_id: str, limit: int) -> dict[str, str]:
+        """The message each of the session's latest runs answers: run id -> message id."""
+        ...
+
     async def find_sessions(self, query: str = "", *,
                             limit: int = 50) -> builtins.list[dict[str, Any]]:
         """Sessions, newest first, whose key or text holds ``query`` (the admin console)."""

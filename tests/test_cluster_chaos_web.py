@@ -292,6 +292,11 @@ async def test_widget_visitors_of_three_instances_under_random_faults_see_each_a
                     items = await history_of(http, cluster.ports[v % 3], visitor.token)
                     said = [m["text"] for m in items if m["role"] == "user"]
                     answered = [m["text"] for m in items if m["role"] == "assistant"]
+                    if said != texts[v] or answered != expected[v]:
+                        print(visitor.name, "history:\n   ", "\n    ".join(
+                            f"{m['role']} {m.get('run_id')} {m.get('ts')} {m['text']!r}"
+                            for m in items))
+                        print(what_became_of(db_url, [visitor.name]))
                     assert said == texts[v], (visitor.name, items, report)
                     assert answered == expected[v], (visitor.name, items, report)
                     assert not [m for m in items if m["role"] == "run.end"], (items, report)

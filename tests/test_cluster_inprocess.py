@@ -543,7 +543,7 @@ async def test_a_tab_that_joins_sees_the_messages_waiting_and_their_answers_as_t
                 await first.ws.close()
                 tab = await Tab.open(http, b, token=first.ready["token"])
                 waiting = [(m.get("id"), m["text"]) for m in tab.history if m["role"] == "user"]
-                assert waiting == [(None, "message 0"), ("m1", "message 1"),
+                assert waiting == [("m0", "message 0"), ("m1", "message 1"),
                                    ("m2", "message 2")], tab.history
                 gate.set()
                 finals = [await tab.until("message.final", timeout=30) for _ in range(3)]

@@ -219,6 +219,7 @@ class WebProvider(Provider):
         (looked for now and then, while a tab of the chat is here). A message received here
         may be told by its ticket first (which ends the looking); looking too means one whose
         ticket is decided late — its chat's holder changed meanwhile — is not shown late."""
+        log.debug("web: looking for the run answering %s", message_id)
         remember(self._answers, message_id, chat_id, ANSWERS_KEPT)
         if self._answering is None or self._answering.done():
             self._answering = asyncio.create_task(self._look_for_answers(), name="web:answers")
@@ -242,6 +243,7 @@ class WebProvider(Provider):
                     self._look_failed = True
                     break
                 self._look_failed = False
+                log.debug("web: %s became %s", message_id, outcome)
                 if outcome is None or self._answers.pop(message_id, None) is None:
                     continue
                 client_id = message_id.removeprefix(f"{chat_id}:")

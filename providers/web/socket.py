@@ -246,6 +246,10 @@ class Connection:
     def _shown(self, item: TranscriptItem) -> dict[str, Any] | None:
         out: dict[str, Any] = {"role": item.role, "text": item.text, "run_id": item.run_id,
                                "ts": item.ts}
+        assert self.client is not None
+        prefix = f"{self.client.chat_id}:"
+        if item.message_id is not None and item.message_id.startswith(prefix):
+            out["id"] = item.message_id[len(prefix):]  # (the tab's: drawn once, answers after)
         if item.role == "tool":
             details = protocol.display_details(item.details, self.p.links.link)
             if details is None:

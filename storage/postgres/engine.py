@@ -858,7 +858,7 @@ async def _kept_as_is(conn: Any) -> None:
     cost a round trip per statement, and undo :meth:`PostgresEngine._configure_async`)."""
 
 
-class _Unreachable(Exception):
+class _Unreachable(StorageError):
     """Opening met a server it could not reach or a connection it lost: worth trying again."""
 
 

@@ -420,6 +420,14 @@ class SqliteConversations:
             " LIMIT ?", (session_id, limit), small=limit <= HISTORY_MESSAGES)
         return [_message_row(tuple(r)) for r in reversed(rows)]
 
+    async def run_sources(self, session_id: str, limit: int) -> dict[str, str]:
+        """The message each of the session's ``limit`` latest runs answers (its provider's
+        id), for the runs that answer one: run id -> message id."""
+        rows = await self.engine.fetchall(
+            "SELECT id, source_id FROM runs WHERE session_id = ? AND source_id IS NOT NULL"
+            " ORDER BY started_at DESC LIMIT ?", (session_id, limit))
+        return {r[0]: r[1] for r in rows}
+
     async def newest_tool_result(self, session_id: str, name: str) -> str | None:
         """What the session's newest call of tool ``name`` returned (None: never called)."""
         row = await self.engine.fetchone(

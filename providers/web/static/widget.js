@@ -527,7 +527,7 @@
     while (log.firstChild) { log.removeChild(log.firstChild); }
     if (!messages.length) { systemLine("Ask me anything. Send /help to see what I can do.", "pluto-hint"); }
     messages.forEach(function (m) {
-      if (m.role === "user") { userBubble(m.text, m.id || null, m.files, m.run_id); return; }  // (an id: it waits its turn)
+      if (m.role === "user") { userBubble(m.text, m.id || null, m.files, m.run_id); return; }  // (id: the tab's)
       var run = botBubble(m.run_id);
       if (m.role === "tool") { details(m.details, run.tools); return; }
       if (m.role === "run.end") { ended(run, m.outcome, m.error); return; }
