@@ -61,14 +61,18 @@ class Directory:
                                                 name=end.name, details=end.details))
         return items
 
-    async def waiting(self, provider: str, chat_id: str) -> list[IncomingMessage]:
-        """The chat's messages recorded and not yet taken up (waiting for the chat's runs
-        before them, or for an instance to take the chat), oldest first, whoever received
-        them: they are in no transcript yet."""
+    async def waiting(self, probe: IncomingMessage) -> list[IncomingMessage]:
+        """The messages of the chat ``probe`` comes from that wait for their turn, oldest
+        first, whoever received them: recorded and not yet taken up (waiting for the chat's
+        runs before them, or for an instance to take the chat), or taken up by a run queued
+        behind the session's running one. None is in the transcript yet."""
         if self.inbox is None:
             return []
-        return [message_from_dict(payload) for payload in
-                await self.inbox.unhandled_in_chat(provider, chat_id, WAITING_SHOWN)]
+        route = self.route(probe)
+        session = None if route is None else await self.conversations.session(
+            route.session_key, route.agent)
+        return [message_from_dict(payload) for payload in await self.inbox.waiting_in_chat(
+            probe.provider, probe.chat_id, session.id if session else None, WAITING_SHOWN)]
 
     async def outcome(self, provider: str, message_id: str) -> Outcome | None:
         """What became of a recorded message (the run answering it, once started — by any

@@ -110,8 +110,9 @@ class ChatDirectory(Protocol):
         """The active conversation of the chat ``probe`` comes from, as its people saw it."""
         ...
 
-    async def waiting(self, provider: str, chat_id: str) -> list[IncomingMessage]:
-        """The chat's messages recorded but not yet taken up (in no transcript yet)."""
+    async def waiting(self, probe: IncomingMessage) -> list[IncomingMessage]:
+        """The messages of the chat ``probe`` comes from that wait for their turn (recorded,
+        not yet taken up or queued behind the running one: in no transcript yet)."""
         ...
 
     async def outcome(self, provider: str, message_id: str) -> Outcome | None:

@@ -357,6 +357,12 @@ class InboundStore(Protocol):
         """The chat's messages not yet handled, in arrival order (whoever received them)."""
         ...
 
+    async def waiting_in_chat(self, provider: str, chat_id: str, session_id: str | None,
+                              limit: int = 100) -> list[dict[str, Any]]:
+        """The chat's messages waiting for their turn, in arrival order: not yet handled, or
+        taken up by a run of session ``session_id`` still queued (in no transcript yet)."""
+        ...
+
     async def take_chat(self, leases: LeaseStore, name: str, owner: str, ttl: float,
                         provider: str, chat_id: str, *, takeover: bool = True
                         ) -> tuple[tuple[int, bool] | None, list[dict[str, Any]]]:

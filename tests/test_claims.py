@@ -325,6 +325,27 @@ async def test_a_taken_over_chat_waits_for_the_older_reply_its_live_owner_still_
     await box_b.close()
 
 
+async def test_a_chat_whose_reply_could_not_go_is_not_idle_until_it_is_out(two) -> None:
+    """a was silenced (cut off from the database) as it sent a reply: the reply rests,
+    recorded, for the sweep. The chat is not idle meanwhile — its worker holds it; let go, its
+    next message is answered by b, whose answer reached the chat above a's (seen in CI:
+    tests/test_cluster_faults.py[outage], m6's answer above m5's). Once a's sweep sent it,
+    it is."""
+    p = RecordingProvider()
+    silent = [True]
+    box_a, box_b = await outboxes(two, p, lambda: not silent[0])
+    first = await box_a.deliver(p, "r1", [OutgoingMessage(chat_id="c1", text="first")])
+    assert await first is False and p.sent == []  # silenced: the chat rests
+    assert not await box_a.chat_idle("test", "c1", 0.3)
+    assert await box_a.chat_idle("test", "c2", 0.3)  # (another chat of a's: nothing waits)
+    silent[0] = False
+    assert await box_a.flush(p) == 1  # the sweep
+    assert await box_a.chat_idle("test", "c1", 10)
+    assert [m.text for m in p.sent] == ["first"]
+    await box_a.close()
+    await box_b.close()
+
+
 async def test_a_taken_over_chat_sends_the_older_reply_itself_once_its_owner_is_gone(
         two) -> None:
     """The same, but a stops for good while b waits: once a's heartbeat has run out, b claims

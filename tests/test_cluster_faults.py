@@ -100,6 +100,8 @@ class Cluster:
         if web is not None:
             config["providers"]["web"] = {"enabled": True, **web}
         config["storage"] = {"lease_seconds": 5}
+        # (to read what each instance did when a run fails: TEST_INSTANCE_LOG_LEVEL=DEBUG)
+        config["log_level"] = os.environ.get("TEST_INSTANCE_LOG_LEVEL", "INFO").upper()
         config["gateway"]["stream_edit_interval_seconds"] = 0.2
         config["gateway"]["shutdown_grace_seconds"] = 30
         (self.config_dir / "pluto.yaml").write_text(yaml.safe_dump(config))

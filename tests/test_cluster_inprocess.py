@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -432,6 +433,44 @@ async def test_a_preview_of_a_run_cut_short_is_withdrawn_by_its_instance_when_ha
             await gw.settled()
             assert provider.deleted == ["1"]  # the preview went
             assert len(provider.sent) == 2 and not gw._stranded
+        finally:
+            await gw.stop()
+
+
+async def test_a_run_whose_chat_was_lost_and_found_free_is_answered_again(
+        config_dir: Path, tmp_path: Path) -> None:
+    """An outage cut the chat's lease: its release failed on the wire after the server had
+    let it go (the row gone), so the chat is found free as the database comes back, not taken
+    from a dead instance — nobody takes the run over. Its answer, written under the old lease,
+    is refused ("taken over"). Its message was counted handled: unless the run is handed back
+    it is answered by nobody, the run stays "running" for good (seen in
+    tests/test_cluster_faults.py[outage]: two runs unfinished after every message had its
+    answer — each from the streamed preview alone). Handed back: answered again, once."""
+    model = Gated()
+    reached, gate = model.hold("one")
+    with fresh_schema() as url:
+        cfg = PlutoConfig(data_dir=tmp_path / "data", storage=StorageConfig(lease_seconds=2))
+        gw = Gateway(config_dir, config=cfg, model_factory=model, store=PostgresStore(url))
+        await gw.start()
+        try:
+            provider = RecordingProvider()
+            gw.add_provider(provider)
+            await provider.running.wait()
+            assert provider.intake is not None
+            first = await provider.intake.submit(provider.msg("one"))
+            run_id = (await first.outcome()).run_id  # type: ignore[union-attr]
+            await asyncio.wait_for(reached.wait(), 10)
+            lease = "chat:test:c1"
+            assert gw.cluster.holds(lease)
+            await gw.store.engine.write(("DELETE FROM leases WHERE name = ?", (lease,)))
+            await wait_for(lambda: not gw.cluster.holds(lease))  # (the next renewal tells)
+            gate.set()  # the run ends: its answer refused
+            assert await provider.wait_finals(1, timeout=20) == ["echo: one"]
+            await gw.settled()
+            run = await gw.store.conversations.run(run_id)
+            assert run is not None and run.status == "interrupted", run
+            assert not await gw.store.conversations.unfinished_runs(time.time() + 3600)
+            assert provider.finals() == ["echo: one"]
         finally:
             await gw.stop()
 

@@ -188,3 +188,33 @@ def test_a_history_shows_an_answer_cut_off_as_its_message_waiting_for_the_next()
                      {"role": "run.end", "run_id": "r3", "outcome": "error", "text": "",
                       "error": "x"}]
     assert looked == [("v", "v:m7")]
+
+
+async def test_a_tab_that_joins_sees_the_messages_queued_behind_the_running_one(
+        config_dir, data_dir, monkeypatch) -> None:
+    """Messages a tab sent while the chat's run goes on are taken up at once — queued behind
+    it, their runs recorded (the inbox counts them handled) — yet in no transcript until their
+    turn. A tab that (re)joins then shows them with the tab's ids, and each answer as it
+    comes (found by tests/test_cluster_chaos_web.py: such a message vanished from a tab that
+    reconnected, and its answer never reached it)."""
+    monkeypatch.setenv("PLUTO_WEB_SECRET", SECRET)
+    model = Gated(on=0, fallback=lambda m: Scripted(text=f"echo: {m[-1]['content']}"))
+    async with served(config_dir, data_dir, model) as gw, aiohttp.ClientSession() as http:
+        first = await Tab.open(http, gw)
+        for i in range(3):
+            await first.send(type="message", id=f"m{i}", text=f"message {i}")
+        for i in range(3):
+            await first.until("ack", lambda f, i=i: f["reply_to"] == f"m{i}")
+        await asyncio.wait_for(model.waiting.wait(), 10)  # message 0 answered, 1 and 2 queued
+        await first.ws.close()
+        tab = await Tab.open(http, gw, token=first.ready["token"])
+        users = [(m.get("id"), m["text"]) for m in tab.history if m["role"] == "user"]
+        assert users == [("m0", "message 0"), ("m1", "message 1"), ("m2", "message 2")], \
+            tab.history
+        model.gate.set()
+        finals = [await tab.until("message.final", timeout=30) for _ in range(3)]
+        starts = {f["run_id"]: f.get("message_id") for f in tab.of("run.start")}
+        assert {starts.get(f["run_id"]): f["text"] for f in finals} == {
+            f"m{i}": f"echo: message {i}" for i in range(3)}, (starts, finals)
+        await asyncio.sleep(0)
+        assert len(tab.of("message.final")) == 3  # each once

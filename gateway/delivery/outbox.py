@@ -46,6 +46,7 @@ ChatKey = tuple[str, str]  # (provider name, chat id)
 AHEAD_WAIT = 0.5  # seconds between looks at the claim of a taken-over chat's older reply
 AHEAD_LIMIT = 120.0  # seconds such a chat waits for it at most (its owner lives, but stalls)
 MAX_HOLDS = 10  # a rate-limited chunk waits out this many times the retries' worth of holds
+RESTING_LOOK = 0.5  # seconds between looks at whether a resting chat was taken up again
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,14 +241,21 @@ class Outbox:
     async def chat_idle(self, provider: str, chat_id: str, timeout: float) -> bool:
         """Wait, at most ``timeout`` seconds, until nothing waits to go to the chat from this
         instance (several instances: a chat is let go only then, so the next answer, from
-        any instance, comes after); whether it is so."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while (chat := self._chats.get((provider, chat_id))) is not None and \
-                chat.task is not None and not chat.task.done():
-            left = deadline - asyncio.get_running_loop().time()
+        any instance, comes after); whether it is so. A resting chat is not idle: its reply
+        could not go (out of retries, or this instance was silenced: paused, cut off from the
+        database) and waits for the sweep — let go now, the chat's next answer, given by
+        another instance, would be shown above it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (chat := self._chats.get((provider, chat_id))) is not None and (
+                chat.resting or chat.task is not None and not chat.task.done()):
+            left = deadline - loop.time()
             if left <= 0:
                 return False
-            await asyncio.wait({chat.task}, timeout=left)
+            if chat.task is None or chat.task.done():  # resting: until the sweep's turn
+                await asyncio.sleep(min(left, RESTING_LOOK))
+            else:
+                await asyncio.wait({chat.task}, timeout=left)
         return True
 
     @property

@@ -419,6 +419,11 @@ class Pipeline:
                 provider, msg, events, fence=self.fence(msg) if self.fence else None)
         except RunTakenOver as e:  # another instance answers it: say nothing more here
             log.warning("%s", e)
+            if self.runner.hand_back:  # several instances: unless its row says it was taken
+                # over, nobody will answer it (our claim ran out and was taken again as the
+                # database came back: the chat found free, its message counted handled) — it
+                # is handed back as a run storage cut short (a no-op for one taken over)
+                self.on_stranded(run_id, provider.name, msg)
             return
         except ProviderError:
             self.metrics.error("delivery")  # already logged by delivery; the run is recorded

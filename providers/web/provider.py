@@ -200,12 +200,13 @@ class WebProvider(Provider):
 
     # messages waiting, wherever they were received ---------------------------------------
 
-    async def waiting(self, chat_id: str) -> list[IncomingMessage]:
-        """A tab joins chat ``chat_id``: its messages recorded and not yet taken up (in no
-        transcript yet), oldest first; the run answering each is shown to the chat's tabs
+    async def waiting(self, probe: IncomingMessage) -> list[IncomingMessage]:
+        """A tab joins the chat ``probe`` comes from: its messages waiting for their turn (in
+        no transcript yet), oldest first; the run answering each is shown to the chat's tabs
         when it begins (:meth:`_look_for_answers`). Empty when storage cannot say (logged)."""
+        chat_id = probe.chat_id
         try:
-            found = await self.chats.waiting(self.name, chat_id)
+            found = await self.chats.waiting(probe)
         except Exception as e:  # noqa: BLE001 - the history is shown without them
             log.warning("web: could not read the waiting messages of chat %s: %s", chat_id, e)
             return []

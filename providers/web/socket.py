@@ -202,6 +202,9 @@ class Connection:
         return True
 
     async def _history(self, probe: IncomingMessage) -> dict[str, Any]:
+        # the chat's messages waiting for their turn, read first: one whose run begins before
+        # the transcript is read is found there (shown once, there), none falls between
+        waiting = await self.p.waiting(probe)
         try:
             items = await self.p.chats.transcript(probe)
         except Exception:
@@ -218,10 +221,11 @@ class Connection:
         prefix = f"{probe.chat_id}:"
         shown = self._cut_off(shown, prefix)
         # then the chat's messages waiting for their turn (their runs are shown as they begin)
+        begun = {i.message_id for i in items if i.role == "user" and i.message_id}
         shown += [{"role": "user", "text": m.text, "run_id": None, "ts": m.timestamp,
                    "id": (m.message_id or "").removeprefix(prefix),
                    "files": [a.filename for a in m.attachments]}
-                  for m in await self.p.waiting(probe.chat_id)
+                  for m in waiting if m.message_id not in begun
                   if m.firing is None and m.approval is None and m.text.strip() != "/stop"]
         return protocol.frame("history", messages=shown)
 

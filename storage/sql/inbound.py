@@ -183,6 +183,24 @@ class SqliteInbound:
         rows = await self.engine.fetchall(*_unhandled_in_chat(provider, chat_id, limit))
         return [_with_preview(r[0], r[1]) for r in rows if r[0]]
 
+    async def waiting_in_chat(self, provider: str, chat_id: str, session_id: str | None,
+                              limit: int = 100) -> list[dict[str, Any]]:
+        """The chat's messages waiting for their turn, in arrival order: those not yet
+        handled and those taken up by a run of session ``session_id`` still queued behind
+        the session's running one (handled, in no transcript yet)."""
+        queued = "" if session_id is None else (
+            " UNION ALL SELECT i.payload, i.preview, i.rowid AS arrived FROM runs r JOIN"
+            " inbound_seen i ON i.provider = r.source_provider AND i.message_id = r.source_id"
+            " WHERE r.status = 'queued' AND r.session_id = ? AND r.source_provider = ? AND"
+            " i.chat_id = ? AND i.handled = 1 AND i.payload IS NOT NULL")
+        rows = await self.engine.fetchall(
+            "SELECT payload, preview FROM (SELECT payload, preview, rowid AS arrived FROM"
+            " inbound_seen WHERE provider = ? AND chat_id = ? AND handled = 0 AND payload IS"
+            f" NOT NULL{queued}) w ORDER BY arrived LIMIT ?",
+            (provider, chat_id, *(() if session_id is None else (session_id, provider,
+                                                                   chat_id)), limit))
+        return [_with_preview(r[0], r[1]) for r in rows if r[0]]
+
     async def take_chat(self, leases: LeaseStore, name: str, owner: str, ttl: float,
                         provider: str, chat_id: str, *, takeover: bool = True
                         ) -> tuple[tuple[int, bool] | None, list[dict[str, Any]]]:

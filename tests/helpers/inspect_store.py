@@ -49,8 +49,12 @@ async def until_nothing_left_to_deliver(store: SqlStore, timeout: float = 60) ->
         if loop.time() > deadline:
             pending = await store.outbox.pending_all()
             unfinished = await store.conversations.unfinished_runs(time.time() + 3600)
-            raise AssertionError(f"after {timeout} s still {len(pending)} chunk(s) to send and "
-                                 f"{len(unfinished)} run(s) unfinished")
+            rows = [await store.conversations.run(run_id) for run_id in unfinished]
+            raise AssertionError(
+                f"after {timeout} s still {len(pending)} chunk(s) to send and "
+                f"{len(unfinished)} run(s) unfinished: chunks "
+                f"{[(c.reply_id, c.chunk, c.chat_id, c.attempts) for c in pending]}, runs "
+                f"{[(r.id, r.status, r.source_id, r.started_at) for r in rows if r]}")
         await asyncio.sleep(0.1)
 
 
