@@ -437,6 +437,62 @@ async def test_a_preview_of_a_run_cut_short_is_withdrawn_by_its_instance_when_ha
             await gw.stop()
 
 
+async def test_a_look_at_the_inbox_failing_while_a_run_goes_on_keeps_the_chat(
+        config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the chat's run goes on its worker looks at the inbox for a ``/stop`` whenever a
+    note may have been missed. Storage away, that look failed — and the worker let go of the
+    chat with the run still going: another instance took the chat, found free, and answered
+    the next message before it (tests/test_cluster_faults.py[outage] under load: five chats
+    out of order, runs refused at their end). The look waits for the next note now; the chat
+    stays held until the run has ended."""
+    model = Gated()
+    reached, gate = model.hold("one")
+    with fresh_schema() as url:
+        cfg = PlutoConfig(data_dir=tmp_path / "data", storage=StorageConfig(lease_seconds=2))
+        gw = Gateway(config_dir, config=cfg, model_factory=model, store=PostgresStore(url))
+        await gw.start()
+        try:
+            provider = RecordingProvider()
+            gw.add_provider(provider)
+            await provider.running.wait()
+            assert provider.intake is not None
+            intake = gw.intakes["test"]
+            lease = "chat:test:c1"
+            released: list[str] = []
+            release = gw.cluster.release
+
+            async def noted(name: str) -> None:
+                released.append(name)
+                await release(name)
+
+            monkeypatch.setattr(gw.cluster, "release", noted)
+            looks = [0]
+            from pluto.errors import StorageUnavailable
+            unhandled = intake.inbox.unhandled_in_chat
+
+            async def away(*args: Any, **kwargs: Any) -> Any:
+                if reached.is_set() and not gate.is_set():
+                    looks[0] += 1
+                    raise StorageUnavailable("the database cannot be reached")
+                return await unhandled(*args, **kwargs)
+
+            monkeypatch.setattr(intake.inbox, "unhandled_in_chat", away)
+            await provider.intake.submit(provider.msg("one"))
+            await asyncio.wait_for(reached.wait(), 10)
+            for _ in range(3):  # notes may have been missed: the worker looks, and cannot
+                before = looks[0]
+                intake.note(None)
+                await wait_for(lambda before=before: looks[0] > before)
+            assert gw.cluster.holds(lease) and lease not in released
+            gate.set()
+            assert await provider.wait_finals(1, timeout=20) == ["echo: one"]
+            await gw.settled()
+            run = (await gw.store.conversations.recent_runs(limit=1))[0]
+            assert run["status"] == "ok", run
+        finally:
+            await gw.stop()
+
+
 async def test_a_run_whose_chat_was_lost_and_found_free_is_answered_again(
         config_dir: Path, tmp_path: Path) -> None:
     """An outage cut the chat's lease: its release failed on the wire after the server had

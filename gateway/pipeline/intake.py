@@ -752,20 +752,28 @@ class IntakeQueue:
                 await self._noted(key, done)
                 if done.done():
                     break
-                # (only ours waiting: those in the queue, the inbox not read)
-                waiting = [t.message for t in queue if not t.done()] \
-                    if not self._more_news(key) else \
-                    [message_from_dict(p) for p in
-                     await self.inbox.unhandled_in_chat(self.name, key, 5)]
-                for msg in waiting:
-                    if not self.shared.urgent(msg):
-                        continue
-                    ticket = self._ticket(queue, msg.message_id)
-                    outcome = await self.handler(msg)
-                    if ticket is not None:
-                        self._settle(queue, ticket, outcome)
+                try:
+                    await self._urgent_first(key, queue)
+                except StorageError as e:  # (the run is still ours: the chat is not let go
+                    log.debug("%s: chat %s: a look for a /stop failed: %s", self.name, key,
+                              e)  # while it goes on — the next note looks again)
         finally:
             done.cancel()
+
+    async def _urgent_first(self, key: str, queue: deque[Ticket]) -> None:
+        """While the chat's run goes on: a ``/stop`` waiting in the chat is handled now."""
+        assert self.shared is not None
+        # (only ours waiting: those in the queue, the inbox not read)
+        waiting = [t.message for t in queue if not t.done()] if not self._more_news(key) \
+            else [message_from_dict(p) for p in
+                  await self.inbox.unhandled_in_chat(self.name, key, 5)]
+        for msg in waiting:
+            if not self.shared.urgent(msg):
+                continue
+            ticket = self._ticket(queue, msg.message_id)
+            outcome = await self.handler(msg)
+            if ticket is not None:
+                self._settle(queue, ticket, outcome)
 
     def _ticket(self, queue: deque[Ticket], message_id: str | None) -> Ticket | None:
         """The ticket of a message taken from the inbox: in the chat's queue, or still on its
