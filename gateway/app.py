@@ -420,17 +420,30 @@ class Gateway:
         if found is None:
             return
         provider, msg = found
+        target = self.providers.get(provider)
         answer = await self.store.conversations.undelivered_answer(run_id)
-        if answer is None and self.shared and (target := self.providers.get(provider)):
+        # (what storage said failed may have been done all the same: the server committed,
+        # the connection broke before it said so)
+        row = await self.store.conversations.run(run_id) if answer is None else None
+        going = answer is None and (row is None or row.status in ("queued", "running"))
+        if going and self.shared and target is not None:
             # its message is answered again, maybe elsewhere: the preview it showed here goes
             # first (before the message is back in the inbox: no run here edits it meanwhile)
             self.delivery.withdraw_left(target, msg)
-        for end in await self.store.conversations.recover_runs([run_id]):
+        ended = await self.store.conversations.recover_runs([run_id]) if going else []
+        for end in ended:
             self.feed.publish(end)
-        if answer is None:  # its message is back in the inbox: a look at the chat made
-            self._returned.add((provider, msg.chat_id))  # before is stale
+        if going:  # its message is back in the inbox: a look at the chat made before is stale
+            self._returned.add((provider, msg.chat_id))
         if answer is not None:
             await self._resend(provider, msg, answer)
+        elif not ended and target is not None:  # it had ended, its reply recorded after all
+            await self.outbox.flush_chat(target, msg.chat_id)  # (claimed here): sent now,
+            # ahead of anything newer in the chat — left to the sweep, it came after them
+        log.info("cluster: run %s of %s chat %s handed back: %s", run_id, provider,
+                 msg.chat_id, "its saved answer is sent" if answer is not None else
+                 "its message is answered again" if ended else
+                 "it had ended; its reply, if recorded, is sent first")
         self._stranded.pop(run_id, None)
 
     async def _handed_back(self, run_id: str) -> bool:

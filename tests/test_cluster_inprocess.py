@@ -493,6 +493,46 @@ async def test_a_look_at_the_inbox_failing_while_a_run_goes_on_keeps_the_chat(
             await gw.stop()
 
 
+async def test_a_reply_recorded_though_storage_said_it_failed_goes_before_the_next(
+        config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection breaks as the reply is recorded: the server committed it, the
+    instance heard an error and handed the run back once storage worked — found ended, its
+    reply in the outbox, claimed here, nothing to answer again. That reply was left to the
+    outbox's sweep, and the chat's next message, answered meanwhile, came first
+    (tests/test_cluster_faults.py[outage] under load: "handed back: it had ended", m5's
+    answer above m4's). It is queued at once now, ahead of anything newer."""
+    from pluto.errors import StorageUnavailable
+    with fresh_schema() as url:
+        cfg = PlutoConfig(data_dir=tmp_path / "data", storage=StorageConfig(lease_seconds=2))
+        gw = Gateway(config_dir, config=cfg, model_factory=ScriptedModel(fallback=slow_echo),
+                     store=PostgresStore(url))
+        await gw.start()
+        try:
+            gw.outbox.sweep_seconds = 3600  # (the sweep would send it: later than the next)
+            provider = RecordingProvider()
+            gw.add_provider(provider)
+            await provider.running.wait()
+            assert provider.intake is not None
+            record = gw.store.outbox.record_claimed
+            broke: list[str] = []
+
+            async def committed_then_broken(rows: Any, *args: Any, **kwargs: Any) -> Any:
+                done = await record(rows, *args, **kwargs)
+                if not broke and rows[0].text == "echo: one":
+                    broke.append(rows[0].reply_id)
+                    raise StorageUnavailable("the database cannot be reached")
+                return done
+
+            monkeypatch.setattr(gw.store.outbox, "record_claimed", committed_then_broken)
+            await provider.intake.submit(provider.msg("one"))
+            await provider.intake.submit(provider.msg("two"))
+            assert await provider.wait_finals(2, timeout=20) == ["echo: one", "echo: two"]
+            await gw.settled()
+            assert broke and provider.finals() == ["echo: one", "echo: two"]
+        finally:
+            await gw.stop()
+
+
 async def test_a_run_whose_chat_was_lost_and_found_free_is_answered_again(
         config_dir: Path, tmp_path: Path) -> None:
     """An outage cut the chat's lease: its release failed on the wire after the server had

@@ -626,6 +626,8 @@ class IntakeQueue:
             first = None
             again = False
             found += len(payloads)
+            log.debug("%s: chat %s: %s", self.name, key,
+                      [p.get("message_id") for p in payloads])
             for payload in payloads:
                 if not cluster.holds(lease):  # lost (we were too slow to renew): let go
                     log.warning("%s: lost chat %s to another instance", self.name, key)
