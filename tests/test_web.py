@@ -78,6 +78,34 @@ async def test_a_message_streams_its_answer_and_every_frame_has_ids(gw, http, mo
     assert all(ids) and len(set(ids)) == len(ids)
 
 
+async def test_messages_sent_after_one_not_received_wait_for_it_and_keep_their_order(gw, http):
+    """Storage fails as m1 is recorded; the tab has sent m2 already (before m1's error came
+    back). Had m2 been recorded, it would be answered before m1, sent again after the wait
+    (seen in tests/test_cluster_chaos_web.py: a tab's m17 answered after its m19). m2 is not
+    received either until m1 is; sent again in order, both are answered in order."""
+    import sqlite3
+    inbox = gw.store.inbound
+    real = inbox.accept
+
+    async def full(*args):
+        inbox.accept = real  # (once)
+        raise sqlite3.OperationalError("database or disk is full")
+
+    inbox.accept = full
+    tab = await Tab.open(http, gw)
+    await tab.send(type="message", id="m1", text="one")
+    await tab.send(type="message", id="m2", text="two")
+    refused = [await tab.until("error"), await tab.until("error")]
+    assert [(f["code"], f["reply_to"]) for f in refused] == [("not_received", "m1"),
+                                                            ("not_received", "m2")]
+    assert all(f["retry_after"] >= 0.5 for f in refused)
+    for mid, text in (("m1", "one"), ("m2", "two")):  # as the widget does: in order
+        await tab.send(type="message", id=mid, text=text)
+    finals = [await tab.until("message.final") for _ in range(2)]
+    assert [f["text"] for f in finals] == ["You said: one", "You said: two"]
+    assert [f["reply_to"] for f in tab.of("ack")] == ["m1", "m2"]
+
+
 async def test_the_session_survives_a_reload_and_forged_or_expired_tokens_start_afresh(gw, http):
     first = await Tab.open(http, gw)
     await first.ask("remember the word kumquat")

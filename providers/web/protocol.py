@@ -36,6 +36,8 @@ nests the same way under it.
 A message is acknowledged (``ack``) once it is recorded; one
 that could not be (storage failed) gets ``error`` with code ``not_received``, its ``reply_to``
 and a ``retry_after`` in seconds: the tab keeps it and sends it again (same id) after that.
+Messages sent after it on that socket get the same answer until it is received (sent again in
+order, none is answered ahead of it).
 See the README for the full description.
 """
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 HEARTBEAT_SECONDS = 30.0
+UNRECEIVED_HOLD = 30.0  # seconds a message not received holds back the ones sent after it
 
 
 def origin_allowed(request: web.Request, allowed: list[str]) -> bool:
@@ -84,6 +86,9 @@ class Connection:
         self.agent: str | None = None
         self.uploads = Uploads(provider.links.root / "uploads" / "web",
                                int(s.max_upload_mb * 2**20))
+        # a message not received (storage failed) and until when the ones after it wait for
+        # it: recorded ahead of it, they would be answered ahead of it when it comes again
+        self.unreceived: tuple[str, float] | None = None
 
     def send(self, frame: dict[str, Any]) -> None:
         """After ``hello``: in order with the chat's other frames."""
@@ -289,8 +294,17 @@ class Connection:
 
     async def _deliver(self, text: str, client_id: str, *, stop: bool = False,
                        files: tuple[Attachment, ...] = ()) -> bool:
-        """Hand the message over; False (and the tab told why) when it was not recorded."""
+        """Hand the message over; False (and the tab told why) when it was not recorded. A
+        message sent after one that was not received is not received either until that one
+        is (the tab sends them again in order) — or for :data:`UNRECEIVED_HOLD` seconds at
+        most (a client that does not send it again)."""
         assert self.client is not None
+        if self.unreceived is not None and not stop:
+            first, until = self.unreceived
+            if client_id != first and time.monotonic() < until:
+                self._not_received(client_id)
+                return False
+            self.unreceived = None
         try:
             await self.p.deliver(self._incoming(text, f"{self.client.chat_id}:{client_id}",
                                                 files))
@@ -299,10 +313,9 @@ class Connection:
                 self.send(protocol.error("internal", "The answer could not be stopped just "
                                          "now (a problem on our side); please try again."))
                 return False
-            self.send(protocol.error(
-                "not_received", "Your message was not received (a problem on our side); it "
-                "will be sent again in a moment.", reply_to=client_id,
-                retry_after=round(max(0.5, self.p.handover.backoff()), 1)))
+            self._not_received(client_id)
+            if self.unreceived is None:
+                self.unreceived = (client_id, time.monotonic() + UNRECEIVED_HOLD)
             return False
         except Exception:
             log.exception("web: handling a message of chat %s failed", self.client.chat_id)
@@ -310,6 +323,12 @@ class Connection:
                                      "please try again.", reply_to=client_id))
             return False
         return True
+
+    def _not_received(self, client_id: str) -> None:
+        self.send(protocol.error(
+            "not_received", "Your message was not received (a problem on our side); it "
+            "will be sent again in a moment.", reply_to=client_id,
+            retry_after=round(max(0.5, self.p.handover.backoff()), 1)))
 
     async def cleanup(self) -> None:
         await self.uploads.discard()
