@@ -285,6 +285,24 @@ async def test_deployments_in_other_schemas_of_the_database_never_hear_each_othe
 
 
 
+@contextlib.asynccontextmanager
+async def one_instance(config_dir: Path, tmp_path: Path, model: ScriptedModel
+                       ) -> AsyncIterator[tuple[Gateway, RecordingProvider]]:
+    """One gateway on a schema of its own (leases of 2 s) with a recording provider running."""
+    with fresh_schema() as url:
+        cfg = PlutoConfig(data_dir=tmp_path / "data", storage=StorageConfig(lease_seconds=2))
+        gw = Gateway(config_dir, config=cfg, model_factory=model, store=PostgresStore(url))
+        await gw.start()
+        try:
+            provider = RecordingProvider()
+            gw.add_provider(provider)
+            await provider.running.wait()
+            assert provider.intake is not None
+            yield gw, provider
+        finally:
+            await gw.stop()
+
+
 def fail_while(away: list[bool], monkeypatch: pytest.MonkeyPatch,
                *methods: tuple[object, str]) -> None:
     """Each (store part, method name) raises StorageUnavailable while ``away[0]``: storage is
@@ -310,11 +328,6 @@ async def test_a_chat_whose_run_an_outage_cut_short_answers_that_run_first(
     did not yet, and answered that message first — or, in a race met about once in 35 runs,
     handed the run back just after the new holder had read the inbox). The message of the run
     cut short is answered again before the next one."""
-    await _cut_short_then_next(config_dir, tmp_path, monkeypatch)
-
-
-async def _cut_short_then_next(config_dir: Path, tmp_path: Path,
-                               monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[str] = []
 
     def answer(messages: list[dict]) -> Scripted:
@@ -322,43 +335,33 @@ async def _cut_short_then_next(config_dir: Path, tmp_path: Path,
         asked.append(said)
         return Scripted(text=f"echo: {said}", chunk=1, delay=0.15 if said == "one" else 0.0)
 
-    with fresh_schema() as url:
-        cfg = PlutoConfig(data_dir=tmp_path / "data", storage=StorageConfig(lease_seconds=2))
-        gw = Gateway(config_dir, config=cfg, model_factory=ScriptedModel(fallback=answer),
-                     store=PostgresStore(url))
-        await gw.start()
-        try:
-            provider = RecordingProvider()
-            gw.add_provider(provider)
-            await provider.running.wait()
-            assert provider.intake is not None
-            intake = gw.intakes["test"]
-            away = [False]  # storage "away" for what the test names
-            conversations = gw.store.conversations
-            fail_while(away, monkeypatch, (conversations, "complete_run"),
-                       (conversations, "recover_runs"), (intake.inbox, "unhandled_in_chat"))
-            await provider.intake.submit(provider.msg("one"))
-            async with asyncio.timeout(10):
-                while not asked:  # the model answers "one", slowly
-                    await asyncio.sleep(0.01)
-            away[0] = True
-            intake.note(None)  # a note may have been missed: the worker looks...
-            # ...at the inbox, and cannot (it used to let go of the chat then)
-            intake._wake.setdefault("c1", asyncio.Event()).set()
-            async with asyncio.timeout(10):
-                while not gw._stranded:  # the answer could not be saved: handed back later
-                    await asyncio.sleep(0.01)
-            await provider.intake.submit(provider.msg("two"))  # recorded: behind "one"
-            await asyncio.sleep(1.0)  # (the old way: "two" was answered in this second)
-            assert provider.finals() == []
-            assert gw.cluster.holds("chat:test:c1")  # (held through the outage)
-            away[0] = False  # storage works again
-            intake.note(None)  # (as the listener, back after an outage, wakes every chat)
-            assert await provider.wait_finals(2, timeout=20) == ["echo: one", "echo: two"]
-            await gw.settled()
-            assert provider.finals() == ["echo: one", "echo: two"]
-        finally:
-            await gw.stop()
+    model = ScriptedModel(fallback=answer)
+    async with one_instance(config_dir, tmp_path, model) as (gw, provider):
+        intake = gw.intakes["test"]
+        away = [False]  # storage "away" for what the test names
+        conversations = gw.store.conversations
+        fail_while(away, monkeypatch, (conversations, "complete_run"),
+                   (conversations, "recover_runs"), (intake.inbox, "unhandled_in_chat"))
+        await provider.intake.submit(provider.msg("one"))
+        async with asyncio.timeout(10):
+            while not asked:  # the model answers "one", slowly
+                await asyncio.sleep(0.01)
+        away[0] = True
+        intake.note(None)  # a note may have been missed: the worker looks...
+        # ...at the inbox, and cannot (it used to let go of the chat then)
+        intake._wake.setdefault("c1", asyncio.Event()).set()
+        async with asyncio.timeout(10):
+            while not gw._stranded:  # the answer could not be saved: handed back later
+                await asyncio.sleep(0.01)
+        await provider.intake.submit(provider.msg("two"))  # recorded: behind "one"
+        await asyncio.sleep(1.0)  # (the old way: "two" was answered in this second)
+        assert provider.finals() == []
+        assert gw.cluster.holds("chat:test:c1")  # (held through the outage)
+        away[0] = False  # storage works again
+        intake.note(None)  # (as the listener, back after an outage, wakes every chat)
+        assert await provider.wait_finals(2, timeout=20) == ["echo: one", "echo: two"]
+        await gw.settled()
+        assert provider.finals() == ["echo: one", "echo: two"]
 
 
 async def test_a_preview_of_a_run_cut_short_is_withdrawn_by_its_instance_when_handed_back(
@@ -420,50 +423,40 @@ async def test_a_look_at_the_inbox_failing_while_a_run_goes_on_keeps_the_chat(
     stays held until the run has ended."""
     model = Gated()
     reached, gate = model.hold("one")
-    with fresh_schema() as url:
-        cfg = PlutoConfig(data_dir=tmp_path / "data", storage=StorageConfig(lease_seconds=2))
-        gw = Gateway(config_dir, config=cfg, model_factory=model, store=PostgresStore(url))
-        await gw.start()
-        try:
-            provider = RecordingProvider()
-            gw.add_provider(provider)
-            await provider.running.wait()
-            assert provider.intake is not None
-            intake = gw.intakes["test"]
-            lease = "chat:test:c1"
-            released: list[str] = []
-            release = gw.cluster.release
+    async with one_instance(config_dir, tmp_path, model) as (gw, provider):
+        intake = gw.intakes["test"]
+        lease = "chat:test:c1"
+        released: list[str] = []
+        release = gw.cluster.release
 
-            async def noted(name: str) -> None:
-                released.append(name)
-                await release(name)
+        async def noted(name: str) -> None:
+            released.append(name)
+            await release(name)
 
-            monkeypatch.setattr(gw.cluster, "release", noted)
-            looks = [0]
-            from pluto.errors import StorageUnavailable
-            unhandled = intake.inbox.unhandled_in_chat
+        monkeypatch.setattr(gw.cluster, "release", noted)
+        looks = [0]
+        from pluto.errors import StorageUnavailable
+        unhandled = intake.inbox.unhandled_in_chat
 
-            async def away(*args: Any, **kwargs: Any) -> Any:
-                if reached.is_set() and not gate.is_set():
-                    looks[0] += 1
-                    raise StorageUnavailable("the database cannot be reached")
-                return await unhandled(*args, **kwargs)
+        async def away(*args: Any, **kwargs: Any) -> Any:
+            if reached.is_set() and not gate.is_set():
+                looks[0] += 1
+                raise StorageUnavailable("the database cannot be reached")
+            return await unhandled(*args, **kwargs)
 
-            monkeypatch.setattr(intake.inbox, "unhandled_in_chat", away)
-            await provider.intake.submit(provider.msg("one"))
-            await asyncio.wait_for(reached.wait(), 10)
-            for _ in range(3):  # notes may have been missed: the worker looks, and cannot
-                before = looks[0]
-                intake.note(None)
-                await wait_for(lambda before=before: looks[0] > before)
-            assert gw.cluster.holds(lease) and lease not in released
-            gate.set()
-            assert await provider.wait_finals(1, timeout=20) == ["echo: one"]
-            await gw.settled()
-            run = (await gw.store.conversations.recent_runs(limit=1))[0]
-            assert run["status"] == "ok", run
-        finally:
-            await gw.stop()
+        monkeypatch.setattr(intake.inbox, "unhandled_in_chat", away)
+        await provider.intake.submit(provider.msg("one"))
+        await asyncio.wait_for(reached.wait(), 10)
+        for _ in range(3):  # notes may have been missed: the worker looks, and cannot
+            before = looks[0]
+            intake.note(None)
+            await wait_for(lambda before=before: looks[0] > before)
+        assert gw.cluster.holds(lease) and lease not in released
+        gate.set()
+        assert await provider.wait_finals(1, timeout=20) == ["echo: one"]
+        await gw.settled()
+        run = (await gw.store.conversations.recent_runs(limit=1))[0]
+        assert run["status"] == "ok", run
 
 
 async def test_a_reply_recorded_though_storage_said_it_failed_goes_before_the_next(
@@ -475,35 +468,24 @@ async def test_a_reply_recorded_though_storage_said_it_failed_goes_before_the_ne
     (tests/test_cluster_faults.py[outage] under load: "handed back: it had ended", m5's
     answer above m4's). It is queued at once now, ahead of anything newer."""
     from pluto.errors import StorageUnavailable
-    with fresh_schema() as url:
-        cfg = PlutoConfig(data_dir=tmp_path / "data", storage=StorageConfig(lease_seconds=2))
-        gw = Gateway(config_dir, config=cfg, model_factory=ScriptedModel(fallback=slow_echo),
-                     store=PostgresStore(url))
-        await gw.start()
-        try:
-            gw.outbox.sweep_seconds = 3600  # (the sweep would send it: later than the next)
-            provider = RecordingProvider()
-            gw.add_provider(provider)
-            await provider.running.wait()
-            assert provider.intake is not None
-            record = gw.store.outbox.record_claimed
-            broke: list[str] = []
+    model = ScriptedModel(fallback=slow_echo)
+    async with one_instance(config_dir, tmp_path, model) as (gw, provider):
+        record = gw.store.outbox.record_claimed
+        broke: list[str] = []
 
-            async def committed_then_broken(rows: Any, *args: Any, **kwargs: Any) -> Any:
-                done = await record(rows, *args, **kwargs)
-                if not broke and rows[0].text == "echo: one":
-                    broke.append(rows[0].reply_id)
-                    raise StorageUnavailable("the database cannot be reached")
-                return done
+        async def committed_then_broken(rows: Any, *args: Any, **kwargs: Any) -> Any:
+            done = await record(rows, *args, **kwargs)
+            if not broke and rows[0].text == "echo: one":
+                broke.append(rows[0].reply_id)
+                raise StorageUnavailable("the database cannot be reached")
+            return done
 
-            monkeypatch.setattr(gw.store.outbox, "record_claimed", committed_then_broken)
-            await provider.intake.submit(provider.msg("one"))
-            await provider.intake.submit(provider.msg("two"))
-            assert await provider.wait_finals(2, timeout=20) == ["echo: one", "echo: two"]
-            await gw.settled()
-            assert broke and provider.finals() == ["echo: one", "echo: two"]
-        finally:
-            await gw.stop()
+        monkeypatch.setattr(gw.store.outbox, "record_claimed", committed_then_broken)
+        await provider.intake.submit(provider.msg("one"))
+        await provider.intake.submit(provider.msg("two"))
+        assert await provider.wait_finals(2, timeout=20) == ["echo: one", "echo: two"]
+        await gw.settled()
+        assert broke and provider.finals() == ["echo: one", "echo: two"]
 
 
 async def test_a_run_whose_chat_was_lost_and_found_free_is_answered_again(
@@ -517,31 +499,21 @@ async def test_a_run_whose_chat_was_lost_and_found_free_is_answered_again(
     answer — each from the streamed preview alone). Handed back: answered again, once."""
     model = Gated()
     reached, gate = model.hold("one")
-    with fresh_schema() as url:
-        cfg = PlutoConfig(data_dir=tmp_path / "data", storage=StorageConfig(lease_seconds=2))
-        gw = Gateway(config_dir, config=cfg, model_factory=model, store=PostgresStore(url))
-        await gw.start()
-        try:
-            provider = RecordingProvider()
-            gw.add_provider(provider)
-            await provider.running.wait()
-            assert provider.intake is not None
-            first = await provider.intake.submit(provider.msg("one"))
-            run_id = (await first.outcome()).run_id  # type: ignore[union-attr]
-            await asyncio.wait_for(reached.wait(), 10)
-            lease = "chat:test:c1"
-            assert gw.cluster.holds(lease)
-            await gw.store.engine.write(("DELETE FROM leases WHERE name = ?", (lease,)))
-            await wait_for(lambda: not gw.cluster.holds(lease))  # (the next renewal tells)
-            gate.set()  # the run ends: its answer refused
-            assert await provider.wait_finals(1, timeout=20) == ["echo: one"]
-            await gw.settled()
-            run = await gw.store.conversations.run(run_id)
-            assert run is not None and run.status == "interrupted", run
-            assert not await gw.store.conversations.unfinished_runs(time.time() + 3600)
-            assert provider.finals() == ["echo: one"]
-        finally:
-            await gw.stop()
+    async with one_instance(config_dir, tmp_path, model) as (gw, provider):
+        first = await provider.intake.submit(provider.msg("one"))
+        run_id = (await first.outcome()).run_id  # type: ignore[union-attr]
+        await asyncio.wait_for(reached.wait(), 10)
+        lease = "chat:test:c1"
+        assert gw.cluster.holds(lease)
+        await gw.store.engine.write(("DELETE FROM leases WHERE name = ?", (lease,)))
+        await wait_for(lambda: not gw.cluster.holds(lease))  # (the next renewal tells)
+        gate.set()  # the run ends: its answer refused
+        assert await provider.wait_finals(1, timeout=20) == ["echo: one"]
+        await gw.settled()
+        run = await gw.store.conversations.run(run_id)
+        assert run is not None and run.status == "interrupted", run
+        assert not await gw.store.conversations.unfinished_runs(time.time() + 3600)
+        assert provider.finals() == ["echo: one"]
 
 
 class HeldPlatform(RecordingProvider):

@@ -32,7 +32,7 @@ from pluto.runtime.model import ToolCall
 from pluto.runtime.testing import Scripted, ScriptedModel
 from pluto.runtime.tools import BUILTIN_TOOLS, ToolContext, ToolResult, tool
 from tests.helpers.gateway import write_agent
-from tests.helpers.served import Tab, served, url, wait_for
+from tests.helpers.served import Tab, disk_full_once, served, url, wait_for
 
 SECRET = "s" * 40
 
@@ -83,15 +83,7 @@ async def test_messages_sent_after_one_not_received_wait_for_it_and_keep_their_o
     back). Had m2 been recorded, it would be answered before m1, sent again after the wait
     (seen in tests/test_cluster_chaos_web.py: a tab's m17 answered after its m19). m2 is not
     received either until m1 is; sent again in order, both are answered in order."""
-    import sqlite3
-    inbox = gw.store.inbound
-    real = inbox.accept
-
-    async def full(*args):
-        inbox.accept = real  # (once)
-        raise sqlite3.OperationalError("database or disk is full")
-
-    inbox.accept = full
+    disk_full_once(gw)
     tab = await Tab.open(http, gw)
     await tab.send(type="message", id="m1", text="one")
     await tab.send(type="message", id="m2", text="two")

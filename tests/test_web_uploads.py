@@ -5,14 +5,12 @@ of routes.yaml) is said to be so, for the tab to show it as not sent."""
 
 from __future__ import annotations
 
-import sqlite3
-
 import aiohttp
 import pytest
 
 from pluto.runtime.errors import ModelError
 from pluto.runtime.testing import Scripted, ScriptedModel
-from tests.helpers.served import Tab, served, wait_for
+from tests.helpers.served import Tab, disk_full_once, served, wait_for
 
 CSV = b"region,sales\nnorth,120\nsouth,80\neast,95\n"
 
@@ -169,14 +167,7 @@ async def test_a_message_with_a_file_not_recorded_is_sent_again_with_it(config_d
     async with served(config_dir, data_dir) as gw:
         tab = await Tab.open(http, gw)
         await _upload(tab, "f1", "kept.csv", CSV)
-        inbox = gw.store.inbound
-        real = inbox.accept
-
-        async def full(*args):
-            inbox.accept = real  # (once)
-            raise sqlite3.OperationalError("database or disk is full")
-
-        inbox.accept = full
+        disk_full_once(gw)
         await tab.send(type="message", id="m1", text="rows?", files=["f1"])
         assert (await tab.until("error"))["code"] == "not_received"
         await tab.send(type="message", id="m1", text="rows?", files=["f1"])  # as the widget does

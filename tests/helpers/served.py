@@ -46,6 +46,19 @@ async def wait_for(condition: Callable[[], Any], timeout: float = 10) -> Any:
     return await asyncio.wait_for(loop(), timeout)
 
 
+def disk_full_once(gw: Gateway) -> None:
+    """The next message the gateway's inbox records fails as a full SQLite disk would."""
+    import sqlite3
+    inbox = gw.store.inbound
+    real = inbox.accept
+
+    async def full(*args: Any) -> Any:
+        inbox.accept = real  # type: ignore[method-assign]  # (once)
+        raise sqlite3.OperationalError("database or disk is full")
+
+    inbox.accept = full  # type: ignore[method-assign]
+
+
 def url(gw: Gateway, path: str = "") -> str:
     assert gw.http is not None
     return f"http://127.0.0.1:{gw.http.port}{path}"
