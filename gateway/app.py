@@ -437,13 +437,15 @@ class Gateway:
             self._returned.add((provider, msg.chat_id))
         if answer is not None:
             await self._resend(provider, msg, answer)
-        elif not ended and target is not None:  # it had ended, its reply recorded after all
+        elif not ended and target is not None and row is not None and row.status == "ok":
+            # it had ended answered (not taken over elsewhere), its reply recorded after all
             await self.outbox.flush_chat(target, msg.chat_id)  # (claimed here): sent now,
             # ahead of anything newer in the chat — left to the sweep, it came after them
         log.info("cluster: run %s of %s chat %s handed back: %s", run_id, provider,
                  msg.chat_id, "its saved answer is sent" if answer is not None else
                  "its message is answered again" if ended else
-                 "it had ended; its reply, if recorded, is sent first")
+                 "it had ended answered; its reply is sent first" if row and row.status == "ok"
+                 else "it had ended")
         self._stranded.pop(run_id, None)
 
     async def _handed_back(self, run_id: str) -> bool:
