@@ -223,6 +223,25 @@ class Cluster:
         """Whether this instance still holds ``name`` (as far as its last renewal knows)."""
         return name in self._held
 
+    async def confirm(self, name: str) -> bool:
+        """Whether this instance holds ``name`` on the record: renewed now, not at the next
+        beat — for a holder whose fenced write was just refused (the lease may have moved on
+        since the last renewal: going on as holder until the beat tells would start the
+        chat's work again and again, each try refused). A lease found lost is let go here
+        as the beat lets it go. Storage errors go to the caller."""
+        token = self._held.get(name)
+        if token is None or self.leases is None:
+            return token is not None
+        if name not in await self.leases.renew_all(self.id, {name: token}, self.ttl):
+            return True
+        if self._held.get(name) == token:
+            log.warning("cluster: lease %s was lost", name)
+            del self._held[name]
+            holder = self._holders.pop(name, None)
+            if holder is not None and not holder.done():
+                holder.cancel()
+        return False
+
     @contextlib.asynccontextmanager
     async def holding(self, name: str) -> AsyncIterator[int]:
         """Hold ``name`` (waiting for it) for the body. Losing it does not stop the body: what

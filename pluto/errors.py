@@ -8,6 +8,11 @@ rooted here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pluto.events import RunEnd
+
 
 class PlutoError(Exception):
     """The root of Pluto's errors."""
@@ -51,7 +56,12 @@ class StorageUnavailable(StorageError):
 
 class RunTakenOver(StorageError):
     """Several instances: another instance took this run over (it found this one's lease run
-    out), so this one must not answer it too."""
+    out), so this one must not answer it too. :attr:`end`: the run's end this instance
+    recorded as it found out (its watchers here are told it: they must not wait for ever)."""
+
+    def __init__(self, message: str, end: RunEnd | None = None):
+        super().__init__(message)
+        self.end = end
 
 
 class UnknownAgent(PlutoError, LookupError):

@@ -8,6 +8,7 @@ PostgreSQL: ``PLUTO_TEST_DATABASE_URL`` (tests/helpers/pg.py); without it the te
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -160,6 +161,58 @@ async def test_a_taken_over_runs_writes_are_refused_and_leave_no_history(two) ->
     assert [e.type for e in events][-1] == "run.end"
     assert not any(getattr(e, "text", None) in ("late", "stale") for e in events)
     assert await b.inbound.unhandled_in_chat("telegram", "1") != []  # answered again, by b
+
+
+async def test_a_run_that_finds_its_message_answered_elsewhere_ends_on_the_record(two) -> None:
+    """A took a message up and was paused before its run began; B took the chat over and
+    answered the message with a run of its own. A resumes and begins its run: refused — and
+    ended on the record, with its end event, which the error carries for A's watchers. Before,
+    its row said interrupted with no end event: a widget tab shown the run from A (accepted
+    there) followed it for ever, and was never shown B's answer
+    (tests/test_cluster_chaos_web.py, seed 2: an answer missing from the tabs that stayed)."""
+    a, b = two
+    lease = "chat:telegram:1"
+    token = await a.leases.acquire(lease, "a", 30)
+    await a.inbound.accept("telegram", "m1", {"chat_id": "1", "text": "hi", "message_id": "m1"})
+    a.conversations.claim(("telegram", "m1"), (lease, token))
+    await expire(b, lease)
+    took = await b.leases.take(lease, "b", 30)
+    assert took is not None
+    await run_under_claim(b, "r2", "m1", (lease, took[0]))
+    session = await a.conversations.session("agent/telegram/1", "agent")
+    with pytest.raises(RunTakenOver) as refused:
+        await a.conversations.start_run("r1", session.id, "agent", "hi",
+                                        RunStart(run_id="r1", session_id=session.id,
+                                                 agent="agent"), source=("telegram", "m1"))
+    end = refused.value.end
+    assert isinstance(end, RunEnd) and end.outcome == "interrupted"
+    assert await b.conversations.events("r1") == [end]  # what a follower anywhere reads
+    run = await b.conversations.run("r1")
+    assert run is not None and run.status == "interrupted"
+    assert await b.inbound.unhandled_in_chat("telegram", "1") == []  # B's run has it
+
+
+async def test_a_run_handed_back_does_not_put_back_a_message_another_run_answers(two) -> None:
+    """A's run could not even be ended (storage failed as it found its message answered
+    elsewhere): A hands it back once storage works — it is ended, and its message, which B's
+    run answers, stays B's: put back in the inbox it would be answered twice."""
+    a, b = two
+    lease = "chat:telegram:1"
+    token = await a.leases.acquire(lease, "a", 30)
+    await run_under_claim(a, "r1", "m1", (lease, token))
+    await expire(b, lease)
+    took = await b.leases.take(lease, "b", 30)
+    assert took is not None
+    # B answers the message (as if it had taken the chat over while A's row said queued)
+    await b.engine.write(("UPDATE inbound_seen SET outcome = ? WHERE message_id = 'm1'",
+                          (json.dumps({"type": "accepted", "run_id": "r2"}),)))
+    ended = await a.conversations.recover_runs(["r1"])
+    assert [e.run_id for e in ended] == ["r1"]
+    assert await b.inbound.unhandled_in_chat("telegram", "1") == []
+    # a run whose message is still its own is answered again, as before
+    await run_under_claim(a, "r3", "m3", (lease, took[0]))
+    await a.conversations.recover_runs(["r3"])
+    assert [m["message_id"] for m in await b.inbound.unhandled_in_chat("telegram", "1")] == ["m3"]
 
 
 async def test_a_history_copy_read_before_a_take_over_is_not_used_after_it(two) -> None:

@@ -8,6 +8,7 @@ one run at a time per session."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -460,14 +461,18 @@ async def test_a_look_at_the_inbox_failing_while_a_run_goes_on_keeps_the_chat(
 
 
 async def test_a_reply_recorded_though_storage_said_it_failed_goes_before_the_next(
-        config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     """The connection breaks as the reply is recorded: the server committed it, the
     instance heard an error and handed the run back once storage worked — found ended, its
     reply in the outbox, claimed here, nothing to answer again. That reply was left to the
     outbox's sweep, and the chat's next message, answered meanwhile, came first
     (tests/test_cluster_faults.py[outage] under load: "handed back: it had ended", m5's
-    answer above m4's). It is queued at once now, ahead of anything newer."""
+    answer above m4's). It is queued at once now, ahead of anything newer — and, its one
+    counted call being the record's, never made, without a warning that it may have been
+    delivered before (no crash happened; nothing was sent twice)."""
     from pluto.errors import StorageUnavailable
+    caplog.set_level(logging.INFO, logger="pluto")
     model = ScriptedModel(fallback=slow_echo)
     async with one_instance(config_dir, tmp_path, model) as (gw, provider):
         record = gw.store.outbox.record_claimed
@@ -486,6 +491,8 @@ async def test_a_reply_recorded_though_storage_said_it_failed_goes_before_the_ne
         assert await provider.wait_finals(2, timeout=20) == ["echo: one", "echo: two"]
         await gw.settled()
         assert broke and provider.finals() == ["echo: one", "echo: two"]
+        assert "handed back: it had ended answered" in caplog.text
+        assert "may have been delivered" not in caplog.text
 
 
 async def test_a_run_whose_chat_was_lost_and_found_free_is_answered_again(

@@ -5,6 +5,7 @@ answers without a run (a command's reply) still go through the outbox."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from pluto.events import MessageFinal, RunEnd, RunStart
 from pluto.gateway.app import Gateway
 from pluto.runtime.testing import Scripted, ScriptedModel
-from pluto.settings import PlutoConfig
+from pluto.settings import PlutoConfig, StorageConfig
 from pluto.storage.postgres import PostgresStore
 from pluto.storage.sqlite import SqliteStore
 from tests.helpers.inspect_store import outbox_claims, outbox_rows
@@ -170,16 +171,18 @@ async def test_a_dead_instances_feed_answers_are_not_taken_for_undelivered(engin
 
 
 @asynccontextmanager
-async def _two_instances(config_dir: Path, tmp_path: Path,
-                         model: ScriptedModel) -> AsyncIterator[list[Gateway]]:
+async def _two_instances(config_dir: Path, tmp_path: Path, model: ScriptedModel,
+                         lease_seconds: float | None = None) -> AsyncIterator[list[Gateway]]:
     """Two ``pluto serve`` on one PostgreSQL database, each with its web chat (one signing
     key: a visitor's token is good on both, as behind a load balancer)."""
     with fresh_schema() as pg:
         async with AsyncExitStack() as stack:
             gateways = []
             for i in range(2):
+                storage = {} if lease_seconds is None else {
+                    "storage": StorageConfig(lease_seconds=lease_seconds)}
                 cfg = PlutoConfig(data_dir=tmp_path / f"data{i}",
-                                  providers={"web": {"enabled": True}})
+                                  providers={"web": {"enabled": True}}, **storage)
                 gw = Gateway(config_dir, config=cfg, model_factory=model, serve=True,
                              http_bind=("127.0.0.1", 0), store=PostgresStore(pg))
                 await stack.enter_async_context(gw)
@@ -211,6 +214,52 @@ async def test_a_tab_that_reconnects_to_another_instance_mid_answer_sees_it_once
         fresh = await later.ask("and again?")
         await later.until("run.end", lambda f: f["run_id"] == fresh["run_id"])
         assert not _run_frames(later, run_id)
+
+
+async def test_a_tab_shown_a_run_another_instance_answered_instead_gets_that_answer(
+        config_dir, tmp_path, http, monkeypatch):
+    """A took the tab's message up and was held before its run began (paused, say); its
+    chat's lease moved on. A then begins its run: refused, and ended on the record — so the
+    tab on A, which was following A's run, is shown the run that answers the message (B's,
+    or A's own once it holds the chat again). Before, A's run ended with no end event: the tab
+    followed it for ever and never showed the answer (tests/test_cluster_chaos_web.py, seed
+    2: instance 0 answered the message while instance 2 was stopped)."""
+    model = ScriptedModel(fallback=lambda m: Scripted(text=f"You said: {m[-1]['content']}"))
+    async with _two_instances(config_dir, tmp_path, model, lease_seconds=2) as (a, b):
+        held, gate = asyncio.Event(), asyncio.Event()
+        start = a.store.conversations.start_run
+
+        async def paused(*args: Any, **kwargs: Any) -> Any:
+            held.set()
+            await gate.wait()
+            return await start(*args, **kwargs)
+
+        monkeypatch.setattr(a.store.conversations, "start_run", paused)
+        tab = await Tab.open(http, a)
+        await tab.send(type="message", id="m1", text="hello")
+        await tab.until("ack")
+        await asyncio.wait_for(held.wait(), 10)
+        # A's lease moved on (as in a pause) before its next renewal says so; A goes on: its
+        # run is refused — and the chat found lost at once, not begun again and again, each
+        # time asking the model, until the renewal tells
+        await a.store.engine.write(("DELETE FROM leases WHERE name LIKE 'chat:web:%'", ()))
+        gate.set()
+
+        async def answered() -> bool:
+            row = await b.store.engine.fetchone("SELECT count(*) FROM runs WHERE status = 'ok'")
+            return bool(row[0])
+
+        await wait_for(answered, timeout=30)  # the chat's next holder finds it waiting
+        final = await tab.until("message.final", timeout=20)
+        assert final["text"] == "You said: hello"
+        await wait_for(lambda: not a.pipeline.live)
+        # A asked the model as its run began (before its start was recorded): once, and the
+        # run that answered once more
+        assert len(model.calls) == 2
+        assert len(tab.of("message.final")) == 1
+        again = await Tab.open(http, a, token=tab.ready["token"])
+        assert [(m["role"], m["text"]) for m in again.history] == [
+            ("user", "hello"), ("assistant", "You said: hello")]
 
 
 async def test_a_run_reply_handed_to_the_web_provider_anyway_is_shown_once_with_its_seq(tmp_path):

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 ChatKey = tuple[str, str]  # (provider name, chat id)
 AHEAD_WAIT = 0.5  # seconds between looks at the claim of a taken-over chat's older reply
 AHEAD_LIMIT = 120.0  # seconds such a chat waits for it at most (its owner lives, but stalls)
+UNCALLED_KEPT = 1000  # replies whose record failed, remembered (see Outbox._count_uncalled)
 MAX_HOLDS = 10  # a rate-limited chunk waits out this many times the retries' worth of holds
 RESTING_LOOK = 0.5  # seconds between looks at whether a resting chat was taken up again
 
@@ -99,6 +100,9 @@ class Outbox:
         self._done: dict[str, asyncio.Future[bool]] = {}  # reply id → settles when it is out
         self._fresh: dict[str, list[OutboxRow]] = {}  # recorded and claimed by deliver()
         self._counted: set[int] = set()  # chunks whose next call is counted in storage
+        # replies whose record (its first call counted) storage said failed: it may have been
+        # committed all the same, and that count is of a call this instance never made
+        self._uncalled: set[str] = set()
         # replies of chats taken over, queued ahead of this instance's own (flush_chat): the
         # chat waits for each of them, even while another instance still holds it
         self._ahead: set[str] = set()
@@ -151,9 +155,15 @@ class Outbox:
         # the first call is counted with the record only when it follows at once: a chunk
         # counted and then left waiting would be taken, after a crash, for one maybe sent
         at_once = self._idle(key)
-        rows, claimed = await self.rows.record_claimed(
-            [_to_row(provider.name, reply_id, i, m) for i, m in enumerate(messages)],
-            self.owner, self.lease_seconds, count=at_once)  # one commit: recorded and ours
+        try:
+            rows, claimed = await self.rows.record_claimed(
+                [_to_row(provider.name, reply_id, i, m) for i, m in enumerate(messages)],
+                self.owner, self.lease_seconds, count=at_once)  # one commit: recorded and ours
+        except Exception:
+            if at_once and len(self._uncalled) < UNCALLED_KEPT:
+                self._uncalled.add(reply_id)
+            raise
+        self._uncalled.discard(reply_id)
         if claimed:
             self._fresh[reply_id] = rows
             first = next((r for r in rows if r.status == "pending"), None)
@@ -335,6 +345,9 @@ class Outbox:
                 if not await self._wait_for_claim(reply_id):
                     return True
             rows = fresh if fresh is not None else await self.rows.reply(reply_id)
+            if reply_id in self._uncalled and fresh is None:
+                self._uncalled.discard(reply_id)
+                self._count_uncalled(rows)
         except Exception as e:  # noqa: BLE001 - storage is away: nothing was sent; later
             log.error("outbox: could not read reply %s (%s); will try again later", reply_id, e)
             return None
@@ -368,6 +381,14 @@ class Outbox:
         finally:
             if not released and not (kept and self.rows.shared):
                 await self._release(reply_id)
+
+    def _count_uncalled(self, rows: list[OutboxRow]) -> None:
+        """A reply recorded although storage said it failed, claimed here now: its first
+        chunk's one counted call is the record's, never made (any other sender's call would
+        have counted another) — so it is not taken for one that may have been delivered."""
+        first = rows[0] if rows else None
+        if first is not None and first.id and first.status == "pending" and first.attempts == 1:
+            self._counted.add(first.id)
 
     async def _wait_for_claim(self, reply_id: str) -> bool:
         """A reply of a chat taken over, claimed by an instance still alive (it was taken for

@@ -635,8 +635,14 @@ class IntakeQueue:
                 if self._closed and not queue:  # stopping: what we received is answered,
                     return 0  # the rest is the others' (the chat is let go once ours is out)
                 if await self._answer(key, queue, (lease, token), payload):
+                    # its message is back in the inbox, first: read again — if the chat is
+                    # still ours (its run may have been refused because it is not: each
+                    # try would start a run, and call the model, only to be refused)
+                    if not await cluster.confirm(lease):
+                        log.warning("%s: lost chat %s to another instance", self.name, key)
+                        return 0
                     again = True
-                    break  # its message is back in the inbox, first: read again
+                    break
             else:  # (none handed back) only ours came since: taken from memory, not read
                 first = self._only_ours(key, queue, seen)
             again = again or self._more_since(key, queue)

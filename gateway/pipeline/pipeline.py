@@ -419,6 +419,8 @@ class Pipeline:
                 provider, msg, events, fence=self.fence(msg) if self.fence else None)
         except RunTakenOver as e:  # another instance answers it: say nothing more here
             log.warning("%s", e)
+            if e.end is not None:  # (recorded here as it found out: its watchers here end)
+                self.publish(e.end)
             if self.runner.hand_back:  # several instances: unless its row says it was taken
                 # over, nobody will answer it (our claim ran out and was taken again as the
                 # database came back: the chat found free, its message counted handled) — it

@@ -186,11 +186,16 @@ def _event_stmt(event: RunEvent) -> Statement:
             (event.run_id, event.seq, event.type, json_text(event_to_dict(event))))
 
 
+def _accepted(run_id: str) -> str:
+    """The inbox's outcome of a message taken up by run ``run_id``."""
+    return json.dumps({"type": "accepted", "run_id": run_id})
+
+
 def _handled(source: tuple[str, str], run_id: str) -> Statement:
     """The inbox's message (provider, message id) is handled by run ``run_id``: it will not be
     replayed. Its payload stays (until the inbox is pruned): if the instance running it dies,
     another one answers it again from there."""
-    outcome = json.dumps({"type": "accepted", "run_id": run_id})
+    outcome = _accepted(run_id)
     return ("UPDATE inbound_seen SET handled = 1, outcome = ? WHERE provider = ? AND"
             " message_id = ? AND (handled = 0 OR outcome = ?)", (outcome, *source, outcome))
 
@@ -615,12 +620,29 @@ class SqliteConversations:
         if not row[0]:
             raise RunTakenOver(f"run {run_id} has ended (taken over) before it started")
         if not row[1]:  # its row says running, its message is another's: it ends here
-            await self.engine.write((
-                "UPDATE runs SET status = 'interrupted', error = ?, ended_at = ? WHERE id = ?"
-                " AND status = 'running' AND owner = ?",
-                ("its message is answered elsewhere", time.time(), run_id, self.owner)))
             assert source is not None
-            raise RunTakenOver(f"message {source[1]} of {source[0]} is answered elsewhere")
+            raise RunTakenOver(f"message {source[1]} of {source[0]} is answered elsewhere",
+                               await self._end_unstarted(run_id))
+
+    async def _end_unstarted(self, run_id: str) -> RunEnd | None:
+        """A run whose row was written running but whose message another instance's run has
+        (it took the chat over while this one was away): recorded interrupted, with its end
+        event — a tab that was shown it accepted follows it until its end, and is then shown
+        the run that answers its message. The end, if this instance recorded it."""
+        def end_it(conn: Any) -> RunEnd | None:
+            if conn.execute("UPDATE runs SET status = 'interrupted', error = ?, ended_at = ?"
+                            " WHERE id = ? AND status = 'running' AND owner = ?",
+                            ("its message is answered elsewhere", time.time(), run_id,
+                             self.owner)).rowcount == 0:
+                return None
+            seq = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE"
+                               " run_id = ?", (run_id,)).fetchone()[0]
+            end = RunEnd(run_id=run_id, outcome="interrupted", seq=_next_seq_elsewhere(seq))
+            conn.execute(*_event_stmt(end))
+            self._tell(conn, {run_id}, always=True)
+            return end
+
+        return await self.engine.transact(end_it)
 
     async def append_event(self, event: RunEvent, *, durable: bool = True) -> RunEvent:
         event = self._numbered(event)
@@ -1029,10 +1051,11 @@ class SqliteConversations:
                 conn.execute("UPDATE runs SET status = 'interrupted', error = ?, ended_at = ?"
                              " WHERE id = ?", (reason, now, r[0]))
                 if requeue and r[2] is not None:  # answered again: back in the inbox
-                    requeued = conn.execute(
+                    requeued = conn.execute(  # (not one another run answers now)
                         "UPDATE inbound_seen SET handled = 0, outcome = NULL WHERE"
-                        " provider = ? AND message_id = ? AND payload IS NOT NULL",
-                        (r[2], r[3])).rowcount
+                        " provider = ? AND message_id = ? AND payload IS NOT NULL"
+                        " AND (outcome IS NULL OR outcome = ?)",
+                        (r[2], r[3], _accepted(r[0]))).rowcount
                     if requeued and self.engine.shared:  # several instances: what the run
                         # wrote (its user message, tool calls) never enters the history
                         # the re-run reads — it writes its own
