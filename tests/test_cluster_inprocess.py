@@ -8,8 +8,8 @@ one run at a time per session."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -493,6 +493,41 @@ async def test_a_reply_recorded_though_storage_said_it_failed_goes_before_the_ne
         assert broke and provider.finals() == ["echo: one", "echo: two"]
         assert "handed back: it had ended answered" in caplog.text
         assert "may have been delivered" not in caplog.text
+
+
+async def test_a_message_recorded_while_the_chat_is_taken_goes_before_the_next(
+        config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chat's worker takes the chat — one statement: its lease, then its waiting
+    messages — and a message of the chat is recorded and queued here while that statement is
+    under way, too late for its read. It was counted among the messages queued at the read,
+    so taken for one another instance had handled; the next one, taken from memory, was
+    answered before it (tests/test_cluster_chaos_web.py, seed 2: a tab's m15 answered after
+    its m16–m19, all on one instance that had just been resumed)."""
+    model = ScriptedModel(fallback=slow_echo)
+    async with one_instance(config_dir, tmp_path, model) as (gw, provider):
+        lease = "chat:test:c1"
+        other = await gw.store.leases.acquire(lease, "another-instance", 30)
+        assert other is not None  # the chat's worker here waits for it
+        await provider.intake.submit(provider.msg("one"))
+        await provider.intake.submit(provider.msg("two"))
+        reading, go = asyncio.Event(), asyncio.Event()
+        take = gw.cluster.take_chat
+
+        async def slow_take(*args: Any, **kwargs: Any) -> Any:
+            took = await take(*args, **kwargs)
+            if not reading.is_set():  # (the statement has read the inbox; its answer is late)
+                reading.set()
+                await go.wait()
+            return took
+
+        monkeypatch.setattr(gw.cluster, "take_chat", slow_take)
+        await gw.store.leases.release(lease, "another-instance", other)
+        await asyncio.wait_for(reading.wait(), 30)
+        await provider.intake.submit(provider.msg("three"))  # queued; not in the read
+        go.set()
+        await provider.intake.submit(provider.msg("four"))
+        assert await provider.wait_finals(4, timeout=30) == [
+            "echo: one", "echo: two", "echo: three", "echo: four"]
 
 
 async def test_a_run_whose_chat_was_lost_and_found_free_is_answered_again(

@@ -302,6 +302,7 @@ class IntakeQueue:
         instance holds it; else (the take, the chat's waiting messages, this one last)."""
         assert self.shared is not None
         self._heard_of(msg.chat_id)  # (taking the chat reads its inbox)
+        queued = set(self._chats.get(msg.chat_id, ()))  # (as the statement reads the inbox)
         done = await self.shared.cluster.accept_taking(f"chat:{self.name}:{msg.chat_id}",
                                                        self.inbox, self.name, mid, payload)
         if done is None:  # (the engine makes them apart)
@@ -311,7 +312,7 @@ class IntakeQueue:
         if took is not None and fresh:  # (the read did not see it: as a read would give it)
             waiting = [*waiting, json.loads(json.dumps(payload))]
         # (a worker cancelled meanwhile: the gateway is stopping; the lease goes with it)
-        _tell(taking, (took, waiting if took is not None else None))
+        _tell(taking, (took, waiting if took is not None else None, queued))
         return bool(fresh)
 
     async def replay(self) -> int:
@@ -437,17 +438,22 @@ class IntakeQueue:
             queue.clear()
 
     async def _hold_chat(self, key: str, queue: deque[Ticket], lease: str,
-                         given: tuple[Any, Any] | None = None) -> bool:
+                         given: tuple[Any, Any, set[Ticket]] | None = None) -> bool:
         """One turn of a chat's worker: hold the chat and answer its waiting messages, or
         learn what became of ours; whether the worker is done. ``given``: the chat was taken
-        (or found held) already, by the statement that recorded a message: (take, read)."""
+        (or found held) already, by the statement that recorded a message: (take, read, the
+        tickets queued as it was sent)."""
         assert self.shared is not None
         cluster = self.shared.cluster
+        # the tickets queued as the inbox is read: one of them not in the read was handled
+        # elsewhere — but one queued while the read is under way may not be in it, and is ours
+        # (counted seen, it was skipped: the next ones, taken from memory, answered before it)
+        queued = set(queue)
         if given is None:
             self._heard_of(key)  # (taking the chat reads its inbox)
             took, first = await cluster.take_chat(lease, self.inbox, self.name, key)
         else:
-            took, first = given
+            took, first, queued = given
         if took is None:  # another instance holds the chat
             if not queue:
                 return True  # nothing of ours waits: the holder takes the rest
@@ -456,7 +462,7 @@ class IntakeQueue:
                 await self._learn_outcomes(queue)  # (no note: look)
             return False
         before = set(queue)  # (only these may have been handled by the chat's last holder)
-        seen = set(before)  # (the tickets queued when the inbox was last read)
+        seen = queued & before  # (the tickets queued when the inbox was last read)
         held = False
         try:
             # taken: from an instance that stopped renewing it (not found free)
