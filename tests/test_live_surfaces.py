@@ -216,6 +216,38 @@ async def test_a_tab_that_reconnects_to_another_instance_mid_answer_sees_it_once
         assert not _run_frames(later, run_id)
 
 
+async def test_a_tab_joining_as_a_run_elsewhere_ends_gets_its_answer(
+        config_dir, tmp_path, http, monkeypatch):
+    """A tab joins on A while the chat's run goes on on B, and the run ends between A's read
+    of the history and its look at the run: the history has the message without its answer,
+    and the run, ended, was taken for one whose answer the history holds — the tab never
+    showed it (tests/test_cluster_chaos_web.py, seed 9: a tab that came back showed m4 with no
+    answer). It is followed from storage now, its answer shown once."""
+    slow = ScriptedModel(Scripted(text=SLOW, chunk=3, delay=0.08))
+    async with _two_instances(config_dir, tmp_path, slow) as (a, b):
+        on_b = await Tab.open(http, b)
+        await on_b.send(type="message", id="m1", text="count slowly")
+        run_id = (await on_b.until("message.delta"))["run_id"]
+        chats = a.providers["web"].chats
+        transcript = chats.transcript
+
+        async def read_before_the_end(probe: Any) -> Any:
+            items = await transcript(probe)
+            async def ended() -> bool:
+                run = await a.store.conversations.run(run_id)
+                return run is not None and run.status == "ok"
+            await wait_for(ended, timeout=20)  # (the run ends as the history is made)
+            return items
+
+        monkeypatch.setattr(chats, "transcript", read_before_the_end)
+        on_a = await Tab.open(http, a, token=on_b.ready["token"])
+        assert [m["role"] for m in on_a.history] == ["user"]
+        end = await on_a.until("run.end", lambda f: f["run_id"] == run_id)
+        assert end["outcome"] == "ok"
+        frames = _run_frames(on_a, run_id)
+        assert [f["text"] for f in frames if f["type"] == "message.final"] == [SLOW]
+
+
 async def test_a_tab_shown_a_run_another_instance_answered_instead_gets_that_answer(
         config_dir, tmp_path, http, monkeypatch):
     """A took the tab's message up and was held before its run began (paused, say); its

@@ -265,11 +265,13 @@ class WebProvider(Provider):
     def route(self, probe: IncomingMessage) -> Route | None:
         return self.chats.route(probe)
 
-    async def resume(self, chat_id: str, run_id: str | None) -> set[str]:
+    async def resume(self, chat_id: str, run_id: str | None, *,
+                     answered: bool = False) -> set[str]:
         """A tab joins a chat whose last run (``run_id``) is still going and nothing here
         shows it (it runs on another instance): it is followed from storage, from its first
-        event, its frames reaching the tabs after the history. The runs the history must
-        leave out (they come as frames)."""
+        event, its frames reaching the tabs after the history — and so is one that ended
+        answered since the history was read, without its answer (``answered``: the history
+        has it). The runs the history must leave out (they come as frames)."""
         if run_id is None or self.runs is None or run_id in self._follows or \
                 run_id in self._finished:
             return set()  # shown here: its frames are held for the tab, or it is over
@@ -278,8 +280,9 @@ class WebProvider(Provider):
         except Exception as e:  # noqa: BLE001 - the history is shown without it
             log.warning("web: could not look up run %s of chat %s: %s", run_id, chat_id, e)
             return set()
-        if run is None or run.status not in ("queued", "running"):
-            return set()  # ended: its answer is in the history
+        if run is None or (run.status not in ("queued", "running") and (
+                answered or run.status != "ok")):
+            return set()  # ended: its answer (or its end) is in the history
         # (the message it answers: should the run be cut off, its message's next run is found)
         source, prefix = run.source_id or "", f"{chat_id}:"
         self._follow(chat_id, run_id, source[len(prefix):] if source.startswith(prefix) else None)

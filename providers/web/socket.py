@@ -217,8 +217,9 @@ class Connection:
             items = []
         assert self.client is not None
         # the chat's last run, when it goes on elsewhere, is followed from storage
-        resumed = await self.p.resume(probe.chat_id, next(
-            (i.run_id for i in reversed(items) if i.role == "user"), None))
+        last = next((i.run_id for i in reversed(items) if i.role == "user"), None)
+        resumed = await self.p.resume(probe.chat_id, last, answered=any(
+            i.role == "assistant" and i.run_id == last for i in items))
         live = self.client.held_runs() | resumed  # these come as frames after the history
         shown = await history.with_ends(self.p.runs, [
             d for item in items if not (item.role != "user" and item.run_id in live)
