@@ -546,6 +546,37 @@ def _run_events(run_id: str = "r") -> list:
             RunEnd(run_id=run_id, outcome="ok", seq=4)]
 
 
+async def test_a_run_followed_from_storage_reads_on_after_storage_fails(
+        tmp_path, monkeypatch, caplog):
+    """Following a run from storage (it runs on another instance) and storage fails for a
+    moment — a cut, an outage: the showing reads on from where it stood once storage answers.
+    Before, the failure ended it: the run counted as shown here, the tab never got the rest
+    of it, and a tab that came back was not shown it either."""
+    import pluto.providers.web.provider as web_provider
+    from pluto.errors import StorageUnavailable
+
+    class Failing(_Stored):
+        async def events(self, run_id: str, after: int = 0) -> list:
+            self.reads += 1
+            if self.reads in (2, 3):
+                raise StorageUnavailable("the database cannot be reached")
+            return [e for e in self.stored if e.run_id == run_id and e.seq > after]
+
+    monkeypatch.setattr(web_provider, "FOLLOW_RETRY", 0.01)
+    start, delta, final, end = _run_events()
+    stored = Failing([start, delta])
+    provider, feed, tab = _listening_provider(tmp_path, stored)
+    provider._follow("c", "r", "m1")  # (not accepted here: followed from storage)
+    await wait_for(lambda: len(tab.frames) == 2)  # what storage had, then a wait
+    stored.stored += [final, end]
+    feed.publish(end)  # (a gap: storage is read — and fails twice)
+    await wait_for(lambda: "run.end" in [f["type"] for f in tab.frames])
+    assert [f["type"] for f in tab.frames] == ["run.start", "message.delta", "message.final",
+                                                "run.end"]
+    assert provider.following() == {}
+    assert "Traceback" not in caplog.text and "reading it again" in caplog.text
+
+
 async def test_a_fresh_run_is_shown_as_it_is_published_its_reply_too(tmp_path):
     stored = _Stored()
     provider, feed, tab = _listening_provider(tmp_path, stored)

@@ -67,15 +67,19 @@ async def retry_until_done(attempt: Callable[[], Awaitable[T]], *,
 
 
 async def follow(events: AsyncGenerator[T, None], handle: Callable[[T], object], *,
-                 what: str, log: logging.Logger) -> None:
+                 what: str, log: logging.Logger,
+                 passing: tuple[type[Exception], ...] = ()) -> None:
     """Hand each of ``events`` (a run's feed) to ``handle`` until it ends; the generator is
     closed whatever happens. A failure is logged to ``log`` (``<what> failed``) and ends the
-    following; cancellation is raised."""
+    following — one of ``passing`` is raised to the caller instead (it reads on); so is
+    cancellation."""
     try:
         async with contextlib.aclosing(events) as items:
             async for item in items:
                 handle(item)
     except asyncio.CancelledError:
         raise
-    except Exception:
+    except Exception as e:
+        if isinstance(e, passing):
+            raise
         log.exception("%s failed", what)

@@ -49,7 +49,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, web
 
-from pluto.errors import ConfigError
+from pluto.errors import ConfigError, StorageError
 from pluto.events import (ApprovalDecision, ApprovalRequest, RunEnd, RunEvent, RunStart,
                           ToolStart)
 from pluto.gateway.ports import (ChatDirectory, Intake, Provider, ProviderContext, RunFeed,
@@ -69,6 +69,8 @@ from pluto.types import (MARKDOWN, Accepted, Capabilities, Dropped, Duplicate,
 log = logging.getLogger(__name__)
 
 FINISHED_RUNS_KEPT = 2000
+FOLLOW_RETRY = 0.5  # seconds before a run's following that storage cut short reads on
+FOLLOW_RETRY_MAX = 5.0  # (doubling up to this)
 SILENT_CHECK = 2.0  # a run listened to and silent this long is followed from storage instead
 WAIT_LOOK = 5.0  # seconds between looks for the run resuming a request shown here (open)
 EXPIRED_LOOK = 1.0  # … once it has expired (the gateway resumes it itself)
@@ -437,11 +439,29 @@ class WebProvider(Provider):
         return None
 
     async def _show_run(self, run_id: str, fresh: bool = False) -> None:
+        """Follow a run to its end for the chat's tabs. Storage failing meanwhile (a cut, an
+        outage) does not end the showing — ended, the run counted as shown here, its tabs
+        never got the rest of it: it is read on from where it stood, while a tab of the chat
+        is here to see it."""
         shown = self._shown[run_id]
+        delay, told = FOLLOW_RETRY, False
         try:
-            await follow(self.feed.follow(run_id, after=shown.seq, fresh=fresh),
-                         lambda event: self._show(run_id, shown, event),
-                         what=f"web: showing run {run_id}", log=log)
+            while True:
+                try:
+                    await follow(self.feed.follow(run_id, after=shown.seq, fresh=fresh),
+                                 lambda event: self._show(run_id, shown, event),
+                                 what=f"web: showing run {run_id}", log=log,
+                                 passing=(StorageError,))
+                    return
+                except StorageError as e:
+                    if not self.rooms.count(shown.chat_id):
+                        return  # nobody here to show it to (the history has it next time)
+                    if not told:
+                        log.warning("web: following run %s failed (%s); reading it again",
+                                    run_id, e)
+                        told = True
+                    await asyncio.sleep(delay)
+                    delay, fresh = min(FOLLOW_RETRY_MAX, delay * 2), False
         finally:
             self._done(run_id)
 
