@@ -234,13 +234,19 @@ class Cluster:
             return token is not None
         if name not in await self.leases.renew_all(self.id, {name: token}, self.ttl):
             return True
-        if self._held.get(name) == token:
-            log.warning("cluster: lease %s was lost", name)
-            del self._held[name]
-            holder = self._holders.pop(name, None)
-            if holder is not None and not holder.done():
-                holder.cancel()
+        self._lost(name, token)
         return False
+
+    def _lost(self, name: str, token: int) -> None:
+        """``name``, held with ``token``, was found lost: let go (its exclusive work stops) —
+        unless it was released or taken again meanwhile."""
+        if self._held.get(name) != token:
+            return
+        log.warning("cluster: lease %s was lost", name)
+        del self._held[name]
+        holder = self._holders.pop(name, None)
+        if holder is not None and not holder.done():
+            holder.cancel()
 
     @contextlib.asynccontextmanager
     async def holding(self, name: str) -> AsyncIterator[int]:
@@ -310,13 +316,7 @@ class Cluster:
                 log.info("cluster: the database answers again; taking nothing over for %gs",
                          self.ttl)
             for name in lost:
-                if self._held.get(name) != tokens[name]:
-                    continue  # released or retaken meanwhile
-                log.warning("cluster: lease %s was lost", name)
-                del self._held[name]
-                holder = self._holders.pop(name, None)
-                if holder is not None and not holder.done():
-                    holder.cancel()
+                self._lost(name, tokens[name])
             await self._renewed(asked, lost)
 
     async def _renewed(self, asked: float, lost: set[str]) -> None:

@@ -437,6 +437,18 @@ class IntakeQueue:
                 self._release()
             queue.clear()
 
+    async def _take_chat(self, key: str, queue: deque[Ticket], lease: str
+                         ) -> tuple[Any, Any, set[Ticket]]:
+        """Take the chat (one statement: its lease, then its waiting messages): (the take,
+        the read, the tickets queued as the inbox was read). One of those not in the read was
+        handled elsewhere — but one queued while the read is under way may not be in it, and
+        is ours (counted, it was skipped: the next ones, taken from memory, went before it)."""
+        assert self.shared is not None
+        queued = set(queue)
+        self._heard_of(key)  # (taking the chat reads its inbox)
+        took, first = await self.shared.cluster.take_chat(lease, self.inbox, self.name, key)
+        return took, first, queued
+
     async def _hold_chat(self, key: str, queue: deque[Ticket], lease: str,
                          given: tuple[Any, Any, set[Ticket]] | None = None) -> bool:
         """One turn of a chat's worker: hold the chat and answer its waiting messages, or
@@ -445,15 +457,7 @@ class IntakeQueue:
         tickets queued as it was sent)."""
         assert self.shared is not None
         cluster = self.shared.cluster
-        # the tickets queued as the inbox is read: one of them not in the read was handled
-        # elsewhere — but one queued while the read is under way may not be in it, and is ours
-        # (counted seen, it was skipped: the next ones, taken from memory, answered before it)
-        queued = set(queue)
-        if given is None:
-            self._heard_of(key)  # (taking the chat reads its inbox)
-            took, first = await cluster.take_chat(lease, self.inbox, self.name, key)
-        else:
-            took, first, queued = given
+        took, first, queued = given or await self._take_chat(key, queue, lease)
         if took is None:  # another instance holds the chat
             if not queue:
                 return True  # nothing of ours waits: the holder takes the rest
