@@ -20,11 +20,13 @@ from pluto.settings import PlutoConfig
 from pluto.providers.web.protocol import (
     Hello,
     Message,
+    Ping,
     ProtocolError,
     Stop,
     TokenBucket,
     display_details,
     encode,
+    is_ping,
     parse_frame,
 )
 from pluto.providers.web.tokens import KEY_FILE, FileLinks, SessionSigner, load_key
@@ -228,6 +230,37 @@ async def test_a_flood_is_told_once_then_cut_off(config_dir, data_dir, model, ht
         assert len(tab.of("ack")) == 4  # the hello took one of the five
         fresh = await Tab.open(http, gw)
         assert (await fresh.ask("I am not flooding"))["text"] == "You said: I am not flooding"
+
+
+async def test_a_tab_pinging_is_answered_without_using_up_its_rate_limit(config_dir, data_dir,
+                                                                          model, http):
+    """A tab that hears nothing pings (the widget, after ``ready``'s ``ping_seconds``): each
+    ping is answered ``pong``, before ``hello`` too, and a tab's pings do not use up the
+    messages it may send; a flood of pings is a flood like any other."""
+    async with served(config_dir, data_dir, model,
+                      web={"rate_messages": 5, "ping_seconds": 2}) as gw:
+        early = Tab(await http.ws_connect(url(gw, "/ws")))
+        await early.send(type="ping")
+        assert (await early.next(5) or {}).get("type") == "pong"
+        await early.send(type="hello", token=None)
+        await early.until("history")
+        assert early.ready["ping_seconds"] == 2
+        for _ in range(2):  # with the one before hello: three pings in ping_seconds, free
+            await early.send(type="ping")
+            await early.until("pong")
+        for i in range(4):  # hello took one of five: four messages may still go
+            assert (await early.ask(f"q{i}"))["text"] == f"You said: q{i}"
+        assert not early.of("error")
+        flood = await Tab.open(http, gw)
+        for _ in range(40):
+            if flood.ws.closed:
+                break
+            await flood.ws.send_str('{"type": "ping"}')
+        while await flood.next(5) is not None:
+            pass
+        assert [f["code"] for f in flood.of("error")] == ["rate_limited"]
+        assert flood.close_code == 1008
+        assert 3 <= len(flood.of("pong")) <= 3 + 4 + 1  # the free ones, then the limit's
 
 
 async def test_origins_are_checked_on_the_handshake(config_dir, data_dir, model, http):
@@ -457,6 +490,9 @@ def test_client_frames_are_parsed_strictly():
     assert parse_frame('{"type": "message", "text": "hi", "id": "a:1"}', 10) == Message("a:1",
                                                                                         "hi")
     assert parse_frame('{"type": "stop", "extra": 1}', 10) == Stop()
+    assert parse_frame('{"type": "ping"}', 10) == Ping() and is_ping('{"type":"ping"}')
+    assert not is_ping('{"type": "message", "text": "ping"}') and not is_ping("ping")
+    assert not is_ping('{"type": "ping", "pad": "' + "x" * 100 + '"}')  # (long: a frame)
     for raw in ('{"type": "hello", "agent": "../x"}', '{"type": "hello", "agent": 5}',
                 '{"type": "hello", "token": {}}', '{"type": true}', "null", "1e999"):
         with pytest.raises(ProtocolError):

@@ -6,13 +6,14 @@ Client → server (the first frame must be ``hello``)::
     {"type": "message", "id": "<client id, optional>", "text": "…", "files": ["<file id>"]}
     {"type": "file", "id": "<file id>", "name": "sales.csv", "mime": "text/csv", "size": 1234}
     {"type": "stop"}
+    {"type": "ping"}
 
 A ``file`` is answered ``file.accept`` (then its bytes follow as binary frames, and
 ``file.received`` says they all came) or an ``error`` (``file_refused``, one sentence); a
 message names the files received that go with it (its text may then be empty). See
 :mod:`pluto.providers.web.uploads`.
 
-Server → client: ``ready``, ``history``, ``ack``, ``file.accept``, ``file.received``,
+Server → client: ``ready``, ``history``, ``ack``, ``pong``, ``file.accept``, ``file.received``,
 ``message.user`` (sent from another tab), ``run.start``, ``message.delta``, ``tool.start``,
 ``tool.progress``, ``tool.end``, ``approval.request``, ``approval.decision``, ``message.final``,
 ``run.end``, ``notice``, ``error``. Every frame has an ``id``; frames of a run carry ``run_id``
@@ -38,6 +39,13 @@ that could not be (storage failed) gets ``error`` with code ``not_received``, it
 and a ``retry_after`` in seconds: the tab keeps it and sends it again (same id) after that.
 Messages sent after it on that socket get the same answer until it is received (sent again in
 order, none is answered ahead of it).
+
+A tab knows its connection lives by what it hears: ``ready`` says ``ping_seconds``; after that
+long with no frame the tab sends ``ping`` (answered ``pong``), and when nothing at all comes
+that long after a frame that expects an answer (its ``hello``, a message, a ping), it drops the
+connection and opens another — an instance stopped (SIGSTOP, a frozen VM) keeps its TCP
+connections open and says nothing. A few pings per ``ping_seconds`` are not counted against the
+message rate limit; more are.
 See the README for the full description.
 """
 
@@ -126,7 +134,23 @@ class Stop:
     pass
 
 
-ClientFrame = Hello | Message | FileStart | Stop
+@dataclass(frozen=True, slots=True)
+class Ping:
+    pass
+
+
+ClientFrame = Hello | Message | FileStart | Stop | Ping
+PING_FRAME_BYTES = 64  # a ping is short: longer frames are not looked at as one
+
+
+def is_ping(raw: str) -> bool:
+    """Whether ``raw`` is a ping (checked before the rate limit: a short frame only)."""
+    if len(raw) > PING_FRAME_BYTES or "ping" not in raw:
+        return False
+    try:
+        return isinstance(parse_frame(raw, PING_FRAME_BYTES), Ping)
+    except ProtocolError:
+        return False
 
 
 def _field(data: dict[str, Any], name: str, kind: type, *, optional: bool = True) -> Any:
@@ -186,10 +210,12 @@ def parse_frame(raw: str, max_chars: int) -> ClientFrame:
             return _file_start(data, client_id)
         case "stop":
             return Stop()
+        case "ping":
+            return Ping()
         case _:
             shown = kind if len(kind) <= 40 else kind[:40] + "…"
             raise ProtocolError("unknown_type", f"Unknown frame type '{shown}'; expected hello, "
-                                "message, file or stop.")
+                                "message, file, stop or ping.")
 
 
 def _files(value: Any, client_id: str | None) -> tuple[str, ...]:

@@ -24,6 +24,9 @@ class WebSettings(ProviderSettings):
     max_sockets_per_visitor: int = Field(default=10, ge=1, le=1000)
     hello_timeout_seconds: float = Field(default=10, gt=0, le=300)
     max_upload_mb: float = Field(default=20, gt=0, le=2000)  # a file sent in the chat
+    # a tab that hears nothing this long pings; with no answer this long after it (or after a
+    # message it sent) it takes the connection for dead and opens another (docs/widget.md)
+    ping_seconds: float = Field(default=15, ge=1, le=300)
 
     @field_validator("allowed_origins")
     @classmethod

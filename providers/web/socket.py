@@ -20,7 +20,7 @@ from pluto.providers.handover import NotRecorded
 from pluto.ids import new_id
 from pluto.types import IncomingMessage
 from pluto.providers.web import history, protocol
-from pluto.providers.web.protocol import (FileStart, Hello, Message, ProtocolError, Stop,
+from pluto.providers.web.protocol import (FileStart, Hello, Message, Ping, ProtocolError, Stop,
                                           TokenBucket)
 from pluto.providers.web.rooms import Client
 from pluto.providers.web.uploads import Uploads
@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 HEARTBEAT_SECONDS = 30.0
 UNRECEIVED_HOLD = 30.0  # seconds a message not received holds back the ones sent after it
+PINGS_FREE = 3  # pings per ping_seconds not counted against the rate limit (a tab sends one)
 
 
 def origin_allowed(request: web.Request, allowed: list[str]) -> bool:
@@ -79,6 +80,7 @@ class Connection:
         self.ws = ws
         s = provider.settings
         self.bucket = TokenBucket(s.rate_messages, s.rate_seconds)
+        self.pings = TokenBucket(PINGS_FREE, s.ping_seconds)
         self.dropped = 0
         self.client: Client | None = None
         self.closing = False
@@ -105,6 +107,10 @@ class Connection:
             if msg.type == WSMsgType.BINARY and self.uploads.receiving:  # a file's bytes
                 if (reply := await self.uploads.chunk(msg.data)) is not None:
                     self.send(reply)
+                continue
+            if (msg.type == WSMsgType.TEXT and protocol.is_ping(msg.data)
+                    and self.pings.take() == 0):  # (more pings than a tab sends are frames)
+                await self._reply(protocol.frame("pong"))
                 continue
             if not await self._admitted():
                 continue
@@ -159,6 +165,8 @@ class Connection:
                     self.send(await self.uploads.announce(frame, self.client.chat_id))
                 case Stop():
                     await self._deliver("/stop", new_id(), stop=True)
+                case Ping():
+                    self.send(protocol.frame("pong"))
                 case Hello():
                     self.send(protocol.error("bad_frame", "This connection already said hello."))
 
@@ -173,6 +181,9 @@ class Connection:
                         continue
                     if isinstance(frame, Hello):
                         return frame
+                    if isinstance(frame, Ping):
+                        await self._reply(protocol.frame("pong"))
+                        continue
                     await self._reply(protocol.error("hello_required",
                                                      "Say hello first (send a 'hello' frame)."))
         except TimeoutError:
@@ -198,7 +209,8 @@ class Connection:
             title=self.p.settings.title, reset=verified.problem if hello.token else None,
             limits={"max_message_chars": self.p.settings.max_message_chars,
                     "max_upload_bytes": self.uploads.max_bytes,
-                    "max_files": protocol.MAX_FILES})
+                    "max_files": protocol.MAX_FILES},
+            ping_seconds=self.p.settings.ping_seconds)
         history = await self._history(probe)
         first = [ready, history]
         if route is None:

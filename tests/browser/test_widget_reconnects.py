@@ -19,8 +19,10 @@ from typing import Any
 import playwright.async_api as playwright_api
 import pytest
 
+from pluto.runtime.testing import ScriptedModel
 from tests.browser.test_widget_features import chromium
 from tests.helpers.served import served, url, wait_for
+from tests.helpers.tcp_proxy import TcpProxy
 
 expect = playwright_api.expect
 
@@ -106,3 +108,122 @@ async def test_late_answers_keep_their_place_and_a_cut_off_one_is_withdrawn(
         assert await bubbles.all_inner_texts() == [
             "first", "Answer one.", "second", "Answer two.", "third", "Answer three."]
         assert errors == []
+
+
+class Silent(Socket):
+    """A gateway that answers pings, until its instance stops: from then on the connections it
+    has (and the ``frozen_next`` ones opened after) hear everything and say nothing — as a
+    SIGSTOPped instance behind a load balancer keeps its TCP connections open."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen: set[int] = set()
+        self.frozen_next = 0
+        self.closed: list[int] = []  # connections the tab closed
+
+    def stop_instance(self, frozen_next: int = 0) -> None:
+        self.frozen = set(range(len(self.routes)))
+        self.frozen_next = frozen_next
+
+    def connect(self, ws: Any) -> None:
+        n = len(self.routes)
+        if self.frozen_next:
+            self.frozen.add(n)
+            self.frozen_next -= 1
+        self.routes.append(ws)
+        frames: list[dict[str, Any]] = []
+        self.sent.append(frames)
+        ws.on_close(lambda code, reason: self.closed.append(n))
+
+        def heard(message: str | bytes) -> None:
+            frame = json.loads(message)
+            frames.append(frame)
+            if n in self.frozen:
+                return
+            if frame["type"] == "hello":
+                self.send(ws, type="ready", token="t", agent="default", title="Pluto",
+                          ping_seconds=1)
+                self.send(ws, type="history", messages=self.history)
+            elif frame["type"] == "ping":
+                self.send(ws, type="pong")
+        ws.on_message(heard)
+
+    def pings(self, connection: int) -> int:
+        return sum(f["type"] == "ping" for f in self.sent[connection])
+
+
+@pytest.mark.slow
+async def test_a_tab_whose_instance_stopped_answering_moves_to_another(
+        config_dir, data_dir, monkeypatch):
+    """An instance stopped (SIGSTOP) keeps its connections open: the tab, hearing nothing a
+    ping_seconds after its message, drops that connection and opens another — one that never
+    says ready either is dropped in turn — and sends the message again there, same id, drawn
+    once. A tab that only waits pings, and a gateway that answers keeps its connection."""
+    monkeypatch.setenv("PLUTO_WEB_SECRET", "s" * 40)
+    socket = Silent()
+    async with served(config_dir, data_dir) as gw, chromium() as browser:
+        page = await browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        await page.route_web_socket("**/ws", socket.connect)
+        await page.goto(url(gw, "/"))
+        await expect(page.locator(".pluto-status")).to_have_text("Online")
+        await wait_for(lambda: socket.pings(0) >= 3, timeout=15)  # idle: pinged, answered
+        assert len(socket.routes) == 1 and socket.closed == []
+        socket.stop_instance(frozen_next=1)  # (the next connection lands on it too)
+        await page.locator(".pluto-input").fill("are you there?")
+        await page.locator(".pluto-input").press("Enter")
+        await wait_for(lambda: socket.messages(0))
+        sent = socket.messages(0)[0]["id"]
+        # dropped after a second of silence; the next one never says ready: dropped too
+        await wait_for(lambda: len(socket.routes) == 3, timeout=20)
+        assert socket.closed[:2] == [0, 1] and socket.messages(1) == []
+        await wait_for(lambda: socket.messages(2))
+        assert [m["id"] for m in socket.messages(2)] == [sent]  # sent again, the same message
+        socket.now(type="ack", reply_to=sent)
+        socket.now(type="run.start", run_id="r1", seq=1, message_id=sent)
+        socket.now(type="message.final", run_id="r1", seq=2, text="Here I am.")
+        socket.now(type="run.end", run_id="r1", seq=3, outcome="ok")
+        bubbles = page.locator(".pluto-msg .pluto-bubble")
+        await expect(bubbles).to_have_count(2)
+        assert await bubbles.all_inner_texts() == ["are you there?", "Here I am."]
+        await expect(page.locator(".pluto-status")).to_have_text("Online")
+        await expect(page.locator(".pluto-pending")).to_have_count(0)
+        assert len(socket.routes) == 3 and errors == []
+
+
+@pytest.mark.slow
+async def test_a_tab_on_a_frozen_connection_to_a_real_gateway_gets_each_answer_once(
+        config_dir, data_dir, monkeypatch):
+    """The widget and a real gateway through a proxy that can freeze the connections open (a
+    stopped instance's, or a dead middlebox's): a message that never reached the gateway is
+    sent again on a new connection and answered; one the gateway recorded and answered whose
+    frames never came back is found in the new connection's history — each answered once."""
+    monkeypatch.setenv("PLUTO_WEB_SECRET", "s" * 40)
+    model = ScriptedModel()
+    async with served(config_dir, data_dir, model, web={"ping_seconds": 1}) as gw, \
+            chromium() as browser:
+        assert gw.http is not None
+        proxy = TcpProxy("127.0.0.1", gw.http.port)
+        await proxy.start()
+        try:
+            page = await browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            await page.goto(f"http://127.0.0.1:{proxy.port}/")
+            await expect(page.locator(".pluto-status")).to_have_text("Online")
+            bubbles = page.locator(".pluto-msg .pluto-bubble")
+            shown: list[str] = []
+            for text, frozen in (("one", None), ("two", {}), ("three", {"up": False})):
+                if frozen is not None:
+                    proxy.freeze(**frozen)
+                await page.locator(".pluto-input").fill(text)
+                await page.locator(".pluto-input").press("Enter")
+                shown += [text, f"echo: {text}"]
+                await expect(bubbles).to_have_text(shown, timeout=20_000)
+            assert [m[-1]["content"] for m in model.calls] == ["one", "two", "three"]
+            await expect(page.locator(".pluto-status")).to_have_text("Online")
+            await expect(page.locator(".pluto-pending")).to_have_count(0)
+            assert errors == []
+        finally:
+            await proxy.stop()

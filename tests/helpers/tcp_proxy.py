@@ -1,7 +1,9 @@
 """A TCP proxy in front of PostgreSQL for cluster fault tests: every connection of the
 instances goes through it, so a test can cut them all (as a server restart would), refuse new
 ones for a while (the server is unreachable), or let every byte vanish without a word (a
-partition, or a NAT that forgot the flows: nobody is told, nothing arrives)."""
+partition, or a NAT that forgot the flows: nobody is told, nothing arrives). In front of a
+gateway, it can freeze the connections open now — their bytes held, new connections served —
+as a stopped instance (SIGSTOP) keeps its connections open and reads and says nothing."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ class TcpProxy:
         self.port = 0
         self._server: asyncio.base_events.Server | None = None
         self._pipes: set[asyncio.StreamWriter] = set()
+        self._gates: list[tuple[asyncio.Event, asyncio.Event]] = []  # (up, down) of each flow
         self.refusing = False
         self.silent = False  # bytes are read and dropped, both ways; connections stay open
 
@@ -48,6 +51,19 @@ class TcpProxy:
             with contextlib.suppress(Exception):
                 writer.transport.abort()
         self._pipes.clear()
+        for gates in self._gates:  # (a frozen flow's pumps end on the aborted transports)
+            for gate in gates:
+                gate.set()
+        self._gates.clear()
+
+    def freeze(self, *, up: bool = True, down: bool = True) -> None:
+        """Hold the bytes of every connection open now (``up``: client to target, ``down``:
+        back), for good; connections opened after pass."""
+        for up_gate, down_gate in self._gates:
+            if up:
+                up_gate.clear()
+            if down:
+                down_gate.clear()
 
     async def refuse(self, seconds: float) -> None:
         """Cut every connection and refuse new ones (nothing listens) for ``seconds``."""
@@ -67,16 +83,24 @@ class TcpProxy:
             writer.transport.abort()
             return
         self._pipes.update((writer, up_writer))
-        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer),
-                             return_exceptions=True)
+        gates = (asyncio.Event(), asyncio.Event())
+        for gate in gates:
+            gate.set()
+        self._gates.append(gates)
+        await asyncio.gather(self._pump(reader, up_writer, gates[0]),
+                             self._pump(up_reader, writer, gates[1]), return_exceptions=True)
         for w in (writer, up_writer):
             self._pipes.discard(w)
             with contextlib.suppress(Exception):
                 w.transport.abort()
+        with contextlib.suppress(ValueError):
+            self._gates.remove(gates)
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    gate: asyncio.Event) -> None:
         try:
             while data := await reader.read(65536):
+                await gate.wait()  # (frozen: held here, and nothing more is read)
                 if self.silent:
                     continue
                 writer.write(data)

@@ -570,6 +570,7 @@
           limits.max_files = f.limits.max_files || limits.max_files;
           VOICE_SECONDS = f.limits.max_voice_seconds || VOICE_SECONDS;
         }
+        if (Number(f.ping_seconds) >= 1) { pingSeconds = Number(f.ping_seconds); }
         if (f.reset === "expired") { resetNote = "Your earlier conversation expired; this is a new one."; }
         break;
       case "history":
@@ -637,6 +638,8 @@
         if (!run.text && !run.tools.firstChild && !run.node.querySelector(".pluto-run-error") &&
             run.node.parentNode === log) { log.removeChild(run.node); }
         break;
+      case "pong":  // (the connection lives: heard)
+        break;
       case "notice":
         systemLine(f.text);
         break;
@@ -686,7 +689,11 @@
     status.setAttribute("data-state", state || "");
   }
   function sendFrame(frame) {
-    if (ws && ready && ws.readyState === 1) { ws.send(JSON.stringify(frame)); return true; }
+    if (ws && ready && ws.readyState === 1) {
+      ws.send(JSON.stringify(frame));
+      if (frame.type !== "stop") { expectAnswer(); }  // (a stop with nothing to stop says nothing)
+      return true;
+    }
     return false;
   }
   function connect() {
@@ -696,25 +703,59 @@
     setStatus(attempts ? "Reconnecting…" : "Connecting…", "wait");
     var sock = ws = new WebSocket(wsUrl), opened = false;
     sock.binaryType = "arraybuffer";
+    expectBy = 0; expectAnswer();  // opened and said ready, or taken for dead
     sock.onopen = function () {
       ready = true; opened = true;
       sock.send(JSON.stringify({ type: "hello", token: storage(true), agent: cfg.agent || null }));
+      expectBy = 0; expectAnswer();
     };
     sock.onmessage = function (e) {
       var frame;
+      if (ws === sock) { heard(); }
       try { frame = JSON.parse(e.data); } catch (err) { return; }
       if (frame.type === "ready") { attempts = 0; }
       onFrame(frame);
     };
     sock.onclose = function (e) {
       if (ws !== sock) { return; }
-      ready = false; active = {}; setBusy(); filesLost();
+      ready = false; active = {}; setBusy(); filesLost(); expectBy = 0;
       if (e.code === 4403 || /origin/i.test(e.reason || "")) { originRefused(); return; }
       if (opened) { retryLater(); return; }
       // refused before it opened: a browser does not say why, so ask whether it is this page's origin
       originAllowed(function (allowed) { if (allowed) { retryLater(); } else { originRefused(); } });
     };
   }
+  // ---- is anyone there? ----------------------------------------------------------------------
+  // An instance stopped (SIGSTOP, a frozen VM, a dead proxy) keeps its connections open and says
+  // nothing: the tab would wait for ever. After pingSeconds with nothing heard it pings, and a
+  // connection silent that long after a frame that expects an answer (hello, a message, a file,
+  // a ping) is dropped for a new one — which sends the messages not acknowledged again (same
+  // ids: one recorded already is not recorded twice).
+  var pingSeconds = 15, heardAt = 0, expectBy = 0, lastBuffered = 0;
+  function heard() { heardAt = Date.now(); expectBy = 0; }
+  function expectAnswer() { if (!expectBy) { expectBy = Date.now() + pingSeconds * 1000; } }
+  function watch() {
+    if (!ws || retryTimer) { return; }
+    var now = Date.now();
+    if (ws.readyState === 1 && ready) {
+      var buffered = ws.bufferedAmount;  // a file's bytes still leaving: slow, not dead
+      if (expectBy && buffered && buffered < lastBuffered) { expectBy = now + pingSeconds * 1000; }
+      lastBuffered = buffered;
+      if (!expectBy && heardAt && now - heardAt >= pingSeconds * 1000) {
+        ws.send(JSON.stringify({ type: "ping" }));
+        expectAnswer();
+      }
+    }
+    if (expectBy && now > expectBy) { abandon(); }
+  }
+  function abandon() {
+    var dead = ws;
+    ws = null; ready = false; active = {}; setBusy(); filesLost(); expectBy = 0;
+    try { dead.close(4000, "no answer"); } catch (err) { /* (closing already) */ }
+    if (attempts === 0) { attempts = 1; connect(); } else { retryLater(); }
+  }
+  (function tick() { watch(); setTimeout(tick, Math.min(1000, pingSeconds * 250)); })();
+
   function retryLater() {
     var delay = Math.min(15000, 500 * Math.pow(2, attempts++)) * (0.5 + Math.random() / 2);
     setStatus("Offline — reconnecting in " + Math.ceil(delay / 1000) + " s", "down");
