@@ -19,6 +19,7 @@ from pluto.storage.ports import ConversationStore, InboundStore
 from pluto.types import IncomingMessage, Outcome, Route, outcome_from_dict
 
 WAITING_SHOWN = 100  # a chat's messages waiting for their turn, shown at most
+CONSISTENT_TRIES = 3  # reads of a conversation while take-overs move it under them
 
 
 class Directory:
@@ -60,6 +61,24 @@ class Directory:
                     items.append(TranscriptItem("tool", "", row.run_id, row.created_at,
                                                 name=end.name, details=end.details))
         return items
+
+    async def conversation(self, probe: IncomingMessage, limit: int = 200
+                           ) -> tuple[list[TranscriptItem], list[IncomingMessage]]:
+        """The waiting messages are read first: one whose run begins between the two reads is
+        in the transcript (in both: shown once). The other way — a run taken over between
+        them, its message put back to wait and its messages deleted — would leave the message
+        in neither: the reads are done again while the session's count of deletions moves
+        under them (:data:`CONSISTENT_TRIES` at most; then what the last reads said)."""
+        route = self.route(probe)
+        session = None if route is None else await self.conversations.session(
+            route.session_key, route.agent)
+        for _ in range(CONSISTENT_TRIES):
+            before = 0 if session is None else await self.conversations.deletions(session.id)
+            waiting = await self.waiting(probe)
+            items = await self.transcript(probe, limit)
+            if session is None or await self.conversations.deletions(session.id) == before:
+                break
+        return items, waiting
 
     async def waiting(self, probe: IncomingMessage) -> list[IncomingMessage]:
         """The messages of the chat ``probe`` comes from that wait for their turn, oldest

@@ -115,6 +115,12 @@ class ChatDirectory(Protocol):
         not yet taken up or queued behind the running one: in no transcript yet)."""
         ...
 
+    async def conversation(self, probe: IncomingMessage, limit: int = 200
+                           ) -> tuple[list[TranscriptItem], list[IncomingMessage]]:
+        """:meth:`transcript` and :meth:`waiting` as at one moment: each message of the chat
+        is in one of them (or begins between the reads: then in both)."""
+        ...
+
     async def outcome(self, provider: str, message_id: str) -> Outcome | None:
         """What became of a recorded message (its run, once started); None while it waits."""
         ...

@@ -85,6 +85,12 @@ class ConversationStore(RunReader, Protocol):
         """The message each of the session's latest runs answers: run id -> message id."""
         ...
 
+    async def deletions(self, session_id: str) -> int:
+        """How many times messages of the session were deleted (several instances: a run
+        taken over, its message put back to be answered again): a reader of several
+        statements that must agree reads it before and after them."""
+        ...
+
     async def find_sessions(self, query: str = "", *,
                             limit: int = 50) -> builtins.list[dict[str, Any]]:
         """Sessions, newest first, whose key or text holds ``query`` (the admin console)."""

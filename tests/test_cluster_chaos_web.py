@@ -9,7 +9,10 @@ Each visitor is a :class:`Visitor`, which behaves as providers/web/static/widget
 keeps its session token, redraws the chat from the ``history`` frame after each (re)connect,
 sends again (same ids) the messages not yet acknowledged, and opens a closed socket again — on
 the next instance, as a round-robin balancer would (one that does not answer the handshake
-within a few seconds, a stopped one, is passed over, as a balancer's health check would).
+within a few seconds, a stopped one, is passed over, as a balancer's health check would). A
+socket that says nothing for ``ping_seconds`` after a frame that expects an answer (a message,
+a ping after as long with nothing heard) is dropped for the next, as the widget drops one on a
+stopped instance.
 
 PostgreSQL: ``PLUTO_TEST_DATABASE_URL`` (tests/helpers/pg.py); without it the test fails.
 """
@@ -38,6 +41,7 @@ VISITORS = 12
 ROUNDS = 20  # one round (a message from every visitor) every ROUND_SECONDS
 ROUND_SECONDS = 1.25
 HANDSHAKE_SECONDS = 3.0  # a balancer's patience with an instance that does not answer
+PING_SECONDS = 2.0  # the instances' providers.web.ping_seconds
 
 
 @dataclass
@@ -65,7 +69,10 @@ class Visitor:
     ws: aiohttp.ClientWebSocketResponse | None = None
     ready: bool = False
     connects: int = 0
+    silences: int = 0  # sockets dropped for saying nothing
     problems: list[str] = field(default_factory=list)
+    ping_seconds: float = 15.0  # as ready says
+    expect_by: float | None = None  # an answer expected by then (a frame sent, monotonic)
 
     async def say(self, mid: str, text: str) -> None:
         self.pending[mid] = text
@@ -78,6 +85,8 @@ class Visitor:
             return
         with contextlib.suppress(ConnectionError, RuntimeError):  # closing: sent after the next
             await self.ws.send_json({"type": "message", "id": mid, "text": text})  # history
+            if self.expect_by is None:
+                self.expect_by = time.monotonic() + self.ping_seconds
 
     def _bubble(self, run_id: str, message_id: str | None = None) -> Bubble:
         """The answer's bubble; a new one goes after the message it answers (and that
@@ -105,6 +114,7 @@ class Visitor:
         kind = f.get("type")
         if kind == "ready":
             self.token = f["token"]
+            self.ping_seconds = float(f.get("ping_seconds") or 15)
         elif kind == "history":
             self.view = []
             for m in f["messages"]:
@@ -179,9 +189,7 @@ class Visitor:
                         if msg.type != aiohttp.WSMsgType.TEXT:
                             raise ConnectionError(f"closed before the history: {msg.type}")
                         await self._frame(msg.json())
-                async for msg in ws:
-                    if msg.type == aiohttp.WSMsgType.TEXT:
-                        await self._frame(msg.json())
+                await self._listen(ws)
             except (TimeoutError, ConnectionError, aiohttp.ClientError, OSError):
                 pass  # (a stopped instance's handshake, a killed one's socket: the next one)
             finally:
@@ -189,6 +197,28 @@ class Visitor:
                 self.ws = None
                 await ws.close()
             await asyncio.sleep(0.2)
+
+    async def _listen(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """Frames until the socket closes, or says nothing for ``ping_seconds`` after a frame
+        that expects an answer (ConnectionError): a stopped instance keeps it open."""
+        heard, self.expect_by = time.monotonic(), None
+        while True:
+            now = time.monotonic()
+            if self.expect_by is not None and now >= self.expect_by:
+                self.silences += 1
+                raise ConnectionError("the socket said nothing")
+            if self.expect_by is None and now - heard >= self.ping_seconds:
+                await ws.send_json({"type": "ping"})
+                self.expect_by = now + self.ping_seconds
+            until = heard + self.ping_seconds if self.expect_by is None else self.expect_by
+            try:
+                msg = await ws.receive(timeout=max(0.05, until - now))
+            except TimeoutError:
+                continue
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                return
+            heard, self.expect_by = time.monotonic(), None
+            await self._frame(msg.json())
 
     def answers(self) -> list[Bubble]:
         return [b for b in self.view if b.run_id is not None]
@@ -235,7 +265,8 @@ async def test_widget_visitors_of_three_instances_under_random_faults_see_each_a
         async with aiohttp.ClientSession() as http:
             try:
                 await cluster.start(db_url, chats=[], delay=0.15, mode="polling",
-                                    web={"rate_messages": 1000, "rate_seconds": 60})
+                                    web={"rate_messages": 1000, "rate_seconds": 60,
+                                         "ping_seconds": PING_SECONDS})
                 visitors = [Visitor(f"v{v}", cluster.ports, http, itertools.count(v))
                             for v in range(VISITORS)]
                 tasks = [asyncio.create_task(v.run()) for v in visitors]
@@ -301,8 +332,9 @@ async def test_widget_visitors_of_three_instances_under_random_faults_see_each_a
                     assert answered == expected[v], (visitor.name, items, report)
                     assert not [m for m in items if m["role"] == "run.end"], (items, report)
                 reconnects = sum(v.connects - 1 for v in visitors)
+                silences = sum(v.silences for v in visitors)
                 print(f"{report}\n  -> every answer shown once, in order, in every tab; "
-                      f"{reconnects} reconnects")
+                      f"{reconnects} reconnects ({silences} of a socket that said nothing)")
                 for serve in cluster.instances:
                     assert await serve.stop() == 0
                     log = serve.log.read_text(errors="replace")

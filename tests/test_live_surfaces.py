@@ -231,8 +231,8 @@ async def test_a_tab_joining_as_a_run_elsewhere_ends_gets_its_answer(
         chats = a.providers["web"].chats
         transcript = chats.transcript
 
-        async def read_before_the_end(probe: Any) -> Any:
-            items = await transcript(probe)
+        async def read_before_the_end(probe: Any, limit: int = 200) -> Any:
+            items = await transcript(probe, limit)
             async def ended() -> bool:
                 run = await a.store.conversations.run(run_id)
                 return run is not None and run.status == "ok"
@@ -246,6 +246,36 @@ async def test_a_tab_joining_as_a_run_elsewhere_ends_gets_its_answer(
         assert end["outcome"] == "ok"
         frames = _run_frames(on_a, run_id)
         assert [f["text"] for f in frames if f["type"] == "message.final"] == [SLOW]
+
+
+async def test_a_tab_joining_as_a_run_is_taken_over_shows_its_message_waiting(
+        config_dir, tmp_path, http, monkeypatch):
+    """A tab joins on A while the chat's run goes on on B, and the run is taken over between
+    A's read of the waiting messages and its read of the transcript: the message was in
+    neither (not waiting at the first read; at the second, back in the inbox and its run's
+    messages deleted) — the tab lost it, and drew its answer, when it came, at the end
+    (tests/test_cluster_chaos_web.py, seed 4, with tabs dropping silent sockets). The reads are
+    done again when a take-over deleted messages of the session meanwhile."""
+    slow = ScriptedModel(Scripted(text=SLOW, chunk=3, delay=0.08))
+    async with _two_instances(config_dir, tmp_path, slow) as (a, b):
+        on_b = await Tab.open(http, b)
+        await on_b.send(type="message", id="m1", text="count slowly")
+        run_id = (await on_b.until("message.delta"))["run_id"]
+        chats = a.providers["web"].chats
+        transcript = chats.transcript
+        taken: list[str] = []
+
+        async def taken_over_first(probe: Any, limit: int = 200) -> Any:
+            if not taken:  # (once: B's instance was declared gone as the history is read)
+                taken.extend(e.run_id for e in await a.store.conversations.recover_runs(
+                    [run_id]))
+            return await transcript(probe, limit)
+
+        monkeypatch.setattr(chats, "transcript", taken_over_first)
+        on_a = await Tab.open(http, a, token=on_b.ready["token"])
+        assert taken == [run_id]
+        assert [(m["role"], m["text"], m.get("id")) for m in on_a.history] == [
+            ("user", "count slowly", "m1")]
 
 
 async def test_a_tab_shown_a_run_another_instance_answered_instead_gets_that_answer(

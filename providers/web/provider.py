@@ -53,7 +53,7 @@ from pluto.errors import ConfigError, StorageError
 from pluto.events import (ApprovalDecision, ApprovalRequest, RunEnd, RunEvent, RunStart,
                           ToolStart)
 from pluto.gateway.ports import (ChatDirectory, Intake, Provider, ProviderContext, RunFeed,
-                                 SharedFileReader, Ticket)
+                                 SharedFileReader, Ticket, TranscriptItem)
 from pluto.providers.handover import HandOver
 from pluto.providers.kit.bounded import remember
 from pluto.providers.kit.loops import follow
@@ -202,20 +202,22 @@ class WebProvider(Provider):
 
     # messages waiting, wherever they were received ---------------------------------------
 
-    async def waiting(self, probe: IncomingMessage) -> list[IncomingMessage]:
-        """A tab joins the chat ``probe`` comes from: its messages waiting for their turn (in
-        no transcript yet), oldest first; the run answering each is shown to the chat's tabs
-        when it begins (:meth:`_look_for_answers`). Empty when storage cannot say (logged)."""
+    async def conversation(self, probe: IncomingMessage
+                           ) -> tuple[list[TranscriptItem], list[IncomingMessage]]:
+        """A tab joins the chat ``probe`` comes from: its transcript, and its messages waiting
+        for their turn (in no transcript yet), oldest first — the run answering each is shown
+        to the chat's tabs when it begins (:meth:`_look_for_answers`). Empty when storage
+        cannot say (logged)."""
         chat_id = probe.chat_id
         try:
-            found = await self.chats.waiting(probe)
-        except Exception as e:  # noqa: BLE001 - the history is shown without them
-            log.warning("web: could not read the waiting messages of chat %s: %s", chat_id, e)
-            return []
+            items, found = await self.chats.conversation(probe)
+        except Exception:  # noqa: BLE001 - the tab is shown an empty history
+            log.exception("web: reading the history of chat %s failed", chat_id)
+            return [], []
         for msg in found:
             if msg.message_id:
                 self.await_answer(chat_id, msg.message_id)
-        return found
+        return items, found
 
     def await_answer(self, chat_id: str, message_id: str) -> None:
         """Show chat ``chat_id``'s tabs the run that answers ``message_id`` when it begins

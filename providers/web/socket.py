@@ -219,14 +219,8 @@ class Connection:
         return True
 
     async def _history(self, probe: IncomingMessage) -> dict[str, Any]:
-        # the chat's messages waiting for their turn, read first: one whose run begins before
-        # the transcript is read is found there (shown once, there), none falls between
-        waiting = await self.p.waiting(probe)
-        try:
-            items = await self.p.chats.transcript(probe)
-        except Exception:
-            log.exception("web: reading the history of chat %s failed", probe.chat_id)
-            items = []
+        # the transcript and the chat's messages waiting for their turn, as at one moment
+        items, waiting = await self.p.conversation(probe)
         assert self.client is not None
         # the chat's last run, when it goes on elsewhere, is followed from storage
         last = next((i.run_id for i in reversed(items) if i.role == "user"), None)

@@ -207,7 +207,8 @@ def _claim_source(conn: Any, source: tuple[str, str] | None, run_id: str,
     this run must not go on."""
     if source is not None and conn.execute(*fence(_handled(source, run_id),
                                                    claim)).rowcount == 0:
-        raise RunTakenOver(f"message {source[1]} of {source[0]} is answered elsewhere")
+        raise RunTakenOver(f"message {source[1]} of {source[0]} is answered elsewhere, or its"
+                           " chat was taken over")
 
 
 def _after(stmt: Statement, guard: str) -> Statement:
@@ -433,6 +434,13 @@ class SqliteConversations:
             " ORDER BY started_at DESC LIMIT ?", (session_id, limit))
         return {r[0]: r[1] for r in rows}
 
+    async def deletions(self, session_id: str) -> int:
+        if not self.engine.shared:  # (one process: a run is taken over only at its start)
+            return 0
+        row = await self.engine.fetchone("SELECT trimmed FROM sessions WHERE id = ?",
+                                         (session_id,))
+        return int(row[0]) if row is not None else 0
+
     async def newest_tool_result(self, session_id: str, name: str) -> str | None:
         """What the session's newest call of tool ``name`` returned (None: never called)."""
         row = await self.engine.fetchone(
@@ -621,8 +629,8 @@ class SqliteConversations:
             raise RunTakenOver(f"run {run_id} has ended (taken over) before it started")
         if not row[1]:  # its row says running, its message is another's: it ends here
             assert source is not None
-            raise RunTakenOver(f"message {source[1]} of {source[0]} is answered elsewhere",
-                               await self._end_unstarted(run_id))
+            raise RunTakenOver(f"message {source[1]} of {source[0]} is answered elsewhere, or "
+                               "its chat was taken over", await self._end_unstarted(run_id))
 
     async def _end_unstarted(self, run_id: str) -> RunEnd | None:
         """A run whose row was written running but whose message another instance's run has
@@ -632,7 +640,8 @@ class SqliteConversations:
         def end_it(conn: Any) -> RunEnd | None:
             if conn.execute("UPDATE runs SET status = 'interrupted', error = ?, ended_at = ?"
                             " WHERE id = ? AND status = 'running' AND owner = ?",
-                            ("its message is answered elsewhere", time.time(), run_id,
+                            ("its message is answered elsewhere, or its chat was taken over",
+                             time.time(), run_id,
                              self.owner)).rowcount == 0:
                 return None
             seq = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE"
