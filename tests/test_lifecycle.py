@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pluto.errors import ConfigError, StartupError
+from pluto.errors import ConfigError, StartupError, StorageUnavailable
 from pluto.gateway.app import Gateway
+from pluto.gateway.cli.commands import started_gateway
 from pluto.runtime.testing import ScriptedModel
 from pluto.settings import PlutoConfig
 from tests.test_cli import env, pluto, pluto_cmd  # noqa: F401 - env is a fixture
@@ -107,3 +108,42 @@ def test_serve_with_an_invalid_provider_setting_exits_with_the_field(env, config
 
 def test_a_check_of_the_cli_helpers_used_here(env, config_dir):
     assert pluto("--version", env=env, config=config_dir).returncode == 0
+
+
+async def test_a_start_storage_refused_is_made_again_and_serves(config_dir, data_dir, caplog):
+    """A database connection cut as an instance starts (tests/test_cluster_chaos_web.py, seed 7
+    under load: the restarted instance exited with "Nothing can be saved right now" and never
+    came back): the start closes what it opened and a new gateway starts, with a warning; one
+    that storage keeps refusing past the patience gives the refusal; a signal stops trying."""
+    before = asyncio.all_tasks()
+    config = PlutoConfig(data_dir=data_dir, providers={"web": {"enabled": True}})
+    made: list[Gateway] = []
+
+    def make(failures: int) -> Gateway:
+        gw = Gateway(config_dir, config=config, model_factory=ScriptedModel(), serve=True,
+                     http_bind=("127.0.0.1", 0))
+        if len(made) < failures:  # its outbox's first write at start is refused
+            async def refused() -> None:
+                raise StorageUnavailable("the database cannot be reached")
+            gw.outbox.open = refused  # type: ignore[method-assign]
+        made.append(gw)
+        return gw
+
+    async with started_gateway(lambda: make(2), asyncio.Event()) as gw:
+        assert gw is made[2] and gw.store.is_open and gw.http is not None
+        assert not made[0].store.is_open and not made[1].store.is_open
+        assert caplog.text.count("the gateway could not start (the database cannot be "
+                                 "reached); starting again in") == 2
+    assert not gw.store.is_open and others(before) == set()
+    made.clear()
+    with pytest.raises(StorageUnavailable):
+        async with started_gateway(lambda: make(99), asyncio.Event(), patience=1.0):
+            raise AssertionError("started")
+    assert 2 <= len(made) <= 3 and not any(g.store.is_open for g in made)
+    made.clear()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.2, stop.set)
+    with pytest.raises(StorageUnavailable):
+        async with started_gateway(lambda: make(99), stop):
+            raise AssertionError("started")
+    assert len(made) == 1 and others(before) == set()

@@ -216,6 +216,18 @@ async def test_a_tab_that_reconnects_to_another_instance_mid_answer_sees_it_once
         assert not _run_frames(later, run_id)
 
 
+@asynccontextmanager
+async def _running_on_b(config_dir: Path, tmp_path: Path, http: aiohttp.ClientSession
+                        ) -> AsyncIterator[tuple[Gateway, Tab, str]]:
+    """Two instances; a slow answer under way on B for a tab there: (A, that tab, the run)."""
+    slow = ScriptedModel(Scripted(text=SLOW, chunk=3, delay=0.08))
+    async with _two_instances(config_dir, tmp_path, slow) as (a, b):
+        on_b = await Tab.open(http, b)
+        await on_b.send(type="message", id="m1", text="count slowly")
+        yield a, on_b, (await on_b.until("message.delta"))["run_id"]
+
+
+@pytest.mark.postgres  # (through _running_on_b)
 async def test_a_tab_joining_as_a_run_elsewhere_ends_gets_its_answer(
         config_dir, tmp_path, http, monkeypatch):
     """A tab joins on A while the chat's run goes on on B, and the run ends between A's read
@@ -223,11 +235,7 @@ async def test_a_tab_joining_as_a_run_elsewhere_ends_gets_its_answer(
     and the run, ended, was taken for one whose answer the history holds — the tab never
     showed it (tests/test_cluster_chaos_web.py, seed 9: a tab that came back showed m4 with no
     answer). It is followed from storage now, its answer shown once."""
-    slow = ScriptedModel(Scripted(text=SLOW, chunk=3, delay=0.08))
-    async with _two_instances(config_dir, tmp_path, slow) as (a, b):
-        on_b = await Tab.open(http, b)
-        await on_b.send(type="message", id="m1", text="count slowly")
-        run_id = (await on_b.until("message.delta"))["run_id"]
+    async with _running_on_b(config_dir, tmp_path, http) as (a, on_b, run_id):
         chats = a.providers["web"].chats
         transcript = chats.transcript
 
@@ -248,6 +256,7 @@ async def test_a_tab_joining_as_a_run_elsewhere_ends_gets_its_answer(
         assert [f["text"] for f in frames if f["type"] == "message.final"] == [SLOW]
 
 
+@pytest.mark.postgres  # (through _running_on_b)
 async def test_a_tab_joining_as_a_run_is_taken_over_shows_its_message_waiting(
         config_dir, tmp_path, http, monkeypatch):
     """A tab joins on A while the chat's run goes on on B, and the run is taken over between
@@ -256,11 +265,7 @@ async def test_a_tab_joining_as_a_run_is_taken_over_shows_its_message_waiting(
     messages deleted) — the tab lost it, and drew its answer, when it came, at the end
     (tests/test_cluster_chaos_web.py, seed 4, with tabs dropping silent sockets). The reads are
     done again when a take-over deleted messages of the session meanwhile."""
-    slow = ScriptedModel(Scripted(text=SLOW, chunk=3, delay=0.08))
-    async with _two_instances(config_dir, tmp_path, slow) as (a, b):
-        on_b = await Tab.open(http, b)
-        await on_b.send(type="message", id="m1", text="count slowly")
-        run_id = (await on_b.until("message.delta"))["run_id"]
+    async with _running_on_b(config_dir, tmp_path, http) as (a, on_b, run_id):
         chats = a.providers["web"].chats
         transcript = chats.transcript
         taken: list[str] = []

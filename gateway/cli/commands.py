@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import os
 import signal
 import sys
 import uuid
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from pluto.errors import ConfigError, PlutoError
+from pluto.errors import ConfigError, PlutoError, StorageUnavailable
 from pluto import __version__
 from pluto.gateway import fdpolicy, gcpolicy
 from pluto.gateway.app import Gateway
@@ -28,6 +30,7 @@ from pluto.gateway.provider_registry import provider_class
 from pluto.settings import ProviderConfig
 
 log = logging.getLogger("pluto")
+START_PATIENCE = 30.0  # seconds a start that storage refused is tried again (as its open)
 
 
 def dispatch(args: argparse.Namespace) -> int:
@@ -168,7 +171,6 @@ async def _serve(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) 
     bind = (args.host or config.http.host, config.http.port if args.port is None else args.port)
     refuse_off_loopback(config, bind[0])  # an example secret, reachable from elsewhere
     fdpolicy.prepare()  # thousands of sockets: the limit raised, the table grown while quiet
-    gw = Gateway(args.config, data_dir=data_dir, config=config, serve=True, http_bind=bind)
     stop = asyncio.Event()
 
     def on_signal() -> None:
@@ -179,7 +181,8 @@ async def _serve(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) 
         stop.set()
 
     _on_signals(on_signal, signal.SIGINT, signal.SIGTERM)
-    async with gw:
+    async with started_gateway(lambda: Gateway(args.config, data_dir=data_dir, config=config,
+                                               serve=True, http_bind=bind), stop) as gw:
         assert gw.http is not None
         pacer = gcpolicy.settle()  # what exists now lives as long as the process
         log.info("pluto %s serving on %s (config: %s, data: %s)", __version__, gw.http.url,
@@ -194,6 +197,38 @@ async def _serve(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) 
     gc.unfreeze()
     log.info("stopped")
     return EXIT_OK
+
+
+@contextlib.asynccontextmanager
+async def started_gateway(make: Callable[[], Gateway], stop: asyncio.Event, *,
+                          patience: float = START_PATIENCE) -> AsyncIterator[Gateway]:
+    """``make()`` started, and stopped at the end. A start that storage refused — a change
+    that could not be saved: a database connection cut as the gateway joined the others, the
+    disk full — closed what it had opened; a new gateway is made and started again, with
+    backoff, for ``patience`` seconds (a supervisor would restart the process; none needs
+    to). Past that, or once ``stop`` is set, the refusal is raised."""
+    loop = asyncio.get_running_loop()
+    until, delay = loop.time() + patience, 0.5
+    while True:
+        gw = make()
+        try:
+            await gw.start()
+            break
+        except StorageUnavailable as e:
+            if stop.is_set() or loop.time() + delay > until:
+                raise
+            reason = e.reason
+            log.warning("the gateway could not start (%s); starting again in %.1f s",
+                        reason, delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        if stop.is_set():  # (a signal meanwhile: it does not start)
+            raise StorageUnavailable(reason)
+        delay = min(5.0, delay * 2)
+    try:
+        yield gw
+    finally:
+        await gw.stop()
 
 
 def _agents(args: argparse.Namespace, config: PlutoConfig, data_dir: Path) -> int:

@@ -60,6 +60,22 @@ class Socket:
         return [f for f in self.sent[connection] if f["type"] == "message"]
 
 
+async def _tab(browser: Any, gw: Any, socket: Socket) -> tuple[Any, list[str]]:
+    """A page with the widget whose chat socket ``socket`` plays, online; its page errors."""
+    page = await browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    await page.route_web_socket("**/ws", socket.connect)
+    await page.goto(url(gw, "/"))
+    await expect(page.locator(".pluto-status")).to_have_text("Online")
+    return page, errors
+
+
+async def _say(page: Any, text: str) -> None:
+    await page.locator(".pluto-input").fill(text)
+    await page.locator(".pluto-input").press("Enter")
+
+
 @pytest.mark.slow
 async def test_late_answers_keep_their_place_and_a_cut_off_one_is_withdrawn(
         config_dir, data_dir, monkeypatch):
@@ -68,14 +84,8 @@ async def test_late_answers_keep_their_place_and_a_cut_off_one_is_withdrawn(
     socket.history = [{"role": "user", "text": "first", "run_id": "r0", "ts": 1},
                       {"role": "assistant", "text": "Answer one.", "run_id": "r0", "ts": 2}]
     async with served(config_dir, data_dir) as gw, chromium() as browser:
-        page = await browser.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        await page.route_web_socket("**/ws", socket.connect)
-        await page.goto(url(gw, "/"))
-        await expect(page.locator(".pluto-status")).to_have_text("Online")
-        await page.locator(".pluto-input").fill("second")
-        await page.locator(".pluto-input").press("Enter")
+        page, errors = await _tab(browser, gw, socket)
+        await _say(page, "second")
         await wait_for(lambda: socket.messages(0))
         second = socket.messages(0)[0]["id"]
         # its instance stops before the ack: the socket closes; the message had been recorded
@@ -86,8 +96,7 @@ async def test_late_answers_keep_their_place_and_a_cut_off_one_is_withdrawn(
         bubbles = page.locator(".pluto-msg .pluto-bubble")
         await expect(bubbles).to_have_count(3)  # first, its answer, second — once
         assert socket.messages(1) == []  # listed as recorded: not sent again
-        await page.locator(".pluto-input").fill("third")
-        await page.locator(".pluto-input").press("Enter")
+        await _say(page, "third")
         await wait_for(lambda: socket.messages(1))
         third = socket.messages(1)[0]["id"]
         socket.now(type="ack", reply_to=third)
@@ -162,17 +171,11 @@ async def test_a_tab_whose_instance_stopped_answering_moves_to_another(
     monkeypatch.setenv("PLUTO_WEB_SECRET", "s" * 40)
     socket = Silent()
     async with served(config_dir, data_dir) as gw, chromium() as browser:
-        page = await browser.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        await page.route_web_socket("**/ws", socket.connect)
-        await page.goto(url(gw, "/"))
-        await expect(page.locator(".pluto-status")).to_have_text("Online")
+        page, errors = await _tab(browser, gw, socket)
         await wait_for(lambda: socket.pings(0) >= 3, timeout=15)  # idle: pinged, answered
         assert len(socket.routes) == 1 and socket.closed == []
         socket.stop_instance(frozen_next=1)  # (the next connection lands on it too)
-        await page.locator(".pluto-input").fill("are you there?")
-        await page.locator(".pluto-input").press("Enter")
+        await _say(page, "are you there?")
         await wait_for(lambda: socket.messages(0))
         sent = socket.messages(0)[0]["id"]
         # dropped after a second of silence; the next one never says ready: dropped too
@@ -217,8 +220,7 @@ async def test_a_tab_on_a_frozen_connection_to_a_real_gateway_gets_each_answer_o
             for text, frozen in (("one", None), ("two", {}), ("three", {"up": False})):
                 if frozen is not None:
                     proxy.freeze(**frozen)
-                await page.locator(".pluto-input").fill(text)
-                await page.locator(".pluto-input").press("Enter")
+                await _say(page, text)
                 shown += [text, f"echo: {text}"]
                 await expect(bubbles).to_have_text(shown, timeout=20_000)
             assert [m[-1]["content"] for m in model.calls] == ["one", "two", "three"]
