@@ -732,11 +732,12 @@
   // a ping) is dropped for a new one — which sends the messages not acknowledged again (same
   // ids: one recorded already is not recorded twice).
   var pingSeconds = 15, heardAt = 0, expectBy = 0, lastBuffered = 0;
-  function heard() { heardAt = Date.now(); expectBy = 0; }
-  function expectAnswer() { if (!expectBy) { expectBy = Date.now() + pingSeconds * 1000; } }
+  function clock() { return performance.now(); }  // (monotonic: a clock set back or ahead is no silence)
+  function heard() { heardAt = clock(); expectBy = 0; }
+  function expectAnswer() { if (!expectBy) { expectBy = clock() + pingSeconds * 1000; } }
   function watch() {
     if (!ws || retryTimer) { return; }
-    var now = Date.now();
+    var now = clock();
     if (ws.readyState === 1 && ready) {
       var buffered = ws.bufferedAmount;  // a file's bytes still leaving: slow, not dead
       if (expectBy && buffered && buffered < lastBuffered) { expectBy = now + pingSeconds * 1000; }
