@@ -136,7 +136,7 @@ class Stop:
 
 @dataclass(frozen=True, slots=True)
 class Ping:
-    pass
+    """Is anyone there? Answered ``pong`` (the tab's liveness check)."""
 
 
 ClientFrame = Hello | Message | FileStart | Stop | Ping
